@@ -1,0 +1,67 @@
+// Admission: the pure decision whether a request may start, and with which effective limits.
+// Nothing is started, read or written here; the function is deterministic and cheap, so it is
+// unit-tested exhaustively and fuzzed.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "sandbox/code.hpp"
+#include "sandbox/policy.hpp"
+#include "sandbox/protocol.hpp"
+#include "sandbox/ticket.hpp"
+
+namespace sandbox {
+
+/// What this host can run, as admission sees it.
+struct host_catalog {
+  /// Isolation levels with a registered (self-tested) backend.
+  std::vector<sandbox::isolation> levels;
+  /// Configured runtime names → manifest digest of the installed image (`std::nullopt` when
+  /// the runtime is configured but its image is absent).
+  std::map<std::string, std::optional<std::string>> runtimes;
+  bool operator==(const host_catalog&) const = default;
+};
+
+/// A request that passed admission, with everything normalized.
+struct admitted {
+  run_request request;            ///< timeout and memory limit already clamped; `v` is 1
+  std::string tenant;             ///< from the ticket
+  std::string ticket_id;          ///< from the ticket
+  sandbox::isolation isolation;   ///< the weakest registered level ≥ the ticket's minimum
+  runtime_info runtime;           ///< name and installed digest
+  bool timeout_clamped = false;
+  bool memory_clamped = false;
+  bool files_out_clamped = false; ///< `files_out` limits were lowered to the policy's
+  bool operator==(const admitted&) const = default;
+};
+
+/**
+ * Decides whether `request` may run under `ticket` on this host. Returns either the
+ * normalized `admitted` request or a `rejection`, checking in this order:
+ *
+ * 1. `invalid_request` — version ≠ 1, empty runtime, timeout ≤ 0, memory below the policy
+ *    minimum, bad `files_in` (count, names, duplicates, blob id syntax), bad `files_out`,
+ *    `env` names not allowed, bad `runtime_digest` syntax; the message names the field.
+ * 2. `source_too_large` — `source` longer than `policy.max_source_bytes` (never truncated).
+ * 3. `action_denied` — no `code.execute`; or `network` without `code.network`.
+ * 4. `invalid_request` — runtime name not configured on this host.
+ * 5. `runtime_unavailable` — no backend at the ticket's level or stronger (a network run
+ *    needs `container` or stronger: the process level never gets the host's network); or
+ *    the runtime's image is not installed.
+ * 6. `digest_mismatch` — `runtime_digest` is set and differs from the installed digest.
+ *
+ * Then clamps the timeout to min(ticket, policy) and the memory limit likewise, recording
+ * that in the flags. Blob existence is not checked here (that needs the store).
+ */
+std::variant<admitted, rejection> admit(const run_request& request, const ticket& ticket,
+                                        const policy& policy, const host_catalog& catalog);
+
+/// The result to return for a rejected request: `code` and `message` from `r`, everything
+/// else empty; `run_id` as given.
+run_result rejected_result(const rejection& r, std::string run_id = {});
+
+}  // namespace sandbox

@@ -1,0 +1,84 @@
+// The backend interface: one isolation mechanism (process, OCI, microVM, or the fake used in
+// tests). A backend only knows how to start, watch and destroy one isolated execution; it
+// never decides policy — admission already did.
+#pragma once
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/system/error_code.hpp>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sandbox/admission.hpp"
+#include "sandbox/blob_store.hpp"
+#include "sandbox/code.hpp"
+#include "sandbox/policy.hpp"
+#include "sandbox/protocol.hpp"
+
+namespace sandbox {
+
+/// How a runtime name becomes a command inside the sandbox.
+struct runtime_spec {
+  std::string name;  ///< wire name, e.g. "python3"
+  /// Interpreter argv inside the image; the element "{source}" is replaced by the path of the
+  /// source file. Absolute path first; never run through a shell.
+  std::vector<std::string> argv;
+  std::string source_name = "main";  ///< file name the source is stored under, e.g. "main.py"
+  bool operator==(const runtime_spec&) const = default;
+};
+
+/// The runtimes every host knows: `python3` and `node` (images built by
+/// `sandboxctl image build`).
+std::vector<runtime_spec> default_runtimes();
+
+/// One admitted run, handed to a backend.
+struct run_job {
+  std::string run_id;                 ///< unique; safe for file and cgroup names ([a-z0-9-])
+  sandbox::admitted admitted;         ///< the normalized request and its ticket's facts
+  runtime_spec runtime;               ///< how to start the interpreter
+  std::filesystem::path rootfs;       ///< unpacked image root (read-only); empty for fakes
+  std::shared_ptr<blob_store> blobs;  ///< inputs are read from and outputs stored to here
+  sandbox::policy policy;             ///< host limits (pids, tmpfs, capture caps, grace)
+};
+
+/// An isolation mechanism. Implementations are thread-safe.
+class backend {
+ public:
+  virtual ~backend() = default;
+
+  /// The level this backend provides.
+  virtual sandbox::isolation isolation() const noexcept = 0;
+  /// Short name for reports and spans, e.g. "process".
+  virtual std::string_view name() const noexcept = 0;
+
+  /**
+   * Runs `job` and completes once with `(error_code, run_result)` on the handler's
+   * associated executor. The result's `code` says how the run ended; the error code is only
+   * for the operation itself (`operation_aborted` when cancelled through the handler's
+   * cancellation slot — the run is killed first, and the result says what is known).
+   * Before completing, every process of the run is dead and confirmed so.
+   */
+  template <class CompletionToken>
+  auto async_execute(run_job job, CompletionToken&& token) {
+    return boost::asio::async_initiate<CompletionToken,
+                                       void(boost::system::error_code, run_result)>(
+        [this](auto handler, run_job j) { do_execute(std::move(j), std::move(handler)); },
+        token, std::move(job));
+  }
+
+  /// Kills every live run of this backend now and waits (bounded by the policy's teardown
+  /// budget) until they are confirmed dead. Called when the runtime is destroyed. Their
+  /// handlers still complete, with `operation_aborted`, if their executor keeps running.
+  virtual void shutdown() noexcept = 0;
+
+ private:
+  virtual void do_execute(
+      run_job job,
+      boost::asio::any_completion_handler<void(boost::system::error_code, run_result)>
+          handler) = 0;
+};
+
+}  // namespace sandbox

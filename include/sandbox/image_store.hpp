@@ -1,0 +1,107 @@
+// Runtime images, pinned by manifest digest.
+//
+// A runtime image is an OCI image layout (image-spec v1.1: `oci-layout`, `index.json`,
+// `blobs/sha256/…`; index → manifest → config + layers) identified by the sha256 digest of
+// its manifest. The store keeps one layout holding every image, names the *current* image of
+// each runtime, keeps earlier images until they are removed (rollback), verifies every blob's
+// digest before use, and unpacks each image once into a read-only cache keyed by digest.
+// Builds are not reproducible, so no digest is ever hard-coded: the store records it.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sandbox/error.hpp"
+
+namespace sandbox {
+
+/// One image in the store.
+struct image_info {
+  std::string name;      ///< runtime name it serves, e.g. "python3"
+  std::string digest;    ///< manifest digest, `sha256:…`
+  bool current = false;  ///< the image runs for `name` now
+  std::uint64_t size_bytes = 0;  ///< sum of the layer sizes
+  std::string created;   ///< RFC 3339 time the image was built or imported
+  bool operator==(const image_info&) const = default;
+};
+
+/// The image store at one directory. Thread-safe; several processes may share the
+/// directory (writers take a lock file; the unpack cache is filled by atomic rename).
+class image_store {
+ public:
+  virtual ~image_store() = default;
+
+  /// Every image, current and earlier ones.
+  virtual result<std::vector<image_info>> list() const = 0;
+
+  /// Manifest digest of the current image for runtime `name`; `not_found` when none.
+  virtual result<std::string> current_digest(std::string_view name) const = 0;
+
+  /**
+   * The unpacked root filesystem of image `digest`, unpacking it first if needed: every blob
+   * is hashed and compared with its digest, layers are applied in order (OCI whiteouts
+   * honoured, no entry may escape the root), and the result is renamed into the cache.
+   * The caller mounts it read-only. Errors: `not_found`, `digest_mismatch`, `corrupt`,
+   * `io_error`, `permission_denied` (a read-only store that lacks the unpacked image).
+   */
+  virtual result<std::filesystem::path> rootfs(std::string_view digest) = 0;
+
+  /// Hashes every blob of image `digest` against its name. Errors: `not_found`,
+  /// `digest_mismatch`, `corrupt`.
+  virtual result<void> verify(std::string_view digest) const = 0;
+
+  /**
+   * Copies the images of the OCI layout at `layout_dir` (all manifests in its index.json, or
+   * only those whose `org.opencontainers.image.ref.name` annotation is `ref` when given)
+   * into the store as runtime `name`, verifying every blob, and makes the last one current.
+   * Returns its manifest digest. Errors: `corrupt`, `digest_mismatch`, `io_error`.
+   */
+  virtual result<std::string> import_layout(const std::filesystem::path& layout_dir,
+                                            std::string_view name,
+                                            std::string_view ref = {}) = 0;
+
+  /// Makes `digest` (already in the store) the current image of runtime `name` (rollback).
+  virtual result<void> set_current(std::string_view name, std::string_view digest) = 0;
+
+  /// Removes image `digest` and its unpacked cache (blobs shared with other images stay).
+  /// A current image cannot be removed (`busy`).
+  virtual result<void> remove(std::string_view digest) = 0;
+};
+
+/// Options of the filesystem image store.
+struct image_store_options {
+  std::filesystem::path root;  ///< holds `layout/` and `rootfs/`; created if absent
+  /// Open without writing: `rootfs()` then only serves images already unpacked (an
+  /// unprivileged host sharing a store root prepared by root).
+  bool read_only = false;
+};
+
+/// Opens (creating if needed and not read-only) the store at `options.root`.
+/// Errors: `invalid_argument` (relative root), `corrupt` (bad index.json), `io_error`,
+/// `permission_denied`.
+result<std::shared_ptr<image_store>> open_image_store(const image_store_options& options);
+
+/// What to build with `build_debian_image`.
+struct debian_image_spec {
+  std::string name;                   ///< runtime name, e.g. "python3"
+  std::vector<std::string> packages;  ///< Debian packages on top of minbase, e.g. {"python3"}
+  std::string suite = "bookworm";
+  std::string mirror;                 ///< empty: the first Debian mirror in the host's apt sources
+  std::filesystem::path work_dir;     ///< scratch space; empty: a temp dir beside the store
+};
+
+/**
+ * Builds a runtime image from Debian packages with `debootstrap --variant=minbase` (needs
+ * root and the `debootstrap` package), scrubs host files debootstrap copies in
+ * (`/etc/resolv.conf`, `/etc/hostname`), drops apt caches, packs the tree as one layer, adds
+ * it to `store` and makes it current. Returns the manifest digest. Errors: `unsupported`
+ * (no debootstrap), `permission_denied` (not root), `io_error` (the build failed; the log is
+ * in host logs).
+ */
+result<std::string> build_debian_image(image_store& store, const debian_image_spec& spec);
+
+}  // namespace sandbox

@@ -1,0 +1,39 @@
+// JSON codec for the protocol (docs/protocol.md has the field list and the JSON Schema).
+//
+// Decoding is strict: unknown fields, wrong types, out-of-range numbers and malformed JSON
+// all give `invalid_request` with a message that names the field (`files_in[2].name`), never
+// an exception, a crash or a hang. Encoding always produces valid UTF-8 JSON.
+#pragma once
+
+#include <boost/system/result.hpp>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "sandbox/protocol.hpp"
+
+namespace sandbox {
+
+/// Bounds on what the decoder accepts at all (before policy applies).
+struct decode_options {
+  std::size_t max_document_bytes = 8ULL << 20;  ///< larger → invalid_request
+  std::size_t max_depth = 16;                   ///< deeper nesting → invalid_request
+};
+
+/// Decodes a `run_request`. Absent optional fields take the protocol defaults; `"v"` absent
+/// means 1. The source's size is *not* judged here (admission does, so an over-long source
+/// gives `source_too_large`, not `invalid_request`).
+boost::system::result<run_request, rejection> decode_run_request(std::string_view json,
+                                                                 const decode_options& = {});
+
+/// Encodes a request; `decode_run_request(encode(r)) == r` for every valid `r`.
+std::string encode(const run_request& r);
+
+/// Decodes a `run_result` (e.g. one stored for replay).
+boost::system::result<run_result, rejection> decode_run_result(std::string_view json,
+                                                               const decode_options& = {});
+
+/// Encodes a result as one line of JSON (no trailing newline).
+std::string encode(const run_result& r);
+
+}  // namespace sandbox

@@ -1,0 +1,202 @@
+// The wire protocol's value types: what a caller asks for (`run_request`) and what it gets
+// back (`run_result`). Version 1. The JSON form (field names, defaults, the JSON Schema) is
+// in docs/protocol.md; the codec is sandbox/json.hpp.
+//
+// All types are plain aggregates: fill them with designated initializers, copy them, compare
+// them with `==`. Units are in the field's type or name (`std::chrono::milliseconds`,
+// `*_bytes`).
+#pragma once
+
+#include <boost/assert/source_location.hpp>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sandbox/code.hpp"
+
+namespace sandbox {
+
+/// The protocol version this library speaks (`"v"` on the wire; absent means 1).
+inline constexpr std::uint32_t protocol_version = 1;
+
+/// One input file: placed read-only, as `name`, in the run's input directory.
+struct input_file {
+  /// Plain file name: valid UTF-8, 1..255 bytes, no `/`, not `.` or `..`, no NUL or other
+  /// control characters; unique within the request.
+  std::string name;
+  /// Blob id, `sha256:` + 64 lowercase hex digits, of a blob of the ticket's tenant.
+  std::string blob;
+  bool operator==(const input_file&) const = default;
+};
+
+/// Caps on what the run may leave in its output directory.
+struct output_limits {
+  std::uint32_t max_files = 16;               ///< files returned at most (default 16)
+  std::uint64_t max_bytes = 8 * 1024 * 1024;  ///< total bytes returned at most (default 8 MiB)
+  bool operator==(const output_limits&) const = default;
+};
+
+/// One request to run `source` with a named runtime. Built by the agent runtime from the
+/// model's tool call; checked against a ticket and the policy before anything starts
+/// (sandbox/admission.hpp).
+struct run_request {
+  std::uint32_t v = protocol_version;  ///< protocol version; only 1 is accepted
+  std::string runtime;                 ///< runtime name, e.g. "python3" or "node"
+  std::string source;                  ///< UTF-8 program text; over the cap → source_too_large
+  /// Wall-clock limit for the user code (setup excluded). Default 2000 ms; <= 0 is
+  /// invalid_request; above the ticket's or policy's ceiling it is clamped and the result
+  /// says so (`timeout_clamped`).
+  std::chrono::milliseconds timeout{2000};
+  bool network = false;             ///< needs `code.network` on the ticket
+  std::vector<input_file> files_in; ///< at most 16 entries (policy)
+  output_limits files_out;          ///< caps on returned output files
+  /// Memory limit of the whole run (every process, tmpfs pages included). Default 256 MiB;
+  /// clamped to the ticket's and the policy's ceiling.
+  std::uint64_t memory_limit_bytes = 256ULL * 1024 * 1024;
+  /// Extra environment variables; only names the policy allows (default: none).
+  std::map<std::string, std::string> env;
+  /// Optional pin: the manifest digest (`sha256:…`) of the runtime image the caller expects.
+  std::optional<std::string> runtime_digest;
+  bool operator==(const run_request&) const = default;
+};
+
+/// A captured stdout or stderr stream.
+struct stream_capture {
+  /// Head and tail of the stream, at most 4 KiB, valid UTF-8 (invalid bytes escaped as
+  /// `\xNN`), with a cut marker when the middle was left out. For the model to read.
+  std::string summary;
+  /// Blob id of the stored bytes: the first `bytes` bytes of the stream, byte-exact.
+  std::string blob;
+  std::uint64_t bytes = 0;        ///< bytes stored in `blob` (at most the capture cap)
+  std::uint64_t total_bytes = 0;  ///< bytes the program wrote to the stream in all
+  bool truncated = false;         ///< `total_bytes > bytes`: the rest was read and discarded
+  bool operator==(const stream_capture&) const = default;
+};
+
+/// A file the run left in its output directory, now a blob.
+struct output_file {
+  std::string name;         ///< the file's name, exactly as the program wrote it
+  std::string blob;         ///< blob id of its content
+  std::uint64_t bytes = 0;  ///< its size
+  bool operator==(const output_file&) const = default;
+};
+
+/// Why an entry of the output directory was not returned.
+enum class drop_reason : std::uint8_t {
+  count_limit,       ///< more than `files_out.max_files` entries
+  bytes_limit,       ///< returning it would exceed `files_out.max_bytes`
+  not_regular_file,  ///< a symlink, directory, FIFO, socket or device
+  bad_name,          ///< not valid UTF-8, or contains control characters
+  quota_exceeded,    ///< the tenant's blob-store quota is full
+};
+
+/// Wire string of a drop reason, e.g. "not_regular_file".
+std::string_view to_string(drop_reason r) noexcept;
+
+/// An output entry that was not returned, with a display form of its name that is always
+/// valid UTF-8 without control characters (bytes that are not are escaped as `\xNN`).
+struct dropped_file {
+  std::string name_display;
+  drop_reason reason = drop_reason::not_regular_file;
+  bool operator==(const dropped_file&) const = default;
+};
+
+/// Resource usage of one run.
+struct run_usage {
+  std::chrono::milliseconds setup{0};  ///< preparing the sandbox, before the user code starts
+  std::chrono::milliseconds wall{0};   ///< from user-code start to its end (or the kill)
+  std::chrono::milliseconds cpu{0};    ///< user + system CPU time of every process of the run
+  std::uint64_t peak_memory_bytes = 0; ///< peak memory of the run's cgroup
+  bool operator==(const run_usage&) const = default;
+};
+
+/// One attempt of the sandboxed code to reach the network (or a name server).
+struct egress_attempt {
+  std::string protocol;  ///< "tcp", "udp", "dns", "unix", "other"
+  std::string host;      ///< DNS name asked for (protocol "dns"), else empty
+  std::string address;   ///< numeric address tried, e.g. "93.184.216.34"; empty for dns
+  std::uint16_t port = 0;
+  bool allowed = false;  ///< false: it was refused (always, when network is off)
+  std::string reason;    ///< short reason, e.g. "network disabled"
+  bool operator==(const egress_attempt&) const = default;
+};
+
+/// The runtime that ran the code: its name and the manifest digest of its image.
+struct runtime_info {
+  std::string name;
+  std::string digest;
+  bool operator==(const runtime_info&) const = default;
+};
+
+/// Everything a caller learns about one run. Codes, flags and counters come from the
+/// sandbox's own evidence, never from what the code printed or how it exited.
+struct run_result {
+  std::uint32_t v = protocol_version;
+  sandbox::code code = sandbox::code::internal;
+  /// Short, sanitized explanation for humans and models: never a host path, a stack or a
+  /// kernel version. Empty for a plain `ok`.
+  std::string message;
+  std::optional<int> exit_code;  ///< exit status of the main process, when it exited
+  std::optional<int> signal;     ///< signal number that ended the main process, if any
+  stream_capture std_out;        ///< wire name "stdout"
+  stream_capture std_err;        ///< wire name "stderr"
+  std::vector<output_file> files_out;
+  std::vector<dropped_file> files_dropped;
+  run_usage usage;
+  std::uint32_t oom_kills = 0;           ///< processes killed by the run cgroup's OOM killer
+  bool timeout_clamped = false;          ///< the requested timeout was lowered to a ceiling
+  bool memory_clamped = false;           ///< the requested memory limit was lowered
+  std::chrono::milliseconds timeout{0};  ///< the timeout that applied (wire: timeout_ms)
+  std::uint64_t memory_limit_bytes = 0;  ///< the memory limit that applied
+  sandbox::isolation isolation = sandbox::isolation::process;  ///< the level it ran at
+  runtime_info runtime;
+  /// Egress attempts in the order seen, at most 64; the rest are only counted.
+  std::vector<egress_attempt> egress_attempts;
+  std::uint32_t egress_attempts_dropped = 0;
+  /// For `seccomp_violation`: the name of the forbidden system call, e.g. "ptrace".
+  std::optional<std::string> violation;
+  std::string run_id;  ///< unique id of this run, for correlating host logs and spans
+  bool operator==(const run_result&) const = default;
+};
+
+/// A request refused before anything started: an admission code (`invalid_request`,
+/// `source_too_large`, `action_denied`, `runtime_unavailable`, `digest_mismatch`,
+/// `blob_not_found`) and a short message that names the offending field.
+struct rejection {
+  sandbox::code code = sandbox::code::invalid_request;
+  std::string message;
+  bool operator==(const rejection&) const = default;
+};
+
+/// Lets `boost::system::result<T, rejection>::value()` throw (as `std::invalid_argument`
+/// carrying the message) when called on a rejection. Prefer testing the result instead.
+[[noreturn]] void throw_exception_from_error(const rejection& r,
+                                             const boost::source_location& loc);
+
+/// True when `id` is `sha256:` followed by exactly 64 lowercase hex digits.
+constexpr bool is_valid_blob_id(std::string_view id) noexcept {
+  constexpr std::string_view prefix = "sha256:";
+  if (id.size() != prefix.size() + 64 || id.substr(0, prefix.size()) != prefix) return false;
+  for (char c : id.substr(prefix.size())) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+/// Checks an input file name (see `input_file::name`). Returns an empty string when it is
+/// acceptable, else a short reason such as "contains '/'".
+std::string check_file_name(std::string_view name);
+
+/// Escapes `bytes` for display: valid UTF-8 without control characters passes unchanged;
+/// invalid bytes and control characters become `\xNN`. Used for `name_display` and
+/// summaries.
+std::string escape_for_display(std::string_view bytes);
+
+/// True when `bytes` is well-formed UTF-8 (no overlongs, no surrogates, max U+10FFFF).
+bool is_valid_utf8(std::string_view bytes) noexcept;
+
+}  // namespace sandbox

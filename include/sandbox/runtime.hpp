@@ -1,0 +1,171 @@
+// The runtime: what an agent host links and calls once per tool call.
+//
+// One `runtime` per host process. It owns the registered backends (one per isolation level,
+// each admitted only after its start-up self-test passed on this host), the blob store, the
+// image store and the policy, and runs requests asynchronously on a Boost.Asio executor:
+//
+//   boost::asio::io_context io;
+//   auto rt = sandbox::runtime::create(io.get_executor(), {});
+//   if (!rt) { /* rt.error() says why (e.g. no backend could be registered) */ }
+//   rt->async_run(request, ticket, [](boost::system::error_code ec, sandbox::run_result r) {
+//     // r.code == sandbox::code::ok, r.std_out.summary == "1\n", ...
+//   });
+//   io.run();
+//
+// Also works with `boost::asio::use_future` and `boost::asio::use_awaitable`.
+#pragma once
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/system/error_code.hpp>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sandbox/admission.hpp"
+#include "sandbox/backend.hpp"
+#include "sandbox/blob_store.hpp"
+#include "sandbox/error.hpp"
+#include "sandbox/image_store.hpp"
+#include "sandbox/policy.hpp"
+#include "sandbox/protocol.hpp"
+#include "sandbox/span.hpp"
+#include "sandbox/ticket.hpp"
+
+namespace sandbox {
+
+/// Options of the process backend (namespaces + cgroup + seccomp; src/backends/process).
+struct process_backend_options {
+  /// Parent cgroup of all runs, as a path inside each cgroup hierarchy (e.g.
+  /// "/agent-sandbox"). Empty: "/agent-sandbox" when root; required otherwise (a subtree
+  /// delegated to this user, e.g. by systemd's `Delegate=yes`). The host process must not
+  /// live in it.
+  std::string cgroup_parent;
+  /// Root of the cgroup filesystems. Tests point this at a fake tree.
+  std::filesystem::path cgroup_root = "/sys/fs/cgroup";
+  /// When running as root: each concurrent run gets its own uid/gid from
+  /// [uid_base, uid_base + uid_count); reserved across processes with locks.
+  std::uint32_t uid_base = 2'100'000'000;
+  std::uint32_t uid_count = 4096;
+  /// Use this sandbox-init executable instead of the copy built into the library (debugging).
+  std::filesystem::path init_path;
+};
+
+/// Everything a runtime is configured with. Defaults work for root and ordinary users.
+struct runtime_options {
+  /// Per-host state: run work dirs, locks. Empty: `/run/agent-sandbox` for root, else
+  /// `$XDG_RUNTIME_DIR/agent-sandbox` or `/tmp/agent-sandbox-<uid>`.
+  std::filesystem::path state_dir;
+  /// Image store. Empty: `/var/lib/agent-sandbox/images` for root, else
+  /// `$XDG_DATA_HOME/agent-sandbox/images` (default `~/.local/share/…`), falling back to the
+  /// root store opened read-only when that one exists and the user's does not.
+  std::filesystem::path image_dir;
+  /// Blob store directory (ignored when `blobs` is set). Empty: `/var/lib/agent-sandbox/blobs`
+  /// for root, else `$XDG_DATA_HOME/agent-sandbox/blobs`.
+  std::filesystem::path blob_dir;
+  std::shared_ptr<blob_store> blobs;    ///< use this store instead of opening `blob_dir`
+  std::shared_ptr<image_store> images;  ///< use this store instead of opening `image_dir`
+  sandbox::policy policy;
+  std::vector<runtime_spec> runtimes = default_runtimes();
+  /// Register the process backend (after its self-test). Off for fake-only runtimes.
+  bool process_backend = true;
+  process_backend_options process;
+  std::shared_ptr<span_sink> spans;  ///< receives one span per run; may be null
+  log_sink log;                      ///< host log lines; empty: warnings and errors to stderr
+};
+
+/// Defaults resolved for the current user (the paths above).
+runtime_options default_runtime_options();
+
+/// Why a backend is or is not available on this host.
+struct backend_status {
+  sandbox::isolation isolation = sandbox::isolation::process;
+  std::string name;
+  bool registered = false;
+  /// Empty when registered; else the missing capability, e.g. "seccomp user notification
+  /// unavailable (kernel < 5.0?)" or "cgroup pids controller not delegated".
+  std::string reason;
+  bool operator==(const backend_status&) const = default;
+};
+
+namespace detail {
+class runtime_impl;
+}
+
+/// Runs requests under tickets. Thread-safe. Move-only. Destroying it kills every live run
+/// (their handlers complete with `operation_aborted` if the executor still runs).
+class runtime {
+ public:
+  /**
+   * Creates a runtime whose handlers and timers run on `executor`. Opens the stores, makes
+   * sure the configured runtimes' current images are unpacked, reclaims what a crashed
+   * earlier host left behind (cgroups, work dirs), and registers each backend whose
+   * self-test passes. Errors: `backend_unavailable` (no backend at all, see `backends()` of
+   * a diagnostic runtime via `probe()`), `io_error`, `permission_denied`.
+   */
+  static result<runtime> create(boost::asio::any_io_executor executor,
+                                runtime_options options = default_runtime_options());
+
+  /// Like `create`, but the runtime owns a private io_context run by one internal thread.
+  static result<runtime> create(runtime_options options = default_runtime_options());
+
+  runtime(runtime&&) noexcept;
+  runtime& operator=(runtime&&) noexcept;
+  ~runtime();
+
+  /**
+   * Admits and runs `request` under `ticket`. Completes once with `(error_code, run_result)`
+   * on the handler's associated executor (default: the runtime's). Admission failures and
+   * every way the run can end are in `run_result.code`; the error code is only
+   * `operation_aborted` (cancelled via the handler's cancellation slot, or the runtime was
+   * destroyed) — the run is killed and confirmed dead before that completion.
+   */
+  template <class CompletionToken>
+  auto async_run(run_request request, ticket ticket, CompletionToken&& token) {
+    return boost::asio::async_initiate<CompletionToken,
+                                       void(boost::system::error_code, run_result)>(
+        [this](auto handler, run_request r, sandbox::ticket t) {
+          do_run(std::move(r), std::move(t), std::move(handler));
+        },
+        token, std::move(request), std::move(ticket));
+  }
+
+  /// Blocking form of `async_run`. Must not be called from a thread that is the only one
+  /// running the runtime's executor (it would wait for itself).
+  run_result run(run_request request, const ticket& ticket);
+
+  /// Adds a backend (e.g. `sandbox::testing::fake_backend`). It serves its level from now on,
+  /// replacing one registered at the same level.
+  void add_backend(std::shared_ptr<backend> b);
+
+  /// Status of every backend this runtime tried to register, with reasons.
+  std::vector<backend_status> backends() const;
+
+  /// What admission sees: registered levels and runtimes with installed digests.
+  host_catalog catalog() const;
+
+  /// The blob store runs read inputs from and write outputs to.
+  std::shared_ptr<blob_store> blobs() const;
+
+  /// The image store (null for runtimes created without one).
+  std::shared_ptr<image_store> images() const;
+
+  const sandbox::policy& policy() const;
+
+ private:
+  explicit runtime(std::shared_ptr<detail::runtime_impl> impl);
+  void do_run(run_request request, ticket ticket,
+              boost::asio::any_completion_handler<void(boost::system::error_code, run_result)>
+                  handler);
+  std::shared_ptr<detail::runtime_impl> impl_;
+};
+
+/// Runs every backend's self-test without creating a runtime, for diagnostics
+/// (`sandboxctl doctor`). Never fails; reasons are in the statuses.
+std::vector<backend_status> probe_backends(const runtime_options& options);
+
+}  // namespace sandbox

@@ -1,0 +1,2 @@
+// Replaced by the real sandbox-init.
+int main() { return 0; }
