@@ -4,6 +4,7 @@
 #pragma once
 
 #include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/system/error_code.hpp>
 #include <filesystem>
@@ -42,6 +43,9 @@ struct run_job {
   std::filesystem::path rootfs;       ///< unpacked image root (read-only); empty for fakes
   std::shared_ptr<blob_store> blobs;  ///< inputs are read from and outputs stored to here
   sandbox::policy policy;             ///< host limits (pids, tmpfs, capture caps, grace)
+  /// The runtime's executor. Backends without an executor of their own (the fake) run their
+  /// timers on it, so nothing of a run outlives the execution context it belongs to.
+  boost::asio::any_io_executor executor;
 };
 
 /// An isolation mechanism. Implementations are thread-safe.

@@ -21,6 +21,7 @@
 #include <boost/system/error_code.hpp>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,6 +72,10 @@ struct runtime_options {
   std::shared_ptr<image_store> images;  ///< use this store instead of opening `image_dir`
   sandbox::policy policy;
   std::vector<runtime_spec> runtimes = default_runtimes();
+  /// For fakes and tests: runtime name → image digest to use instead of asking the image
+  /// store (runs then get an empty `rootfs`). When non-empty and `images` is null, no image
+  /// store is opened at all.
+  std::map<std::string, std::string> fixed_digests;
   /// Register the process backend (after its self-test). Off for fake-only runtimes.
   bool process_backend = true;
   process_backend_options process;
@@ -104,8 +109,11 @@ class runtime {
    * Creates a runtime whose handlers and timers run on `executor`. Opens the stores, makes
    * sure the configured runtimes' current images are unpacked, reclaims what a crashed
    * earlier host left behind (cgroups, work dirs), and registers each backend whose
-   * self-test passes. Errors: `backend_unavailable` (no backend at all, see `backends()` of
-   * a diagnostic runtime via `probe()`), `io_error`, `permission_denied`.
+   * self-test passes. A runtime with no backend is still created (so `add_backend` can add
+   * one); until one is added every run answers `runtime_unavailable`, and `backends()` (or
+   * `probe_backends`) says why each backend was refused. Errors: `invalid_argument` (an
+   * empty executor, a relative store path), `io_error`, `permission_denied` (the blob or
+   * image store cannot be opened).
    */
   static result<runtime> create(boost::asio::any_io_executor executor,
                                 runtime_options options = default_runtime_options());
@@ -134,8 +142,11 @@ class runtime {
         token, std::move(request), std::move(ticket));
   }
 
-  /// Blocking form of `async_run`. Must not be called from a thread that is the only one
-  /// running the runtime's executor (it would wait for itself).
+  /// Blocking form of `async_run`; returns the result even when the run was aborted. Must
+  /// not be called from a thread that is the only one running the runtime's executor (it
+  /// would wait for itself): on the private thread of a runtime made by `create(options)`
+  /// it returns `internal` at once instead; with an external executor some other thread
+  /// must be running it.
   run_result run(run_request request, const ticket& ticket);
 
   /// Adds a backend (e.g. `sandbox::testing::fake_backend`). It serves its level from now on,

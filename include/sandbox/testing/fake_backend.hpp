@@ -13,6 +13,7 @@
 //   auto r = rt->run(request, ticket);                 // r.std_out.summary == "42\n"
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -41,6 +42,10 @@ struct scripted_run {
   std::optional<std::string> violation;
   std::uint32_t oom_kills = 0;
   run_usage usage;
+  /// How long the fake "runs" before completing (default 0: it completes on the next turn of
+  /// the executor). A run holding here ends early, with `operation_aborted`, when it is
+  /// cancelled or its runtime is destroyed.
+  std::chrono::milliseconds delay{0};
 };
 
 /// A scripted outcome with `code` (and a matching default message / signal).
