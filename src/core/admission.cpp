@@ -1,0 +1,203 @@
+// Admission (sandbox/admission.hpp): the pure decision whether a request may start.
+//
+// Checks run in the documented order, and within a step in field order, so a request gets
+// the same code and message wherever it comes from (JSON or C++). Every message starts with
+// the field path in the JSON form's names (`files_in[2].name: contains '/'`), and quotes
+// caller bytes only escaped and shortened (detail::quote_for_message).
+#include "sandbox/admission.hpp"
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <optional>
+
+#include "core/json_strict.hpp"
+#include "core/text_util.hpp"
+
+namespace sandbox {
+namespace {
+
+using detail::quote_for_message;
+
+constexpr std::size_t max_env_name_bytes = 128;
+
+rejection invalid(std::string message) {
+  return rejection{code::invalid_request, std::move(message)};
+}
+
+bool is_env_name(std::string_view name) noexcept {
+  if (name.empty()) return false;
+  auto alpha = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; };
+  if (!alpha(name.front())) return false;
+  return std::all_of(name.begin(), name.end(),
+                     [&](char c) { return alpha(c) || (c >= '0' && c <= '9'); });
+}
+
+/// Names the sandbox sets itself or that steer the dynamic loader: refused even when the
+/// policy lists them (policy.hpp, `allowed_env`).
+bool is_reserved_env(std::string_view name) noexcept {
+  static constexpr std::array<std::string_view, 11> exact{
+      "PATH",       "HOME",        "LANG",      "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
+      "NO_PROXY",   "http_proxy",  "https_proxy", "all_proxy", "no_proxy"};
+  if (std::find(exact.begin(), exact.end(), name) != exact.end()) return true;
+  return name.starts_with("SANDBOX_") || name.starts_with("LD_");
+}
+
+std::optional<rejection> check_files_in(const run_request& r, const policy& p) {
+  if (r.files_in.size() > p.max_input_files) {
+    return invalid("files_in: " + std::to_string(r.files_in.size()) +
+                   " entries, more than the limit of " + std::to_string(p.max_input_files));
+  }
+  std::map<std::string_view, std::size_t> seen;
+  for (std::size_t i = 0; i < r.files_in.size(); ++i) {
+    const input_file& f = r.files_in[i];
+    const std::string path = "files_in[" + std::to_string(i) + "]";
+    if (auto why = check_file_name(f.name); !why.empty()) {
+      return invalid(path + ".name: " + why);
+    }
+    if (auto [it, inserted] = seen.emplace(f.name, i); !inserted) {
+      return invalid(path + ".name: duplicate of files_in[" + std::to_string(it->second) +
+                     "].name");
+    }
+    if (!is_valid_blob_id(f.blob)) {
+      return invalid(path +
+                     ".blob: not a blob id (expected 'sha256:' and 64 lowercase hex digits)");
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<rejection> check_env(const run_request& r, const policy& p) {
+  if (r.env.size() > p.max_env_vars) {
+    return invalid("env: " + std::to_string(r.env.size()) + " entries, more than the limit of " +
+                   std::to_string(p.max_env_vars));
+  }
+  for (const auto& [name, value] : r.env) {
+    const std::string path = "env[" + quote_for_message(name) + "]";
+    if (name.size() > max_env_name_bytes) {
+      return invalid(path + ": name longer than " + std::to_string(max_env_name_bytes) +
+                     " bytes");
+    }
+    if (!is_env_name(name)) {
+      return invalid(path + ": not a valid name (expected [A-Za-z_][A-Za-z0-9_]*)");
+    }
+    if (is_reserved_env(name)) return invalid(path + ": reserved name, set by the sandbox");
+    if (p.allowed_env.count(name) == 0) return invalid(path + ": not allowed by the policy");
+    if (value.find('\0') != std::string::npos) return invalid(path + ": value contains NUL");
+    if (value.size() > p.max_env_value_bytes) {
+      return invalid(path + ": value longer than " + std::to_string(p.max_env_value_bytes) +
+                     " bytes");
+    }
+  }
+  return std::nullopt;
+}
+
+/// Step 1: request syntax and ranges.
+std::optional<rejection> check_request(const run_request& r, const policy& p) {
+  if (r.v != protocol_version) return invalid(detail::unsupported_version_message(r.v));
+  if (r.runtime.empty()) return invalid("runtime: must not be empty");
+  if (r.timeout.count() <= 0) return invalid("timeout_ms: must be greater than 0");
+  if (r.memory_limit_bytes < p.min_memory_bytes) {
+    return invalid("memory_limit_bytes: below the minimum of " +
+                   std::to_string(p.min_memory_bytes));
+  }
+  if (auto rej = check_files_in(r, p)) return rej;
+  // files_out: every value is acceptable (0 = return nothing); above the policy it is clamped.
+  if (auto rej = check_env(r, p)) return rej;
+  if (r.runtime_digest && !is_valid_blob_id(*r.runtime_digest)) {
+    return invalid("runtime_digest: expected 'sha256:' and 64 lowercase hex digits");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::variant<admitted, rejection> admit(const run_request& request, const ticket& ticket,
+                                        const policy& policy, const host_catalog& catalog) {
+  // 1. Syntax and ranges of the request itself.
+  if (auto rej = check_request(request, policy)) return *rej;
+
+  // 2. Source size: rejected, never truncated.
+  if (request.source.size() > policy.max_source_bytes) {
+    return rejection{code::source_too_large,
+                     "source: " + std::to_string(request.source.size()) +
+                         " bytes, over the limit of " + std::to_string(policy.max_source_bytes)};
+  }
+
+  // 3. The ticket's grants.
+  if (!ticket.allows(action::code_execute)) {
+    return rejection{code::action_denied, "ticket does not grant code.execute"};
+  }
+  if (request.network && !ticket.allows(action::code_network)) {
+    return rejection{code::action_denied, "network: ticket does not grant code.network"};
+  }
+
+  // 4. The runtime must be configured here.
+  const auto rt = catalog.runtimes.find(request.runtime);
+  if (rt == catalog.runtimes.end()) {
+    return invalid("runtime: unknown runtime " + quote_for_message(request.runtime));
+  }
+
+  // 5. A backend at the ticket's level or stronger (network: container or stronger, the
+  //    process level never gets the host's network), and the runtime's image.
+  isolation need = ticket.isolation();
+  if (request.network && !is_at_least(need, isolation::container)) need = isolation::container;
+  std::optional<isolation> level;
+  for (isolation have : catalog.levels) {
+    if (is_at_least(have, need) && (!level || !is_at_least(have, *level))) level = have;
+  }
+  if (!level) {
+    return rejection{code::runtime_unavailable,
+                     "isolation: no backend at level '" + std::string(to_string(need)) +
+                         "' or stronger on this host"};
+  }
+  if (!rt->second) {
+    return rejection{code::runtime_unavailable,
+                     "runtime: the image of " + quote_for_message(request.runtime) +
+                         " is not installed"};
+  }
+
+  // 6. The caller's pin.
+  if (request.runtime_digest && *request.runtime_digest != *rt->second) {
+    return rejection{code::digest_mismatch,
+                     "runtime_digest: does not match the installed image of " +
+                         quote_for_message(request.runtime)};
+  }
+
+  // Normalize: clamp to the lower of the ticket's and the policy's ceilings.
+  admitted a{.request = request,
+             .tenant = ticket.tenant(),
+             .ticket_id = ticket.id(),
+             .isolation = *level,
+             .runtime = runtime_info{request.runtime, *rt->second}};
+  a.request.v = protocol_version;
+  const auto max_timeout = std::min(ticket.max_timeout(), policy.max_timeout);
+  if (a.request.timeout > max_timeout) {
+    a.request.timeout = max_timeout;
+    a.timeout_clamped = true;
+  }
+  const auto max_memory = std::min(ticket.max_memory_bytes(), policy.max_memory_bytes);
+  if (a.request.memory_limit_bytes > max_memory) {
+    a.request.memory_limit_bytes = max_memory;
+    a.memory_clamped = true;
+  }
+  if (a.request.files_out.max_files > policy.max_output_files) {
+    a.request.files_out.max_files = policy.max_output_files;
+    a.files_out_clamped = true;
+  }
+  if (a.request.files_out.max_bytes > policy.max_output_bytes) {
+    a.request.files_out.max_bytes = policy.max_output_bytes;
+    a.files_out_clamped = true;
+  }
+  return a;
+}
+
+run_result rejected_result(const rejection& r, std::string run_id) {
+  run_result result;
+  result.code = r.code;
+  result.message = r.message;
+  result.run_id = std::move(run_id);
+  return result;
+}
+
+}  // namespace sandbox

@@ -1,0 +1,35 @@
+// Private text helpers of the protocol layer: strict UTF-8 decoding and the quoting used in
+// rejection messages. Implemented in protocol.cpp. Not installed.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace sandbox::detail {
+
+/// Decodes the code point starting at `s[i]` (i < s.size()) into `cp`. Returns its length
+/// (1..4), or 0 when the bytes there are not well-formed UTF-8 (Unicode 14, table 3-7: no
+/// overlongs, no surrogates, nothing above U+10FFFF, no truncated sequences).
+std::size_t decode_utf8(std::string_view s, std::size_t i, char32_t& cp) noexcept;
+
+/// Offset of the first byte that is not part of well-formed UTF-8, or `npos` if there is none.
+std::size_t utf8_error_offset(std::string_view s) noexcept;
+
+/// True for Unicode general category Cc: U+0000–U+001F, U+007F–U+009F.
+constexpr bool is_control(char32_t cp) noexcept {
+  return cp < 0x20 || (cp >= 0x7F && cp <= 0x9F);
+}
+
+/// "U+00E9" for 0xE9.
+std::string code_point_name(char32_t cp);
+
+/**
+ * Quotes a caller-supplied value for a message: `'name'`, escaped with
+ * `escape_for_display` (so the message stays valid UTF-8 without control characters) and cut
+ * to at most `max_bytes` of escaped text, at a character boundary, with "..." appended when
+ * cut. E.g. `quote_for_message("a\nb")` is `'a\x0ab'`.
+ */
+std::string quote_for_message(std::string_view value, std::size_t max_bytes = 64);
+
+}  // namespace sandbox::detail
