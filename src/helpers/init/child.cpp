@@ -1,0 +1,251 @@
+// Starting the user program, and the self-test probe.
+//
+// The child is created with CLONE_FILES | CLONE_VFORK: it shares init's descriptor table
+// until it execs, so the seccomp listener it creates (O_CLOEXEC) is also in init's table,
+// and init — suspended until the exec — picks it up from there. No descriptor ever has to
+// be sent from inside the filter, and the user program never holds the listener (execve
+// unshares the table and closes O_CLOEXEC descriptors).
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <linux/securebits.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <string>
+#include <vector>
+
+#include "core/seccomp_policy.hpp"
+#include "helpers/init/init.hpp"
+
+namespace sandbox::init {
+namespace {
+
+namespace ip = detail::init_protocol;
+
+struct child_report {
+  int kind;  // 1: listener fd in `value`; 2: failure at `where` with errno `value`
+  int value;
+  std::uint32_t where;
+};
+
+void report(int fd, child_report r) { (void)!write(fd, &r, sizeof r); }
+
+[[noreturn]] void child_fail(int fd, step s, int err) {
+  report(fd, {2, err, static_cast<std::uint32_t>(s)});
+  _exit(126);
+}
+
+// Steps in the child, in order; each one's reason beside it.
+[[noreturn]] void child_main(const config& cfg, int info_fd, char* const* argv,
+                             char* const* envp) {
+  // 1. Signals as a fresh program expects them; its own session (no controlling terminal).
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  setsid();
+  // 2. Start in $HOME (a tmpfs of its own).
+  if (chdir("/home/sandbox") < 0) child_fail(info_fd, step::rlimits, errno);
+  // 3. Resource limits the cgroup does not cover: no core dumps, bounded descriptors and
+  //    file size.
+  const rlimit core{0, 0};
+  const rlimit nofile{cfg.nofile, cfg.nofile};
+  const rlimit fsize{cfg.fsize_bytes, cfg.fsize_bytes};
+  if (setrlimit(RLIMIT_CORE, &core) < 0 || setrlimit(RLIMIT_NOFILE, &nofile) < 0 ||
+      setrlimit(RLIMIT_FSIZE, &fsize) < 0) {
+    child_fail(info_fd, step::rlimits, errno);
+  }
+  // 4. Drop privileges, in the order that works: lock securebits (needs CAP_SETPCAP), empty
+  //    the bounding and ambient sets, supplementary groups, gid, uid, then clear the
+  //    remaining sets and verify nothing is left.
+  if (prctl(PR_SET_SECUREBITS,
+            SECBIT_KEEP_CAPS_LOCKED | SECBIT_NO_SETUID_FIXUP | SECBIT_NO_SETUID_FIXUP_LOCKED |
+                SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE |
+                SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED,
+            0, 0, 0) < 0) {
+    child_fail(info_fd, step::drop_privileges, errno);
+  }
+  for (int cap = 0; cap <= 63; ++cap) {
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
+      if (errno == EINVAL) break;  // past the last capability this kernel knows
+      child_fail(info_fd, step::drop_privileges, errno);
+    }
+  }
+  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) {
+    child_fail(info_fd, step::drop_privileges, errno);
+  }
+  if (!cfg.userns && setgroups(0, nullptr) < 0) child_fail(info_fd, step::drop_privileges, errno);
+  if (setresgid(cfg.gid, cfg.gid, cfg.gid) < 0 || setresuid(cfg.uid, cfg.uid, cfg.uid) < 0) {
+    child_fail(info_fd, step::drop_privileges, errno);
+  }
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (syscall(SYS_capset, &hdr, data) < 0) child_fail(info_fd, step::drop_privileges, errno);
+  __user_cap_data_struct check[2]{};
+  if (syscall(SYS_capget, &hdr, check) < 0) child_fail(info_fd, step::drop_privileges, errno);
+  for (auto& c : check) {
+    if (c.effective || c.permitted || c.inheritable) {
+      child_fail(info_fd, step::drop_privileges, EPERM);
+    }
+  }
+  if (getuid() != cfg.uid || geteuid() != cfg.uid || getgid() != cfg.gid || cfg.uid == 0) {
+    child_fail(info_fd, step::drop_privileges, EPERM);
+  }
+  // 5. No privilege can ever be regained through exec (setuid files, file capabilities).
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) child_fail(info_fd, step::no_new_privs, errno);
+  // 6. The seccomp filter, last before exec; its listener goes to init through the shared
+  //    descriptor table.
+  const char* failed = nullptr;
+  int listener = detail::load_seccomp_filter(&failed);
+  if (listener < 0) child_fail(info_fd, step::seccomp, -listener);
+  report(info_fd, {1, listener, 0});
+  // 7. Exec. In self-test mode the program is sandbox-init's own probe (by descriptor).
+  if (cfg.mode == "selftest") {
+    syscall(SYS_execveat, ip::self_exec_fd, "", argv, envp, AT_EMPTY_PATH);
+  } else {
+    execve(argv[0], argv, envp);
+  }
+  child_fail(info_fd, step::exec, errno);
+}
+
+}  // namespace
+
+bool start_child(const config& cfg, pid_t* pid, int* listener_fd, failure* f) {
+  // fd 0 of the program: the sandbox's /dev/null (1 and 2 are the host's pipes already).
+  int devnull = open("/dev/null", O_RDONLY);
+  if (devnull < 0) {
+    *f = {step::fork, errno};
+    return false;
+  }
+  if (devnull != 0) {
+    dup2(devnull, 0);
+    close(devnull);
+  }
+  std::vector<char*> argv, envp;
+  for (const auto& a : cfg.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (const auto& e : cfg.env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+
+  int info[2];
+  if (pipe2(info, O_CLOEXEC) < 0) {
+    *f = {step::fork, errno};
+    return false;
+  }
+  long rc = syscall(SYS_clone, CLONE_FILES | CLONE_VFORK | SIGCHLD, nullptr, nullptr, nullptr,
+                    0);
+  if (rc < 0) {
+    *f = {step::fork, errno};
+    return false;
+  }
+  if (rc == 0) child_main(cfg, info[1], argv.data(), envp.data());
+  // Back here once the child exec'd (or exited). Its copy of the table is gone; ours still
+  // holds the write end of `info` (shared until exec) and, if it got that far, the listener.
+  *pid = static_cast<pid_t>(rc);
+  close(info[1]);
+  child_report r{};
+  int listener = -1;
+  failure fail{step::exec, 0};
+  bool failed = false;
+  while (read(info[0], &r, sizeof r) == sizeof r) {
+    if (r.kind == 1) {
+      listener = r.value;
+    } else {
+      failed = true;
+      fail = {static_cast<step>(r.where), r.value};
+    }
+  }
+  close(info[0]);
+  if (failed || listener < 0) {
+    if (listener >= 0) close(listener);
+    *f = failed ? fail : failure{step::seccomp, EPROTO};
+    return false;
+  }
+  *listener_fd = listener;
+  return true;
+}
+
+// --- self-test probe ------------------------------------------------------------------------
+
+namespace {
+
+bool status_field_is(const char* field, const char* expected) {
+  FILE* fp = fopen("/proc/self/status", "re");
+  if (fp == nullptr) return false;
+  char line[256];
+  bool found = false;
+  std::size_t n = strlen(field);
+  while (fgets(line, sizeof line, fp) != nullptr) {
+    if (strncmp(line, field, n) == 0 && line[n] == ':') {
+      const char* v = line + n + 1;
+      while (*v == ' ' || *v == '\t') ++v;
+      found = strncmp(v, expected, strlen(expected)) == 0;
+      break;
+    }
+  }
+  fclose(fp);
+  return found;
+}
+
+int probe_fail(const char* what) {
+  fprintf(stderr, "probe failed: %s (errno %d)\n", what, errno);
+  return 1;
+}
+
+}  // namespace
+
+int run_probe(int argc, char** argv) {
+  uid_t want_uid = 0;
+  if (argc >= 3) std::from_chars(argv[2], argv[2] + strlen(argv[2]), want_uid);
+  if (getuid() == 0 || getuid() != want_uid) return probe_fail("unprivileged uid");
+  for (const char* cap : {"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"}) {
+    if (!status_field_is(cap, "0000000000000000")) return probe_fail(cap);
+  }
+  if (!status_field_is("NoNewPrivs", "1")) return probe_fail("NoNewPrivs");
+  if (!status_field_is("Seccomp", "2")) return probe_fail("Seccomp filter mode");
+  if (mount("none", "/tmp", "tmpfs", 0, nullptr) == 0 || errno != EPERM) {
+    return probe_fail("mount refused");
+  }
+  if (unshare(CLONE_NEWUSER) == 0) return probe_fail("unshare refused");
+  if (open("/probe-write", O_WRONLY | O_CREAT | O_CLOEXEC, 0600) >= 0) {
+    return probe_fail("read-only root");
+  }
+  int t = open("/tmp/probe", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (t < 0) return probe_fail("writable /tmp");
+  close(t);
+  unlink("/tmp/probe");
+  if (socket(40 /* AF_VSOCK */, SOCK_STREAM, 0) >= 0 || errno != EAFNOSUPPORT) {
+    return probe_fail("vsock refused");
+  }
+  if (syscall(425 /* io_uring_setup */, 1, nullptr) >= 0 || errno != ENOSYS) {
+    return probe_fail("io_uring ENOSYS");
+  }
+  if (open("/proc/1/environ", O_RDONLY | O_CLOEXEC) >= 0) return probe_fail("init hidden");
+  // Egress: must fail, and the host must have recorded it (checked on the host side).
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return probe_fail("udp socket");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(9);
+  a.sin_addr.s_addr = htonl(0xC0000201);  // 192.0.2.1 (TEST-NET-1)
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    return probe_fail("egress refused");
+  }
+  close(s);
+  printf("probe ok\n");
+  return 0;
+}
+
+}  // namespace sandbox::init

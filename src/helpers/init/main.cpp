@@ -1,2 +1,243 @@
-// Replaced by the real sandbox-init.
-int main() { return 0; }
+// sandbox-init: PID 1 of every process-level run. See init.hpp and docs/architecture.md.
+//
+// Order of events (each step's reason beside it):
+//  1. Reset signal state and make this process non-dumpable: nothing inherited from the
+//     host's thread survives, and the sandboxed user cannot open /proc/1/{mem,fd,exe}.
+//  2. Wait for the configuration. The host sends it only after moving us into the run's
+//     cgroup (and writing uid/gid maps), so nothing below runs outside the limits.
+//  3. New cgroup namespace, rooted at the run's cgroup.
+//  4. Build the filesystem and network (mounts.cpp), pivot into it, report `ready`.
+//  5. Start the user program (child.cpp), report `started` with the seccomp listener.
+//  6. Drop our own capabilities, then reap every process until the host ends the run. If the
+//     control channel closes (the host died), exit at once: as PID 1, our exit kills every
+//     process in the namespace.
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <charconv>
+
+#include "helpers/init/init.hpp"
+
+namespace sandbox::init {
+namespace {
+
+namespace ip = detail::init_protocol;
+
+bool send_msg(ip::msg type, std::uint32_t a, std::int64_t b, std::string_view payload,
+              const int* fds, int nfds) {
+  ip::init_header h{type, a, b};
+  iovec iov[2] = {{&h, sizeof h}, {const_cast<char*>(payload.data()), payload.size()}};
+  msghdr m{};
+  m.msg_iov = iov;
+  m.msg_iovlen = payload.empty() ? 1 : 2;
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+  if (nfds > 0) {
+    m.msg_control = cbuf;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+  }
+  for (;;) {
+    ssize_t n = sendmsg(ip::control_fd, &m, MSG_NOSIGNAL);
+    if (n >= 0) return true;
+    if (errno != EINTR) return false;
+  }
+}
+
+[[noreturn]] void fail(const failure& f) {
+  static const char* names[] = {"",         "config",     "cgroup_namespace", "mount_private",
+                                "root_tmpfs", "rootfs_bind", "proc",          "dev",
+                                "tmpfs",    "inputs",     "outputs",          "source",
+                                "etc_files", "hostname",  "loopback",         "dns_socket",
+                                "pivot_root", "remount_readonly", "fork",     "rlimits",
+                                "drop_privileges", "no_new_privs", "seccomp", "exec",
+                                "drop_init_privileges"};
+  auto idx = static_cast<std::uint32_t>(f.where);
+  const char* name = idx < sizeof names / sizeof names[0] ? names[idx] : "?";
+  send_msg(ip::msg::failed, idx, f.err, name, nullptr, 0);
+  _exit(1);
+}
+
+std::uint64_t to_u64(std::string_view v) {
+  std::uint64_t out = 0;
+  std::from_chars(v.data(), v.data() + v.size(), out);
+  return out;
+}
+
+bool read_config(config* cfg) {
+  std::string buf(ip::max_packet, '\0');
+  ssize_t n;
+  do {
+    n = recv(ip::control_fd, buf.data(), buf.size(), 0);
+  } while (n < 0 && errno == EINTR);
+  if (n < static_cast<ssize_t>(sizeof(ip::init_header))) return false;
+  ip::init_header h;
+  memcpy(&h, buf.data(), sizeof h);
+  if (h.type != ip::msg::config) return false;
+  std::string_view payload(buf.data() + sizeof h, static_cast<std::size_t>(n) - sizeof h);
+  for (auto [k, v] : ip::parse_config(payload)) {
+    if (k == "mode") cfg->mode = v;
+    else if (k == "rootfs") cfg->rootfs = v;
+    else if (k == "staging") cfg->staging = v;
+    else if (k == "inputs") cfg->inputs = v;
+    else if (k == "input_name") cfg->input_name = v;
+    else if (k == "source") cfg->source = v;
+    else if (k == "source_name") cfg->source_name = v;
+    else if (k == "uid") cfg->uid = static_cast<uid_t>(to_u64(v));
+    else if (k == "gid") cfg->gid = static_cast<gid_t>(to_u64(v));
+    else if (k == "userns") cfg->userns = v == "1";
+    else if (k == "tmp_bytes") cfg->tmp_bytes = to_u64(v);
+    else if (k == "home_bytes") cfg->home_bytes = to_u64(v);
+    else if (k == "shm_bytes") cfg->shm_bytes = to_u64(v);
+    else if (k == "out_bytes") cfg->out_bytes = to_u64(v);
+    else if (k == "tmpfs_inodes") cfg->tmpfs_inodes = to_u64(v);
+    else if (k == "out_inodes") cfg->out_inodes = to_u64(v);
+    else if (k == "nofile") cfg->nofile = to_u64(v);
+    else if (k == "fsize_bytes") cfg->fsize_bytes = to_u64(v);
+    else if (k == "argv") cfg->argv.emplace_back(v);
+    else if (k == "env") cfg->env.emplace_back(v);
+  }
+  return !cfg->argv.empty() && !cfg->rootfs.empty() && !cfg->staging.empty();
+}
+
+void reset_signals() {
+  sigset_t all;
+  sigemptyset(&all);
+  sigprocmask(SIG_SETMASK, &all, nullptr);
+  struct sigaction sa{};
+  sa.sa_handler = SIG_DFL;
+  for (int s = 1; s < NSIG; ++s) sigaction(s, &sa, nullptr);  // fails harmlessly for KILL/STOP
+}
+
+// Drops every capability of this process and sets no_new_privs. sandbox-init needs none of
+// them once the user program runs: it only reaps and reports.
+bool drop_own_privileges() {
+  for (int cap = 0; cap <= 63; ++cap) {
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno == EINVAL) break;
+  }
+  prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (syscall(SYS_capset, &hdr, data) < 0) return false;
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0;
+}
+
+// Reaps until the host ends the run; reports the main process's exit once.
+[[noreturn]] void supervise(pid_t main_pid) {
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  bool main_reported = false;
+  auto reap = [&] {
+    for (;;) {
+      int status = 0;
+      pid_t p = waitpid(-1, &status, WNOHANG | __WALL);
+      if (p <= 0) return;
+      if (p == main_pid && !main_reported) {
+        main_reported = true;
+        send_msg(ip::msg::exited, static_cast<std::uint32_t>(status), 0, {}, nullptr, 0);
+      }
+    }
+  };
+  reap();  // the child may already have exited
+  for (;;) {
+    pollfd fds[2] = {{ip::control_fd, POLLIN, 0}, {sfd, POLLIN, 0}};
+    int n = poll(fds, sfd >= 0 ? 2 : 1, sfd >= 0 ? -1 : 50);
+    if (n < 0 && errno != EINTR) _exit(2);
+    if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+      char b[64];
+      ssize_t r = recv(ip::control_fd, b, sizeof b, MSG_DONTWAIT);
+      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) _exit(0);  // host gone
+    }
+    if (sfd >= 0 && (fds[1].revents & POLLIN)) {
+      signalfd_siginfo si;
+      while (read(sfd, &si, sizeof si) == sizeof si) {
+      }
+    }
+    reap();
+  }
+}
+
+}  // namespace
+}  // namespace sandbox::init
+
+int main(int argc, char** argv) {
+  using namespace sandbox::init;
+  namespace ip = sandbox::detail::init_protocol;
+  if (argc >= 2 && strcmp(argv[1], "--probe") == 0) return run_probe(argc, argv);
+
+  // 1. Hygiene: default signals, die with the host, not dumpable, own session (no
+  //    controlling terminal), and SIGCHLD blocked for the signalfd in supervise().
+  reset_signals();
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  setsid();
+  fcntl(ip::control_fd, F_SETFD, FD_CLOEXEC);
+  fcntl(ip::self_exec_fd, F_SETFD, FD_CLOEXEC);  // EBADF outside self-test mode: harmless
+
+  // 2. Configuration (arrives once the host has placed us in the run's cgroup).
+  config cfg;
+  if (!read_config(&cfg)) fail({step::config, EINVAL});
+
+  // 3. A cgroup namespace rooted at the run's cgroup.
+  if (unshare(CLONE_NEWCGROUP) < 0) fail({step::cgroup_namespace, errno});
+
+  // PID 1 must not be the OOM killer's choice (root only; unprivileged cannot lower it).
+  if (!cfg.userns) {
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      (void)!write(fd, "-1000", 5);
+      close(fd);
+    }
+  }
+
+  // 4. Filesystem and network, then `ready` with the output dir and DNS sink socket.
+  int out_fd = -1, dns_fd = -1;
+  failure f{};
+  if (!setup_sandbox(cfg, &out_fd, &dns_fd, &f)) fail(f);
+  int ready_fds[2] = {out_fd, dns_fd};
+  if (!send_msg(ip::msg::ready, 0, 0, {}, ready_fds, 2)) _exit(1);
+  close(out_fd);
+  close(dns_fd);
+
+  // 5. The user program. SIGCHLD is blocked first so no exit is lost before supervise().
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &chld, nullptr);
+  pid_t child = -1;
+  int listener = -1;
+  if (!start_child(cfg, &child, &listener, &f)) fail(f);
+  // Release the stdout/stderr pipes: only the user program holds them now, so the host sees
+  // EOF when it (and its descendants) close them.
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (devnull >= 0) {
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+    close(devnull);
+  }
+  if (!send_msg(ip::msg::started, static_cast<std::uint32_t>(child), 0, {}, &listener, 1)) {
+    _exit(1);
+  }
+  close(listener);
+
+  // 6. Nothing privileged is left to do.
+  if (!drop_own_privileges()) fail({step::drop_init_privileges, errno});
+  supervise(child);
+}

@@ -1,0 +1,107 @@
+// The control channel between the host and `sandbox-init` (private to src/).
+//
+// A SOCK_SEQPACKET socketpair: the host keeps one end, sandbox-init gets the other as fd 3.
+// Every message is one packet: a fixed `init_header`, then an optional payload; descriptors
+// travel as SCM_RIGHTS. sandbox-init treats the channel as its lifeline: when the host end
+// closes (the host died), it exits at once, which kills every process of its pid namespace.
+//
+// Flow of one run:
+//   host → init   config     (after the host put init into the run's cgroup and, for a user
+//                             namespace, wrote its uid/gid maps)
+//   init → host   ready      fds: [output dir (O_RDONLY|O_DIRECTORY), DNS sink UDP socket]
+//   init → host   started    fds: [seccomp user-notification listener]; a = pid (inside)
+//   init → host   exited     a = wait status of the main process
+//   init → host   failed     a = setup step, b = errno; payload = step name (host logs only)
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sandbox::detail::init_protocol {
+
+/// File descriptor numbers sandbox-init starts with.
+inline constexpr int control_fd = 3;
+/// Only in self-test mode: sandbox-init's own executable, for the in-sandbox probe.
+inline constexpr int self_exec_fd = 4;
+
+enum class msg : std::uint32_t {
+  config = 1,
+  ready = 10,
+  started = 11,
+  exited = 12,
+  failed = 13,
+};
+
+/// Setup steps, reported in `failed` messages.
+enum class step : std::uint32_t {
+  config = 1,
+  cgroup_namespace,
+  mount_private,
+  root_tmpfs,
+  rootfs_bind,
+  proc,
+  dev,
+  tmpfs,
+  inputs,
+  outputs,
+  source,
+  etc_files,
+  hostname,
+  loopback,
+  dns_socket,
+  pivot_root,
+  remount_readonly,
+  fork,
+  rlimits,
+  drop_privileges,
+  no_new_privs,
+  seccomp,
+  exec,
+  drop_init_privileges,
+};
+
+struct init_header {
+  msg type;
+  std::uint32_t a;
+  std::int64_t b;
+};
+
+/// Largest packet either side sends or accepts.
+inline constexpr std::size_t max_packet = 256 * 1024;
+
+/// The configuration, as NUL-separated "key=value" strings (repeated keys keep their order:
+/// `argv`, `env`). Simple enough to parse in the helper without allocating surprises.
+class config_writer {
+ public:
+  void add(std::string_view key, std::string_view value) {
+    buf_.append(key);
+    buf_.push_back('=');
+    buf_.append(value);
+    buf_.push_back('\0');
+  }
+  void add(std::string_view key, std::uint64_t value) { add(key, std::to_string(value)); }
+  const std::string& bytes() const noexcept { return buf_; }
+
+ private:
+  std::string buf_;
+};
+
+/// Splits a config payload into (key, value) pairs. Entries without '=' are skipped.
+inline std::vector<std::pair<std::string_view, std::string_view>> parse_config(
+    std::string_view payload) {
+  std::vector<std::pair<std::string_view, std::string_view>> out;
+  while (!payload.empty()) {
+    auto end = payload.find('\0');
+    std::string_view entry = payload.substr(0, end);
+    auto eq = entry.find('=');
+    if (eq != std::string_view::npos) out.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
+    if (end == std::string_view::npos) break;
+    payload.remove_prefix(end + 1);
+  }
+  return out;
+}
+
+}  // namespace sandbox::detail::init_protocol

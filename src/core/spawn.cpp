@@ -1,0 +1,111 @@
+#include "core/spawn.hpp"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef P_PIDFD
+#define P_PIDFD static_cast<idtype_t>(3)  // <linux/wait.h>; older glibc lacks it
+#endif
+
+#include <atomic>
+
+namespace sandbox::detail {
+namespace {
+
+struct child_args {
+  int exec_fd;
+  char* const* argv;
+  char* const* envp;
+  int src[5];
+  int nfds;
+  std::atomic<int> err;  // written by the child (shared memory), read after it exec'd or died
+};
+
+long raw(long nr, long a = 0, long b = 0, long c = 0, long d = 0, long e = 0) {
+  return syscall(nr, a, b, c, d, e);
+}
+
+// Runs in the child on its own stack, sharing the parent's memory and (until exec) the calling
+// thread's TLS: only system calls, no allocation, no locks. The parent thread is suspended
+// (CLONE_VFORK) until exec or exit, so writing errno and `err` cannot race with it.
+int child_fn(void* p) {
+  auto* a = static_cast<child_args*>(p);
+  // Move every source above the target range first, so dup2 never clobbers a source.
+  int tmp[5];
+  for (int i = 0; i < a->nfds; ++i) {
+    tmp[i] = static_cast<int>(raw(SYS_fcntl, a->src[i], F_DUPFD, 16));
+    if (tmp[i] < 0) {
+      a->err.store(errno);
+      raw(SYS_exit_group, 127);
+    }
+  }
+  int exec_fd = static_cast<int>(raw(SYS_fcntl, a->exec_fd, F_DUPFD_CLOEXEC, 16));
+  if (exec_fd < 0) {
+    a->err.store(errno);
+    raw(SYS_exit_group, 127);
+  }
+  for (int i = 0; i < a->nfds; ++i) {
+    if (raw(SYS_dup2, tmp[i], i) < 0) {
+      a->err.store(errno);
+      raw(SYS_exit_group, 127);
+    }
+  }
+  // Close everything else except the executable's descriptor, which exec closes itself.
+  raw(SYS_close_range, a->nfds, exec_fd - 1, 0);
+  raw(SYS_close_range, exec_fd + 1, ~0U, 0);
+  raw(SYS_execveat, exec_fd, reinterpret_cast<long>(""), reinterpret_cast<long>(a->argv),
+      reinterpret_cast<long>(a->envp), AT_EMPTY_PATH);
+  a->err.store(errno != 0 ? errno : ENOEXEC);
+  raw(SYS_exit_group, 127);
+  return 127;
+}
+
+}  // namespace
+
+result<spawned_process> spawn_process(const spawn_request& req) {
+  std::vector<char*> argv;
+  for (const auto& s : req.argv) argv.push_back(const_cast<char*>(s.c_str()));
+  argv.push_back(nullptr);
+  char* envp[] = {nullptr};
+
+  child_args args{};
+  args.exec_fd = req.exec_fd;
+  args.argv = argv.data();
+  args.envp = envp;
+  args.src[0] = req.fd0;
+  args.src[1] = req.fd1;
+  args.src[2] = req.fd2;
+  args.src[3] = req.fd3;
+  args.src[4] = req.fd4;
+  args.nfds = req.fd4 >= 0 ? 5 : 4;
+  args.err.store(0);
+
+  constexpr std::size_t stack_size = 64 * 1024;
+  void* stack = mmap(nullptr, stack_size, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED) return boost::system::error_code(errno, boost::system::generic_category());
+  int pidfd = -1;
+  int flags = static_cast<int>(CLONE_VM | CLONE_VFORK | CLONE_PIDFD | req.clone_flags) | SIGCHLD;
+  pid_t pid = clone(child_fn, static_cast<char*>(stack) + stack_size, flags, &args, &pidfd);
+  int clone_errno = errno;
+  munmap(stack, stack_size);
+  if (pid < 0) return boost::system::error_code(clone_errno, boost::system::generic_category());
+  fcntl(pidfd, F_SETFD, FD_CLOEXEC);
+  if (int e = args.err.load(); e != 0) {
+    // The child failed before or at exec and has exited: reap it.
+    siginfo_t si{};
+    waitid(P_PIDFD, static_cast<id_t>(pidfd), &si, WEXITED);
+    close(pidfd);
+    return boost::system::error_code(e, boost::system::generic_category());
+  }
+  return spawned_process{pid, pidfd};
+}
+
+}  // namespace sandbox::detail

@@ -1,0 +1,60 @@
+// sandbox-init internals. sandbox-init is exec'd fresh by the host as PID 1 of a new pid
+// namespace (plus mount, net, ipc, uts and — for unprivileged hosts — user namespaces). It is
+// single-threaded and statically linked, builds the run's filesystem, starts the user program
+// as its only child, reaps every orphan, and reports to the host over the control channel
+// (core/init_protocol.hpp). It never trusts anything the sandboxed program can influence.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/init_protocol.hpp"
+
+namespace sandbox::init {
+
+using detail::init_protocol::step;
+
+/// Parsed configuration (see process backend: the host writes it).
+struct config {
+  std::string mode = "run";  ///< "run" or "selftest"
+  std::string rootfs;        ///< image root (host path, bound read-only piecewise)
+  std::string staging;       ///< empty host dir where the new root is assembled
+  std::string inputs;        ///< host dir with the input files
+  std::string input_name;    ///< random dir name under /sandbox for the inputs
+  std::string source;        ///< host path of the source file
+  std::string source_name;   ///< its name under /sandbox
+  uid_t uid = 65534;         ///< uid of the user program (inside the user ns, if any)
+  gid_t gid = 65534;
+  bool userns = false;       ///< running in a user namespace (unprivileged host)
+  std::uint64_t tmp_bytes = 0, home_bytes = 0, shm_bytes = 0, out_bytes = 0;
+  std::uint64_t tmpfs_inodes = 4096, out_inodes = 256;
+  std::uint64_t nofile = 256, fsize_bytes = 1ULL << 30;
+  std::vector<std::string> argv;
+  std::vector<std::string> env;
+};
+
+/// A failed step: which, and the errno.
+struct failure {
+  step where;
+  int err;
+};
+
+/// Assembles the new root in `cfg.staging`, pivots into it, and returns (through `out_fd`,
+/// `dns_fd`) a descriptor of the output directory and the DNS sink socket. Returns false and
+/// fills `*f` on failure. Steps are numbered in mounts.cpp.
+bool setup_sandbox(const config& cfg, int* out_fd, int* dns_fd, failure* f);
+
+/// Starts the user program as a child sharing init's descriptor table (so the seccomp
+/// listener it creates lands in init's table too) and waits until it has exec'd. Returns the
+/// child's pid and the listener fd (in init's table), or false with `*f` filled.
+bool start_child(const config& cfg, pid_t* pid, int* listener_fd, failure* f);
+
+/// The in-sandbox self-test probe (`sandbox-init --probe <uid>`): checks as the sandboxed
+/// user that the guarantees hold. Exit 0 when all hold.
+int run_probe(int argc, char** argv);
+
+}  // namespace sandbox::init
