@@ -1,0 +1,27 @@
+// The DNS sink's packet handling (private to src/; RFC 1035 §4.1).
+//
+// Every run's resolver configuration points at 127.0.0.1:53 inside the run's own network
+// namespace, where sandbox-init binds a UDP socket that the host serves. The host logs the name
+// asked for (an egress attempt) and answers REFUSED, so lookups fail fast and nothing is ever
+// resolved. These functions are pure and bounded: a malformed or hostile packet yields
+// nothing, never a crash or an over-read.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace sandbox::detail {
+
+/// The first question's name of a DNS query ("example.com"), or nullopt when the packet is
+/// not a well-formed query. Labels with bytes outside [A-Za-z0-9_-] are escaped as `\xNN`;
+/// compression pointers are refused (queries do not use them); at most 255 bytes.
+std::optional<std::string> dns_query_name(std::span<const std::uint8_t> packet);
+
+/// A REFUSED response to `query` (same id, the question echoed, no records); empty when the
+/// query is malformed.
+std::vector<std::uint8_t> dns_refused_response(std::span<const std::uint8_t> query);
+
+}  // namespace sandbox::detail

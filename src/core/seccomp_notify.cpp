@@ -1,0 +1,241 @@
+#include "core/seccomp_notify.hpp"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/seccomp.h>
+#include <netinet/in.h>
+#include <seccomp.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/seccomp_policy.hpp"
+
+namespace sandbox::detail {
+namespace {
+
+constexpr std::uint32_t x32_bit = 0x40000000;
+
+struct notif_sizes_t {
+  std::size_t notif = sizeof(seccomp_notif);
+  std::size_t resp = sizeof(seccomp_notif_resp);
+};
+
+const notif_sizes_t& notif_sizes() {
+  static const notif_sizes_t sizes = [] {
+    notif_sizes_t s;
+    seccomp_notif_sizes k{};
+    if (syscall(SYS_seccomp, SECCOMP_GET_NOTIF_SIZES, 0, &k) == 0) {
+      s.notif = std::max<std::size_t>(k.seccomp_notif, sizeof(seccomp_notif));
+      s.resp = std::max<std::size_t>(k.seccomp_notif_resp, sizeof(seccomp_notif_resp));
+    }
+    return s;
+  }();
+  return sizes;
+}
+
+void respond(int fd, std::uint64_t id, int error, bool cont) {
+  std::vector<std::uint8_t> buf(notif_sizes().resp, 0);
+  auto* r = reinterpret_cast<seccomp_notif_resp*>(buf.data());
+  r->id = id;
+  r->error = cont ? 0 : -error;
+  r->val = 0;
+  r->flags = cont ? SECCOMP_USER_NOTIF_FLAG_CONTINUE : 0;
+  ioctl(fd, SECCOMP_IOCTL_NOTIF_SEND, r);  // ENOENT: the target is gone; nothing to do
+}
+
+// Reads `len` bytes at `addr` of process `pid`. False when unreadable.
+bool read_memory(int mem_fd, std::uint64_t addr, void* out, std::size_t len) {
+  if (addr == 0 || len == 0) return false;
+  ssize_t n = pread(mem_fd, out, len, static_cast<off_t>(addr));
+  return n == static_cast<ssize_t>(len);
+}
+
+std::string format_address(const sockaddr_storage& ss, std::uint16_t* port) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &in->sin_addr, buf, sizeof buf);
+    *port = ntohs(in->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &in6->sin6_addr, buf, sizeof buf);
+    *port = ntohs(in6->sin6_port);
+  }
+  return buf;
+}
+
+// Socket type of the target's descriptor `fd` ("tcp", "udp" or "ip").
+std::string socket_protocol(pid_t pid, int fd) {
+  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) return "ip";
+  int copy = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+  close(pidfd);
+  if (copy < 0) return "ip";
+  int type = 0;
+  socklen_t len = sizeof type;
+  std::string out = "ip";
+  if (getsockopt(copy, SOL_SOCKET, SO_TYPE, &type, &len) == 0) {
+    if (type == SOCK_STREAM) out = "tcp";
+    else if (type == SOCK_DGRAM) out = "udp";
+  }
+  close(copy);
+  return out;
+}
+
+struct destination {
+  sockaddr_storage addr{};
+  std::size_t len = 0;
+};
+
+// Destinations named by the call (empty when it names none, e.g. a connected socket).
+std::vector<destination> destinations(int mem_fd, const seccomp_data& d) {
+  std::vector<destination> out;
+  auto read_sockaddr = [&](std::uint64_t addr, std::uint64_t len) {
+    destination dst;
+    dst.len = std::min<std::uint64_t>(len, sizeof dst.addr);
+    if (dst.len >= sizeof(sa_family_t) && read_memory(mem_fd, addr, &dst.addr, dst.len)) {
+      out.push_back(dst);
+    }
+  };
+  switch (d.nr) {
+    case __NR_connect:
+      read_sockaddr(d.args[1], d.args[2]);
+      break;
+    case __NR_sendto:
+      read_sockaddr(d.args[4], d.args[5]);
+      break;
+    case __NR_sendmsg: {
+      msghdr m{};
+      if (read_memory(mem_fd, d.args[1], &m, sizeof m) && m.msg_name != nullptr) {
+        read_sockaddr(reinterpret_cast<std::uint64_t>(m.msg_name), m.msg_namelen);
+      }
+      break;
+    }
+    case __NR_sendmmsg: {
+      std::uint64_t n = std::min<std::uint64_t>(d.args[2], 64);  // the kernel caps at 1024
+      for (std::uint64_t i = 0; i < n; ++i) {
+        mmsghdr m{};
+        if (!read_memory(mem_fd, d.args[1] + i * sizeof(mmsghdr), &m, sizeof m)) break;
+        if (m.msg_hdr.msg_name != nullptr) {
+          read_sockaddr(reinterpret_cast<std::uint64_t>(m.msg_hdr.msg_name),
+                        m.msg_hdr.msg_namelen);
+        }
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  return out;
+}
+
+std::string violation_name(const seccomp_data& d) {
+  if (d.arch == AUDIT_ARCH_X86_64 && (d.nr & x32_bit) != 0) {
+    char* n = seccomp_syscall_resolve_num_arch(SCMP_ARCH_X32, d.nr);
+    std::string s = std::string("x32:") + (n != nullptr ? n : std::to_string(d.nr).c_str());
+    std::free(n);
+    return s;
+  }
+  if (d.arch == AUDIT_ARCH_I386) {
+    char* n = seccomp_syscall_resolve_num_arch(SCMP_ARCH_X86, d.nr);
+    std::string s = std::string("i386:") + (n != nullptr ? n : std::to_string(d.nr).c_str());
+    std::free(n);
+    return s;
+  }
+  if (d.arch != AUDIT_ARCH_X86_64) return "foreign-abi:" + std::to_string(d.nr);
+  char* n = seccomp_syscall_resolve_num_arch(SCMP_ARCH_X86_64, d.nr);
+  std::string s = n != nullptr ? n : "syscall " + std::to_string(d.nr);
+  std::free(n);
+  return s;
+}
+
+}  // namespace
+
+bool is_local_destination(const void* sa, std::size_t len) noexcept {
+  if (len < sizeof(sa_family_t)) return true;  // nothing to connect to
+  sa_family_t fam;
+  std::memcpy(&fam, sa, sizeof fam);
+  if (fam == AF_INET) {
+    if (len < sizeof(sockaddr_in)) return true;  // the kernel rejects it (EINVAL)
+    sockaddr_in in;
+    std::memcpy(&in, sa, sizeof in);
+    std::uint32_t a = ntohl(in.sin_addr.s_addr);
+    return (a >> 24) == 127 || a == 0;
+  }
+  if (fam == AF_INET6) {
+    if (len < sizeof(sockaddr_in6)) return true;
+    sockaddr_in6 in6;
+    std::memcpy(&in6, sa, sizeof in6);
+    const auto& b = in6.sin6_addr.s6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&in6.sin6_addr) || IN6_IS_ADDR_UNSPECIFIED(&in6.sin6_addr)) {
+      return true;
+    }
+    if (IN6_IS_ADDR_V4MAPPED(&in6.sin6_addr)) return b[12] == 127 || (b[12] | b[13] | b[14] | b[15]) == 0;
+    return false;
+  }
+  // AF_UNIX (a private mount and network namespace: only the run's own sockets exist),
+  // AF_NETLINK (the run's own namespace), AF_UNSPEC (disconnect).
+  return true;
+}
+
+std::optional<notify_event> handle_notification(int listener_fd) {
+  std::vector<std::uint8_t> buf(notif_sizes().notif, 0);
+  auto* n = reinterpret_cast<seccomp_notif*>(buf.data());
+  if (ioctl(listener_fd, SECCOMP_IOCTL_NOTIF_RECV, n) < 0) return std::nullopt;
+  const seccomp_data& d = n->data;
+
+  if (!is_egress_syscall(d.nr, d.arch)) {
+    notify_event ev;
+    ev.what = notify_event::kind::violation;
+    ev.syscall = violation_name(d);
+    respond(listener_fd, n->id, EPERM, false);
+    return ev;
+  }
+
+  std::string mem_path = "/proc/" + std::to_string(n->pid) + "/mem";
+  int mem_fd = open(mem_path.c_str(), O_RDONLY | O_CLOEXEC);
+  std::vector<destination> dsts;
+  if (mem_fd >= 0) {
+    dsts = destinations(mem_fd, d);
+    close(mem_fd);
+  }
+  // The pid may have been recycled between RECV and our reads: trust what we read only if
+  // the notification is still pending.
+  if (ioctl(listener_fd, SECCOMP_IOCTL_NOTIF_ID_VALID, &n->id) < 0) return std::nullopt;
+
+  for (const auto& dst : dsts) {
+    if (is_local_destination(&dst.addr, dst.len)) continue;
+    notify_event ev;
+    ev.what = notify_event::kind::egress;
+    ev.attempt.address = format_address(dst.addr, &ev.attempt.port);
+    ev.attempt.protocol = socket_protocol(static_cast<pid_t>(n->pid), static_cast<int>(d.args[0]));
+    ev.attempt.allowed = false;
+    ev.attempt.reason = "network disabled";
+    respond(listener_fd, n->id, ENETUNREACH, false);
+    return ev;
+  }
+  if (mem_fd < 0) {
+    // Could not inspect the call: refuse rather than let an unexamined send through.
+    respond(listener_fd, n->id, EPERM, false);
+    notify_event ev;
+    ev.what = notify_event::kind::egress;
+    ev.attempt.protocol = "ip";
+    ev.attempt.reason = "uninspectable destination refused";
+    return ev;
+  }
+  respond(listener_fd, n->id, 0, true);
+  return notify_event{};
+}
+
+}  // namespace sandbox::detail

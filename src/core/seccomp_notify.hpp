@@ -1,0 +1,40 @@
+// Host side of seccomp user notification (private to src/; seccomp_unotify(2)).
+//
+// The host receives each notified call of a run, decides, and answers:
+//  - egress calls (connect, sendto with an address, sendmsg, sendmmsg): the destination is
+//    read from the process's memory (/proc/<pid>/mem, then the notification id is re-checked
+//    so a recycled pid can't fool us). Loopback, unix and netlink destinations continue
+//    untouched; anything else is recorded as an egress attempt and refused with ENETUNREACH
+//    (the run's network namespace has no route anyway: the record is evidence, not the
+//    barrier);
+//  - every other notified call is a violation (seccomp_policy.hpp): recorded by name,
+//    refused with EPERM; the caller then kills the run.
+// A hostile program can race the memory we read (TOCTOU); that can only hide an attempt from
+// the record, never open a route. Documented in docs/security.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "sandbox/protocol.hpp"
+
+namespace sandbox::detail {
+
+/// What one notification turned out to be.
+struct notify_event {
+  enum class kind : std::uint8_t { none, egress, violation } what = kind::none;
+  egress_attempt attempt;  ///< for egress
+  std::string syscall;     ///< for violation: e.g. "ptrace", "i386:execve", "x32:connect"
+};
+
+/// Receives one pending notification from `listener_fd` (call when it is readable), answers
+/// it, and returns what it was. Returns nullopt when nothing was pending or the target died
+/// meanwhile (ENOENT). Never blocks longer than the one ioctl.
+std::optional<notify_event> handle_notification(int listener_fd);
+
+/// True for addresses that stay inside the run's own network namespace: 127.0.0.0/8,
+/// 0.0.0.0, ::1, ::, and their IPv4-mapped forms. `sa` points at `len` bytes of a sockaddr.
+bool is_local_destination(const void* sa, std::size_t len) noexcept;
+
+}  // namespace sandbox::detail
