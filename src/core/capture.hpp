@@ -12,11 +12,15 @@
 
 namespace sandbox::detail {
 
+/// Not thread-safe: one reader of one pipe owns it. Every member is O(size of its input)
+/// or O(summary_bytes); nothing ever blocks or throws except std::bad_alloc.
 class stream_capture_buffer {
  public:
+  /// `cap_bytes`: bytes kept byte-exact (0 keeps none); `summary_bytes`: the most bytes
+  /// `summary()` returns (0: always empty).
   stream_capture_buffer(std::uint64_t cap_bytes, std::uint32_t summary_bytes);
 
-  /// Appends bytes read from the pipe.
+  /// Appends bytes read from the pipe (any length, any content).
   void append(std::span<const char> bytes);
 
   /// Bytes kept (the first min(total, cap) bytes of the stream).
@@ -36,8 +40,11 @@ class stream_capture_buffer {
   std::uint64_t cap_;
   std::uint32_t summary_bytes_;
   std::string head_;
-  std::string tail_;            ///< ring buffer of the last summary_bytes/2 bytes
-  std::size_t tail_pos_ = 0;    ///< next write position in tail_ once it is full
+  /// The first summary_bytes/2 bytes, kept only when cap_bytes is smaller (so the summary
+  /// still shows the start of the stream).
+  std::string prefix_;
+  std::string tail_;          ///< ring buffer of the last summary_bytes/2 bytes
+  std::size_t tail_pos_ = 0;  ///< next write position in tail_ once it is full
   std::uint64_t total_ = 0;
 };
 
