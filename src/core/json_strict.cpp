@@ -68,6 +68,8 @@ class strict_builder {
           break;
         }
       }
+    } else if (what.find("number overflow") != std::string_view::npos) {
+      reason = "number overflow";  // out_of_range.406, whose text quotes the number
     }
     error_ = "malformed JSON at byte " + std::to_string(position);
     if (!reason.empty()) error_ += ": " + reason;
@@ -164,6 +166,11 @@ std::optional<std::string> parse_strict(std::string_view text, const decode_opti
   }
   if (text.substr(0, 3) == "\xEF\xBB\xBF") {
     return std::string("malformed JSON at byte 1: byte order mark not allowed");
+  }
+  // nlohmann's lexer takes a NUL byte for the end of the input, so `{...}\0<anything>` would
+  // parse as `{...}`: refuse raw NUL anywhere (inside strings JSON needs "\u0000" anyway).
+  if (const auto nul = text.find('\0'); nul != std::string_view::npos) {
+    return "malformed JSON at byte " + std::to_string(nul + 1) + ": NUL byte";
   }
   strict_builder builder(out, options.max_depth);
   const bool ok = json::sax_parse(text.data(), text.data() + text.size(), &builder,

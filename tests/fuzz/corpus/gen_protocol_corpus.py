@@ -1,0 +1,156 @@
+#!/usr/bin/python3
+"""Writes the seed corpus of the protocol fuzz target into tests/fuzz/corpus/protocol/.
+
+    /usr/bin/python3 tests/fuzz/corpus/gen_protocol_corpus.py
+
+Each seed is one document: valid requests, results and tickets, and the malformed and hostile
+inputs the decoders and admission must refuse cleanly. Kept small (well under 1 MB in all).
+"""
+import json
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "protocol")
+BLOB = "sha256:" + "a" * 64
+DIGEST = "sha256:" + "a" * 64  # the fuzz catalog's python3 digest
+
+
+def req(**extra):
+    r = {"runtime": "python3", "source": "print(1)"}
+    r.update(extra)
+    return json.dumps(r, ensure_ascii=False).encode()
+
+
+def files(*names, blob=BLOB):
+    return [{"name": n, "blob": blob} for n in names]
+
+
+SEEDS = {
+    # --- valid documents
+    "request_minimal": req(),
+    "request_full": json.dumps({
+        "v": 1, "runtime": "python3", "source": "import os\nprint(os.listdir('.'))\n",
+        "timeout_ms": 8001, "network": True, "files_in": files("data.csv", "h\u00e9.txt"),
+        "files_out": {"max_files": 300, "max_bytes": 1 << 40},
+        "memory_limit_bytes": 1 << 31, "env": {"MY_VAR": "1", "A": "x"},
+        "runtime_digest": DIGEST}, ensure_ascii=False).encode(),
+    "request_node_no_image": req(runtime="node"),
+    "request_digest_mismatch": req(runtime_digest="sha256:" + "b" * 64),
+    "result_ok": json.dumps({
+        "v": 1, "code": "ok", "message": "", "exit_code": 0, "signal": None,
+        "stdout": {"summary": "1\n", "blob": BLOB, "bytes": 2, "total_bytes": 2,
+                   "truncated": False},
+        "stderr": {"summary": "", "blob": BLOB, "bytes": 0, "total_bytes": 0,
+                   "truncated": False},
+        "files_out": [{"name": "out.txt", "blob": BLOB, "bytes": 3}],
+        "files_dropped": [{"name_display": "a\\x0a", "reason": "bad_name"}],
+        "usage": {"setup_ms": 5, "wall_ms": 20, "cpu_ms": 10, "peak_memory_bytes": 1 << 20},
+        "oom_kills": 0, "timeout_clamped": False, "memory_clamped": False, "timeout_ms": 2000,
+        "memory_limit_bytes": 1 << 28, "isolation": "process",
+        "runtime": {"name": "python3", "digest": DIGEST},
+        "egress_attempts": [{"protocol": "dns", "host": "example.com", "address": "",
+                             "port": 53, "allowed": False, "reason": "network disabled"}],
+        "egress_attempts_dropped": 0, "violation": None, "run_id": "r1"}).encode(),
+    "result_minimal": b'{"code":"timeout"}',
+    "ticket_valid": b'{"v":1,"id":"t-1","tenant":"acme","actions":["code.execute","code.network"],'
+                    b'"isolation":"container","max_timeout_ms":8000,"max_memory_bytes":536870912}',
+    # --- syntax
+    "empty": b"",
+    "nul_only": b"\0",
+    "nul_trailing": req() + b"\0" + b'{"evil":1}',
+    "bom": b"\xef\xbb\xbf" + req(),
+    "trailing_garbage": req() + b"x",
+    "two_documents": req() + req(),
+    "comment": b"/*c*/" + req(),
+    "single_quotes": b"{'runtime':'python3','source':'x'}",
+    "truncated": req()[:-1],
+    "nan": b'{"runtime":"python3","source":"x","timeout_ms":NaN}',
+    "number_overflow": b'{"runtime":"python3","source":"x","timeout_ms":1e400}',
+    "uint64_overflow": b'{"runtime":"python3","source":"x","memory_limit_bytes":18446744073709551616}',
+    "negative_zero": b'{"runtime":"python3","source":"x","memory_limit_bytes":-0}',
+    "deep_arrays": b"[" * 200 + b"]" * 200,
+    "deep_objects": b'{"a":' * 200 + b"1" + b"}" * 200,
+    "deep_in_field": b'{"runtime":"python3","source":"x","env":' + b"[" * 40 + b"]" * 40 + b"}",
+    # --- encoding
+    "utf8_invalid_byte": b'{"runtime":"python3","source":"\xff"}',
+    "utf8_overlong_slash": b'{"runtime":"python3","source":"x","files_in":[{"name":"..\xc0\xafetc","blob":"' + BLOB.encode() + b'"}]}',
+    "utf8_surrogate_raw": b'{"runtime":"python3","source":"\xed\xa0\x80"}',
+    "utf8_surrogate_escape": b'{"runtime":"python3","source":"\\ud800"}',
+    "utf8_truncated": b'{"runtime":"python3","source":"\xe2\x82"}',
+    "utf8_above_max": b'{"runtime":"python3","source":"\xf4\x90\x80\x80"}',
+    # --- duplicates
+    "dup_runtime": b'{"runtime":"python3","runtime":"node","source":"x"}',
+    "dup_escaped": b'{"runtime":"python3","\\u0072untime":"node","source":"x"}',
+    "dup_nested": b'{"runtime":"python3","source":"x","files_out":{"max_files":1,"max_files":9}}',
+    "dup_ticket_actions": b'{"id":"t","tenant":"a","actions":["code.execute"],"actions":["code.network"],'
+                          b'"isolation":"process","max_timeout_ms":1,"max_memory_bytes":1}',
+    "ticket_dup_action": b'{"id":"t","tenant":"a","actions":["code.execute","code.execute"],'
+                         b'"isolation":"process","max_timeout_ms":1,"max_memory_bytes":1}',
+    "ticket_unknown_action": b'{"id":"t","tenant":"a","actions":["code.root"],'
+                             b'"isolation":"process","max_timeout_ms":1,"max_memory_bytes":1}',
+    "ticket_bad_tenant": b'{"id":"t","tenant":"../x","actions":[],'
+                         b'"isolation":"process","max_timeout_ms":1,"max_memory_bytes":1}',
+    # --- fields
+    "unknown_field": req(foo=1),
+    "version_2": req(v=2),
+    "version_string": req(v="1"),
+    "timeout_zero": req(timeout_ms=0),
+    "timeout_negative": req(timeout_ms=-1),
+    "timeout_float": req(timeout_ms=1.5),
+    "timeout_string": req(timeout_ms="100"),
+    "memory_below_min": req(memory_limit_bytes=1),
+    "files_out_negative": req(files_out={"max_files": -1}),
+    "network_string": req(network="true"),
+    "env_reserved": req(env={"PATH": "/", "LD_PRELOAD": "/x.so"}),
+    "env_nul_value": req(env={"MY_VAR": "a\u0000b"}),
+    "env_bad_name": req(env={"1A": "x"}),
+    "source_32768": req(source="s" * 32768),
+    "source_32769": req(source="s" * 32769),
+    # --- files_in
+    "name_traversal": req(files_in=files("../../etc/passwd")),
+    "name_dot": req(files_in=files(".")),
+    "name_dotdot": req(files_in=files("..")),
+    "name_nul": req(files_in=files("a\u0000b")),
+    "name_newline": req(files_in=files("a\nb")),
+    "name_c1": req(files_in=files("a\u0085b")),
+    "name_rlo": req(files_in=files("\u202efdp.exe")),
+    "name_255": req(files_in=files("n" * 255)),
+    "name_256": req(files_in=files("n" * 256)),
+    "name_4k": req(files_in=files("n" * 4096)),
+    "name_nfd_duplicate": req(files_in=files("caf\u00e9", "cafe\u0301")),
+    "name_angstrom": req(files_in=files("\u00c5", "\u212b")),
+    "name_duplicate": req(files_in=files("a", "a")),
+    "name_unassigned": req(files_in=files("\u0378")),
+    "files_16": req(files_in=files(*["f%d" % i for i in range(16)])),
+    "files_17": req(files_in=files(*["f%d" % i for i in range(17)])),
+    "files_1000": req(files_in=files(*["f%d" % i for i in range(1000)])),
+    "blob_uppercase": req(files_in=files("a", blob="sha256:" + "A" * 64)),
+    "blob_short": req(files_in=files("a", blob="sha256:" + "a" * 63)),
+    "blob_long": req(files_in=files("a", blob="sha256:" + "a" * 65)),
+    "blob_percent": req(files_in=files("a", blob="sha256%3a" + "a" * 64)),
+    "blob_percent_digit": req(files_in=files("a", blob="sha256:" + "a" * 62 + "%61")),
+    "blob_relative": req(files_in=files("a", blob="../blobs/" + BLOB)),
+    "blob_not_string": b'{"runtime":"python3","source":"x","files_in":[{"name":"a","blob":1}]}',
+    # --- results
+    "result_unknown_code": b'{"code":"boom"}',
+    "result_bad_reason": b'{"code":"ok","files_dropped":[{"name_display":"a","reason":"x"}]}',
+    "result_port_overflow": b'{"code":"ok","egress_attempts":[{"port":65536}]}',
+    "result_exit_overflow": b'{"code":"ok","exit_code":2147483648}',
+    "result_negative_usage": b'{"code":"ok","usage":{"wall_ms":-1}}',
+}
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    for name in os.listdir(OUT):
+        os.remove(os.path.join(OUT, name))
+    total = 0
+    for name, data in sorted(SEEDS.items()):
+        with open(os.path.join(OUT, name + ".json"), "wb") as f:
+            f.write(data)
+        total += len(data)
+    print("%d seeds, %d bytes" % (len(SEEDS), total))
+
+
+if __name__ == "__main__":
+    main()
