@@ -127,10 +127,12 @@ class runtime {
 
   /**
    * Admits and runs `request` under `ticket`. Completes once with `(error_code, run_result)`
-   * on the handler's associated executor (default: the runtime's). Admission failures and
-   * every way the run can end are in `run_result.code`; the error code is only
-   * `operation_aborted` (cancelled via the handler's cancellation slot, or the runtime was
-   * destroyed) — the run is killed and confirmed dead before that completion.
+   * on the handler's associated executor (default: the runtime's), never inside this call.
+   * Admission failures and every way the run can end are in `run_result.code`; the error
+   * code is only `operation_aborted` (cancelled via the handler's cancellation slot, or the
+   * runtime was destroyed) — the run is killed and confirmed dead before that completion,
+   * and its result has code `internal` with what is known (run id; limits once admitted).
+   * Thread-safe: may be called from any thread.
    */
   template <class CompletionToken>
   auto async_run(run_request request, ticket ticket, CompletionToken&& token) {

@@ -1,0 +1,1017 @@
+// The runtime: stores, catalog, backends, and the life of one `async_run` call
+// (admit → check blobs → pick backend → execute → fill result → span → complete).
+#include "sandbox/runtime.hpp"
+
+#include <pwd.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <boost/asio/associated_cancellation_slot.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/execution/outstanding_work.hpp>
+#include <boost/asio/execution_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/prefer.hpp>
+#include <boost/asio/query.hpp>
+#include <boost/asio/system_executor.hpp>
+#include <cerrno>
+#include <cstdlib>
+#include <exception>
+#include <future>
+#include <random>
+#include <system_error>
+#include <utility>
+#include <variant>
+
+#include "core/runtime_impl.hpp"
+#include "sandbox/admission.hpp"
+
+#ifdef SANDBOX_HAS_PROCESS_BACKEND
+#include "backends/process/process_backend.hpp"
+#endif
+
+namespace sandbox {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+using boost::system::error_code;
+
+// --- defaults ---------------------------------------------------------------------------
+
+std::vector<runtime_spec> default_runtimes() {
+  return {
+      runtime_spec{.name = "python3",
+                   .argv = {"/usr/bin/python3", "-I", "{source}"},
+                   .source_name = "main.py"},
+      runtime_spec{.name = "node", .argv = {"/usr/bin/node", "{source}"}, .source_name = "main.js"},
+  };
+}
+
+namespace {
+
+const fs::path root_state_dir = "/run/agent-sandbox";
+const fs::path root_image_dir = "/var/lib/agent-sandbox/images";
+const fs::path root_blob_dir = "/var/lib/agent-sandbox/blobs";
+
+bool is_root() noexcept { return ::geteuid() == 0; }
+
+/// An environment variable holding an absolute path (XDG: relative values are ignored).
+std::optional<fs::path> absolute_env(const char* name) {
+  const char* v = std::getenv(name);  // NOLINT(concurrency-mt-unsafe): read-only use
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  fs::path p(v);
+  if (!p.is_absolute()) return std::nullopt;
+  return p;
+}
+
+fs::path fallback_user_dir() { return fs::path("/tmp") / ("agent-sandbox-" + std::to_string(::geteuid())); }
+
+fs::path home_dir() {
+  if (auto h = absolute_env("HOME")) return *h;
+  std::array<char, 4096> buf{};
+  passwd pw{};
+  passwd* out = nullptr;
+  if (::getpwuid_r(::geteuid(), &pw, buf.data(), buf.size(), &out) == 0 && out != nullptr &&
+      out->pw_dir != nullptr && out->pw_dir[0] == '/') {
+    return fs::path(out->pw_dir);
+  }
+  return fallback_user_dir();
+}
+
+fs::path user_data_dir() {
+  if (auto x = absolute_env("XDG_DATA_HOME")) return *x / "agent-sandbox";
+  return home_dir() / ".local" / "share" / "agent-sandbox";
+}
+
+fs::path default_state_dir() {
+  if (is_root()) return root_state_dir;
+  if (auto x = absolute_env("XDG_RUNTIME_DIR")) return *x / "agent-sandbox";
+  return fallback_user_dir();
+}
+
+fs::path default_image_dir() { return is_root() ? root_image_dir : user_data_dir() / "images"; }
+fs::path default_blob_dir() { return is_root() ? root_blob_dir : user_data_dir() / "blobs"; }
+
+}  // namespace
+
+runtime_options default_runtime_options() {
+  runtime_options o;
+  o.state_dir = default_state_dir();
+  o.image_dir = default_image_dir();
+  o.blob_dir = default_blob_dir();
+  return o;
+}
+
+namespace detail {
+
+// --- helpers ----------------------------------------------------------------------------
+
+namespace {
+
+/// Tracks whether an execution context is still alive: its `shutdown()` runs first thing
+/// when the context is destroyed (before queued handlers are destroyed), after which
+/// nothing may be posted to its executors.
+class context_watch final : public asio::execution_context::service {
+ public:
+  using key_type = context_watch;
+  static asio::execution_context::id id;  // NOLINT: asio's service-id protocol
+  explicit context_watch(asio::execution_context& ctx)
+      : asio::execution_context::service(ctx), alive(std::make_shared<std::atomic<bool>>(true)) {}
+  std::shared_ptr<std::atomic<bool>> alive;
+
+ private:
+  void shutdown() override { alive->store(false); }
+};
+asio::execution_context::id context_watch::id;
+
+std::shared_ptr<std::atomic<bool>> watch_context(const asio::any_io_executor& ex) {
+  asio::execution_context& ctx = asio::query(ex, asio::execution::context);
+  return asio::use_service<context_watch>(ctx).alive;
+}
+
+run_result internal_result(std::string message, std::string run_id = {}) {
+  run_result r;
+  r.code = code::internal;
+  r.message = std::move(message);
+  r.run_id = std::move(run_id);
+  return r;
+}
+
+/// Completes `h` on its associated executor (or the system executor) without a runtime.
+void complete_without_runtime(run_handler h, error_code ec, run_result r) noexcept {
+  try {
+    auto ex = asio::get_associated_executor(h, asio::system_executor());
+    // any_completion_executor cannot promise never to block, so post through the system
+    // executor and dispatch from there.
+    asio::post(asio::system_executor(),
+               [h = std::move(h), ex = std::move(ex), ec, r = std::move(r)]() mutable {
+                 asio::dispatch(ex, [h = std::move(h), ec, r = std::move(r)]() mutable {
+                   std::move(h)(ec, std::move(r));
+                 });
+               });
+  } catch (...) {
+    // Allocation failure: the handler is destroyed without being called; nothing else can
+    // be done without an executor.
+  }
+}
+
+std::string display_capped(std::string_view s, std::size_t cap) {
+  std::string out = escape_for_display(s.substr(0, cap));
+  if (s.size() > cap) out += "…";
+  return out;
+}
+
+}  // namespace
+
+std::string new_run_id() {
+  std::array<unsigned char, 8> bytes{};
+  std::size_t got = 0;
+  while (got < bytes.size()) {
+    ssize_t n = ::getrandom(bytes.data() + got, bytes.size() - got, 0);
+    if (n > 0) {
+      got += static_cast<std::size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      break;
+    }
+  }
+  if (got < bytes.size()) {
+    // getrandom unavailable (ENOSYS, seccomp'd host): ids need to be unique, not secret.
+    static std::atomic<std::uint64_t> counter{0};
+    std::uint64_t x = static_cast<std::uint64_t>(
+                          std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                      (counter.fetch_add(1) * 0x9E3779B97F4A7C15ULL) ^
+                      (static_cast<std::uint64_t>(::getpid()) << 32);
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    for (auto& b : bytes) {
+      b = static_cast<unsigned char>(x & 0xff);
+      x >>= 8;
+    }
+  }
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string id;
+  id.reserve(16);
+  for (unsigned char b : bytes) {
+    id += hex[b >> 4];
+    id += hex[b & 0xf];
+  }
+  return id;
+}
+
+// --- runtime_impl -----------------------------------------------------------------------
+
+runtime_impl::runtime_impl(asio::any_io_executor executor,
+                           std::shared_ptr<asio::io_context> own_io, log_sink log)
+    : executor_(std::move(executor)), own_io_(std::move(own_io)), log_(std::move(log)) {
+  ctx_alive_ = watch_context(executor_);
+  if (own_io_) own_work_.emplace(own_io_->get_executor());
+}
+
+runtime_impl::~runtime_impl() {
+  // shutdown() normally joined or detached the thread; never let std::thread terminate us.
+  if (thread_.joinable()) thread_.detach();
+}
+
+error_code runtime_impl::start_thread() noexcept {
+  if (!own_io_) return {};
+  try {
+    thread_ = std::thread([io = own_io_, this_log = log_] {
+      for (;;) {
+        try {
+          io->run();
+          return;
+        } catch (const std::exception& e) {
+          // A completion handler threw: asio lets the exception out of run(). Keep serving
+          // the other runs.
+          if (this_log) this_log(log_level::error, std::string("handler threw: ") + e.what());
+        } catch (...) {
+          if (this_log) this_log(log_level::error, "handler threw a non-standard exception");
+        }
+      }
+    });
+  } catch (const std::system_error& e) {
+    log(log_level::error, std::string("cannot start the runtime thread: ") + e.what());
+    return make_error_code(errc::io_error);
+  }
+  return {};
+}
+
+void runtime_impl::log(log_level level, std::string_view line) const noexcept {
+  try {
+    if (log_) log_(level, line);
+  } catch (...) {
+    // A log sink must not throw; if it does, the line is lost.
+  }
+}
+
+error_code runtime_impl::init(runtime_options o) noexcept {
+  try {
+    policy_ = o.policy;
+    spans_ = o.spans;
+    if (o.state_dir.empty()) o.state_dir = default_state_dir();
+    if (auto ec = open_stores(o)) return ec;
+    resolve_runtimes(o);
+    register_process_backend(o);
+    return {};
+  } catch (const std::exception& e) {
+    log(log_level::error, std::string("runtime initialisation failed: ") + e.what());
+    return make_error_code(errc::io_error);
+  } catch (...) {
+    log(log_level::error, "runtime initialisation failed");
+    return make_error_code(errc::io_error);
+  }
+}
+
+error_code runtime_impl::open_stores(runtime_options& o) {
+  // 1. Blob store.
+  if (o.blobs) {
+    blobs_ = o.blobs;
+  } else {
+    fs::path dir = o.blob_dir.empty() ? default_blob_dir() : o.blob_dir;
+    auto s = open_fs_blob_store({.root = dir, .log = log_});
+    if (!s) {
+      log(log_level::error,
+          "cannot open blob store " + dir.string() + ": " + s.error().message());
+      return s.error();
+    }
+    blobs_ = *s;
+  }
+
+  // 2. Image store (none for fixed digests without an explicit store).
+  if (o.images) {
+    images_ = o.images;
+    return {};
+  }
+  if (!o.fixed_digests.empty()) return {};
+
+  const fs::path user_default = default_image_dir();
+  fs::path dir = o.image_dir.empty() ? user_default : o.image_dir;
+  auto has_images = [](image_store& s) {
+    auto l = s.list();
+    return l && !l->empty();
+  };
+  // An ordinary user whose own store has no images uses root's, read-only, if it has some.
+  if (!is_root() && dir == user_default && dir != root_image_dir) {
+    std::error_code fec;
+    if (fs::is_directory(root_image_dir, fec)) {
+      if (fs::is_directory(dir, fec)) {
+        auto own = open_image_store({.root = dir, .log = log_});
+        if (own && has_images(**own)) {
+          images_ = *own;
+          return {};
+        }
+      }
+      auto shared =
+          open_image_store({.root = root_image_dir, .read_only = true, .log = log_});
+      if (shared && has_images(**shared)) {
+        log(log_level::info, "using the root image store " + root_image_dir.string() +
+                                 " read-only (" + dir.string() + " has no images)");
+        images_ = *shared;
+        return {};
+      }
+    }
+  }
+  auto s = open_image_store({.root = dir, .log = log_});
+  if (!s) {
+    log(log_level::error, "cannot open image store " + dir.string() + ": " + s.error().message());
+    return s.error();
+  }
+  images_ = *s;
+  return {};
+}
+
+void runtime_impl::resolve_runtimes(const runtime_options& o) {
+  for (const auto& spec : o.runtimes) {
+    if (spec.name.empty() || catalog_.runtimes.contains(spec.name)) {
+      log(log_level::warning,
+          "runtime spec \"" + display_capped(spec.name, 64) + "\" ignored (empty or duplicate)");
+      continue;
+    }
+    specs_.push_back(spec);
+    std::optional<std::string> digest;
+    if (auto f = o.fixed_digests.find(spec.name); f != o.fixed_digests.end()) {
+      digest = f->second;
+    } else if (images_) {
+      auto d = images_->current_digest(spec.name);
+      if (!d) {
+        log(d.error() == errc::not_found ? log_level::info : log_level::warning,
+            "runtime " + spec.name + ": no current image (" + d.error().message() + ")");
+      } else {
+        // Unpack now so that the first run does not pay for it.
+        auto root = images_->rootfs(*d);
+        if (!root) {
+          log(log_level::warning, "runtime " + spec.name + ": image " + *d +
+                                      " cannot be unpacked: " + root.error().message());
+        } else {
+          digest = *d;
+          rootfs_.emplace(spec.name, *root);
+        }
+      }
+    } else {
+      log(log_level::info, "runtime " + spec.name + ": no image store and no fixed digest");
+    }
+    catalog_.runtimes.emplace(spec.name, std::move(digest));
+  }
+}
+
+void runtime_impl::register_process_backend(const runtime_options& o) {
+  if (!o.process_backend) return;
+  backend_status st{.isolation = isolation::process, .name = "process", .reason = {}};
+#ifdef SANDBOX_HAS_PROCESS_BACKEND
+  try {
+    detail::process_backend_context ctx{
+        .executor = executor_, .options = o.process, .state_dir = o.state_dir, .log = log_};
+    auto made = detail::make_process_backend(ctx);
+    if (auto* b = std::get_if<std::shared_ptr<backend>>(&made); b != nullptr && *b) {
+      st.registered = true;
+      std::lock_guard lk(mu_);
+      backends_[(*b)->isolation()] = *b;
+      st.isolation = (*b)->isolation();
+      st.name = std::string((*b)->name());
+    } else if (auto* why = std::get_if<std::string>(&made)) {
+      st.reason = why->empty() ? "self-test failed" : *why;
+    } else {
+      st.reason = "the backend factory returned nothing";
+    }
+  } catch (const std::exception& e) {
+    st.reason = std::string("self-test threw: ") + e.what();
+  }
+#else
+  st.reason = "not built into this library (SANDBOX_BACKEND_PROCESS=OFF)";
+#endif
+  if (!st.registered) log(log_level::warning, "process backend not registered: " + st.reason);
+  std::lock_guard lk(mu_);
+  statuses_.push_back(std::move(st));
+  refresh_levels_locked();
+}
+
+void runtime_impl::refresh_levels_locked() {
+  catalog_.levels.clear();
+  for (const auto& [level, b] : backends_) catalog_.levels.push_back(level);  // map: sorted
+}
+
+void runtime_impl::add_backend(std::shared_ptr<backend> b) {
+  if (!b) {
+    log(log_level::warning, "add_backend: null backend ignored");
+    return;
+  }
+  const sandbox::isolation level = b->isolation();
+  backend_status st{
+      .isolation = level, .name = std::string(b->name()), .registered = true, .reason = {}};
+  std::lock_guard lk(mu_);
+  if (shutting_down_) return;
+  auto& slot = backends_[level];
+  if (slot && slot != b) retired_.push_back(slot);
+  slot = std::move(b);
+  auto same_level = [level](const backend_status& s) { return s.isolation == level; };
+  statuses_.erase(std::remove_if(statuses_.begin(), statuses_.end(), same_level),
+                  statuses_.end());
+  statuses_.push_back(std::move(st));
+  refresh_levels_locked();
+}
+
+std::vector<backend_status> runtime_impl::backends() const {
+  std::lock_guard lk(mu_);
+  return statuses_;
+}
+
+host_catalog runtime_impl::catalog() const {
+  std::lock_guard lk(mu_);
+  return catalog_;
+}
+
+std::shared_ptr<backend> runtime_impl::backend_at(sandbox::isolation level) const {
+  std::lock_guard lk(mu_);
+  auto it = backends_.find(level);
+  return it == backends_.end() ? nullptr : it->second;
+}
+
+const runtime_spec* runtime_impl::spec(std::string_view name) const noexcept {
+  for (const auto& s : specs_) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+fs::path runtime_impl::rootfs_of(std::string_view name) const {
+  auto it = rootfs_.find(name);
+  return it == rootfs_.end() ? fs::path{} : it->second;
+}
+
+void runtime_impl::unregister(std::uint64_t key) noexcept {
+  std::lock_guard lk(mu_);
+  ops_.erase(key);
+}
+
+void runtime_impl::record_span(const run_op& op, error_code ec, const run_result& r) const noexcept {
+  if (!spans_) return;
+  try {
+    span s;
+    s.start = op.started();
+    s.end = std::chrono::system_clock::now();
+    const run_result k = op.known();
+    auto& a = s.attributes;
+    a["sandbox.run_id"] = op.run_id();
+    a["sandbox.tenant"] = op.ticket().tenant();
+    a["sandbox.ticket_id"] = op.ticket().id();
+    a["sandbox.isolation"] = std::string(to_string(k.isolation));
+    a["sandbox.timeout"] = static_cast<std::int64_t>(k.timeout.count());
+    a["sandbox.runtime"] = k.runtime.name;
+    a["sandbox.runtime_digest"] = k.runtime.digest;
+    a["error_code"] = std::string(to_string(r.code));
+    if (r.exit_code) a["sandbox.exit_code"] = static_cast<std::int64_t>(*r.exit_code);
+    a["sandbox.usage.setup_ms"] = static_cast<std::int64_t>(r.usage.setup.count());
+    a["sandbox.usage.wall_ms"] = static_cast<std::int64_t>(r.usage.wall.count());
+    a["sandbox.usage.cpu_ms"] = static_cast<std::int64_t>(r.usage.cpu.count());
+    a["sandbox.usage.peak_memory_bytes"] =
+        static_cast<std::int64_t>(std::min<std::uint64_t>(r.usage.peak_memory_bytes, INT64_MAX));
+    a["sandbox.egress_attempts"] =
+        static_cast<std::int64_t>(r.egress_attempts.size() + r.egress_attempts_dropped);
+    a["sandbox.oom_kills"] = static_cast<std::int64_t>(r.oom_kills);
+    if (ec == asio::error::operation_aborted) a["sandbox.cancelled"] = true;
+    spans_->record(s);
+  } catch (...) {
+    log(log_level::warning, "span for run " + op.run_id() + " lost (allocation failed)");
+  }
+}
+
+void runtime_impl::start_run(run_request request, ticket ticket, run_handler handler) noexcept {
+  if (!executor_alive()) {
+    // The execution context is gone: nothing can run or complete there. The handler is
+    // destroyed uncalled, as it would have been had it been queued there.
+    return;
+  }
+  std::shared_ptr<run_op> op;
+  try {
+    op = std::make_shared<run_op>(shared_from_this(), std::move(request), std::move(ticket),
+                                  std::move(handler));
+  } catch (...) {
+    if (handler) {
+      complete_without_runtime(std::move(handler), asio::error::operation_aborted,
+                               internal_result("out of memory"));
+    }
+    return;
+  }
+  bool shutting = false;
+  {
+    std::lock_guard lk(mu_);
+    shutting = shutting_down_;
+    if (!shutting) {
+      op->key = ++next_key_;
+      try {
+        ops_.emplace(op->key, op);
+      } catch (...) {
+        shutting = true;  // cannot track it: refuse it like a shutting-down runtime
+      }
+    }
+  }
+  if (shutting) {
+    op->abort("the runtime is shutting down");
+    return;
+  }
+  try {
+    op->connect_cancellation();
+    asio::post(executor_, [op] { op->start(); });
+  } catch (...) {
+    op->abort("internal error");
+  }
+}
+
+run_result runtime_impl::run_blocking(run_request request, const ticket& ticket) {
+  if (own_io_ && own_io_->get_executor().running_in_this_thread()) {
+    return internal_result("run() called on the runtime's own thread; use async_run");
+  }
+  try {
+    std::promise<run_result> p;
+    auto f = p.get_future();
+    start_run(std::move(request), ticket,
+              [p = std::move(p)](error_code, run_result r) mutable { p.set_value(std::move(r)); });
+    return f.get();
+  } catch (const std::future_error&) {
+    return internal_result("the runtime was shut down before the run completed");
+  } catch (...) {
+    return internal_result("internal error");
+  }
+}
+
+void runtime_impl::shutdown() noexcept {
+  std::vector<std::shared_ptr<backend>> bs;
+  std::vector<std::weak_ptr<run_op>> ops;
+  {
+    std::lock_guard lk(mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    try {
+      for (auto& [level, b] : backends_) bs.push_back(b);
+      for (auto& b : retired_) bs.push_back(b);
+      for (auto& [key, w] : ops_) ops.push_back(w);
+    } catch (...) {
+      // Out of memory while shutting down: the backends' own destructors still kill runs.
+    }
+  }
+  // 1. Backends kill their live runs and confirm them dead (bounded by their budget).
+  for (auto& b : bs) b->shutdown();
+  // 2. Every run still in flight completes with operation_aborted (posted to its executor).
+  for (auto& w : ops) {
+    if (auto op = w.lock()) op->abort("the runtime was shut down");
+  }
+  ops.clear();
+  // 3. Release the backends (their I/O objects must go before a private io_context does).
+  {
+    std::lock_guard lk(mu_);
+    backends_.clear();
+    retired_.clear();
+  }
+  bs.clear();
+  // 4. Private io_context: run what was just posted, then stop and join.
+  if (own_io_) {
+    own_work_.reset();
+    const bool on_own_thread = thread_.get_id() == std::this_thread::get_id();
+    try {
+      asio::post(*own_io_, [io = own_io_.get()] { io->stop(); });
+    } catch (...) {
+      own_io_->stop();
+    }
+    if (on_own_thread) {
+      // Destroyed from one of its own handlers: the thread finishes that handler, runs the
+      // queue up to the stop, and destroys the io_context (its lambda holds the last
+      // reference).
+      thread_.detach();
+    } else if (thread_.joinable()) {
+      thread_.join();
+    }
+    own_io_.reset();  // off-thread: destroys the io_context and every handler still queued
+  }
+}
+
+// --- run_op -----------------------------------------------------------------------------
+
+run_op::run_op(std::shared_ptr<runtime_impl> rt, run_request request, sandbox::ticket ticket,
+               run_handler handler)
+    : rt_(std::move(rt)),
+      request_(std::move(request)),
+      ticket_(std::move(ticket)),
+      run_id_(new_run_id()),
+      started_(std::chrono::system_clock::now()) {
+  handler_ex_ = asio::get_associated_executor(handler, rt_->executor());
+  handler_work_ = asio::prefer(handler_ex_, asio::execution::outstanding_work.tracked);
+  known_.run_id = run_id_;
+  known_.isolation = ticket_.isolation();
+  known_.timeout = request_.timeout;
+  known_.memory_limit_bytes = request_.memory_limit_bytes;
+  known_.runtime.name = display_capped(request_.runtime, 64);
+  handler_.emplace(std::move(handler));
+}
+
+run_op::~run_op() {
+  if (key != 0) rt_->unregister(key);
+}
+
+void run_op::connect_cancellation() {
+  std::lock_guard lk(mu_);
+  if (!handler_) return;
+  auto slot = handler_->get_cancellation_slot();
+  if (!slot.is_connected()) return;
+  // Installed by the initiating function, as asio requires. Holds only a weak pointer: the
+  // caller's signal may outlive the run.
+  slot.assign([w = weak_from_this()](asio::cancellation_type type) {
+    if (auto op = w.lock()) op->cancel(type);
+  });
+}
+
+std::optional<run_op::completion> run_op::take_locked() {
+  if (done_ || !handler_) return std::nullopt;
+  done_ = true;
+  std::optional<completion> c;
+  c.emplace(completion{std::move(*handler_), std::move(handler_ex_), std::move(handler_work_)});
+  handler_.reset();
+  return c;
+}
+
+void run_op::fill_known(run_result& r) const {
+  r.v = protocol_version;
+  r.run_id = known_.run_id;
+  r.isolation = known_.isolation;
+  r.runtime = known_.runtime;
+  r.timeout = known_.timeout;
+  r.memory_limit_bytes = known_.memory_limit_bytes;
+  r.timeout_clamped = known_.timeout_clamped;
+  r.memory_clamped = known_.memory_clamped;
+}
+
+run_result run_op::aborted_result(std::string_view message) const {
+  run_result r;
+  if (backend_started_) fill_known(r);  // admitted: the runtime knows the effective limits
+  r.run_id = run_id_;
+  r.code = code::internal;
+  r.message = std::string(message);
+  return r;
+}
+
+void run_op::start() noexcept {
+  try {
+    start_impl();
+  } catch (const std::exception& e) {
+    rt_->log(log_level::error, "run " + run_id_ + ": " + e.what());
+    finish({}, internal_result("internal error", run_id_), false);
+  } catch (...) {
+    rt_->log(log_level::error, "run " + run_id_ + ": unknown exception");
+    finish({}, internal_result("internal error", run_id_), false);
+  }
+}
+
+void run_op::start_impl() {
+  {
+    std::lock_guard lk(mu_);
+    if (done_) return;  // cancelled before it started
+  }
+  // 1. Admission: request × ticket × policy × what this host has.
+  auto verdict = admit(request_, ticket_, rt_->policy(), rt_->catalog());
+  if (auto* rej = std::get_if<rejection>(&verdict)) {
+    finish({}, rejected_result(*rej, run_id_), false);
+    return;
+  }
+  admitted& adm = std::get<admitted>(verdict);
+  {
+    std::lock_guard lk(mu_);
+    known_.isolation = adm.isolation;
+    known_.runtime = adm.runtime;
+    known_.timeout = adm.request.timeout;
+    known_.memory_limit_bytes = adm.request.memory_limit_bytes;
+    known_.timeout_clamped = adm.timeout_clamped;
+    known_.memory_clamped = adm.memory_clamped;
+  }
+
+  // 2. Inputs: every blob must exist for this tenant. Another tenant's blob answers exactly
+  //    like a missing one (the store says not_found for both; so do we).
+  const auto& store = rt_->blob_store_ref();
+  for (std::size_t i = 0; i < adm.request.files_in.size(); ++i) {
+    const auto& f = adm.request.files_in[i];
+    auto size = store->size(adm.tenant, f.blob);
+    if (size) continue;
+    if (size.error() == errc::io_error) {
+      rt_->log(log_level::error, "run " + run_id_ + ": blob store failed on files_in[" +
+                                     std::to_string(i) + "]: " + size.error().message());
+      finish({}, internal_result("the blob store failed", run_id_), false);
+      return;
+    }
+    rejection rej{.code = code::blob_not_found,
+                  .message = "files_in[" + std::to_string(i) + "].blob: " + f.blob +
+                             " not found"};
+    finish({}, rejected_result(rej, run_id_), false);
+    return;
+  }
+
+  // 3. The backend registered at the level admission chose (never a weaker one).
+  auto b = rt_->backend_at(adm.isolation);
+  const runtime_spec* spec = rt_->spec(adm.runtime.name);
+  if (!b || spec == nullptr) {
+    rejection rej{.code = code::runtime_unavailable,
+                  .message = "no backend at isolation level " +
+                             std::string(to_string(adm.isolation))};
+    finish({}, rejected_result(rej, run_id_), false);
+    return;
+  }
+
+  run_job job{.run_id = run_id_,
+              .admitted = std::move(adm),
+              .runtime = *spec,
+              .rootfs = rt_->rootfs_of(spec->name),
+              .blobs = store,
+              .policy = rt_->policy(),
+              .executor = rt_->executor()};
+
+  // 4. Launch. Under the lock so that a cancellation cannot slip between the check and the
+  //    backend installing its slot handler.
+  std::lock_guard lk(mu_);
+  if (done_) return;
+  backend_started_ = true;
+  try {
+    b->async_execute(
+        std::move(job),
+        asio::bind_cancellation_slot(
+            backend_cancel_.slot(),
+            asio::bind_executor(rt_->executor(),
+                                [self = shared_from_this()](error_code ec, run_result r) {
+                                  self->on_backend_done(ec, std::move(r));
+                                })));
+  } catch (const std::exception& e) {
+    rt_->log(log_level::error, "run " + run_id_ + ": backend " + std::string(b->name()) +
+                                   " threw: " + e.what());
+    finish({}, internal_result("internal error", run_id_), true);
+  }
+}
+
+void run_op::on_backend_done(error_code ec, run_result r) noexcept {
+  try {
+    if (ec && ec != asio::error::operation_aborted) {
+      rt_->log(log_level::error, "run " + run_id_ + ": backend failed: " + ec.message());
+      r.code = code::internal;
+      r.message = "internal error";
+      ec = {};
+    }
+    {
+      std::lock_guard lk(mu_);
+      fill_known(r);
+    }
+  } catch (...) {
+    r = internal_result("internal error", run_id_);
+  }
+  finish(ec, std::move(r), false);
+}
+
+void run_op::cancel(asio::cancellation_type type) noexcept {
+  using ct = asio::cancellation_type;
+  if ((type & (ct::terminal | ct::partial | ct::total)) == ct::none) return;
+  std::unique_lock lk(mu_);
+  if (done_) return;
+  if (!backend_started_) {
+    // Not started yet: nothing to kill. Complete now, atomically with the check, so that
+    // start() cannot launch it afterwards.
+    abort_locked(lk, "the run was cancelled");
+    return;
+  }
+  lk.unlock();
+  if (!rt_->executor_alive()) return;
+  // Forward to the backend's operation on the runtime's executor, where backends expect
+  // their slot handlers to run.
+  try {
+    asio::dispatch(rt_->executor(), [self = shared_from_this(), type] {
+      std::lock_guard lk2(self->mu_);
+      if (!self->done_) self->backend_cancel_.emit(type);
+    });
+  } catch (...) {
+    rt_->log(log_level::error, "run " + run_id_ + ": cancellation lost (allocation failed)");
+  }
+}
+
+void run_op::abort(std::string_view message) noexcept {
+  std::unique_lock lk(mu_);
+  if (done_) return;
+  abort_locked(lk, message);
+}
+
+void run_op::abort_locked(std::unique_lock<std::recursive_mutex>& lk,
+                          std::string_view message) noexcept {
+  std::optional<completion> c;
+  run_result r;
+  bool started = false;
+  try {
+    r = aborted_result(message);
+    started = backend_started_;
+    c = take_locked();
+  } catch (...) {
+    // Out of memory: fall through with what was taken (if anything).
+  }
+  lk.unlock();
+  if (!c) return;
+  if (started && rt_->executor_alive()) {
+    // A backend whose shutdown() does not kill its runs (the fake) still learns of the end
+    // through its cancellation slot, so that it stops holding work on the executor.
+    try {
+      asio::post(rt_->executor(), [self = shared_from_this()] {
+        std::lock_guard lk2(self->mu_);
+        self->backend_cancel_.emit(asio::cancellation_type::terminal);
+      });
+    } catch (...) {
+    }
+  }
+  rt_->record_span(*this, asio::error::operation_aborted, r);
+  if (!rt_->executor_alive()) {
+    // The execution context was destroyed while this run was still referenced from
+    // elsewhere (a backend holding it past the context's end). Its handler and the work it
+    // counts belong to that dead context: leak them rather than touch freed memory.
+    new completion(std::move(*c));  // NOLINT(cppcoreguidelines-owning-memory): see above
+    return;
+  }
+  deliver(std::move(*c), asio::error::operation_aborted, std::move(r), true);
+}
+
+run_result run_op::known() const {
+  std::lock_guard lk(mu_);
+  return known_;
+}
+
+void run_op::finish(error_code ec, run_result r, bool post) noexcept {
+  std::optional<completion> c;
+  {
+    std::lock_guard lk(mu_);
+    c = take_locked();
+  }
+  if (!c) return;  // already completed (aborted by shutdown, or cancelled)
+  rt_->record_span(*this, ec, r);
+  deliver(std::move(*c), ec, std::move(r), post);
+}
+
+void run_op::deliver(completion c, error_code ec, run_result r, bool post) noexcept {
+  if (key != 0) rt_->unregister(key);
+  try {
+    auto fn = [h = std::move(c.handler), ec, r = std::move(r)]() mutable {
+      std::move(h)(ec, std::move(r));
+    };
+    if (post) {
+      // any_completion_executor cannot promise never to block: post through the runtime's
+      // executor (never inline), then dispatch to the handler's.
+      // The lambda carries the work-tracking executor, so the handler's context keeps
+      // outstanding work until the handler has run.
+      asio::post(rt_->executor(), [ex = std::move(c.work), fn = std::move(fn)]() mutable {
+        asio::dispatch(ex, std::move(fn));
+      });
+    } else {
+      asio::dispatch(c.executor, std::move(fn));
+    }
+  } catch (...) {
+    rt_->log(log_level::error, "run " + run_id_ + ": completion could not be scheduled");
+  }
+  // c.work (outstanding work on the handler's executor) is released here, after the
+  // completion was queued.
+}
+
+}  // namespace detail
+
+// --- runtime ----------------------------------------------------------------------------
+
+runtime::runtime(std::shared_ptr<detail::runtime_impl> impl) : impl_(std::move(impl)) {}
+runtime::runtime(runtime&&) noexcept = default;
+
+runtime& runtime::operator=(runtime&& other) noexcept {
+  if (this != &other) {
+    if (impl_) impl_->shutdown();
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
+
+runtime::~runtime() {
+  if (impl_) impl_->shutdown();
+}
+
+result<runtime> runtime::create(asio::any_io_executor executor, runtime_options options) {
+  if (!executor) return make_error_code(errc::invalid_argument);
+  std::shared_ptr<detail::runtime_impl> impl;
+  try {
+    log_sink log = options.log ? options.log : make_stderr_log_sink();
+    impl = std::make_shared<detail::runtime_impl>(std::move(executor), nullptr, std::move(log));
+    if (auto ec = impl->init(std::move(options))) {
+      impl->shutdown();
+      return ec;
+    }
+    return runtime(std::move(impl));
+  } catch (...) {
+    if (impl) impl->shutdown();
+    return make_error_code(errc::io_error);
+  }
+}
+
+result<runtime> runtime::create(runtime_options options) {
+  std::shared_ptr<detail::runtime_impl> impl;
+  try {
+    auto io = std::make_shared<asio::io_context>(1);
+    log_sink log = options.log ? options.log : make_stderr_log_sink();
+    impl = std::make_shared<detail::runtime_impl>(io->get_executor(), io, std::move(log));
+    io.reset();
+    // The thread runs from the start: a backend's self-test may use the executor.
+    error_code ec = impl->start_thread();
+    if (!ec) ec = impl->init(std::move(options));
+    if (ec) {
+      impl->shutdown();
+      return ec;
+    }
+    return runtime(std::move(impl));
+  } catch (...) {
+    if (impl) impl->shutdown();
+    return make_error_code(errc::io_error);
+  }
+}
+
+void runtime::do_run(run_request request, ticket ticket, detail::run_handler handler) {
+  if (!impl_) {
+    detail::complete_without_runtime(
+        std::move(handler), asio::error::operation_aborted,
+        detail::internal_result("the runtime was moved from"));
+    return;
+  }
+  impl_->start_run(std::move(request), std::move(ticket), std::move(handler));
+}
+
+run_result runtime::run(run_request request, const ticket& ticket) {
+  if (!impl_) return detail::internal_result("the runtime was moved from");
+  return impl_->run_blocking(std::move(request), ticket);
+}
+
+void runtime::add_backend(std::shared_ptr<backend> b) {
+  if (impl_) impl_->add_backend(std::move(b));
+}
+
+std::vector<backend_status> runtime::backends() const {
+  return impl_ ? impl_->backends() : std::vector<backend_status>{};
+}
+
+host_catalog runtime::catalog() const { return impl_ ? impl_->catalog() : host_catalog{}; }
+
+std::shared_ptr<blob_store> runtime::blobs() const { return impl_ ? impl_->blobs() : nullptr; }
+
+std::shared_ptr<image_store> runtime::images() const {
+  return impl_ ? impl_->images() : nullptr;
+}
+
+const sandbox::policy& runtime::policy() const {
+  static const sandbox::policy defaults{};
+  return impl_ ? impl_->policy() : defaults;
+}
+
+// --- probe ------------------------------------------------------------------------------
+
+std::vector<backend_status> probe_backends(const runtime_options& options) {
+  std::vector<backend_status> out;
+  backend_status st{.isolation = isolation::process, .name = "process", .reason = {}};
+  if (!options.process_backend) {
+    st.reason = "disabled (runtime_options::process_backend is false)";
+    out.push_back(std::move(st));
+    return out;
+  }
+#ifdef SANDBOX_HAS_PROCESS_BACKEND
+  try {
+    asio::io_context io(1);
+    log_sink log = options.log ? options.log : make_stderr_log_sink();
+    detail::process_backend_context ctx{
+        .executor = io.get_executor(),
+        .options = options.process,
+        .state_dir = options.state_dir.empty() ? default_state_dir() : options.state_dir,
+        .log = log};
+    auto made = detail::make_process_backend(ctx);
+    if (auto* b = std::get_if<std::shared_ptr<backend>>(&made); b != nullptr && *b) {
+      st.registered = true;
+      st.isolation = (*b)->isolation();
+      st.name = std::string((*b)->name());
+      (*b)->shutdown();
+      b->reset();  // before the io_context it may hold I/O objects of
+    } else if (auto* why = std::get_if<std::string>(&made)) {
+      st.reason = why->empty() ? "self-test failed" : *why;
+    } else {
+      st.reason = "the backend factory returned nothing";
+    }
+  } catch (const std::exception& e) {
+    st.reason = std::string("self-test threw: ") + e.what();
+  } catch (...) {
+    st.reason = "self-test threw";
+  }
+#else
+  st.reason = "not built into this library (SANDBOX_BACKEND_PROCESS=OFF)";
+#endif
+  try {
+    out.push_back(std::move(st));
+  } catch (...) {
+  }
+  return out;
+}
+
+}  // namespace sandbox
