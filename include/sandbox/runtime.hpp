@@ -102,7 +102,10 @@ class runtime_impl;
 }
 
 /// Runs requests under tickets. Thread-safe. Move-only. Destroying it kills every live run
-/// (their handlers complete with `operation_aborted` if the executor still runs).
+/// (their handlers complete with `operation_aborted` if the executor still runs; their spans
+/// are recorded from the destroying thread). A runtime on an external executor may outlive
+/// its execution context (nothing is posted to a context that is gone), but its runs then
+/// never complete.
 class runtime {
  public:
   /**

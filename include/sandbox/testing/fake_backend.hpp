@@ -54,7 +54,8 @@ scripted_run result_with(sandbox::code code, scripted_run base = {});
 /// A backend answering from rules. Thread-safe.
 class fake_backend : public backend {
  public:
-  /// One rule: a matcher and what to answer.
+  /// One rule: a matcher and what to answer. Set rules up before the runs they answer
+  /// start: a rule's setters are not synchronized with runs in flight.
   class rule {
    public:
     /// Answers matching requests with `run`.
@@ -87,6 +88,8 @@ class fake_backend : public backend {
 
   sandbox::isolation isolation() const noexcept override { return level_; }
   std::string_view name() const noexcept override { return "fake"; }
+  /// Does nothing: the fake holds no process. A run held by its `delay` ends when it is
+  /// cancelled (the runtime cancels every run in flight when it is destroyed).
   void shutdown() noexcept override {}
 
  private:
