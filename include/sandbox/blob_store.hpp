@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "sandbox/error.hpp"
+#include "sandbox/span.hpp"
 
 namespace sandbox {
 
@@ -64,6 +65,7 @@ class blob_store {
 struct fs_blob_store_options {
   std::filesystem::path root;                        ///< created (mode 0700) if absent
   std::uint64_t quota_bytes_per_tenant = 1ULL << 30; ///< default 1 GiB
+  log_sink log;  ///< host log lines (syscall failures); empty: warnings and errors to stderr
 };
 
 /// Opens (creating if needed) a filesystem store at `options.root`. Layout:
