@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "sandbox/error.hpp"
+#include "sandbox/span.hpp"
 
 namespace sandbox {
 
@@ -78,6 +79,7 @@ struct image_store_options {
   /// Open without writing: `rootfs()` then only serves images already unpacked (an
   /// unprivileged host sharing a store root prepared by root).
   bool read_only = false;
+  log_sink log;  ///< host log lines (syscalls, tools); empty: warnings and errors to stderr
 };
 
 /// Opens (creating if needed and not read-only) the store at `options.root`.
@@ -92,6 +94,7 @@ struct debian_image_spec {
   std::string suite = "bookworm";
   std::string mirror;                 ///< empty: the first Debian mirror in the host's apt sources
   std::filesystem::path work_dir;     ///< scratch space; empty: a temp dir beside the store
+  log_sink log;  ///< debootstrap/tar output and failures; empty: warnings and errors to stderr
 };
 
 /**
