@@ -22,38 +22,11 @@
 #include <vector>
 
 #include "core/sys.hpp"
+#include "unit/test_files.hpp"
 
 namespace sandbox::test {
 
 namespace fs = std::filesystem;
-
-/// A temp directory removed (recursively) at destruction.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::string t = (fs::temp_directory_path() / "sandbox-test-XXXXXX").string();
-    if (::mkdtemp(t.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = t;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-};
-
-inline void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << text;
-}
-
-inline std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 /// Control files of a fresh cgroup2 directory with memory, pids and cpu enabled (6.x).
 inline std::vector<std::pair<std::string, std::string>> v2_template() {
