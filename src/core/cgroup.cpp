@@ -673,7 +673,9 @@ result<cgroup_host> cgroup_host::open(const fs::path& root, const fs::path& moun
                                            ? " (cgroup subtree not delegated to this user?)"
                                            : "")};
   };
-  for (auto& h : host.hierarchies_) {
+  using problem_t = std::optional<std::pair<errc, std::string>>;
+  auto problem = [](errc e, std::string what) { return problem_t{{e, std::move(what)}}; };
+  auto setup = [&](hierarchy& h) -> problem_t {
     fs::path dir = h.parent_dir;
     fs::path level = dir;
     for (std::size_t i = 0; i < components.size(); ++i) level = level.parent_path();
@@ -681,21 +683,22 @@ result<cgroup_host> cgroup_host::open(const fs::path& root, const fs::path& moun
     for (std::size_t i = 0; i <= components.size(); ++i) {
       if (i > 0) {
         level /= components[i - 1];
-        if (auto err = create_dir(level)) return fail(err->first, err->second);
+        if (auto err = create_dir(level)) return err;
       }
       if (!h.is_v2 || h.controllers.empty()) continue;
       fs::path cfile = level / "cgroup.controllers";
       if (int e = read_file(cfile, text, small_file_max); e != 0) {
-        return fail(errc::io_error, fmt::format("read(\"{}\"): {}", cfile.string(), errno_text(e)));
+        return problem(errc::io_error,
+                       fmt::format("read(\"{}\"): {}", cfile.string(), errno_text(e)));
       }
       std::set<std::string> available = words(text);
       for (const auto& c : h.controllers) {
         if (available.count(c) == 0) {
           if (c == cpu_ctrl) continue;  // optional: dropped below
-          return fail(errc::unsupported,
-                      fmt::format("cgroup v2 {} controller not available in {} (not enabled "
-                                  "by its parent, or not delegated)",
-                                  c, level.string()));
+          return problem(errc::unsupported,
+                         fmt::format("cgroup v2 {} controller not available in {} (not enabled "
+                                     "by its parent, or not delegated)",
+                                     c, level.string()));
         }
       }
       if (has(h.controllers, cpu_ctrl) && available.count(cpu_ctrl) == 0) {
@@ -706,7 +709,8 @@ result<cgroup_host> cgroup_host::open(const fs::path& root, const fs::path& moun
       }
       fs::path sfile = level / "cgroup.subtree_control";
       if (int e = read_file(sfile, text, small_file_max); e != 0) {
-        return fail(errc::io_error, fmt::format("read(\"{}\"): {}", sfile.string(), errno_text(e)));
+        return problem(errc::io_error,
+                       fmt::format("read(\"{}\"): {}", sfile.string(), errno_text(e)));
       }
       std::set<std::string> enabled = words(text);
       std::vector<std::string> missing;
@@ -737,26 +741,47 @@ result<cgroup_host> cgroup_host::open(const fs::path& root, const fs::path& moun
       std::string what =
           fmt::format("write(\"{}\", \"{}\"): {}", sfile.string(), plus(missing), errno_text(e));
       if (e == EACCES || e == EPERM || e == EROFS) {
-        return fail(errc::permission_denied, what + " (cgroup subtree not delegated?)");
+        return problem(errc::permission_denied, what + " (cgroup subtree not delegated?)");
       }
       if (e == EBUSY) {
-        return fail(errc::unsupported,
-                    what +
-                        " (it has processes of its own: cgroup v2 allows controllers only "
-                        "above leaves; move the host process into a leaf cgroup)");
+        return problem(errc::unsupported,
+                       what +
+                           " (it has processes of its own: cgroup v2 allows controllers only "
+                           "above leaves; move the host process into a leaf cgroup)");
       }
       if (e == ENOENT || e == EINVAL) {
-        return fail(errc::unsupported, what);
+        return problem(errc::unsupported, what);
       }
-      return fail(errc::io_error, what);
+      return problem(errc::io_error, what);
     }
     // We must be able to create run cgroups in it.
     if (sys::get().faccessat(AT_FDCWD, dir.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
       int e = errno;
-      return fail(errc_of(e) == errc::permission_denied ? errc::permission_denied : errc::io_error,
-                  fmt::format("access(\"{}\", W_OK|X_OK): {} (cgroup subtree not delegated?)",
-                              dir.string(), errno_text(e)));
+      return problem(
+          errc_of(e) == errc::permission_denied ? errc::permission_denied : errc::io_error,
+          fmt::format("access(\"{}\", W_OK|X_OK): {} (cgroup subtree not delegated?)", dir.string(),
+                      errno_text(e)));
     }
+    return std::nullopt;
+  };
+  for (std::size_t k = 0; k < host.hierarchies_.size(); ++k) {
+    hierarchy& h = host.hierarchies_[k];
+    auto err = setup(h);
+    if (!err) continue;
+    if (h.is_v2 && h.controllers.empty()) {
+      // Hybrid: the cgroup2 mount only adds cgroup.kill and cgroup.events. Where it cannot be
+      // used (read-only, not delegated) carry on as v1 rather than fail.
+      emit(log, log_level::warning,
+           "cgroup: " + err->second + "; using the v1 hierarchies only (freezer kill)");
+      host.hierarchies_.erase(host.hierarchies_.begin() + static_cast<std::ptrdiff_t>(k));
+      --k;
+      for (const char* c : {cpuacct_ctrl, freezer_ctrl}) {
+        if (auto mp = v1_mount_of(c)) add(*mp, false, c);  // set up later in this loop
+      }
+      host.mode_ = cgroup_mode::v1;
+      continue;
+    }
+    return fail(err->first, err->second);
   }
 
   // 5. Optional kernel features, detected on the parent (a non-root cgroup has every file a

@@ -26,7 +26,9 @@ struct collect_limits {
 struct collected_outputs {
   std::vector<output_file> files;
   std::vector<dropped_file> dropped;
-  std::uint32_t unscanned = 0;  ///< entries past `max_scan_entries` (not even listed)
+  /// Entries past `max_scan_entries` (not even listed). Counted up to 2^20 more entries,
+  /// then a lower bound (logged).
+  std::uint32_t unscanned = 0;
 };
 
 /**
@@ -42,8 +44,14 @@ struct collected_outputs {
  *    the opened descriptor (a file swapped for a FIFO after the scan is dropped, not read);
  *    past `max_files` → `count_limit`; past `max_bytes` in total → `bytes_limit` (a later,
  *    smaller file may still fit); a store quota failure → `quota_exceeded`.
- * Host errors are logged to `log` and the entry dropped; this never throws and never blocks
- * on a sandbox-controlled object.
+ * When there are more than `max_scan_entries` entries, the ones visited are those with the
+ * smallest names (deterministic whatever the directory's own order).
+ * Host errors are logged to `log` and the entry dropped (listed as `not_regular_file` when it
+ * could not be opened or read as one, `quota_exceeded` when the store refused it; an entry
+ * that vanished since the scan is not listed); this never throws (std::bad_alloc ends the
+ * collection early, keeping what was stored) and never blocks on a sandbox-controlled
+ * object. `dirfd` is not modified (a descriptor of its own is opened for the scan). Memory:
+ * one file at a time (at most `max_bytes`) plus up to `max_scan_entries` names.
  */
 collected_outputs collect_outputs(int dirfd, const collect_limits& limits, blob_store& store,
                                   std::string_view tenant, const log_sink& log);

@@ -671,3 +671,27 @@ TEST_CASE("cgroup v1: the kill loop is bounded even if pids keep appearing", "[c
   CHECK(f.fake.kills.size() <= 2000);
   CHECK(f.fake.kills.size() >= 1000);
 }
+
+TEST_CASE("cgroup hybrid: an unusable cgroup2 mount degrades to v1, not to failure", "[cgroup]") {
+  v2_fixture f;
+  f.fake.make_hybrid();
+  f.fake.mkdir_errors[(f.fake.root / "unified" / "agent-sandbox").string()] = {EROFS};
+  auto host = f.open();
+  REQUIRE(host.has_value());
+  CHECK(host->mode() == cgroup_mode::v1);
+  CHECK(host->describe().rfind("v1: memory,pids,cpu,cpuacct,freezer", 0) == 0);
+  auto rc = host->create("r", {});
+  REQUIRE(rc.has_value());
+  CHECK_FALSE(rc->unified_dir());
+  CHECK(rc->dirs().size() == 5);
+  CHECK(std::any_of(f.log_lines.begin(), f.log_lines.end(), [](const std::string& l) {
+    return l.find("v1 hierarchies only") != std::string::npos;
+  }));
+}
+
+TEST_CASE("cgroup v2: a cgroup2 mount that cannot be set up is an error", "[cgroup]") {
+  v2_fixture f;
+  f.fake.make_v2();
+  f.fake.mkdir_errors[(f.fake.root / "agent-sandbox").string()] = {EROFS};
+  CHECK(f.open().error() == make_error_code(errc::permission_denied));
+}
