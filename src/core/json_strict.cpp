@@ -11,6 +11,21 @@ namespace {
 
 using nlohmann::json;
 
+/// Joins a field path and a problem. Paths of deeply nested, long keys are cut (at a
+/// character boundary) so a message stays short whatever the document holds.
+std::string with_path(const std::string& path, std::string_view what) {
+  constexpr std::size_t max_path = 160;
+  if (path.empty()) return std::string(what);
+  std::string p = path;
+  if (p.size() > max_path) {
+    std::size_t end = max_path;
+    while (end > 0 && (static_cast<unsigned char>(p[end]) & 0xC0) == 0x80) --end;
+    p.resize(end);
+    p += "...";
+  }
+  return p + ": " + std::string(what);
+}
+
 /// A SAX handler that builds a DOM like nlohmann's own, but stops at the first duplicate key
 /// or at nesting deeper than the limit, and keeps nlohmann's error text out of messages
 /// (it quotes the raw input, which may be anything).
@@ -40,8 +55,7 @@ class strict_builder {
   bool key(string_t& k) {
     json& object = *stack_.back();
     if (object.contains(k)) {
-      const std::string what = "duplicate field " + quote_for_message(k);
-      error_ = paths_.back().empty() ? what : paths_.back() + ": " + what;
+      error_ = with_path(paths_.back(), "duplicate field " + quote_for_message(k));
       return false;
     }
     key_ = k;
@@ -184,7 +198,7 @@ std::optional<std::string> parse_strict(std::string_view text, const decode_opti
 }
 
 void fail(const std::string& path, std::string_view what) {
-  throw decode_error(path.empty() ? std::string(what) : path + ": " + std::string(what));
+  throw decode_error(with_path(path, what));
 }
 
 std::string member_path(const std::string& parent, std::string_view key) {

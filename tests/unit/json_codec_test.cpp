@@ -467,6 +467,18 @@ TEST_CASE("nesting deeper than max_depth is refused", "[json][depth]") {
   CHECK(request_error(doc, {.max_depth = 0}) == "nesting deeper than 0 levels");
 }
 
+TEST_CASE("messages stay short however deep and long the field path is", "[json][depth]") {
+  // 15 levels of 64-byte keys, then a duplicate: the path is cut, the problem kept.
+  std::string doc;
+  for (int i = 0; i < 15; ++i) doc += "{\"" + std::string(64, static_cast<char>('a' + i)) + "\":";
+  doc += R"({"x":1,"x":2})" + std::string(15, '}');
+  const std::string message = request_error(doc);
+  CHECK(message.size() < 200);
+  CHECK(message.rfind(std::string(64, 'a') + "." + std::string(64, 'b') + ".", 0) == 0);
+  CHECK(message.find("...: duplicate field 'x'") != std::string::npos);
+  CHECK(is_clean(message));
+}
+
 TEST_CASE("documents over max_document_bytes are refused before parsing", "[json][size]") {
   const std::string doc = request_with("");
   CHECK(decoded(decode_run_request(doc, {.max_document_bytes = doc.size()})));
