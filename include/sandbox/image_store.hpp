@@ -46,8 +46,9 @@ class image_store {
    * The unpacked root filesystem of image `digest`, unpacking it first if needed: every blob
    * is hashed and compared with its digest, layers are applied in order (OCI whiteouts
    * honoured, no entry may escape the root), and the result is renamed into the cache.
-   * The caller mounts it read-only. Errors: `not_found`, `digest_mismatch`, `corrupt`,
-   * `io_error`, `permission_denied` (a read-only store that lacks the unpacked image).
+   * The caller mounts it read-only. Errors: `invalid_argument` (malformed digest),
+   * `not_found`, `digest_mismatch`, `corrupt`, `io_error`, `permission_denied` (a read-only
+   * store that lacks the unpacked image).
    */
   virtual result<std::filesystem::path> rootfs(std::string_view digest) = 0;
 
@@ -59,17 +60,22 @@ class image_store {
    * Copies the images of the OCI layout at `layout_dir` (all manifests in its index.json, or
    * only those whose `org.opencontainers.image.ref.name` annotation is `ref` when given)
    * into the store as runtime `name`, verifying every blob, and makes the last one current.
-   * Returns its manifest digest. Errors: `corrupt`, `digest_mismatch`, `io_error`.
+   * Returns its manifest digest. Errors: `corrupt`, `digest_mismatch`, `io_error`,
+   * `invalid_argument` (bad runtime name), `not_found` (no such directory, or no manifest
+   * matches `ref`), `permission_denied` (read-only store).
    */
   virtual result<std::string> import_layout(const std::filesystem::path& layout_dir,
                                             std::string_view name,
                                             std::string_view ref = {}) = 0;
 
   /// Makes `digest` (already in the store) the current image of runtime `name` (rollback).
+  /// Errors: `not_found` (no image `digest` for `name`), `invalid_argument`,
+  /// `permission_denied` (read-only store), `io_error`.
   virtual result<void> set_current(std::string_view name, std::string_view digest) = 0;
 
   /// Removes image `digest` and its unpacked cache (blobs shared with other images stay).
-  /// A current image cannot be removed (`busy`).
+  /// A current image cannot be removed (`busy`). Errors also: `not_found`,
+  /// `invalid_argument`, `permission_denied` (read-only store), `io_error`.
   virtual result<void> remove(std::string_view digest) = 0;
 };
 
@@ -84,7 +90,7 @@ struct image_store_options {
 
 /// Opens (creating if needed and not read-only) the store at `options.root`.
 /// Errors: `invalid_argument` (relative root), `corrupt` (bad index.json), `io_error`,
-/// `permission_denied`.
+/// `permission_denied`, `not_found` (read-only and the root does not exist).
 result<std::shared_ptr<image_store>> open_image_store(const image_store_options& options);
 
 /// What to build with `build_debian_image`.
@@ -103,7 +109,8 @@ struct debian_image_spec {
  * (`/etc/resolv.conf`, `/etc/hostname`), drops apt caches, packs the tree as one layer, adds
  * it to `store` and makes it current. Returns the manifest digest. Errors: `unsupported`
  * (no debootstrap), `permission_denied` (not root), `io_error` (the build failed; the log is
- * in host logs).
+ * in host logs), `invalid_argument` (a name, package, suite or mirror that is not
+ * well-formed).
  */
 result<std::string> build_debian_image(image_store& store, const debian_image_spec& spec);
 

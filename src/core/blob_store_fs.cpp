@@ -134,8 +134,8 @@ class fs_blob_store final : public blob_store {
       if (dirfd < 0 || !detail::is_plain_name(name)) return store_error(errc::invalid_argument);
       auto fd = open_blob(tenant, id);
       if (!fd) return fd.error();
-      int out = ::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                         0444);
+      int out =
+          ::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
       if (out < 0) {
         int e = errno;
         if (e == EEXIST) return store_error(errc::already_exists);
@@ -296,8 +296,7 @@ class fs_blob_store final : public blob_store {
     return fail("open blob", tenant, fd.error());
   }
 
-  result<void> check_digest(detail::sha256& h, std::string_view id,
-                            std::string_view tenant) const {
+  result<void> check_digest(detail::sha256& h, std::string_view id, std::string_view tenant) const {
     std::string hex = h.hex_digest();
     if (hex.empty()) return store_error(errc::io_error);
     if (hex != id.substr(7)) {
@@ -397,16 +396,14 @@ result<std::shared_ptr<blob_store>> open_fs_blob_store(const fs_blob_store_optio
       log(log_level::error,
           "blob store: open root " + options.root.string() + ": " + root.error().message());
       auto mapped = detail::to_store_error(root.error());
-      return mapped == store_error(errc::permission_denied) ? mapped
-                                                            : store_error(errc::io_error);
+      return mapped == store_error(errc::permission_denied) ? mapped : store_error(errc::io_error);
     }
     auto tenants = detail::ensure_dir_at(root->get(), "tenants", 0700);
     if (!tenants) {
-      log(log_level::error, "blob store: open " + options.root.string() +
-                                "/tenants: " + tenants.error().message());
+      log(log_level::error,
+          "blob store: open " + options.root.string() + "/tenants: " + tenants.error().message());
       auto mapped = detail::to_store_error(tenants.error());
-      return mapped == store_error(errc::permission_denied) ? mapped
-                                                            : store_error(errc::io_error);
+      return mapped == store_error(errc::permission_denied) ? mapped : store_error(errc::io_error);
     }
     return std::shared_ptr<blob_store>(std::make_shared<fs_blob_store>(
         std::move(*root), std::move(*tenants), options.quota_bytes_per_tenant, log));

@@ -47,8 +47,7 @@ class memory_blob_store final : public blob_store {
       for (;;) {
         auto r = detail::read_full(fd, buf, sizeof buf);
         if (!r) {
-          return store_error(r.error().value() == EBADF ? errc::invalid_argument
-                                                        : errc::io_error);
+          return store_error(r.error().value() == EBADF ? errc::invalid_argument : errc::io_error);
         }
         if (*r == 0) break;
         if (data.size() + *r > max_bytes) return store_error(errc::too_large);
@@ -75,14 +74,13 @@ class memory_blob_store final : public blob_store {
       if (dirfd < 0 || !detail::is_plain_name(name)) return store_error(errc::invalid_argument);
       auto content = find(tenant, id);
       if (!content) return content.error();
-      int out = ::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                         0444);
+      int out =
+          ::openat(dirfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
       if (out < 0) {
         int e = errno;
         if (e == EEXIST) return store_error(errc::already_exists);
         if (e == EBADF || e == ENOTDIR) return store_error(errc::invalid_argument);
-        return detail::to_store_error(detail::sys_error(e)) ==
-                       store_error(errc::permission_denied)
+        return detail::to_store_error(detail::sys_error(e)) == store_error(errc::permission_denied)
                    ? store_error(errc::permission_denied)
                    : store_error(errc::io_error);
       }

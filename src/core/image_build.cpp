@@ -74,9 +74,8 @@ bool is_mirror_url(std::string_view u) {
   if (!(u.rfind("http://", 0) == 0 || u.rfind("https://", 0) == 0 || u.rfind("file:/", 0) == 0)) {
     return false;
   }
-  return std::none_of(u.begin(), u.end(), [](char c) {
-    return static_cast<unsigned char>(c) <= 0x20 || c == 0x7f;
-  });
+  return std::none_of(u.begin(), u.end(),
+                      [](char c) { return static_cast<unsigned char>(c) <= 0x20 || c == 0x7f; });
 }
 
 std::vector<std::string> words(std::string_view line) {
@@ -116,7 +115,8 @@ std::string mirror_from_sources(std::istream& in, std::string_view suite) {
   std::string last;
   auto check = [&]() -> std::string {
     auto lower = [](std::string s) {
-      std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+      std::transform(s.begin(), s.end(), s.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
       return s;
     };
     auto types = words(para["types"]);
@@ -174,8 +174,8 @@ std::string host_debian_mirror(std::string_view suite) {
   for (const auto& f : files) {
     std::ifstream in(f);
     if (!in) continue;
-    std::string m = f.extension() == ".list" ? mirror_from_list(in, suite)
-                                             : mirror_from_sources(in, suite);
+    std::string m =
+        f.extension() == ".list" ? mirror_from_list(in, suite) : mirror_from_sources(in, suite);
     if (!m.empty()) return m;
   }
   return std::string(kDefaultMirror);
@@ -212,8 +212,8 @@ void detach_mounts_below(const std::string& dir, const detail::store_logger& log
             [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
   for (const auto& mp : points) {
     if (::umount2(mp.c_str(), MNT_DETACH | UMOUNT_NOFOLLOW) != 0) {
-      log(log_level::warning, "image build: umount2(" + mp + ", MNT_DETACH): " +
-                                  std::string(std::strerror(errno)));
+      log(log_level::warning,
+          "image build: umount2(" + mp + ", MNT_DETACH): " + std::string(std::strerror(errno)));
     }
   }
 }
@@ -273,7 +273,8 @@ class builder {
       log_(log_level::warning, "image build: GNU tar not found");
       return store_error(errc::unsupported);
     }
-    const std::string mirror = spec_.mirror.empty() ? host_debian_mirror(spec_.suite) : spec_.mirror;
+    const std::string mirror =
+        spec_.mirror.empty() ? host_debian_mirror(spec_.suite) : spec_.mirror;
 
     // 2. Work dir.
     if (auto r = make_work_dir(); !r) return r.error();
@@ -318,16 +319,16 @@ class builder {
     auto layout = make_layout_dirs();
     if (!layout) return layout.error();
     const std::string layer_tmp = work_path_ + "/layer.tar";
-    auto packed = detail::run_tool(
-        {tar, "--create", "--file", layer_tmp, "--directory", target, "--sort=name",
-         "--numeric-owner", "--format=pax",
-         "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
-         "--one-file-system", "--no-xattrs", "--no-acls", "--no-selinux", "."},
-        detail::minimal_tool_env(), kTarTimeout);
+    auto packed =
+        detail::run_tool({tar, "--create", "--file", layer_tmp, "--directory", target,
+                          "--sort=name", "--numeric-owner", "--format=pax",
+                          "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
+                          "--one-file-system", "--no-xattrs", "--no-acls", "--no-selinux", "."},
+                         detail::minimal_tool_env(), kTarTimeout);
     if (!packed) return fail("run tar", packed.error());
     if (!packed->ok()) {
-      log_(log_level::error, "image build: tar failed (" + packed->describe() + "):\n" +
-                                 packed->output);
+      log_(log_level::error,
+           "image build: tar failed (" + packed->describe() + "):\n" + packed->output);
       return store_error(errc::io_error);
     }
     auto lfd = detail::open_regular_at(work_fd_.get(), "layer.tar");
@@ -367,11 +368,9 @@ class builder {
     json index_desc = *manifest_desc;
     index_desc["annotations"] = {{std::string(oci::annotation_created), created},
                                  {std::string(oci::annotation_ref_name), spec_.name}};
-    json index = {{"schemaVersion", 2},
-                  {"mediaType", oci::media_index},
-                  {"manifests", {index_desc}}};
-    if (auto r = detail::replace_file_at(layout->dir.get(), "index.json", index.dump(), 0644);
-        !r) {
+    json index = {
+        {"schemaVersion", 2}, {"mediaType", oci::media_index}, {"manifests", {index_desc}}};
+    if (auto r = detail::replace_file_at(layout->dir.get(), "index.json", index.dump(), 0644); !r) {
       return fail("write index.json", r.error());
     }
     if (auto r = detail::replace_file_at(layout->dir.get(), "oci-layout",
@@ -381,9 +380,9 @@ class builder {
     }
     auto digest = store_.import_layout(work_path_ + "/layout", spec_.name);
     if (!digest) return digest.error();
-    const auto secs = std::chrono::duration_cast<std::chrono::seconds>(
-                          std::chrono::steady_clock::now() - started)
-                          .count();
+    const auto secs =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - started)
+            .count();
     log_(log_level::info, "image build: " + spec_.name + " is now " + *digest + " (" +
                               std::to_string(layer_size) + " bytes, " + std::to_string(secs) +
                               " s)");
@@ -433,8 +432,8 @@ class builder {
     detach_mounts_below(work_path_, log_);
     work_fd_.reset();
     if (auto r = detail::remove_tree_at(parent_fd_.get(), work_name_); !r) {
-      log_(log_level::warning, "image build: cannot remove work dir " + work_path_ + ": " +
-                                   r.error().message());
+      log_(log_level::warning,
+           "image build: cannot remove work dir " + work_path_ + ": " + r.error().message());
     }
   }
 
@@ -470,10 +469,11 @@ class builder {
     if (!dir) return fail("open tree dir for " + name, dir.error());
     if (::unlinkat(dir->get(), name.c_str(), 0) != 0 && errno != ENOENT) {
       if (errno != EISDIR) return fail("unlink " + name, sys_error(errno));
-      if (auto r = detail::remove_tree_at(dir->get(), name); !r) return fail("remove " + name, r.error());
+      if (auto r = detail::remove_tree_at(dir->get(), name); !r)
+        return fail("remove " + name, r.error());
     }
-    int fd = ::openat(dir->get(), name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                      0644);
+    int fd = ::openat(dir->get(), name.c_str(),
+                      O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0) return fail("create " + name, sys_error(errno));
     unique_fd out(fd);
     if (auto w = detail::write_all(fd, content.data(), content.size()); !w) {
@@ -538,9 +538,11 @@ class builder {
     } steps[] = {
         {{"var", "cache", "apt", "archives"}, +debs, false},
         {{"var", "cache", "apt", "archives", "partial"}, +any, false},
-        {{"var", "cache", "apt"}, +[](const std::string& n, const struct stat& st) {
+        {{"var", "cache", "apt"},
+         +[](const std::string& n, const struct stat& st) {
            return S_ISREG(st.st_mode) && n.size() > 4 && n.compare(n.size() - 4, 4, ".bin") == 0;
-         }, false},
+         },
+         false},
         {{"var", "lib", "apt", "lists"}, +lists, false},
         {{"var", "lib", "apt", "lists", "partial"}, +any, false},
         {{"var", "log"}, +not_dir, true},

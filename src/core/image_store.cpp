@@ -11,6 +11,8 @@
 // Directories are 0755 and blobs 0644 so an unprivileged host can open the store read-only.
 // Every read of a blob is checked against its digest; index.json is replaced atomically
 // (temp file + rename), so readers never need the lock.
+#include "sandbox/image_store.hpp"
+
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/file.h>
@@ -31,7 +33,6 @@
 #include "core/store_io.hpp"
 #include "core/tar_reader.hpp"
 #include "core/tool_process.hpp"
-#include "sandbox/image_store.hpp"
 #include "sandbox/protocol.hpp"
 
 namespace sandbox {
@@ -149,8 +150,8 @@ std::string dump(const json& j) {
 
 class fs_image_store final : public image_store {
  public:
-  fs_image_store(std::filesystem::path root_path, unique_fd root, unique_fd layout,
-                 unique_fd blobs, unique_fd rootfs, bool read_only, detail::store_logger log)
+  fs_image_store(std::filesystem::path root_path, unique_fd root, unique_fd layout, unique_fd blobs,
+                 unique_fd rootfs, bool read_only, detail::store_logger log)
       : root_path_(std::move(root_path)),
         root_(std::move(root)),
         layout_(std::move(layout)),
@@ -184,8 +185,8 @@ class fs_image_store final : public image_store {
         if (m) {
           info.size_bytes = m->layers_size();
         } else {
-          log_(log_level::warning, "image store: list: image " + e.digest +
-                                       " is unreadable: " + m.error().message());
+          log_(log_level::warning,
+               "image store: list: image " + e.digest + " is unreadable: " + m.error().message());
         }
         out.push_back(std::move(info));
       }
@@ -221,9 +222,9 @@ class fs_image_store final : public image_store {
         return path;
       }
       if (read_only_) {
-        log_(log_level::warning,
-             "image store: " + std::string(digest) + " is not unpacked and the store is "
-             "read-only; unpack it once as the store's owner (rootfs())");
+        log_(log_level::warning, "image store: " + std::string(digest) +
+                                     " is not unpacked and the store is "
+                                     "read-only; unpack it once as the store's owner (rootfs())");
         return store_error(errc::permission_denied);
       }
       // One unpack per image in this process; other processes race through rename below.
@@ -260,8 +261,8 @@ class fs_image_store final : public image_store {
     });
   }
 
-  result<std::string> import_layout(const std::filesystem::path& layout_dir,
-                                    std::string_view name, std::string_view ref) override {
+  result<std::string> import_layout(const std::filesystem::path& layout_dir, std::string_view name,
+                                    std::string_view ref) override {
     return guard([&]() -> result<std::string> {
       if (read_only_) return store_error(errc::permission_denied);
       if (!oci::is_valid_runtime_name(name) || layout_dir.empty()) {
@@ -316,6 +317,9 @@ class fs_image_store final : public image_store {
 
       auto lock = lock_store(/*exclusive=*/true);
       if (!lock) return lock.error();
+      // Temp files of imports that died half-way (their writers no longer hold the flock).
+      detail::remove_stale_temps(blobs_.get(), kTmpPrefix, 600, log_);
+      detail::remove_stale_temps(layout_.get(), kTmpPrefix, 600, log_);
       auto idx = read_index();
       if (!idx) return idx.error();
       json doc = std::move(idx->first);
@@ -341,8 +345,8 @@ class fs_image_store final : public image_store {
       }
       mark_current(doc, name, chosen.back().digest);
       if (auto w = write_index(doc); !w) return w.error();
-      log_(log_level::info, "image store: imported " + chosen.back().digest + " as current " +
-                                std::string(name));
+      log_(log_level::info,
+           "image store: imported " + chosen.back().digest + " as current " + std::string(name));
       return chosen.back().digest;
     });
   }
@@ -419,8 +423,8 @@ class fs_image_store final : public image_store {
       if (gc) {
         for (const auto& c : candidates) {
           if (::unlinkat(blobs_.get(), c.substr(7).c_str(), 0) != 0 && errno != ENOENT) {
-            log_(log_level::warning, "image store: unlink blob " + c + ": " +
-                                         std::string(std::strerror(errno)));
+            log_(log_level::warning,
+                 "image store: unlink blob " + c + ": " + std::string(std::strerror(errno)));
           }
         }
       } else {
@@ -569,8 +573,8 @@ class fs_image_store final : public image_store {
       if (is_system(bytes.error()) &&
           (bytes.error().value() == ENOENT || bytes.error().value() == ELOOP ||
            bytes.error().value() == EINVAL || bytes.error().value() == EFBIG)) {
-        return corrupt("blob " + digest + " missing or not a regular file: " +
-                       bytes.error().message());
+        return corrupt("blob " + digest +
+                       " missing or not a regular file: " + bytes.error().message());
       }
       return fail("read blob " + digest, bytes.error());
     }
@@ -594,8 +598,7 @@ class fs_image_store final : public image_store {
     manifest_info info;
     const json* config = member(m, "config");
     std::string mt;
-    if (config == nullptr ||
-        !parse_descriptor(*config, mt, info.config_digest, info.config_size)) {
+    if (config == nullptr || !parse_descriptor(*config, mt, info.config_digest, info.config_size)) {
       return corrupt("manifest has no valid config descriptor");
     }
     if (mt != oci::media_config) return corrupt("unknown config media type " + mt);
@@ -657,8 +660,8 @@ class fs_image_store final : public image_store {
   result<unique_fd> open_verified_blob(const std::string& digest, std::uint64_t size) const {
     auto fd = detail::open_regular_at(blobs_.get(), digest.substr(7));
     if (!fd) {
-      if (is_system(fd.error()) && (fd.error().value() == ENOENT ||
-                                    fd.error().value() == ELOOP || fd.error().value() == EINVAL)) {
+      if (is_system(fd.error()) && (fd.error().value() == ENOENT || fd.error().value() == ELOOP ||
+                                    fd.error().value() == EINVAL)) {
         return corrupt("blob " + digest + " missing or not a regular file");
       }
       return fail("open blob " + digest, fd.error());
@@ -731,7 +734,8 @@ class fs_image_store final : public image_store {
     struct stat st {};
     if (::fstatat(rootfs_.get(), hex.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno == ENOENT) return false;
-      return result<bool>(boost::system::in_place_error, fail("stat rootfs cache", sys_error(errno)));
+      return result<bool>(boost::system::in_place_error,
+                          fail("stat rootfs cache", sys_error(errno)));
     }
     if (!S_ISDIR(st.st_mode)) {
       return result<bool>(boost::system::in_place_error,
@@ -757,8 +761,8 @@ class fs_image_store final : public image_store {
       ~tree_guard() {
         if (!armed) return;
         if (auto r = detail::remove_tree_at(dir, name); !r) {
-          log(log_level::warning, "image store: cannot remove rootfs/" + name + ": " +
-                                      r.error().message());
+          log(log_level::warning,
+              "image store: cannot remove rootfs/" + name + ": " + r.error().message());
         }
       }
     } guard{rootfs_.get(), tmp, log_};
@@ -801,8 +805,8 @@ class fs_image_store final : public image_store {
       auto diff = hashed.finish();
       if (!diff) {
         if (diff.error() == store_error(errc::corrupt)) {
-          return corrupt("layer " + l.digest + " does not decompress: " +
-                         (gz ? gz->diagnostics() : std::string()));
+          return corrupt("layer " + l.digest +
+                         " does not decompress: " + (gz ? gz->diagnostics() : std::string()));
         }
         return fail("read layer " + l.digest, diff.error());
       }
@@ -816,11 +820,10 @@ class fs_image_store final : public image_store {
       return fail("finish rootfs of " + digest + ": " + applier.error_detail(), r.error());
     }
     const auto& st = applier.stats();
-    log_(log_level::info,
-         "image store: unpacked " + digest + ": " + std::to_string(st.entries) + " entries, " +
-             std::to_string(st.bytes) + " bytes, " + std::to_string(st.skipped_special) +
-             " special files skipped, " + std::to_string(st.cleared_setid) +
-             " setuid/setgid bits cleared");
+    log_(log_level::info, "image store: unpacked " + digest + ": " + std::to_string(st.entries) +
+                              " entries, " + std::to_string(st.bytes) + " bytes, " +
+                              std::to_string(st.skipped_special) + " special files skipped, " +
+                              std::to_string(st.cleared_setid) + " setuid/setgid bits cleared");
     // Durable before it becomes visible: a torn cache would be served as if complete.
     (void)::syncfs(tfd->get());
 
@@ -854,11 +857,14 @@ class fs_image_store final : public image_store {
     const std::string aside = std::string(kTmpPrefix) + "del-" + hex + "-" + detail::random_hex(6);
     if (::renameat(rootfs_.get(), hex.c_str(), rootfs_.get(), aside.c_str()) != 0) {
       if (errno != ENOENT) {
-        log_(log_level::warning, "image store: cannot move rootfs/" + hex + " aside: " +
-                                     std::string(std::strerror(errno)));
+        log_(log_level::warning, "image store: cannot move rootfs/" + hex +
+                                     " aside: " + std::string(std::strerror(errno)));
       }
       return;
     }
+    // Held while deleting, so a concurrent stale-temp sweep leaves this one to us.
+    auto held = detail::open_dir_at(rootfs_.get(), aside);
+    if (held) (void)::flock(held->get(), LOCK_EX | LOCK_NB);
     if (auto r = detail::remove_tree_at(rootfs_.get(), aside); !r) {
       log_(log_level::warning, "image store: cannot remove rootfs/" + aside + " (still " +
                                    "mounted?): " + r.error().message());
@@ -919,9 +925,8 @@ result<std::shared_ptr<image_store>> open_store(const image_store_options& optio
       if (!r) return fail("write layout/oci-layout", r.error());
     }
     if (::fstatat(layout->get(), "index.json", &st, AT_SYMLINK_NOFOLLOW) != 0) {
-      json empty = {{"schemaVersion", 2},
-                    {"mediaType", oci::media_index},
-                    {"manifests", json::array()}};
+      json empty = {
+          {"schemaVersion", 2}, {"mediaType", oci::media_index}, {"manifests", json::array()}};
       auto r = detail::replace_file_at(layout->get(), "index.json", dump(empty), 0644);
       if (!r) return fail("write layout/index.json", r.error());
     }

@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <memory>
 
-
 namespace sandbox::detail {
 namespace {
 
@@ -95,8 +94,8 @@ result<unique_fd> open_in_root(int root_fd, const std::vector<std::string>& rel,
   unique_fd cur(cur_fd);
   for (std::size_t i = 0; i < rel.size(); ++i) {
     const bool last = i + 1 == rel.size();
-    int f = last ? (flags | O_NOFOLLOW | O_CLOEXEC)
-                 : (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int f =
+        last ? (flags | O_NOFOLLOW | O_CLOEXEC) : (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     int fd = ::openat(cur.get(), rel[i].c_str(), f);
     if (fd < 0) return sys_error(errno);
     cur.reset(fd);
@@ -109,8 +108,7 @@ boost::system::error_code layer_applier::corrupt(std::string why) {
   return store_error(errc::corrupt);
 }
 
-boost::system::error_code layer_applier::io(std::string what,
-                                             const boost::system::error_code& ec) {
+boost::system::error_code layer_applier::io(std::string what, const boost::system::error_code& ec) {
   detail_ = std::move(what) + ": " + ec.message();
   return store_error(errc::io_error);
 }
@@ -196,8 +194,7 @@ result<void> layer_applier::whiteout(const std::vector<std::string>& comps) {
 
 result<void> layer_applier::write_file(tar_reader& tar, const tar_entry& e, int pfd,
                                        const std::string& name) {
-  int fd = ::openat(pfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                    0600);
+  int fd = ::openat(pfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return io("create " + display(e.path), sys_error(errno));
   unique_fd out(fd);
   constexpr std::size_t kChunk = 1 << 20;
@@ -294,8 +291,8 @@ result<void> layer_applier::apply_entry(tar_reader& tar, const tar_entry& e) {
         return io("symlink " + display(e.path), sys_error(errno));
       }
       if (set_owners_) {
-        (void)::fchownat(dir, name.c_str(), static_cast<uid_t>(e.uid),
-                         static_cast<gid_t>(e.gid), AT_SYMLINK_NOFOLLOW);
+        (void)::fchownat(dir, name.c_str(), static_cast<uid_t>(e.uid), static_cast<gid_t>(e.gid),
+                         AT_SYMLINK_NOFOLLOW);
       }
       const timespec ts[2] = {{e.mtime, 0}, {e.mtime, 0}};
       (void)::utimensat(dir, name.c_str(), ts, AT_SYMLINK_NOFOLLOW);

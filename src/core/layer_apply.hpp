@@ -55,7 +55,7 @@ struct layer_stats {
   std::uint64_t bytes = 0;
   std::uint64_t skipped_special = 0;  ///< devices, FIFOs, sockets
   std::uint64_t whiteouts = 0;
-  std::uint64_t cleared_setid = 0;    ///< files whose setuid/setgid bits were dropped
+  std::uint64_t cleared_setid = 0;  ///< files whose setuid/setgid bits were dropped
 };
 
 /**
@@ -95,8 +95,8 @@ class layer_applier {
 
   int root_fd_;
   bool set_owners_;
-  std::set<std::string> seen_;             // paths made by the current layer
-  std::map<std::string, dir_meta> dirs_;   // deferred directory metadata, by path
+  std::set<std::string> seen_;            // paths made by the current layer
+  std::map<std::string, dir_meta> dirs_;  // deferred directory metadata, by path
   layer_stats stats_;
   std::string detail_;
 };

@@ -19,8 +19,7 @@
 namespace sandbox::detail::oci {
 
 inline constexpr std::string_view media_index = "application/vnd.oci.image.index.v1+json";
-inline constexpr std::string_view media_manifest =
-    "application/vnd.oci.image.manifest.v1+json";
+inline constexpr std::string_view media_manifest = "application/vnd.oci.image.manifest.v1+json";
 inline constexpr std::string_view media_config = "application/vnd.oci.image.config.v1+json";
 inline constexpr std::string_view media_layer_tar = "application/vnd.oci.image.layer.v1.tar";
 inline constexpr std::string_view media_layer_tar_gzip =

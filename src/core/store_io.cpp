@@ -195,8 +195,8 @@ result<void> replace_file_at(int dirfd, const std::string& name, std::string_vie
                              mode_t mode) noexcept {
   try {
     const std::string tmp = ".tmp-" + random_hex(12);
-    int fd = retry_open_at(dirfd, tmp.c_str(),
-                           O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int fd = retry_open_at(dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                           0600);
     if (fd < 0) return sys_error(errno);
     unique_fd owned(fd);
     (void)::flock(fd, LOCK_EX | LOCK_NB);  // marks the temp file as alive for stale cleanup
@@ -251,9 +251,9 @@ std::string random_hex(std::size_t n) {
   if (got < n) {
     // getrandom() unavailable: uniqueness (not secrecy) is all temp names need.
     static std::atomic<std::uint64_t> counter{0};
-    std::uint64_t x = static_cast<std::uint64_t>(
-                          std::chrono::steady_clock::now().time_since_epoch().count()) ^
-                      (static_cast<std::uint64_t>(::getpid()) << 32) ^ counter.fetch_add(1);
+    std::uint64_t x =
+        static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+        (static_cast<std::uint64_t>(::getpid()) << 32) ^ counter.fetch_add(1);
     for (std::size_t i = got; i < n; ++i) {
       x = x * 6364136223846793005ULL + 1442695040888963407ULL;
       raw[i] = static_cast<unsigned char>(x >> 56);
@@ -329,8 +329,7 @@ namespace {
 
 bool is_mount_root(int dirfd, const char* name) noexcept {
   struct statx stx {};
-  if (::statx(dirfd, name, AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT, STATX_BASIC_STATS, &stx) !=
-      0) {
+  if (::statx(dirfd, name, AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT, STATX_BASIC_STATS, &stx) != 0) {
     return false;
   }
   return (stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0 &&
@@ -407,8 +406,8 @@ void remove_stale_temps(int dirfd, std::string_view prefix, long min_age_s,
     auto r = remove_tree_at(dirfd, n);
     if (!r) {
       try {
-        log(log_level::warning, "store: removing stale temp entry " + n + ": " +
-                                    r.error().message());
+        log(log_level::warning,
+            "store: removing stale temp entry " + n + ": " + r.error().message());
       } catch (...) {
       }
     }

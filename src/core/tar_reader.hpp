@@ -61,13 +61,13 @@ struct tar_entry {
   /// '0' regular file, '1' hard link, '2' symlink, '3' char device, '4' block device,
   /// '5' directory, '6' FIFO; any other type byte is returned as is.
   char type = '0';
-  std::string path;            ///< member name as stored (not yet normalized)
-  std::string link;            ///< symlink target or hard-link target name
-  std::uint64_t size = 0;      ///< data bytes of a regular file
-  std::uint32_t mode = 0;      ///< permission bits incl. setuid/setgid/sticky (07777)
+  std::string path;        ///< member name as stored (not yet normalized)
+  std::string link;        ///< symlink target or hard-link target name
+  std::uint64_t size = 0;  ///< data bytes of a regular file
+  std::uint32_t mode = 0;  ///< permission bits incl. setuid/setgid/sticky (07777)
   std::uint64_t uid = 0;
   std::uint64_t gid = 0;
-  std::int64_t mtime = 0;      ///< seconds since the epoch
+  std::int64_t mtime = 0;  ///< seconds since the epoch
 };
 
 /// What `tar_reader::next` found. (An enum, not `bool`: `result<bool>` cannot be built
@@ -76,8 +76,8 @@ enum class tar_step : unsigned char { end, entry };
 
 /// Limits that keep a hostile archive from exhausting memory.
 struct tar_limits {
-  std::size_t max_name_bytes = 4096;      ///< longest member or link name (PATH_MAX)
-  std::size_t max_pax_bytes = 1 << 20;    ///< largest PAX extended header
+  std::size_t max_name_bytes = 4096;    ///< longest member or link name (PATH_MAX)
+  std::size_t max_pax_bytes = 1 << 20;  ///< largest PAX extended header
 };
 
 /**

@@ -5,8 +5,8 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -176,9 +176,8 @@ std::string read_tail(int fd, std::size_t max) {
 }  // namespace
 
 result<tool_result> run_tool(const std::vector<std::string>& argv,
-                             const std::vector<std::string>& env,
-                             std::chrono::milliseconds timeout, int stdout_fd,
-                             std::size_t max_output) noexcept {
+                             const std::vector<std::string>& env, std::chrono::milliseconds timeout,
+                             int stdout_fd, std::size_t max_output) noexcept {
   try {
     int mfd = ::memfd_create("agent-sandbox-tool-output", MFD_CLOEXEC);
     if (mfd < 0) return sys_error(errno);

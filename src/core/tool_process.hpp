@@ -72,9 +72,8 @@ struct tool_result {
  * ETIMEDOUT when `timeout` passed (the tool and its group are killed).
  */
 result<tool_result> run_tool(const std::vector<std::string>& argv,
-                             const std::vector<std::string>& env,
-                             std::chrono::milliseconds timeout, int stdout_fd = -1,
-                             std::size_t max_output = 64 * 1024) noexcept;
+                             const std::vector<std::string>& env, std::chrono::milliseconds timeout,
+                             int stdout_fd = -1, std::size_t max_output = 64 * 1024) noexcept;
 
 /// The minimal environment tools get: PATH=/usr/sbin:/usr/bin:/sbin:/bin, LC_ALL=C.UTF-8.
 std::vector<std::string> minimal_tool_env();

@@ -1,5 +1,7 @@
 // Blob stores: both implementations against the same contract, plus the filesystem store's
 // own guarantees (links never followed, atomic writes, exact quota across processes).
+#include "sandbox/blob_store.hpp"
+
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -12,7 +14,6 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
-#include "sandbox/blob_store.hpp"
 #include "unit/store_test_util.hpp"
 
 extern char** environ;
@@ -151,8 +152,9 @@ TEST_CASE("blob store: malformed tenants and ids are invalid_argument", "[blob_s
   auto store = make_store(kind, tmp);
   const auto invalid = make_error_code(errc::invalid_argument);
   const std::string good_id = sandbox::blob_id_of("x");
-  for (const std::string& tenant : std::vector<std::string>{"", "..", ".hidden", "a/b", "../etc", "a b", std::string(65, 'a'),
-                             std::string("a\0b", 3), "-dash"}) {
+  for (const std::string& tenant :
+       std::vector<std::string>{"", "..", ".hidden", "a/b", "../etc", "a b", std::string(65, 'a'),
+                                std::string("a\0b", 3), "-dash"}) {
     INFO("tenant " << tenant);
     CHECK(store->put(tenant, "x").error() == invalid);
     CHECK(store->get(tenant, good_id).error() == invalid);
@@ -161,10 +163,10 @@ TEST_CASE("blob store: malformed tenants and ids are invalid_argument", "[blob_s
     CHECK(store->list(tenant).error() == invalid);
     CHECK(store->usage(tenant).error() == invalid);
   }
-  for (const std::string& id : std::vector<std::string>{std::string(""), std::string("sha256:"), good_id.substr(0, 70),
-                         "sha256:" + std::string(64, 'A'), "sha512:" + good_id.substr(7),
-                         good_id.substr(7), "sha256:../../../../../../../../etc/passwd",
-                         good_id + "0"}) {
+  for (const std::string& id : std::vector<std::string>{
+           std::string(""), std::string("sha256:"), good_id.substr(0, 70),
+           "sha256:" + std::string(64, 'A'), "sha512:" + good_id.substr(7), good_id.substr(7),
+           "sha256:../../../../../../../../etc/passwd", good_id + "0"}) {
     INFO("id " << id);
     CHECK(store->get("alice", id).error() == invalid);
     CHECK(store->size("alice", id).error() == invalid);
@@ -209,8 +211,7 @@ TEST_CASE("blob store: put_fd reads to EOF and refuses more than max_bytes", "[b
   }
 }
 
-TEST_CASE("blob store: copy_to creates a new 0444 file and never follows links",
-          "[blob_store]") {
+TEST_CASE("blob store: copy_to creates a new 0444 file and never follows links", "[blob_store]") {
   temp_dir tmp;
   temp_dir out;
   const std::string kind = GENERATE("memory", "fs");
@@ -226,8 +227,7 @@ TEST_CASE("blob store: copy_to creates a new 0444 file and never follows links",
   struct stat st {};
   REQUIRE(::stat((out / "in.txt").c_str(), &st) == 0);
   CHECK((st.st_mode & 07777) == 0444);
-  CHECK(store->copy_to("t", *id, dfd, "in.txt").error() ==
-        make_error_code(errc::already_exists));
+  CHECK(store->copy_to("t", *id, dfd, "in.txt").error() == make_error_code(errc::already_exists));
   // A planted symlink is an existing name: refused, and its target is not created.
   const fs::path target = tmp / "link-target";
   REQUIRE(::symlink(target.c_str(), (out / "link").c_str()) == 0);
@@ -347,7 +347,7 @@ TEST_CASE("fs blob store: stale temp files of dead writers are removed", "[blob_
   const timespec old[2] = {{1000000000, 0}, {1000000000, 0}};
   REQUIRE(::utimensat(AT_FDCWD, stale.c_str(), old, 0) == 0);
   const fs::path fresh = tmp / "store/tenants/t/.tmp-fresh";
-  store_test::write_file(fresh, "f");  // maybe a writer that has not locked it yet: kept
+  store_test::write_file(fresh, "f");     // maybe a writer that has not locked it yet: kept
   CHECK(store->usage("t").value() == 1);  // temp files never count
   REQUIRE(store->put("t", "y"));
   CHECK_FALSE(fs::exists(stale));
@@ -376,8 +376,7 @@ TEST_CASE("blob store child writer", "[.blob_store_child]") {
   store_test::write_file(fs::path(root) / ("result-" + who), std::to_string(ok));
 }
 
-TEST_CASE("fs blob store: two processes writing at once keep the quota exact",
-          "[blob_store]") {
+TEST_CASE("fs blob store: two processes writing at once keep the quota exact", "[blob_store]") {
   temp_dir tmp;
   const fs::path root = tmp / "store";
   REQUIRE(sandbox::open_fs_blob_store({.root = root}));

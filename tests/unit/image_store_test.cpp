@@ -1,17 +1,18 @@
 // Image store: small OCI layouts built here (no debootstrap), hostile layers, concurrency.
+#include "sandbox/image_store.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <mutex>
-#include <catch2/catch.hpp>
 #include <thread>
 
 #include "core/layer_apply.hpp"
 #include "core/tar_reader.hpp"
-#include "sandbox/image_store.hpp"
 #include "sandbox/protocol.hpp"
 #include "unit/store_test_util.hpp"
 
@@ -55,7 +56,9 @@ bool exists_nofollow(const fs::path& p) {
 
 // Runs the remaining checks with openat2 and with the fallback walk.
 struct openat2_mode {
-  explicit openat2_mode(bool disabled) { sandbox::detail::set_openat2_disabled_for_testing(disabled); }
+  explicit openat2_mode(bool disabled) {
+    sandbox::detail::set_openat2_disabled_for_testing(disabled);
+  }
   ~openat2_mode() { sandbox::detail::set_openat2_disabled_for_testing(false); }
 };
 
@@ -86,8 +89,8 @@ TEST_CASE("image store: import, list, current, rootfs", "[image_store]") {
   CHECK(info.digest == digest);
   CHECK(info.current);
   CHECK(info.created == "2025-01-02T03:04:05Z");  // from the image's config
-  json manifest = json::parse(
-      store_test::read_file(tmp / "store/layout/blobs/sha256" / digest.substr(7)));
+  json manifest =
+      json::parse(store_test::read_file(tmp / "store/layout/blobs/sha256" / digest.substr(7)));
   CHECK(info.size_bytes == manifest["layers"][0]["size"].get<std::uint64_t>() +
                                manifest["layers"][1]["size"].get<std::uint64_t>());
   CHECK(manifest["layers"][1]["mediaType"] == "application/vnd.oci.image.layer.v1.tar+gzip");
@@ -102,8 +105,7 @@ TEST_CASE("image store: import, list, current, rootfs", "[image_store]") {
   CHECK(a["io.agent-sandbox.current"] == "true");
   CHECK(a["org.opencontainers.image.ref.name"] == "python3");
   CHECK(a["org.opencontainers.image.created"] == "2025-01-02T03:04:05Z");
-  CHECK(store_test::read_file(tmp / "store/layout/oci-layout").find("1.0.0") !=
-        std::string::npos);
+  CHECK(store_test::read_file(tmp / "store/layout/oci-layout").find("1.0.0") != std::string::npos);
 
   auto root = store->rootfs(digest);
   REQUIRE(root);
@@ -119,8 +121,7 @@ TEST_CASE("image store: import, list, current, rootfs", "[image_store]") {
   CHECK(store->rootfs("python3").error() == make_error_code(errc::invalid_argument));
 }
 
-TEST_CASE("image store: unpack once; later calls are cheap and reuse the cache",
-          "[image_store]") {
+TEST_CASE("image store: unpack once; later calls are cheap and reuse the cache", "[image_store]") {
   temp_dir tmp;
   auto store = open_store(tmp / "store");
   const std::string digest =
@@ -130,8 +131,8 @@ TEST_CASE("image store: unpack once; later calls are cheap and reuse the cache",
   store_test::write_file(*first / "marker", "still here");  // a re-unpack would drop it
   // Damage a layer blob: later rootfs() calls hash only manifest and config, so they still
   // succeed, while verify() (every blob) notices.
-  json manifest = json::parse(
-      store_test::read_file(tmp / "store/layout/blobs/sha256" / digest.substr(7)));
+  json manifest =
+      json::parse(store_test::read_file(tmp / "store/layout/blobs/sha256" / digest.substr(7)));
   const std::string layer = manifest["layers"][0]["digest"];
   store_test::write_file(tmp / "store/layout/blobs/sha256" / layer.substr(7), "garbage");
   auto second = store->rootfs(digest);
@@ -148,12 +149,12 @@ TEST_CASE("image store: set_current rolls back; remove keeps shared blobs", "[im
   temp_dir tmp;
   auto store = open_store(tmp / "store");
   const std::string shared = tar_builder().file("shared", "same in both").finish();
-  const std::string v1 = import(*store, tmp / "l1",
-                                {{.tar = shared}, {.tar = tar_builder().file("v", "1").finish()}});
-  const std::string v2 = import(*store, tmp / "l2",
-                                {{.tar = shared}, {.tar = tar_builder().file("v", "2").finish()}});
-  const std::string node = import(*store, tmp / "l3",
-                                  {{.tar = tar_builder().file("n", "node").finish()}}, "node");
+  const std::string v1 =
+      import(*store, tmp / "l1", {{.tar = shared}, {.tar = tar_builder().file("v", "1").finish()}});
+  const std::string v2 =
+      import(*store, tmp / "l2", {{.tar = shared}, {.tar = tar_builder().file("v", "2").finish()}});
+  const std::string node =
+      import(*store, tmp / "l3", {{.tar = tar_builder().file("n", "node").finish()}}, "node");
   CHECK(store->current_digest("python3").value() == v2);
   CHECK(store->current_digest("node").value() == node);
   REQUIRE(store->list().value().size() == 3);
@@ -209,10 +210,10 @@ TEST_CASE("image store: corrupt or mislabelled blobs are refused", "[image_store
   SECTION("a layer corrupted in the store fails unpack; nothing is cached") {
     const std::string digest =
         import(*store, tmp / "layout", {{.tar = tar_builder().file("x", "x").finish()}});
-    json m = json::parse(
-        store_test::read_file(tmp / "store/layout/blobs/sha256" / digest.substr(7)));
-    const fs::path layer = tmp / "store/layout/blobs/sha256" /
-                           m["layers"][0]["digest"].get<std::string>().substr(7);
+    json m =
+        json::parse(store_test::read_file(tmp / "store/layout/blobs/sha256" / digest.substr(7)));
+    const fs::path layer =
+        tmp / "store/layout/blobs/sha256" / m["layers"][0]["digest"].get<std::string>().substr(7);
     std::string bytes = store_test::read_file(layer);
     bytes[600] ^= 1;
     store_test::write_file(layer, bytes);
@@ -230,9 +231,8 @@ TEST_CASE("image store: corrupt or mislabelled blobs are refused", "[image_store
     // Build a manifest whose config names another layer's diff_id.
     json good = lb.image({{.tar = tar_builder().file("x", "x").finish(), .gzip = true}});
     json m = json::parse(store_test::read_file(lb.blob_path(good["digest"])));
-    json config = {{"rootfs",
-                    {{"type", "layers"},
-                     {"diff_ids", {store_test::sha256_id("something else")}}}}};
+    json config = {
+        {"rootfs", {{"type", "layers"}, {"diff_ids", {store_test::sha256_id("something else")}}}}};
     m["config"] = lb.blob(config.dump(), "application/vnd.oci.image.config.v1+json");
     json d = lb.blob(m.dump(), "application/vnd.oci.image.manifest.v1+json");
     lb.index({d});
@@ -258,8 +258,7 @@ TEST_CASE("image store: corrupt or mislabelled blobs are refused", "[image_store
   }
   SECTION("not a layout, bad index, ref that matches nothing") {
     fs::create_directories(tmp / "empty");
-    CHECK(store->import_layout(tmp / "empty", "python3").error() ==
-          make_error_code(errc::corrupt));
+    CHECK(store->import_layout(tmp / "empty", "python3").error() == make_error_code(errc::corrupt));
     CHECK(store->import_layout(tmp / "missing", "python3").error() ==
           make_error_code(errc::not_found));
     layout_builder lb(tmp / "layout");
@@ -287,7 +286,8 @@ TEST_CASE("image store: concurrent unpackers agree on one cache entry", "[image_
   temp_dir tmp;
   auto store = open_store(tmp / "store");
   tar_builder tb;
-  for (int i = 0; i < 200; ++i) tb.file("d" + std::to_string(i % 10) + "/f" + std::to_string(i), std::string(3000, 'x'));
+  for (int i = 0; i < 200; ++i)
+    tb.file("d" + std::to_string(i % 10) + "/f" + std::to_string(i), std::string(3000, 'x'));
   const std::string digest = import(*store, tmp / "layout", {{.tar = tb.finish(), .gzip = true}});
   // Threads of one store, and a second store instance (as another process would have).
   auto other = open_store(tmp / "store");
@@ -396,16 +396,14 @@ TEST_CASE("image store: hostile layers never touch anything outside the root",
     nothing_escaped();
   }
   SECTION("symlink to an outside directory, then a file through it") {
-    auto [d, r] = unpack({tar_builder()
-                              .symlink("evil", outside.string())
-                              .file("evil/pwned", "x")
-                              .finish()});
+    auto [d, r] =
+        unpack({tar_builder().symlink("evil", outside.string()).file("evil/pwned", "x").finish()});
     CHECK(r.error() == make_error_code(errc::corrupt));
-    auto [d2, r2] = unpack({tar_builder()
-                                .symlink("evil2", "../../../../../../../../../.." +
-                                                      outside.string())
-                                .file("evil2/pwned", "x")
-                                .finish()});
+    auto [d2, r2] =
+        unpack({tar_builder()
+                    .symlink("evil2", "../../../../../../../../../.." + outside.string())
+                    .file("evil2/pwned", "x")
+                    .finish()});
     CHECK(r2.error() == make_error_code(errc::corrupt));
     nothing_escaped();
   }
@@ -426,10 +424,8 @@ TEST_CASE("image store: hostile layers never touch anything outside the root",
   }
   SECTION("a symlink replacing a file is not written through") {
     // The second entry for "f" must replace the link, not write to its target.
-    auto [d, r] = unpack({tar_builder()
-                              .symlink("f", (outside / "target").string())
-                              .file("f", "content")
-                              .finish()});
+    auto [d, r] = unpack(
+        {tar_builder().symlink("f", (outside / "target").string()).file("f", "content").finish()});
     REQUIRE(r);
     CHECK(store_test::read_file(*r / "f") == "content");
     CHECK_FALSE(fs::is_symlink(*r / "f"));
@@ -438,20 +434,22 @@ TEST_CASE("image store: hostile layers never touch anything outside the root",
   SECTION("hard link to /etc/passwd") {
     auto [d, r] = unpack({tar_builder().hardlink("passwd", "/etc/passwd").finish()});
     CHECK(r.error() == make_error_code(errc::corrupt));
-    auto [d2, r2] = unpack({tar_builder().hardlink("passwd", "../../../../../etc/passwd").finish()});
+    auto [d2, r2] =
+        unpack({tar_builder().hardlink("passwd", "../../../../../etc/passwd").finish()});
     CHECK(r2.error() == make_error_code(errc::corrupt));
-    auto [d3, r3] = unpack({tar_builder()
-                                .symlink("etc-link", "/etc")
-                                .hardlink("passwd", "etc-link/passwd")
-                                .finish()});
+    auto [d3, r3] = unpack(
+        {tar_builder().symlink("etc-link", "/etc").hardlink("passwd", "etc-link/passwd").finish()});
     CHECK(r3.error() == make_error_code(errc::corrupt));
     nothing_escaped();
   }
   SECTION("hard links inside the root work") {
-    auto [d, r] = unpack({tar_builder().file("etc/passwd", "root:x:0:0\n").hardlink(
-                              "copy", "/etc/passwd").finish()});
+    auto [d, r] = unpack({tar_builder()
+                              .file("etc/passwd", "root:x:0:0\n")
+                              .hardlink("copy", "/etc/passwd")
+                              .finish()});
     REQUIRE(r);
-    struct stat a {}, b {};
+    struct stat a {
+    }, b{};
     REQUIRE(::stat((*r / "etc/passwd").c_str(), &a) == 0);
     REQUIRE(::stat((*r / "copy").c_str(), &b) == 0);
     CHECK(a.st_ino == b.st_ino);
@@ -459,16 +457,16 @@ TEST_CASE("image store: hostile layers never touch anything outside the root",
     nothing_escaped();
   }
   SECTION("device nodes and FIFOs are skipped; setuid/setgid cleared") {
-    auto [d, r] = unpack({tar_builder()
-                              .add({.name = "dev/mem", .type = '3', .mode = 0666, .devmajor = 1,
-                                    .devminor = 1})
-                              .add({.name = "dev/sda", .type = '4', .mode = 0660, .devmajor = 8})
-                              .add({.name = "fifo", .type = '6', .mode = 0644})
-                              .file("bin/su", "suid", 04755)
-                              .file("bin/wall", "sgid", 02755)
-                              .dir("tmp", 01777)
-                              .dir("sgid-dir", 02775)
-                              .finish()});
+    auto [d, r] = unpack(
+        {tar_builder()
+             .add({.name = "dev/mem", .type = '3', .mode = 0666, .devmajor = 1, .devminor = 1})
+             .add({.name = "dev/sda", .type = '4', .mode = 0660, .devmajor = 8})
+             .add({.name = "fifo", .type = '6', .mode = 0644})
+             .file("bin/su", "suid", 04755)
+             .file("bin/wall", "sgid", 02755)
+             .dir("tmp", 01777)
+             .dir("sgid-dir", 02775)
+             .finish()});
     REQUIRE(r);
     CHECK_FALSE(exists_nofollow(*r / "dev/mem"));
     CHECK_FALSE(exists_nofollow(*r / "dev/sda"));
@@ -481,14 +479,13 @@ TEST_CASE("image store: hostile layers never touch anything outside the root",
   }
 }
 
-TEST_CASE("image store: symlinked parents resolve inside the root (merged /usr)",
-          "[image_store]") {
+TEST_CASE("image store: symlinked parents resolve inside the root (merged /usr)", "[image_store]") {
   temp_dir tmp;
   auto store = open_store(tmp / "store");
-  const std::string digest = import(
-      *store, tmp / "layout",
-      {{.tar = tar_builder().dir("usr/lib/").symlink("lib", "/usr/lib").finish()},
-       {.tar = tar_builder().file("lib/libx.so", "elf").finish()}});
+  const std::string digest =
+      import(*store, tmp / "layout",
+             {{.tar = tar_builder().dir("usr/lib/").symlink("lib", "/usr/lib").finish()},
+              {.tar = tar_builder().file("lib/libx.so", "elf").finish()}});
   auto root = store->rootfs(digest);
   REQUIRE(root);
   CHECK(store_test::read_file(*root / "usr/lib/libx.so") == "elf");
@@ -510,8 +507,7 @@ TEST_CASE("image store: read-only stores never write", "[image_store]") {
   CHECK(ro->verify(digest));
   CHECK(ro->rootfs(digest).error() == make_error_code(errc::permission_denied));
   CHECK(store_test::entries(tmp / "store/rootfs").empty());
-  CHECK(ro->import_layout(tmp / "layout", "x").error() ==
-        make_error_code(errc::permission_denied));
+  CHECK(ro->import_layout(tmp / "layout", "x").error() == make_error_code(errc::permission_denied));
   CHECK(ro->set_current("python3", digest).error() == make_error_code(errc::permission_denied));
   CHECK(ro->remove(digest).error() == make_error_code(errc::permission_denied));
   CHECK(store_test::read_file(tmp / "store/layout/index.json") == index_before);
@@ -590,9 +586,9 @@ TEST_CASE("image build: debootstrap a python3 image (SANDBOX_TEST_DEBOOTSTRAP=1)
   };
   const auto t0 = std::chrono::steady_clock::now();
   auto digest = sandbox::build_debian_image(*store, spec);
-  const auto secs = std::chrono::duration_cast<std::chrono::seconds>(
-                        std::chrono::steady_clock::now() - t0)
-                        .count();
+  const auto secs =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   for (const auto& l : logs) UNSCOPED_INFO(l);
   REQUIRE(digest);
   WARN("build_debian_image(python3) took " << secs << " s");

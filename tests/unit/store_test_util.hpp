@@ -144,7 +144,10 @@ class tar_builder {
     std::memset(h + 148, ' ', 8);
     h[156] = type;
     std::memcpy(h + 157, link.data(), std::min<std::size_t>(link.size(), 100));
-    std::memcpy(h + 257, "ustar\0" "00", 8);
+    std::memcpy(h + 257,
+                "ustar\0"
+                "00",
+                8);
     octal(h + 329, 8, devmajor);
     octal(h + 337, 8, devminor);
     unsigned sum = 0;
@@ -167,9 +170,9 @@ inline std::string gzip(const std::string& bytes, const fs::path& scratch) {
   write_file(in, bytes);
   int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) throw std::runtime_error("open gz-out");
-  auto r = sandbox::detail::run_tool({"/usr/bin/gzip", "-c", "-n", in.string()},
-                                     sandbox::detail::minimal_tool_env(),
-                                     std::chrono::seconds(30), fd);
+  auto r =
+      sandbox::detail::run_tool({"/usr/bin/gzip", "-c", "-n", in.string()},
+                                sandbox::detail::minimal_tool_env(), std::chrono::seconds(30), fd);
   ::close(fd);
   if (!r || !r->ok()) throw std::runtime_error("gzip failed");
   std::string z = read_file(out);
@@ -201,15 +204,16 @@ class layout_builder {
   }
 
   /// Adds an image of `layers`; returns the manifest descriptor (not yet in index.json).
-  json image(const std::vector<layer>& layers, const std::string& created = "2025-01-02T03:04:05Z") {
+  json image(const std::vector<layer>& layers,
+             const std::string& created = "2025-01-02T03:04:05Z") {
     json diff_ids = json::array();
     json layer_descs = json::array();
     for (const auto& l : layers) {
       diff_ids.push_back(sha256_id(l.tar));
       std::string stored = l.gzip ? gzip(l.tar, dir_) : l.tar;
       std::string mt = !l.media_type.empty() ? l.media_type
-                       : l.gzip ? "application/vnd.oci.image.layer.v1.tar+gzip"
-                                : "application/vnd.oci.image.layer.v1.tar";
+                       : l.gzip              ? "application/vnd.oci.image.layer.v1.tar+gzip"
+                                             : "application/vnd.oci.image.layer.v1.tar";
       layer_descs.push_back(blob(stored, mt));
     }
     json config = {{"architecture", "amd64"},
