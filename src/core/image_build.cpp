@@ -18,6 +18,8 @@
 //  6. Write config (architecture, os, rootfs.diff_ids, created) and manifest into an OCI
 //     layout in the work dir and import it with `image_store::import_layout`, which verifies
 //     every blob and makes the image current.
+#include "core/image_build.hpp"
+
 #include <fcntl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -123,7 +125,8 @@ std::string mirror_from_sources(std::istream& in, std::string_view suite) {
     auto uris = words(para["uris"]);
     auto suites = words(para["suites"]);
     auto comps = words(para["components"]);
-    const std::string enabled = lower(para["enabled"]);
+    const auto enabled_words = words(lower(para["enabled"]));
+    const std::string enabled = enabled_words.empty() ? "" : enabled_words.front();
     if (enabled == "no" || !contains(types, "deb") || !contains(suites, suite) ||
         !contains(comps, "main")) {
       return {};
@@ -154,31 +157,6 @@ std::string mirror_from_sources(std::istream& in, std::string_view suite) {
     last = key;
   }
   return check();
-}
-
-// The first Debian mirror for `suite` in the host's apt sources, in apt's reading order.
-std::string host_debian_mirror(std::string_view suite) {
-  {
-    std::ifstream in("/etc/apt/sources.list");
-    if (in) {
-      if (auto m = mirror_from_list(in, suite); !m.empty()) return m;
-    }
-  }
-  std::vector<std::filesystem::path> files;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/etc/apt/sources.list.d", ec)) {
-    const auto ext = e.path().extension();
-    if (ext == ".list" || ext == ".sources") files.push_back(e.path());
-  }
-  std::sort(files.begin(), files.end());
-  for (const auto& f : files) {
-    std::ifstream in(f);
-    if (!in) continue;
-    std::string m =
-        f.extension() == ".list" ? mirror_from_list(in, suite) : mirror_from_sources(in, suite);
-    if (!m.empty()) return m;
-  }
-  return std::string(kDefaultMirror);
 }
 
 // Unescapes a mountinfo path field ("\040" → ' ').
@@ -274,7 +252,7 @@ class builder {
       return store_error(errc::unsupported);
     }
     const std::string mirror =
-        spec_.mirror.empty() ? host_debian_mirror(spec_.suite) : spec_.mirror;
+        spec_.mirror.empty() ? detail::find_debian_mirror(spec_.suite) : spec_.mirror;
 
     // 2. Work dir.
     if (auto r = make_work_dir(); !r) return r.error();
@@ -568,6 +546,38 @@ class builder {
 };
 
 }  // namespace
+
+namespace detail {
+
+std::string find_debian_mirror(std::string_view suite, const std::filesystem::path& apt_dir) {
+  try {
+    {
+      std::ifstream in(apt_dir / "sources.list");
+      if (in) {
+        if (auto m = mirror_from_list(in, suite); !m.empty()) return m;
+      }
+    }
+    std::vector<std::filesystem::path> files;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(apt_dir / "sources.list.d", ec)) {
+      const auto ext = e.path().extension();
+      if (ext == ".list" || ext == ".sources") files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      std::ifstream in(f);
+      if (!in) continue;
+      std::string m =
+          f.extension() == ".list" ? mirror_from_list(in, suite) : mirror_from_sources(in, suite);
+      if (!m.empty()) return m;
+    }
+  } catch (...) {
+    // An unreadable apt configuration is not fatal: use the default mirror.
+  }
+  return std::string(kDefaultMirror);
+}
+
+}  // namespace detail
 
 result<std::string> build_debian_image(image_store& store, const debian_image_spec& spec) {
   detail::store_logger log(spec.log);

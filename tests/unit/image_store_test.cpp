@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/image_build.hpp"
 #include "core/layer_apply.hpp"
 #include "core/tar_reader.hpp"
 #include "sandbox/protocol.hpp"
@@ -566,6 +567,66 @@ TEST_CASE("tar reader: PAX long names, checksums, truncation", "[image_store][ta
   CHECK(sandbox::detail::split_member_path("/abs").value() == std::vector<std::string>{"abs"});
   CHECK_FALSE(sandbox::detail::split_member_path("a/../b").has_value());
   CHECK_FALSE(sandbox::detail::split_member_path(std::string(256, 'x')).has_value());
+}
+
+TEST_CASE("image build: mirror from the host's apt sources", "[image_store][build]") {
+  temp_dir apt;
+  using sandbox::detail::find_debian_mirror;
+  CHECK(find_debian_mirror("bookworm", apt / "missing") == "http://deb.debian.org/debian");
+  fs::create_directories(apt / "sources.list.d");
+  // Wrong suite, wrong type, missing "main", disabled, other extensions: all skipped.
+  store_test::write_file(apt / "sources.list",
+                         "# deb http://commented.example/debian bookworm main\n"
+                         "deb-src http://src.example/debian bookworm main\n"
+                         "deb http://old.example/debian bullseye main\n"
+                         "deb [arch=amd64 signed-by=/k.gpg] https://docker.example/linux/debian "
+                         "bookworm stable\n");
+  store_test::write_file(apt / "sources.list.d/00-disabled.sources",
+                         "Types: deb\nURIs: http://disabled.example/debian\nSuites: bookworm\n"
+                         "Components: main\nEnabled: no\n");
+  store_test::write_file(apt / "sources.list.d/10-other.sources.bak",
+                         "Types: deb\nURIs: http://bak.example/debian\nSuites: bookworm\n"
+                         "Components: main\n");
+  store_test::write_file(apt / "sources.list.d/20-debian.sources",
+                         "Types: deb\n# a comment\nURIs: http://mirror.example/debian\n"
+                         "Suites: bookworm bookworm-updates\nComponents: main contrib\n"
+                         "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n"
+                         "Types: deb\nURIs: http://security.example/debian-security\n"
+                         "Suites: bookworm-security\nComponents: main\n");
+  store_test::write_file(apt / "sources.list.d/30-later.list",
+                         "deb http://later.example/debian bookworm main\n");
+  CHECK(find_debian_mirror("bookworm", apt.path()) == "http://mirror.example/debian");
+  CHECK(find_debian_mirror("bookworm-security", apt.path()) ==
+        "http://security.example/debian-security");
+  CHECK(find_debian_mirror("bullseye", apt.path()) == "http://old.example/debian");
+  CHECK(find_debian_mirror("trixie", apt.path()) == "http://deb.debian.org/debian");
+  store_test::write_file(apt / "sources.list", "deb [trusted=yes] file:/srv/mirror trixie main\n");
+  CHECK(find_debian_mirror("trixie", apt.path()) == "file:/srv/mirror");
+}
+
+TEST_CASE("image build: malformed specs are refused before anything runs", "[image_store][build]") {
+  temp_dir tmp;
+  auto store = open_store(tmp / "store");
+  const auto invalid = make_error_code(errc::invalid_argument);
+  auto build = [&](sandbox::debian_image_spec spec) {
+    return sandbox::build_debian_image(*store, spec).error();
+  };
+  CHECK(build({.name = "", .packages = {"python3"}}) == invalid);
+  CHECK(build({.name = "py/thon", .packages = {"python3"}}) == invalid);
+  CHECK(build({.name = "python3", .packages = {"--foo"}}) == invalid);
+  CHECK(build({.name = "python3", .packages = {"python3,evil"}}) == invalid);
+  CHECK(build({.name = "python3", .packages = {"Python3"}}) == invalid);
+  CHECK(build({.name = "python3", .packages = {"python3"}, .suite = "--arch=x"}) == invalid);
+  CHECK(build({.name = "python3", .packages = {"python3"}, .suite = ""}) == invalid);
+  CHECK(build({.name = "python3", .packages = {"python3"}, .mirror = "ftp://x/debian"}) == invalid);
+  CHECK(build({.name = "python3", .packages = {"python3"}, .mirror = "http://x/ debian"}) ==
+        invalid);
+  if (::geteuid() != 0) {
+    CHECK(build({.name = "python3", .packages = {"python3"}}) ==
+          make_error_code(errc::permission_denied));
+  }
+  CHECK(store->list().value().empty());
+  for (const auto& e : store_test::entries(tmp / "store")) CHECK(e.rfind(".build-", 0) != 0);
 }
 
 TEST_CASE("image build: debootstrap a python3 image (SANDBOX_TEST_DEBOOTSTRAP=1)",
