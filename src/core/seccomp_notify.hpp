@@ -7,8 +7,9 @@
 //    untouched; anything else is recorded as an egress attempt and refused with ENETUNREACH
 //    (the run's network namespace has no route anyway: the record is evidence, not the
 //    barrier);
-//  - every other notified call is a violation (seccomp_policy.hpp): recorded by name,
-//    refused with EPERM; the caller then kills the run.
+//  - every other notified call is a violation (seccomp_policy.hpp): recorded by name and
+//    left unanswered; the caller kills the run while the call is still blocked, so the
+//    program never executes another instruction after it.
 // A hostile program can race the memory we read (TOCTOU); that can only hide an attempt from
 // the record, never open a route. Documented in docs/security.md.
 #pragma once

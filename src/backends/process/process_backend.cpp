@@ -1,11 +1,1086 @@
-// Temporary stub: replaced by the real process backend.
+// The process backend: namespaces + cgroup + seccomp, with sandbox-init as PID 1.
+//
+// One `process_run` per request drives the life of a run (DESIGN.md) on a strand:
+//   prepare   uid (root hosts), run cgroup with limits, workspace (inputs, source)
+//   launch    spawn sandbox-init into new pid/mount/net/ipc/uts (+user) namespaces; put it in
+//             the cgroup; write uid/gid maps (unprivileged hosts); send the configuration
+//   watch     stdout/stderr into capped captures; seccomp notifications (violations, egress);
+//             DNS sink; OOM events; the deadline timer (from `started`, user code only)
+//   end       main exited and pipes closed, or exit grace elapsed, or deadline, OOM,
+//             violation, cancellation → kill everything, confirm the cgroup empty
+//   collect   outputs from the output tmpfs via the descriptor sandbox-init handed over
+//   classify  timeout → oom → seccomp_violation → network_disabled → ok, from our evidence
+//   destroy   cgroup, workspace, uid; then complete the handler
 #include "backends/process/process_backend.hpp"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef P_PIDFD
+#define P_PIDFD static_cast<idtype_t>(3)  // <linux/wait.h>; older glibc lacks it
+#endif
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "core/capture.hpp"
+#include "core/cgroup.hpp"
+#include "core/collector.hpp"
+#include "core/dns_sink.hpp"
+#include "core/init_protocol.hpp"
+#include "core/seccomp_notify.hpp"
+#include "core/spawn.hpp"
+#include "core/uid_pool.hpp"
+#include "core/workspace.hpp"
+
+extern "C" {
+extern const char sandbox_init_image_begin[];
+extern const char sandbox_init_image_end[];
+}
+
 namespace sandbox::detail {
+namespace {
+
+namespace asio = boost::asio;
+namespace ip = init_protocol;
+using clock = std::chrono::steady_clock;
+using handler_type =
+    asio::any_completion_handler<void(boost::system::error_code, run_result)>;
+
+constexpr std::size_t max_egress_records = 64;
+constexpr std::uint32_t userns_inside_id = 1000;
+
+std::string random_hex(std::size_t bytes) {
+  std::string raw(bytes, '\0');
+  std::size_t got = 0;
+  while (got < bytes) {
+    ssize_t n = getrandom(raw.data() + got, bytes - got, 0);
+    if (n > 0) got += static_cast<std::size_t>(n);
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : raw) {
+    out.push_back(hex[c >> 4]);
+    out.push_back(hex[c & 15]);
+  }
+  return out;
+}
+
+void close_fd(int& fd) noexcept {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+std::int64_t ms_between(clock::time_point a, clock::time_point b) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count();
+}
+
+bool write_file(const std::string& path, std::string_view content) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size());
+  ::close(fd);
+  return ok;
+}
+
+class process_backend;
+
+/// Everything the backend shares with its runs.
+struct backend_shared {
+  process_backend_context ctx;
+  std::optional<cgroup_host> cgroups;
+  std::unique_ptr<uid_pool> uids;  // root hosts only
+  bool userns = false;
+  uid_t host_uid = 0;
+  gid_t host_gid = 0;
+  int init_exec_fd = -1;
+  std::string instance_id;
+  std::filesystem::path runs_dir;
+  int instance_lock_fd = -1;
+  ~backend_shared() {
+    close_fd(init_exec_fd);
+    close_fd(instance_lock_fd);
+  }
+};
+
+/// Host-only details of a run, kept beside the result (the result's message is sanitized).
+struct run_detail {
+  std::string text;
+};
+
+/// One run. Lives on its strand; kept alive by its own pending operations.
+class process_run : public std::enable_shared_from_this<process_run> {
+ public:
+  using done_fn = std::function<void(run_result, run_detail)>;
+
+  process_run(std::shared_ptr<backend_shared> shared, asio::any_io_executor ex, run_job job,
+              bool selftest)
+      : shared_(std::move(shared)),
+        strand_(asio::make_strand(ex)),
+        job_(std::move(job)),
+        selftest_(selftest),
+        out_(job_.policy.stream_capture_bytes, job_.policy.summary_bytes),
+        err_(job_.policy.stream_capture_bytes, job_.policy.summary_bytes),
+        ctl_(strand_),
+        stdout_(strand_),
+        stderr_(strand_),
+        pidfd_desc_(strand_),
+        listener_(strand_),
+        dns_(strand_),
+        oom_(strand_),
+        setup_timer_(strand_),
+        deadline_(strand_),
+        grace_(strand_),
+        teardown_timer_(strand_),
+        sample_timer_(strand_) {}
+
+  ~process_run() { emergency_cleanup(); }
+
+  void start(done_fn done) {
+    done_ = std::move(done);
+    asio::dispatch(strand_, [self = shared_from_this()] { self->prepare(); });
+  }
+
+  /// Cancels the run from any thread (posted to the strand).
+  void cancel() {
+    asio::post(strand_, [self = shared_from_this()] {
+      self->cancelled_ = true;
+      self->finish();
+    });
+  }
+
+  /// Kills every process of the run right now, from any thread (runtime shutdown). Safe
+  /// against the run tearing down concurrently.
+  void kill_now() noexcept {
+    std::lock_guard lock(kill_mu_);
+    if (pidfd_raw_ >= 0) syscall(SYS_pidfd_send_signal, pidfd_raw_, SIGKILL, nullptr, 0);
+    if (cgroup_) (void)cgroup_->kill_all();
+  }
+
+  /// True once every process is confirmed dead (or the run never started one).
+  bool is_dead() noexcept {
+    std::lock_guard lock(kill_mu_);
+    if (!cgroup_) return true;
+    auto e = cgroup_->is_empty();
+    return e && *e;
+  }
+
+  const std::string& run_id() const noexcept { return job_.run_id; }
+
+ private:
+  // --- prepare and launch ------------------------------------------------------------------
+
+  void log(log_level lvl, const std::string& line) const {
+    if (shared_->ctx.log) shared_->ctx.log(lvl, fmt::format("run {}: {}", job_.run_id, line));
+  }
+
+  void fail_setup(const std::string& detail) {
+    internal_error_ = "sandbox setup failed";
+    detail_.text = detail;
+    log(log_level::error, detail);
+    finish();
+  }
+
+  void prepare() {
+    t0_ = clock::now();
+    const auto& req = job_.admitted.request;
+    const std::uint64_t mem = req.memory_limit_bytes;
+
+    // 1. Identity: a uid of the run's own (root hosts), or the single mapped id of a user
+    //    namespace (unprivileged hosts: per-uid counters are per user namespace there).
+    if (shared_->uids) {
+      auto uid = shared_->uids->acquire();
+      if (!uid) return fail_setup("no free sandbox uid in the configured range");
+      uid_ = *uid;
+      have_uid_ = true;
+    } else {
+      uid_ = userns_inside_id;
+    }
+
+    // 2. The run's cgroup, with limits, before any process exists.
+    cgroup_limits limits{mem, job_.policy.max_pids, job_.policy.cpu_quota_millicores};
+    std::string cg_name = "r-" + shared_->instance_id + "-" + job_.run_id;
+    auto cg = shared_->cgroups->create(cg_name, limits);
+    if (!cg) return fail_setup("cgroup create failed: " + cg.error().message());
+    {
+      std::lock_guard lock(kill_mu_);
+      cgroup_.emplace(std::move(*cg));
+    }
+
+    // 3. Workspace: inputs from the blob store, the source file, the staging mount point.
+    std::size_t missing = 0;
+    auto ws = create_workspace(shared_->runs_dir, job_.run_id,
+                               selftest_ ? std::string("probe") : job_.runtime.source_name,
+                               req.source, req.files_in, *job_.blobs, job_.admitted.tenant,
+                               &missing);
+    if (!ws) {
+      if (ws.error() == make_error_code(errc::not_found)) {
+        blob_missing_ = missing;
+        finish();
+        return;
+      }
+      return fail_setup("workspace: " + ws.error().message());
+    }
+    ws_ = *ws;
+    have_ws_ = true;
+
+    // 4. Channels: control socket, stdout/stderr pipes.
+    int ctl[2], outp[2], errp[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) < 0) {
+      return fail_setup(fmt::format("socketpair: errno {}", errno));
+    }
+    if (pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0) {
+      ::close(ctl[0]);
+      ::close(ctl[1]);
+      return fail_setup(fmt::format("pipe2: errno {}", errno));
+    }
+    int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+    // 5. sandbox-init, as PID 1 of fresh namespaces.
+    spawn_request sr;
+    sr.exec_fd = shared_->init_exec_fd;
+    sr.argv = {"sandbox-init"};
+    sr.fd0 = devnull;
+    sr.fd1 = outp[1];
+    sr.fd2 = errp[1];
+    sr.fd3 = ctl[1];
+    if (selftest_) sr.fd4 = shared_->init_exec_fd;
+    sr.clone_flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
+                     (shared_->userns ? CLONE_NEWUSER : 0);
+    auto sp = spawn_process(sr);
+    ::close(devnull);
+    ::close(outp[1]);
+    ::close(errp[1]);
+    ::close(ctl[1]);
+    ctl_.assign(ctl[0]);
+    stdout_.assign(outp[0]);
+    stderr_.assign(errp[0]);
+    fcntl(outp[0], F_SETFL, O_NONBLOCK);
+    fcntl(errp[0], F_SETFL, O_NONBLOCK);
+    if (!sp) {
+      return fail_setup(fmt::format("spawning sandbox-init failed: {}", sp.error().message()));
+    }
+    {
+      std::lock_guard lock(kill_mu_);
+      pidfd_raw_ = sp->pidfd;
+    }
+    helper_pid_ = sp->pid;
+    pidfd_desc_.assign(::dup(sp->pidfd));
+
+    // 6. Into the cgroup (sandbox-init waits for the configuration before doing anything).
+    if (auto a = cgroup_->attach(helper_pid_); !a) {
+      return fail_setup("cgroup attach failed: " + a.error().message());
+    }
+    if (shared_->userns) {
+      std::string proc = "/proc/" + std::to_string(helper_pid_);
+      bool ok = write_file(proc + "/uid_map",
+                           fmt::format("{} {} 1\n", userns_inside_id, shared_->host_uid)) &&
+                write_file(proc + "/setgroups", "deny") &&
+                write_file(proc + "/gid_map",
+                           fmt::format("{} {} 1\n", userns_inside_id, shared_->host_gid));
+      if (!ok) return fail_setup(fmt::format("writing uid/gid maps failed: errno {}", errno));
+    }
+
+    // 7. The configuration.
+    send_config();
+    if (finishing_) return;
+
+    // 8. Watch.
+    auto self = shared_from_this();
+    setup_timer_.expires_after(job_.policy.setup_budget);
+    setup_timer_.async_wait([self](boost::system::error_code ec) {
+      if (!ec && !self->started_) {
+        self->fail_setup("setup budget exceeded before the program started");
+      }
+    });
+    read_control();
+    read_stream(stdout_, out_, stdout_open_);
+    read_stream(stderr_, err_, stderr_open_);
+    pidfd_desc_.async_wait(asio::posix::descriptor_base::wait_read,
+                           [self](boost::system::error_code ec) {
+                             if (ec) return;
+                             self->helper_exited_ = true;
+                             if (!self->finishing_) {
+                               if (!self->started_) {
+                                 self->fail_setup("sandbox-init exited during setup");
+                               } else {
+                                 self->finish();
+                               }
+                             }
+                           });
+    if (int fd = cgroup_->oom_event_fd(); fd >= 0) {
+      oom_.assign(::dup(fd));
+      watch_oom();
+    }
+  }
+
+  void send_config() {
+    const auto& req = job_.admitted.request;
+    const std::uint64_t mem = req.memory_limit_bytes;
+    input_name_ = "in-" + random_hex(8);
+    ip::config_writer w;
+    w.add("mode", selftest_ ? "selftest" : "run");
+    w.add("rootfs", job_.rootfs.string());
+    w.add("staging", ws_.staging.string());
+    w.add("inputs", ws_.inputs.string());
+    w.add("input_name", input_name_);
+    w.add("source", ws_.source.string());
+    w.add("source_name", selftest_ ? std::string("probe") : job_.runtime.source_name);
+    w.add("uid", std::uint64_t{uid_});
+    w.add("gid", std::uint64_t{uid_});
+    w.add("userns", shared_->userns ? "1" : "0");
+    w.add("tmp_bytes", std::min<std::uint64_t>(job_.policy.tmp_bytes, mem / 8));
+    w.add("home_bytes", std::min<std::uint64_t>(job_.policy.home_bytes, mem / 8));
+    w.add("shm_bytes", std::min<std::uint64_t>(job_.policy.shm_bytes, mem / 8));
+    w.add("out_bytes", std::min<std::uint64_t>(req.files_out.max_bytes + (1 << 20), mem / 4));
+    w.add("tmpfs_inodes", std::uint64_t{job_.policy.tmpfs_inodes});
+    w.add("out_inodes", std::uint64_t{std::max<std::uint32_t>(req.files_out.max_files * 2, 64) + 16});
+    w.add("nofile", std::uint64_t{job_.policy.max_open_files});
+    w.add("fsize_bytes", std::uint64_t{1} << 30);
+    const std::string source_path = "/sandbox/" + job_.runtime.source_name;
+    if (selftest_) {
+      w.add("argv", "sandbox-init");
+      w.add("argv", "--probe");
+      w.add("argv", std::to_string(uid_));
+    } else {
+      for (const auto& a : job_.runtime.argv) w.add("argv", a == "{source}" ? source_path : a);
+    }
+    w.add("env", "PATH=/usr/local/bin:/usr/bin:/bin");
+    w.add("env", "HOME=/home/sandbox");
+    w.add("env", "LANG=C.UTF-8");
+    w.add("env", "SANDBOX_INPUT_DIR=/sandbox/" + input_name_);
+    w.add("env", "SANDBOX_OUTPUT_DIR=/sandbox/out");
+    for (const auto& [k, v] : req.env) w.add("env", k + "=" + v);
+
+    ip::init_header h{ip::msg::config, 0, 0};
+    std::string packet(reinterpret_cast<const char*>(&h), sizeof h);
+    packet += w.bytes();
+    if (packet.size() > ip::max_packet) return fail_setup("configuration too large");
+    if (::send(ctl_.native_handle(), packet.data(), packet.size(), MSG_NOSIGNAL) < 0) {
+      return fail_setup(fmt::format("sending configuration failed: errno {}", errno));
+    }
+  }
+
+  // --- watch -------------------------------------------------------------------------------
+
+  void read_control() {
+    ctl_.async_wait(asio::posix::descriptor_base::wait_read,
+                    [self = shared_from_this()](boost::system::error_code ec) {
+                      if (ec) return;
+                      self->on_control();
+                    });
+  }
+
+  void on_control() {
+    for (;;) {
+      std::string buf(4096, '\0');
+      alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * 4)];
+      iovec iov{buf.data(), buf.size()};
+      msghdr m{};
+      m.msg_iov = &iov;
+      m.msg_iovlen = 1;
+      m.msg_control = cbuf;
+      m.msg_controllen = sizeof cbuf;
+      ssize_t n = ::recvmsg(ctl_.native_handle(), &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+      std::vector<int> fds;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+          std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+          for (std::size_t i = 0; i < count; ++i) {
+            int fd;
+            std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+            fds.push_back(fd);
+          }
+        }
+      }
+      if (n <= 0) {  // sandbox-init closed the channel: it is gone
+        for (int fd : fds) ::close(fd);
+        control_closed_ = true;
+        if (!finishing_) {
+          if (!started_) fail_setup("sandbox-init closed the control channel during setup");
+          else finish();
+        }
+        return;
+      }
+      if (static_cast<std::size_t>(n) < sizeof(ip::init_header)) {
+        for (int fd : fds) ::close(fd);
+        continue;
+      }
+      ip::init_header h;
+      std::memcpy(&h, buf.data(), sizeof h);
+      on_message(h, std::string_view(buf.data() + sizeof h, static_cast<std::size_t>(n) - sizeof h),
+                 fds);
+    }
+    if (!finishing_) read_control();
+  }
+
+  void on_message(const ip::init_header& h, std::string_view payload, std::vector<int>& fds) {
+    auto take = [&](std::size_t i) {
+      int fd = i < fds.size() ? fds[i] : -1;
+      if (i < fds.size()) fds[i] = -1;
+      return fd;
+    };
+    switch (h.type) {
+      case ip::msg::ready:
+        out_dir_fd_ = take(0);
+        if (int d = take(1); d >= 0) {
+          dns_.assign(d);
+          serve_dns();
+        }
+        break;
+      case ip::msg::started: {
+        int l = take(0);
+        if (l < 0) {
+          fail_setup("no seccomp listener from sandbox-init");
+          break;
+        }
+        listener_.assign(l);
+        started_ = true;
+        started_at_ = clock::now();
+        setup_timer_.cancel();
+        watch_notifications();
+        auto self = shared_from_this();
+        deadline_.expires_after(job_.admitted.request.timeout);
+        deadline_.async_wait([self](boost::system::error_code ec) {
+          if (ec || self->finishing_) return;
+          self->timed_out_ = true;
+          self->finish();
+        });
+        sample_memory();
+        break;
+      }
+      case ip::msg::exited:
+        main_status_ = static_cast<int>(h.a);
+        main_exit_at_ = clock::now();
+        maybe_end_after_exit();
+        break;
+      case ip::msg::failed:
+        fail_setup(fmt::format("sandbox-init step '{}' failed: {}", payload,
+                               std::strerror(static_cast<int>(h.b))));
+        break;
+      default:
+        break;
+    }
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+
+  void read_stream(asio::posix::stream_descriptor& d, stream_capture_buffer& cap, bool& open) {
+    auto buf = std::make_shared<std::array<char, 65536>>();
+    d.async_read_some(asio::buffer(*buf), [self = shared_from_this(), buf, &d, &cap, &open](
+                                              boost::system::error_code ec, std::size_t n) {
+      if (n > 0) cap.append(std::span<const char>(buf->data(), n));
+      if (ec) {
+        if (ec != asio::error::operation_aborted) {
+          open = false;
+          self->maybe_end_after_exit();
+        }
+        return;
+      }
+      self->read_stream(d, cap, open);
+    });
+  }
+
+  void maybe_end_after_exit() {
+    if (finishing_ || !main_status_) return;
+    if (!stdout_open_ && !stderr_open_) {
+      finish();
+      return;
+    }
+    // Descendants still hold the pipes: they get `exit_grace`, then everything is killed.
+    if (grace_armed_) return;
+    grace_armed_ = true;
+    grace_.expires_after(job_.policy.exit_grace);
+    grace_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (!ec) self->finish();
+    });
+  }
+
+  void watch_notifications() {
+    listener_.async_wait(asio::posix::descriptor_base::wait_read,
+                         [self = shared_from_this()](boost::system::error_code ec) {
+                           if (ec || self->finishing_) return;
+                           auto ev = handle_notification(self->listener_.native_handle());
+                           if (ev && ev->what == notify_event::kind::violation) {
+                             if (!self->violation_) self->violation_ = ev->syscall;
+                             self->finish();
+                             return;
+                           }
+                           if (ev && ev->what == notify_event::kind::egress) {
+                             self->record_egress(std::move(ev->attempt));
+                           }
+                           if (!ev) {
+                             // Nothing pending: either a dead target or every filter user
+                             // has exited (the listener then polls as hung up).
+                             pollfd p{self->listener_.native_handle(), POLLIN, 0};
+                             if (::poll(&p, 1, 0) == 1 && (p.revents & POLLHUP)) return;
+                           }
+                           self->watch_notifications();
+                         });
+  }
+
+  void record_egress(egress_attempt a) {
+    for (const auto& e : egress_) {
+      if (e == a) return;
+    }
+    if (egress_.size() >= max_egress_records) {
+      ++egress_dropped_;
+      return;
+    }
+    egress_.push_back(std::move(a));
+  }
+
+  void serve_dns() {
+    dns_.async_wait(asio::posix::descriptor_base::wait_read,
+                    [self = shared_from_this()](boost::system::error_code ec) {
+                      if (ec || self->finishing_) return;
+                      for (int i = 0; i < 64; ++i) {
+                        std::array<std::uint8_t, 1500> pkt;
+                        sockaddr_storage from{};
+                        socklen_t fl = sizeof from;
+                        ssize_t n = ::recvfrom(self->dns_.native_handle(), pkt.data(), pkt.size(),
+                                               MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from),
+                                               &fl);
+                        if (n <= 0) break;
+                        std::span<const std::uint8_t> q(pkt.data(), static_cast<std::size_t>(n));
+                        if (auto name = dns_query_name(q)) {
+                          self->record_egress({.protocol = "dns",
+                                               .host = *name,
+                                               .address = "",
+                                               .port = 53,
+                                               .allowed = false,
+                                               .reason = "network disabled"});
+                        }
+                        auto resp = dns_refused_response(q);
+                        if (!resp.empty()) {
+                          ::sendto(self->dns_.native_handle(), resp.data(), resp.size(),
+                                   MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), fl);
+                        }
+                      }
+                      self->serve_dns();
+                    });
+  }
+
+  void watch_oom() {
+    oom_.async_wait(asio::posix::descriptor_base::wait_read,
+                    [self = shared_from_this()](boost::system::error_code ec) {
+                      if (ec || self->finishing_) return;
+                      self->cgroup_->drain_oom_event_fd();
+                      self->check_oom(0);
+                      self->watch_oom();
+                    });
+  }
+
+  // The notification comes when the OOM killer is invoked, which can be a moment before the
+  // kill is counted: re-read the counter for a short while before concluding nothing died.
+  void check_oom(int attempt) {
+    if (finishing_) return;
+    auto st = cgroup_->stats();
+    if (st && st->oom_kills > 0) {
+      // One OOM kill ends the whole run (v2 does this itself with memory.oom.group; v1
+      // needs us), so results agree on every host.
+      oom_triggered_ = true;
+      finish();
+      return;
+    }
+    if (attempt >= 50) return;
+    auto t = std::make_shared<asio::steady_timer>(strand_, std::chrono::milliseconds(2));
+    t->async_wait([self = shared_from_this(), t, attempt](boost::system::error_code ec) {
+      if (!ec) self->check_oom(attempt + 1);
+    });
+  }
+
+  void sample_memory() {
+    if (finishing_ || !cgroup_) return;
+    cgroup_->sample_memory();
+    sample_timer_.expires_after(std::chrono::milliseconds(20));
+    sample_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (!ec) self->sample_memory();
+    });
+  }
+
+  // --- end ---------------------------------------------------------------------------------
+
+  void finish() {
+    if (finishing_) return;
+    finishing_ = true;
+    ended_at_ = clock::now();
+    for (auto* t : {&setup_timer_, &deadline_, &grace_, &sample_timer_}) t->cancel();
+    kill_now();
+    teardown_deadline_ = clock::now() + job_.policy.teardown_budget;
+    teardown_delay_ = std::chrono::milliseconds(1);
+    poll_dead();
+  }
+
+  void poll_dead() {
+    bool empty = true;
+    if (cgroup_) {
+      auto e = cgroup_->is_empty();
+      empty = e && *e;
+    }
+    if (empty) return teardown();
+    if (clock::now() >= teardown_deadline_) {
+      teardown_failed_ = true;
+      log(log_level::error, "processes of the run survived the kill past the teardown budget");
+      return teardown();
+    }
+    kill_now();  // v1 without cgroup.kill: keep killing what appears
+    teardown_timer_.expires_after(teardown_delay_);
+    teardown_delay_ = std::min(teardown_delay_ * 2, std::chrono::milliseconds(50));
+    teardown_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (!ec || ec == asio::error::operation_aborted) self->poll_dead();
+    });
+  }
+
+  void drain(asio::posix::stream_descriptor& d, stream_capture_buffer& cap) {
+    if (!d.is_open()) return;
+    std::array<char, 65536> buf;
+    for (int i = 0; i < 4096; ++i) {  // bounded: at most a pipe's worth remains
+      ssize_t n = ::read(d.native_handle(), buf.data(), buf.size());
+      if (n <= 0) break;
+      cap.append(std::span<const char>(buf.data(), static_cast<std::size_t>(n)));
+    }
+  }
+
+  void teardown() {
+    // Everything is dead: what is left in the pipes is final.
+    drain(stdout_, out_);
+    drain(stderr_, err_);
+    boost::system::error_code ignored;
+    for (auto* d : {&ctl_, &stdout_, &stderr_, &listener_, &dns_, &oom_}) d->close(ignored);
+    // Reap sandbox-init (unless someone else's waitpid(-1) already did).
+    {
+      std::lock_guard lock(kill_mu_);
+      if (pidfd_raw_ >= 0) {
+        siginfo_t si{};
+        ::waitid(P_PIDFD, static_cast<id_t>(pidfd_raw_), &si, WEXITED | WNOHANG);
+        ::close(pidfd_raw_);
+        pidfd_raw_ = -1;
+      }
+    }
+    pidfd_desc_.close(ignored);
+
+    run_result r;
+    if (cgroup_) {
+      if (auto st = cgroup_->stats()) stats_ = *st;
+    }
+    if (out_dir_fd_ >= 0 && !teardown_failed_) {
+      collect_limits lim{job_.admitted.request.files_out.max_files,
+                         job_.admitted.request.files_out.max_bytes};
+      auto c = collect_outputs(out_dir_fd_, lim, *job_.blobs, job_.admitted.tenant,
+                               shared_->ctx.log);
+      r.files_out = std::move(c.files);
+      r.files_dropped = std::move(c.dropped);
+    }
+    close_fd(out_dir_fd_);
+    store_stream(out_, r.std_out);
+    store_stream(err_, r.std_err);
+    classify(r);
+    destroy();
+    if (done_) {
+      auto done = std::move(done_);
+      done_ = nullptr;
+      done(std::move(r), std::move(detail_));
+    }
+  }
+
+  void store_stream(const stream_capture_buffer& cap, stream_capture& s) {
+    s.summary = cap.summary();
+    s.bytes = cap.stored().size();
+    s.total_bytes = cap.total_bytes();
+    s.truncated = cap.truncated();
+    auto id = job_.blobs->put(job_.admitted.tenant, cap.stored());
+    if (id) {
+      s.blob = *id;
+    } else {
+      log(log_level::warning, "storing a stream failed: " + id.error().message());
+    }
+  }
+
+  void classify(run_result& r) {
+    const auto& req = job_.admitted.request;
+    r.run_id = job_.run_id;
+    r.isolation = sandbox::isolation::process;
+    r.runtime = job_.admitted.runtime;
+    r.timeout = req.timeout;
+    r.memory_limit_bytes = req.memory_limit_bytes;
+    r.timeout_clamped = job_.admitted.timeout_clamped;
+    r.memory_clamped = job_.admitted.memory_clamped;
+    r.oom_kills = static_cast<std::uint32_t>(stats_.oom_kills);
+    r.usage.cpu = std::chrono::milliseconds(stats_.cpu_usage_usec / 1000);
+    r.usage.peak_memory_bytes = stats_.peak_memory_bytes;
+    if (started_) {
+      r.usage.setup = std::chrono::milliseconds(ms_between(t0_, started_at_));
+      auto end = main_status_ && main_exit_at_ < ended_at_ ? main_exit_at_ : ended_at_;
+      r.usage.wall = std::chrono::milliseconds(std::max<std::int64_t>(0, ms_between(started_at_, end)));
+    } else {
+      r.usage.setup = std::chrono::milliseconds(ms_between(t0_, ended_at_));
+    }
+    r.egress_attempts = egress_;
+    r.egress_attempts_dropped = egress_dropped_;
+    if (main_status_) {
+      int st = *main_status_;
+      if (WIFEXITED(st)) r.exit_code = WEXITSTATUS(st);
+      if (WIFSIGNALED(st)) r.signal = WTERMSIG(st);
+    } else if (started_) {
+      r.signal = SIGKILL;  // we killed it before it exited
+    }
+
+    if (blob_missing_) {
+      r.code = sandbox::code::blob_not_found;
+      r.message = fmt::format("files_in[{}].blob: blob not found", *blob_missing_);
+      return;
+    }
+    if (teardown_failed_) {
+      r.code = sandbox::code::internal;
+      r.message = "sandbox teardown failed";
+      return;
+    }
+    if (internal_error_) {
+      r.code = sandbox::code::internal;
+      r.message = *internal_error_;
+      return;
+    }
+    if (cancelled_) {
+      r.code = sandbox::code::internal;
+      r.message = "run cancelled";
+      return;
+    }
+    bool main_killed = !main_status_ || (WIFSIGNALED(*main_status_) && WTERMSIG(*main_status_) == SIGKILL);
+    if (timed_out_) {
+      r.code = sandbox::code::timeout;
+      r.message = fmt::format("timed out after {} ms; all processes were killed", req.timeout.count());
+    } else if (stats_.oom_kills > 0 && (oom_triggered_ || main_killed)) {
+      r.code = sandbox::code::oom;
+      r.message = fmt::format("memory limit of {} bytes exceeded; all processes were killed",
+                              req.memory_limit_bytes);
+    } else if (violation_) {
+      r.code = sandbox::code::seccomp_violation;
+      r.violation = violation_;
+      r.message = fmt::format("forbidden system call '{}'; all processes were killed", *violation_);
+    } else if (!egress_.empty()) {
+      r.code = sandbox::code::network_disabled;
+      r.message = fmt::format("network access is disabled for this run; {} attempt(s) refused",
+                              egress_.size() + egress_dropped_);
+    } else {
+      r.code = sandbox::code::ok;
+    }
+  }
+
+  // Removes the cgroup, the workspace and the uid reservation (cgroup only when confirmed
+  // empty: a live process must not lose its limits).
+  void destroy() noexcept {
+    std::lock_guard lock(kill_mu_);
+    if (cgroup_ && !teardown_failed_) {
+      if (auto rm = cgroup_->remove(); !rm) {
+        log(log_level::warning, "removing the run cgroup failed: " + rm.error().message());
+      }
+      cgroup_.reset();
+    }
+    if (have_ws_) {
+      remove_tree(ws_.dir);
+      have_ws_ = false;
+    }
+    if (have_uid_ && !teardown_failed_) {
+      shared_->uids->release(uid_);
+      have_uid_ = false;
+    }
+  }
+
+  // The io_context went away with the run still in flight: kill and clean up synchronously.
+  void emergency_cleanup() noexcept {
+    if (!cgroup_ && !have_ws_ && pidfd_raw_ < 0) return;
+    kill_now();
+    auto until = clock::now() + std::chrono::seconds(2);
+    while (!is_dead() && clock::now() < until) ::usleep(2000);
+    if (pidfd_raw_ >= 0) {
+      siginfo_t si{};
+      ::waitid(P_PIDFD, static_cast<id_t>(pidfd_raw_), &si, WEXITED | WNOHANG);
+      ::close(pidfd_raw_);
+      pidfd_raw_ = -1;
+    }
+    close_fd(out_dir_fd_);
+    if (!is_dead()) teardown_failed_ = true;
+    destroy();
+  }
+
+  std::shared_ptr<backend_shared> shared_;
+  asio::strand<asio::any_io_executor> strand_;
+  run_job job_;
+  bool selftest_;
+  done_fn done_;
+  run_detail detail_;
+
+  stream_capture_buffer out_, err_;
+  asio::posix::stream_descriptor ctl_, stdout_, stderr_, pidfd_desc_, listener_, dns_, oom_;
+  asio::steady_timer setup_timer_, deadline_, grace_, teardown_timer_, sample_timer_;
+
+  std::mutex kill_mu_;
+  std::optional<run_cgroup> cgroup_;
+  int pidfd_raw_ = -1;
+  pid_t helper_pid_ = -1;
+  std::uint32_t uid_ = 0;
+  bool have_uid_ = false;
+  run_workspace ws_;
+  bool have_ws_ = false;
+  std::string input_name_;
+  int out_dir_fd_ = -1;
+
+  clock::time_point t0_, started_at_, main_exit_at_, ended_at_, teardown_deadline_;
+  std::chrono::milliseconds teardown_delay_{1};
+  bool started_ = false, finishing_ = false, grace_armed_ = false, control_closed_ = false;
+  bool helper_exited_ = false;
+  bool stdout_open_ = true, stderr_open_ = true;
+  bool timed_out_ = false, oom_triggered_ = false, cancelled_ = false, teardown_failed_ = false;
+  std::optional<int> main_status_;
+  std::optional<std::string> violation_;
+  std::optional<std::string> internal_error_;
+  std::optional<std::size_t> blob_missing_;
+  std::vector<egress_attempt> egress_;
+  std::uint32_t egress_dropped_ = 0;
+  cgroup_stats stats_;
+};
+
+class process_backend final : public backend {
+ public:
+  explicit process_backend(std::shared_ptr<backend_shared> shared) : shared_(std::move(shared)) {}
+
+  sandbox::isolation isolation() const noexcept override { return sandbox::isolation::process; }
+  std::string_view name() const noexcept override { return "process"; }
+
+  void shutdown() noexcept override {
+    std::vector<std::shared_ptr<process_run>> live;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [id, w] : runs_) {
+        if (auto r = w.lock()) live.push_back(std::move(r));
+      }
+    }
+    for (auto& r : live) r->kill_now();
+    auto until = clock::now() + std::chrono::seconds(5);
+    for (auto& r : live) {
+      while (!r->is_dead() && clock::now() < until) ::usleep(2000);
+    }
+  }
+
+  /// Runs the self-test on a private io_context. Empty string when it passed.
+  std::string self_test(const std::filesystem::path& empty_root) {
+    asio::io_context io;
+    run_job job;
+    job.run_id = "selftest-" + random_hex(4);
+    job.admitted.tenant = "selftest";
+    job.admitted.request.runtime = "selftest";
+    job.admitted.request.timeout = std::chrono::milliseconds(5000);
+    job.admitted.request.memory_limit_bytes = 64ULL << 20;
+    job.rootfs = empty_root;
+    job.blobs = make_memory_blob_store(64ULL << 20);
+    job.runtime.source_name = "probe";
+    job.policy = sandbox::policy{};
+    auto run = std::make_shared<process_run>(shared_, io.get_executor(), std::move(job), true);
+    std::string reason = "self-test did not complete";
+    run->start([&](run_result r, run_detail d) {
+      if (r.code == sandbox::code::network_disabled && r.exit_code == 0 &&
+          r.std_out.summary == "probe ok\n" && !r.egress_attempts.empty()) {
+        reason.clear();
+        return;
+      }
+      if (!d.text.empty()) {
+        reason = d.text;
+      } else if (!r.std_err.summary.empty()) {
+        reason = r.std_err.summary;
+        while (!reason.empty() && reason.back() == '\n') reason.pop_back();
+      } else {
+        reason = fmt::format("probe ended with code {} (exit {}, egress recorded: {})",
+                             to_string(r.code), r.exit_code.value_or(-1),
+                             r.egress_attempts.size());
+      }
+    });
+    run.reset();
+    io.run_for(std::chrono::seconds(30));
+    return reason;
+  }
+
+ private:
+  void do_execute(run_job job, handler_type handler) override {
+    auto ex = job.executor ? job.executor : shared_->ctx.executor;
+    auto run = std::make_shared<process_run>(shared_, ex, std::move(job), false);
+    {
+      std::lock_guard lock(mu_);
+      for (auto it = runs_.begin(); it != runs_.end();) {
+        it = it->second.expired() ? runs_.erase(it) : std::next(it);
+      }
+      runs_[run->run_id()] = run;
+    }
+    auto slot = asio::get_associated_cancellation_slot(handler);
+    auto cancelled = std::make_shared<std::atomic<bool>>(false);
+    if (slot.is_connected()) {
+      std::weak_ptr<process_run> weak = run;
+      slot.assign([weak, cancelled](asio::cancellation_type) {
+        cancelled->store(true);
+        if (auto r = weak.lock()) r->cancel();
+      });
+    }
+    auto h = std::make_shared<handler_type>(std::move(handler));
+    run->start([h, cancelled](run_result r, run_detail) mutable {
+      auto slot = asio::get_associated_cancellation_slot(*h);
+      if (slot.is_connected()) slot.clear();
+      auto ex = asio::get_associated_executor(*h);
+      boost::system::error_code ec;
+      if (cancelled->load()) ec = asio::error::operation_aborted;
+      asio::dispatch(ex, [h, ec, r = std::move(r)]() mutable { std::move(*h)(ec, std::move(r)); });
+    });
+  }
+
+  std::shared_ptr<backend_shared> shared_;
+  std::mutex mu_;
+  std::map<std::string, std::weak_ptr<process_run>> runs_;
+};
+
+// Creates a sealed memfd holding sandbox-init, or opens `path` when given.
+int open_init_executable(const std::filesystem::path& path) {
+  if (!path.empty()) return ::open(path.c_str(), O_PATH | O_CLOEXEC);
+  int fd = static_cast<int>(memfd_create("sandbox-init", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (fd < 0) return -1;
+  const char* p = sandbox_init_image_begin;
+  std::size_t left = static_cast<std::size_t>(sandbox_init_image_end - sandbox_init_image_begin);
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n <= 0) {
+      ::close(fd);
+      return -1;
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+  return fd;
+}
+
+// Reclaims cgroups and work dirs of hosts that died: an instance is dead when its lock file
+// in this state directory can be locked (flock is released when its process dies). Cgroups
+// of instances without a lock here belong to hosts using another state directory (possibly
+// alive): they are left alone.
+void reclaim_orphans(const backend_shared& s) {
+  auto instances = s.ctx.state_dir / "instances";
+  // 1 dead, 0 alive, -1 unknown (no lock file here).
+  auto liveness = [&](const std::string& inst) {
+    if (inst == s.instance_id) return 0;
+    auto lock = instances / (inst + ".lock");
+    int fd = ::open(lock.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return -1;
+    bool dead = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+    ::close(fd);
+    return dead ? 1 : 0;
+  };
+  auto is_dead = [&](const std::string& inst) { return liveness(inst) == 1; };
+  std::set<std::string> dead;
+  for (const auto& name : s.cgroups->list()) {
+    // r-<instance>-<run>
+    if (name.size() < 3 || name.compare(0, 2, "r-") != 0) continue;
+    auto dash = name.find('-', 2);
+    if (dash == std::string::npos) continue;
+    std::string inst = name.substr(2, dash - 2);
+    if (!is_dead(inst)) continue;
+    dead.insert(inst);
+    if (auto d = s.cgroups->destroy(name); !d && s.ctx.log) {
+      s.ctx.log(log_level::warning, "could not reclaim orphaned cgroup " + name);
+    } else if (s.ctx.log) {
+      s.ctx.log(log_level::info, "reclaimed orphaned cgroup " + name);
+    }
+  }
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(s.ctx.state_dir / "runs", ec)) {
+    std::string inst = e.path().filename().string();
+    if (liveness(inst) != 0) {  // every live instance of this state dir holds its lock
+      remove_tree(e.path());
+      dead.insert(inst);
+    }
+  }
+  for (const auto& inst : dead) ::unlink((instances / (inst + ".lock")).c_str());
+}
+
+}  // namespace
 
 std::variant<std::shared_ptr<backend>, std::string> make_process_backend(
-    const process_backend_context&) {
-  return std::string{"process backend not built yet"};
+    const process_backend_context& ctx) {
+  auto shared = std::make_shared<backend_shared>();
+  shared->ctx = ctx;
+  shared->host_uid = ::geteuid();
+  shared->host_gid = ::getegid();
+  shared->userns = shared->host_uid != 0;
+
+  // State directory, instance lock, run dirs.
+  std::error_code ec;
+  std::filesystem::create_directories(ctx.state_dir / "instances", ec);
+  std::filesystem::create_directories(ctx.state_dir / "runs", ec);
+  if (ec) return "state directory " + ctx.state_dir.string() + " cannot be created";
+  ::chmod(ctx.state_dir.c_str(), 0711);
+  ::chmod((ctx.state_dir / "runs").c_str(), 0700);
+  shared->instance_id = random_hex(6);
+  auto lock_path = ctx.state_dir / "instances" / (shared->instance_id + ".lock");
+  shared->instance_lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (shared->instance_lock_fd < 0 || ::flock(shared->instance_lock_fd, LOCK_EX | LOCK_NB) < 0) {
+    return "cannot create the instance lock in the state directory";
+  }
+  shared->runs_dir = ctx.state_dir / "runs" / shared->instance_id;
+
+  // cgroups.
+  std::string parent = ctx.options.cgroup_parent;
+  if (parent.empty()) {
+    if (shared->host_uid != 0) {
+      return "cgroup parent not configured: an unprivileged host needs a delegated cgroup "
+             "subtree (process_backend_options.cgroup_parent)";
+    }
+    parent = "/agent-sandbox";
+  }
+  std::string why;
+  auto host = cgroup_host::open(ctx.options.cgroup_root, "/proc/self/mountinfo", parent, &why);
+  if (!host) return why.empty() ? "cgroups unusable: " + host.error().message() : why;
+  shared->cgroups.emplace(std::move(*host));
+
+  if (!shared->userns) {
+    auto pool = uid_pool::open(ctx.state_dir / "uids.lock", ctx.options.uid_base,
+                               ctx.options.uid_count);
+    if (!pool) return "uid pool: " + pool.error().message();
+    shared->uids = std::move(*pool);
+  }
+
+  shared->init_exec_fd = open_init_executable(ctx.options.init_path);
+  if (shared->init_exec_fd < 0) return "cannot load the sandbox-init helper";
+
+  reclaim_orphans(*shared);
+
+  auto be = std::make_shared<process_backend>(shared);
+  auto empty_root = ctx.state_dir / "selftest-root";
+  std::filesystem::create_directories(empty_root, ec);
+  std::string reason = be->self_test(empty_root);
+  if (!reason.empty()) return "process backend self-test failed: " + reason;
+  if (ctx.log) ctx.log(log_level::info, "process backend ready (" + shared->cgroups->describe() + ")");
+  return std::shared_ptr<backend>(be);
 }
 
 }  // namespace sandbox::detail
