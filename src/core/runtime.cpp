@@ -704,8 +704,7 @@ void run_op::start_impl() {
       return;
     }
     rejection rej{.code = code::blob_not_found,
-                  .message = "files_in[" + std::to_string(i) + "].blob: " + f.blob +
-                             " not found"};
+                  .message = "files_in[" + std::to_string(i) + "].blob: blob not found"};
     finish({}, rejected_result(rej, run_id_), false);
     return;
   }
