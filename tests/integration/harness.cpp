@@ -1,0 +1,177 @@
+#include "integration/harness.hpp"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+
+namespace itest {
+namespace {
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
+
+struct state {
+  std::unique_ptr<sandbox::runtime> runtime;
+  std::string why;
+  std::filesystem::path state_dir;
+  std::string cgroup_parent;
+};
+
+state& global() {
+  static state s = [] {
+    state st;
+    auto opts = sandbox::default_runtime_options();
+    char tmpl[] = "/tmp/sandbox-itest-XXXXXX";
+    st.state_dir = mkdtemp(tmpl);
+    chmod(st.state_dir.c_str(), 0755);
+    opts.state_dir = st.state_dir / "state";
+    if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
+    opts.blobs = sandbox::make_memory_blob_store();
+    if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
+    st.cgroup_parent = opts.process.cgroup_parent.empty() ? (geteuid() == 0 ? "/agent-sandbox" : "")
+                                                          : opts.process.cgroup_parent;
+    opts.log = sandbox::make_stderr_log_sink(sandbox::log_level::warning);
+    auto rt = sandbox::runtime::create(opts);
+    if (!rt) {
+      st.why = "runtime::create failed: " + rt.error().message();
+      return st;
+    }
+    bool have_process = false;
+    for (const auto& b : rt->backends()) {
+      if (b.isolation == sandbox::isolation::process && b.registered) have_process = true;
+      if (b.isolation == sandbox::isolation::process && !b.registered) st.why = b.reason;
+    }
+    auto cat = rt->catalog();
+    for (const char* name : {"python3", "node"}) {
+      auto it = cat.runtimes.find(name);
+      if (it == cat.runtimes.end() || !it->second) {
+        st.why = std::string("runtime image '") + name + "' is not installed (run tools/setup.sh)";
+        have_process = false;
+      }
+    }
+    if (have_process) {
+      st.runtime = std::make_unique<sandbox::runtime>(std::move(*rt));
+      // Warm-up: the first run creates the executor's reactor descriptors (epoll, eventfd,
+      // timerfd) for good; later snapshots must not count them as leaks.
+      st.runtime->run({.runtime = "python3", .source = "pass"}, ticket());
+    }
+    return st;
+  }();
+  return s;
+}
+
+std::vector<std::string> list_dir(const std::filesystem::path& p) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(p, ec)) {
+    out.push_back(e.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+bool must_work() {
+  return env_or("CI", "") == "true" || env_or("SANDBOX_MUST_WORK", "") == "1";
+}
+
+sandbox::runtime* rt() { return global().runtime.get(); }
+const std::string& why() { return global().why; }
+
+sandbox::ticket ticket(const std::string& tenant, std::chrono::milliseconds max_timeout,
+                       std::uint64_t max_memory) {
+  sandbox::ticket_issuer issuer;
+  return issuer
+      .issue({.id = "itest-ticket",
+              .tenant = tenant,
+              .execute = true,
+              .isolation = sandbox::isolation::process,
+              .max_timeout = max_timeout,
+              .max_memory_bytes = max_memory})
+      .value();
+}
+
+sandbox::run_result run(const std::string& source, sandbox::run_request base,
+                        const std::string& runtime) {
+  base.runtime = runtime;
+  base.source = source;
+  return run(base, ticket());
+}
+
+sandbox::run_result run(const sandbox::run_request& request, const sandbox::ticket& t) {
+  REQUIRE(rt() != nullptr);
+  auto r = rt()->run(request, t);
+  UNSCOPED_INFO("result: code=" << to_string(r.code) << " message=" << r.message
+                                << "\nstdout: " << r.std_out.summary
+                                << "\nstderr: " << r.std_err.summary);
+  return r;
+}
+
+std::string blob(const std::string& id, const std::string& tenant) {
+  auto b = rt()->blobs()->get(tenant, id);
+  REQUIRE(b);
+  return *b;
+}
+
+std::string put(const std::string& bytes, const std::string& tenant) {
+  auto id = rt()->blobs()->put(tenant, bytes);
+  REQUIRE(id);
+  return *id;
+}
+
+std::string helper_source(const std::string& name) {
+  std::ifstream in(std::string(SANDBOX_TEST_HELPERS_DIR) + "/" + name);
+  REQUIRE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int count_fds() { return static_cast<int>(list_dir("/proc/self/fd").size()); }
+
+host_snapshot snapshot() {
+  host_snapshot s;
+  const auto& st = global();
+  // Run cgroups (every hierarchy would do; memory is present on v1 and v2 hosts).
+  for (const char* h : {"/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"}) {
+    auto dir = std::filesystem::path(h) / st.cgroup_parent.substr(st.cgroup_parent.empty() ? 0 : 1);
+    if (st.cgroup_parent.empty()) continue;
+    for (auto& n : list_dir(dir)) {
+      if (n.rfind("r-", 0) == 0) s.cgroups.push_back(std::string(h) + "/" + n);
+    }
+  }
+  auto runs = st.state_dir / "state" / "runs";
+  for (auto& inst : list_dir(runs)) {
+    for (auto& r : list_dir(runs / inst)) s.workdirs.push_back(inst + "/" + r);
+  }
+  // Processes whose uid is in the sandbox range (root hosts) — none may outlive a run.
+  for (auto& p : list_dir("/proc")) {
+    if (p.find_first_not_of("0123456789") != std::string::npos) continue;
+    struct stat sb{};
+    if (stat(("/proc/" + p).c_str(), &sb) == 0 && sb.st_uid >= 2'100'000'000u) {
+      s.sandbox_pids.push_back(std::stoi(p));
+    }
+  }
+  s.fds = count_fds();
+  return s;
+}
+
+void check_host_unchanged(const host_snapshot& before) {
+  auto now = snapshot();
+  CHECK(now.cgroups == before.cgroups);
+  CHECK(now.workdirs == before.workdirs);
+  CHECK(now.sandbox_pids == before.sandbox_pids);
+  CHECK(now.fds == before.fds);
+}
+
+}  // namespace itest

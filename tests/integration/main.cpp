@@ -1,3 +1,45 @@
+// Integration tests of the process backend. Exit code 77 (skipped) when this host cannot run
+// the backend — unless CI=true or SANDBOX_MUST_WORK=1, where that is a failure.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-int main(int argc, char** argv) { return Catch::Session().run(argc, argv); }
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include "integration/harness.hpp"
+
+namespace {
+// Child mode of the crash test: start a runtime on the given state dir, start a run that
+// sleeps, write a marker, and wait to be killed.
+int crash_child(const char* state) {
+  auto opts = sandbox::default_runtime_options();
+  opts.state_dir = std::filesystem::path(state) / "state";
+  if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
+  if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
+  opts.blobs = sandbox::make_memory_blob_store();
+  auto rt = sandbox::runtime::create(opts);
+  if (!rt) return 3;
+  sandbox::run_request req{.runtime = "python3",
+                           .source = "import time\nprint('up', flush=True)\ntime.sleep(60)",
+                           .timeout = std::chrono::milliseconds(8000)};
+  rt->async_run(req, itest::ticket(), [](boost::system::error_code, sandbox::run_result) {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  std::ofstream(std::filesystem::path(state) / "running") << "1";
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (const char* state = std::getenv("SANDBOX_ITEST_CRASH_CHILD")) return crash_child(state);
+  if (itest::rt() == nullptr) {
+    std::cerr << "process backend unavailable: " << itest::why() << "\n";
+    if (itest::must_work()) {
+      std::cerr << "CI=true / SANDBOX_MUST_WORK=1: failing instead of skipping\n";
+      return 1;
+    }
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}

@@ -1,0 +1,59 @@
+// Shared fixture of the process backend's integration tests: one runtime with real images,
+// helpers to run snippets, and host-integrity checks run after every case.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sandbox/sandbox.hpp"
+
+namespace itest {
+
+/// True when a test that cannot run must fail instead of skipping (CI=true or
+/// SANDBOX_MUST_WORK=1).
+bool must_work();
+
+/// The shared runtime (created on first use); nullptr when the host cannot run the process
+/// backend — `why()` says why.
+sandbox::runtime* rt();
+const std::string& why();
+
+/// A ticket for tenant `tenant` with code.execute at process level.
+sandbox::ticket ticket(const std::string& tenant = "itest",
+                       std::chrono::milliseconds max_timeout = std::chrono::milliseconds(8000),
+                       std::uint64_t max_memory = 1ULL << 30);
+
+/// Runs `source` with `runtime` (default python3); other fields from `base`.
+sandbox::run_result run(const std::string& source, sandbox::run_request base = {},
+                        const std::string& runtime = "python3");
+sandbox::run_result run(const sandbox::run_request& request, const sandbox::ticket& t);
+
+/// The content of a blob of tenant "itest" (or `tenant`).
+std::string blob(const std::string& id, const std::string& tenant = "itest");
+
+/// Reads tests/helpers/<name>.
+std::string helper_source(const std::string& name);
+
+/// Stores bytes for tenant "itest" and returns the blob id.
+std::string put(const std::string& bytes, const std::string& tenant = "itest");
+
+/// Host state that must be unchanged by a run: run cgroups, work dirs, processes of sandbox
+/// uids, our own open descriptors and threads.
+struct host_snapshot {
+  std::vector<std::string> cgroups;
+  std::vector<std::string> workdirs;
+  std::vector<int> sandbox_pids;
+  int fds = 0;
+};
+host_snapshot snapshot();
+/// Fails the current test (Catch) when `now` differs from `before` in anything but fds
+/// (compared exactly too).
+void check_host_unchanged(const host_snapshot& before);
+
+/// Counts: lines of /proc/self/fd.
+int count_fds();
+
+}  // namespace itest

@@ -1,0 +1,63 @@
+// The run's lifetime: when the main process exits, descendants get a short grace, then
+// everything is killed; nothing of a run outlives its result; a crashed host's runs die with
+// it and their remains are reclaimed at the next start.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <thread>
+
+#include "integration/harness.hpp"
+
+using sandbox::code;
+using namespace std::chrono_literals;
+
+TEST_CASE("lifetime: a daemon left behind by the main process is killed at the end",
+          "[lifetime]") {
+  auto before = itest::snapshot();
+  auto r = itest::run(itest::helper_source("daemonize.py") + "\nprint('main done')");
+  CHECK(r.code == code::ok);
+  CHECK(r.std_out.summary == "main done\n");
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("lifetime: a grandchild holding stdout cannot hold the run past the grace",
+          "[lifetime]") {
+  auto before = itest::snapshot();
+  auto r = itest::run(R"PY(
+import os, sys, time
+if os.fork() == 0:
+    while True:
+        sys.stdout.write('.'); sys.stdout.flush(); time.sleep(0.01)
+print('main exits', flush=True)
+)PY",
+                      {.timeout = 5000ms});
+  CHECK(r.code == code::ok);
+  CHECK(r.exit_code == 0);
+  CHECK(r.usage.wall < 2000ms);
+  CHECK(r.std_out.summary.find("main exits") != std::string::npos);
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("lifetime: thousands of orphans are reaped under a low pids limit", "[lifetime]") {
+  auto r = itest::run(R"PY(
+import os
+fails = 0
+for i in range(2000):
+    try:
+        pid = os.fork()
+    except OSError:
+        fails += 1; continue
+    if pid == 0:
+        if os.fork() == 0: os._exit(0)   # the grandchild becomes an orphan of PID 1
+        os._exit(0)
+    os.waitpid(pid, 0)
+print('fails', fails)
+)PY",
+                      {.timeout = 8000ms});
+  CHECK(r.code == code::ok);
+  CHECK(r.std_out.summary == "fails 0\n");
+}

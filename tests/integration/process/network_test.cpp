@@ -1,0 +1,95 @@
+// Network off: nothing leaves the run's loopback-only namespace, and every attempt is
+// evidence in `egress_attempts` and the `network_disabled` code.
+#include <catch2/catch.hpp>
+
+#include "integration/harness.hpp"
+
+using sandbox::code;
+using namespace std::chrono_literals;
+
+namespace {
+bool has_attempt(const sandbox::run_result& r, const std::string& protocol,
+                 const std::string& host_or_addr, std::uint16_t port) {
+  for (const auto& a : r.egress_attempts) {
+    if (a.protocol == protocol && (a.host == host_or_addr || a.address == host_or_addr) &&
+        a.port == port && !a.allowed) {
+      return true;
+    }
+  }
+  return false;
+}
+}  // namespace
+
+TEST_CASE("network: urllib to a name fails at DNS, and the lookup is reported",
+          "[network]") {
+  auto r = itest::run(R"PY(
+import urllib.request
+try:
+    urllib.request.urlopen('http://example.com/rates', timeout=3)
+    print('FETCHED')
+except Exception as e:
+    print(type(e).__name__)
+)PY");
+  CHECK(r.code == code::network_disabled);
+  CHECK(r.exit_code == 0);
+  CHECK(r.std_out.summary == "URLError\n");
+  CHECK(has_attempt(r, "dns", "example.com", 53));
+  CHECK(r.usage.wall < 3000ms);
+}
+
+TEST_CASE("network: direct TCP and UDP to addresses are refused and reported", "[network]") {
+  auto r = itest::run(R"PY(
+import socket, errno
+out = []
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+try:
+    s.connect(('1.1.1.1', 80)); out.append('CONNECTED')
+except OSError as e: out.append(errno.errorcode[e.errno])
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    u.sendto(b'x', ('8.8.8.8', 53)); out.append('SENT')
+except OSError as e: out.append(errno.errorcode[e.errno])
+m = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+try:
+    m.connect(('169.254.169.254', 80)); out.append('METADATA')
+except OSError as e: out.append(errno.errorcode[e.errno])
+s6 = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+try:
+    s6.connect(('2606:4700:4700::1111', 443)); out.append('CONNECTED6')
+except OSError as e: out.append(errno.errorcode[e.errno])
+print(' '.join(out))
+)PY");
+  CHECK(r.code == code::network_disabled);
+  CHECK(r.std_out.summary == "ENETUNREACH ENETUNREACH ENETUNREACH ENETUNREACH\n");
+  CHECK(has_attempt(r, "tcp", "1.1.1.1", 80));
+  CHECK(has_attempt(r, "udp", "8.8.8.8", 53));
+  CHECK(has_attempt(r, "tcp", "169.254.169.254", 80));
+  CHECK(has_attempt(r, "tcp", "2606:4700:4700::1111", 443));
+}
+
+TEST_CASE("network: loopback inside the run works and is not egress", "[network]") {
+  auto r = itest::run(R"PY(
+import socket, threading
+srv = socket.socket(); srv.bind(('127.0.0.1', 0)); srv.listen(1)
+port = srv.getsockname()[1]
+def serve():
+    c, _ = srv.accept(); c.sendall(c.recv(10).upper()); c.close()
+t = threading.Thread(target=serve); t.start()
+cl = socket.create_connection(('127.0.0.1', port)); cl.sendall(b'ping')
+print(cl.recv(10).decode()); t.join()
+)PY");
+  CHECK(r.code == code::ok);
+  CHECK(r.std_out.summary == "PING\n");
+  CHECK(r.egress_attempts.empty());
+}
+
+TEST_CASE("network: node fetch/dns are refused and reported", "[network][node]") {
+  auto r = itest::run(R"JS(
+const dns = require('dns');
+dns.lookup('api.freight.example', (err) => { console.log(err ? err.code : 'RESOLVED'); });
+)JS",
+                      {}, "node");
+  CHECK(r.code == code::network_disabled);
+  CHECK(r.std_out.summary.find("RESOLVED") == std::string::npos);
+  CHECK(has_attempt(r, "dns", "api.freight.example", 53));
+}
