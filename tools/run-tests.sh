@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh Debian 12 machine (root): set-up, then every test — unit,
+# fuzz corpus, consumer (find_package, FetchContent), and the process backend's integration
+# tests as root *and* as an unprivileged user with a delegated cgroup subtree. With CI=true a
+# sandbox test that cannot run fails instead of skipping.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PRESET=${SANDBOX_PRESET:-dev}
+BUILD="$ROOT/build/$PRESET"
+"$ROOT/tools/setup.sh"
+
+export SANDBOX_MUST_WORK=1
+echo "==> ctest (as root)" >&2
+ctest --preset "$PRESET" --output-on-failure
+
+echo "==> integration tests as an unprivileged user" >&2
+exec "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/sandbox_process_tests"

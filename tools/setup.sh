@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian 12 machine, as root: installs the build and test
+# dependencies, builds agent-sandbox (preset "dev"), and builds the runtime images (python3,
+# node) into the image store when they are missing. Safe to run again at any time.
+#
+#   tools/setup.sh            # everything
+#   SANDBOX_SKIP_IMAGES=1 tools/setup.sh   # packages and build only
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PRESET=${SANDBOX_PRESET:-dev}
+BUILD="$ROOT/build/$PRESET"
+IMAGE_DIR=${SANDBOX_IMAGE_DIR:-/var/lib/agent-sandbox/images}
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "tools/setup.sh: run as root (it installs packages and builds images with debootstrap)" >&2
+  exit 2
+fi
+
+# 1. Packages (Debian 12). Only what is missing is installed.
+PACKAGES=(
+  g++ cmake make pkg-config git ca-certificates tar gzip xz-utils
+  libboost1.81-dev libboost-program-options1.81-dev libfmt-dev nlohmann-json3-dev
+  libseccomp-dev libssl-dev catch2 libbenchmark-dev
+  debootstrap util-linux iproute2 procps bubblewrap
+)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# 2. Build.
+log "building ($PRESET)"
+cmake --preset "$PRESET" -S "$ROOT" >/dev/null
+cmake --build --preset "$PRESET"
+
+# 3. Runtime images, built from Debian packages with debootstrap when absent.
+if [ "${SANDBOX_SKIP_IMAGES:-0}" != 1 ]; then
+  for runtime in python3 node; do
+    if "$BUILD/bin/sandboxctl" image current "$runtime" --image-dir "$IMAGE_DIR" >/dev/null 2>&1; then
+      log "image $runtime: present"
+    else
+      log "image $runtime: building with debootstrap (about a minute)"
+      "$BUILD/bin/sandboxctl" image build "$runtime" --image-dir "$IMAGE_DIR"
+    fi
+  done
+fi
+log "set-up done"
