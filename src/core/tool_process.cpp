@@ -61,6 +61,8 @@ result<child_process> child_process::spawn(const spawn_spec& spec) noexcept {
     // Nothing of ours leaks into the tool, even descriptors another thread opened without
     // O_CLOEXEC.
     if (e == 0) e = ::posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+    // Tools start in "/" (absolute paths only): the host's working directory is not theirs.
+    if (e == 0) e = ::posix_spawn_file_actions_addchdir_np(&fa, "/");
     if (e != 0) return sys_error(e);
 
     sigset_t empty, all;

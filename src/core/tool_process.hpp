@@ -2,9 +2,9 @@
 //
 // Never fork(): glibc's posix_spawn uses clone(CLONE_VM|CLONE_VFORK), so no code of ours
 // runs in the child. The child gets an argv vector (never a shell), only the environment we
-// pass, stdin from /dev/null unless told otherwise, every descriptor above 2 closed, default
-// signal dispositions, an empty signal mask, and its own process group so a timeout can kill
-// the tool together with everything it started.
+// pass, stdin from /dev/null unless told otherwise, "/" as working directory, every
+// descriptor above 2 closed, default signal dispositions, an empty signal mask, and its own
+// process group so a timeout can kill the tool together with everything it started.
 #pragma once
 
 #include <sys/types.h>
