@@ -319,7 +319,15 @@ error_code runtime_impl::open_stores(runtime_options& o) {
       }
     }
   }
-  auto s = open_image_store({.root = dir, .log = log_});
+  // A store this user may read but not write (e.g. root's) is opened read-only: it then
+  // serves the images that are already unpacked.
+  bool writable = ::access(dir.c_str(), W_OK) == 0 || !fs::exists(dir);
+  auto s = open_image_store({.root = dir, .read_only = !writable, .log = log_});
+  if (!s && writable && s.error() == make_error_code(errc::permission_denied)) {
+    // A store this user may read but not write (e.g. root's): serve what is unpacked.
+    s = open_image_store({.root = dir, .read_only = true, .log = log_});
+    if (s) log(log_level::info, "image store " + dir.string() + " opened read-only");
+  }
   if (!s) {
     log(log_level::error, "cannot open image store " + dir.string() + ": " + s.error().message());
     return s.error();

@@ -2,7 +2,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <linux/close_range.h>
+#include <sys/prctl.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -25,6 +27,7 @@ struct child_args {
   char* const* envp;
   int src[5];
   int nfds;
+  bool ambient_caps;
   std::atomic<int> err;  // written by the child (shared memory), read after it exec'd or died
 };
 
@@ -57,6 +60,28 @@ int child_fn(void* p) {
       raw(SYS_exit_group, 127);
     }
   }
+  // A process that created a user namespace holds every capability in it, but execve as a
+  // uid that is not 0 there would drop them all. Raising them into the ambient set keeps
+  // them across the exec of sandbox-init, which needs them to build the sandbox (and whose
+  // child drops every one before running user code).
+  if (a->ambient_caps) {
+    __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct data[2]{};
+    if (raw(SYS_capget, reinterpret_cast<long>(&hdr), reinterpret_cast<long>(data)) < 0) {
+      a->err.store(errno);
+      raw(SYS_exit_group, 127);
+    }
+    data[0].inheritable = data[0].permitted;
+    data[1].inheritable = data[1].permitted;
+    if (raw(SYS_capset, reinterpret_cast<long>(&hdr), reinterpret_cast<long>(data)) < 0) {
+      a->err.store(errno);
+      raw(SYS_exit_group, 127);
+    }
+    for (int cap = 0; cap <= 63; ++cap) {
+      bool held = cap < 32 ? (data[0].permitted >> cap) & 1U : (data[1].permitted >> (cap - 32)) & 1U;
+      if (held) raw(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0);
+    }
+  }
   // Close everything else except the executable's descriptor, which exec closes itself.
   raw(SYS_close_range, a->nfds, exec_fd - 1, 0);
   raw(SYS_close_range, exec_fd + 1, ~0U, 0);
@@ -85,6 +110,7 @@ result<spawned_process> spawn_process(const spawn_request& req) {
   args.src[3] = req.fd3;
   args.src[4] = req.fd4;
   args.nfds = req.fd4 >= 0 ? 5 : 4;
+  args.ambient_caps = (req.clone_flags & CLONE_NEWUSER) != 0;
   args.err.store(0);
 
   constexpr std::size_t stack_size = 64 * 1024;

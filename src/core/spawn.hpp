@@ -24,7 +24,9 @@ struct spawn_request {
   /// Descriptors that become 0, 1, 2, 3 (and 4 when `fd4` >= 0) in the child; every other
   /// descriptor is closed. The environment is empty.
   int fd0 = -1, fd1 = -1, fd2 = -1, fd3 = -1, fd4 = -1;
-  unsigned long clone_flags = 0;  ///< CLONE_NEW* flags
+  /// CLONE_NEW* flags. With CLONE_NEWUSER the child keeps its capabilities in the new user
+  /// namespace across the exec (raised into the ambient set; see spawn.cpp).
+  unsigned long clone_flags = 0;
 };
 
 struct spawned_process {

@@ -1,10 +1,10 @@
 // sandbox-init: PID 1 of every process-level run. See init.hpp and docs/architecture.md.
 //
 // Order of events (each step's reason beside it):
-//  1. Reset signal state and make this process non-dumpable: nothing inherited from the
-//     host's thread survives, and the sandboxed user cannot open /proc/1/{mem,fd,exe}.
+//  1. Reset signal state: nothing inherited from the host's thread survives.
 //  2. Wait for the configuration. The host sends it only after moving us into the run's
-//     cgroup (and writing uid/gid maps), so nothing below runs outside the limits.
+//     cgroup (and writing uid/gid maps), so nothing below runs outside the limits. Then
+//     become non-dumpable: the sandboxed user cannot open /proc/1/{mem,fd,exe}.
 //  3. New cgroup namespace, rooted at the run's cgroup.
 //  4. Build the filesystem and network (mounts.cpp), pivot into it, report `ready`.
 //  5. Start the user program (child.cpp), report `started` with the seccomp listener.
@@ -182,11 +182,9 @@ int main(int argc, char** argv) {
   namespace ip = sandbox::detail::init_protocol;
   if (argc >= 2 && strcmp(argv[1], "--probe") == 0) return run_probe(argc, argv);
 
-  // 1. Hygiene: default signals, die with the host, not dumpable, own session (no
-  //    controlling terminal), and SIGCHLD blocked for the signalfd in supervise().
+  // 1. Hygiene: default signals, die with the host, own session (no controlling terminal).
   reset_signals();
   prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   setsid();
   fcntl(ip::control_fd, F_SETFD, FD_CLOEXEC);
   fcntl(ip::self_exec_fd, F_SETFD, FD_CLOEXEC);  // EBADF outside self-test mode: harmless
@@ -194,6 +192,10 @@ int main(int argc, char** argv) {
   // 2. Configuration (arrives once the host has placed us in the run's cgroup).
   config cfg;
   if (!read_config(&cfg)) fail({step::config, EINVAL});
+  // Not dumpable from here on: the sandboxed user cannot open /proc/1/{mem,fd,exe,environ}.
+  // (Not earlier: an unprivileged host writes our uid/gid maps before sending the config,
+  // and /proc/<pid>/uid_map of a non-dumpable process belongs to root.)
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 
   // 3. A cgroup namespace rooted at the run's cgroup.
   if (unshare(CLONE_NEWCGROUP) < 0) fail({step::cgroup_namespace, errno});
