@@ -9,7 +9,7 @@
 //   /dev                     tmpfs with null, zero, full, random, urandom bound from the host,
 //                            fd/stdin/stdout/stderr symlinks; read-only
 //   /dev/shm, /tmp, /home/sandbox  size- and inode-capped tmpfs (ENOSPC before OOM)
-//   /sandbox/in-<random>     the inputs, read-only, noexec
+//   /sandbox/in-<random>     the inputs, read-only, noexec (/sandbox itself: mode 0111)
 //   /sandbox/out             the output tmpfs (size-capped); the host keeps a descriptor of it
 //   /sandbox/<source name>   the source, read-only
 //   /etc/resolv.conf, /etc/hosts, /etc/hostname   replaced when the image has them as files
@@ -300,6 +300,9 @@ bool setup_sandbox(const config& cfg, int* out_fd, int* dns_fd, failure* f) {
     if (rc == 0) rc = bind_readonly(cfg.source, src, MS_NOSUID | MS_NODEV | MS_NOEXEC);
     if (!ok(rc, step::source, f)) return false;
   }
+  // /sandbox can be traversed but not listed: the inputs' random name is learned from
+  // SANDBOX_INPUT_DIR, not by looking around.
+  if (!ok(chmod(sb.c_str(), 0111) < 0 ? -errno : 0, step::inputs, f)) return false;
   // 7. Name service files: the resolver points at our DNS sink on the run's loopback.
   rc = mkdir((root + "/.sandbox-etc").c_str(), 0755) < 0 ? -errno : 0;
   if (rc == 0) {
