@@ -64,7 +64,7 @@ std::string child_env_value(const char* name) {
 
 }  // namespace
 
-TEST_CASE("blob store: put, get, size, list, usage", "[blob_store]") {
+TEST_CASE("blob store: put get size list and usage", "[blob_store]") {
   temp_dir tmp;
   const std::string kind = GENERATE("memory", "fs");
   auto store = make_store(kind, tmp);
@@ -313,7 +313,7 @@ TEST_CASE("fs blob store: a symlink planted for a tenant dir or blob is never fo
         make_error_code(errc::invalid_argument));
 }
 
-TEST_CASE("fs blob store: corrupted content is detected; storing it again repairs it",
+TEST_CASE("fs blob store: corrupted content is detected and storing it again repairs it",
           "[blob_store]") {
   temp_dir tmp;
   temp_dir out;

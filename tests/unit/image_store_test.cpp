@@ -65,7 +65,7 @@ struct openat2_mode {
 
 }  // namespace
 
-TEST_CASE("image store: import, list, current, rootfs", "[image_store]") {
+TEST_CASE("image store: import list current and rootfs", "[image_store]") {
   temp_dir tmp;
   auto store = open_store(tmp / "store");
   CHECK(store->list().value().empty());
@@ -122,7 +122,8 @@ TEST_CASE("image store: import, list, current, rootfs", "[image_store]") {
   CHECK(store->rootfs("python3").error() == make_error_code(errc::invalid_argument));
 }
 
-TEST_CASE("image store: unpack once; later calls are cheap and reuse the cache", "[image_store]") {
+TEST_CASE("image store: unpack once and later calls are cheap and reuse the cache",
+          "[image_store]") {
   temp_dir tmp;
   auto store = open_store(tmp / "store");
   const std::string digest =
@@ -146,7 +147,7 @@ TEST_CASE("image store: unpack once; later calls are cheap and reuse the cache",
   CHECK(store->rootfs(digest).error() == make_error_code(errc::digest_mismatch));
 }
 
-TEST_CASE("image store: set_current rolls back; remove keeps shared blobs", "[image_store]") {
+TEST_CASE("image store: set_current rolls back and remove keeps shared blobs", "[image_store]") {
   temp_dir tmp;
   auto store = open_store(tmp / "store");
   const std::string shared = tar_builder().file("shared", "same in both").finish();
@@ -522,7 +523,7 @@ TEST_CASE("image store: read-only stores never write", "[image_store]") {
   CHECK((mode_of(tmp / "store/rootfs") & 0777) == 0755);
 }
 
-TEST_CASE("tar reader: PAX long names, checksums, truncation", "[image_store][tar]") {
+TEST_CASE("tar reader: PAX long names and checksums and truncation", "[image_store][tar]") {
   using sandbox::detail::tar_entry;
   using sandbox::detail::tar_step;
   struct string_source final : sandbox::detail::byte_source {

@@ -30,7 +30,7 @@ bool is_dead(pid_t pid) {
 
 }  // namespace
 
-TEST_CASE("tool process: argv, environment, cwd, stdin and descriptors", "[tool_process]") {
+TEST_CASE("tool process: argv environment cwd stdin and descriptors", "[tool_process]") {
   // Only the environment we pass; "/" as working directory; words are never split by a shell.
   auto r = run_tool({"/bin/sh", "-c", "echo \"[$HOME][$FOO][$1]\"; pwd", "sh", "a b; echo no"},
                     {"PATH=/usr/bin:/bin", "FOO=bar"}, 10s);
