@@ -162,6 +162,15 @@ host_snapshot snapshot() {
       s.sandbox_pids.push_back(std::stoi(p));
     }
   }
+  std::ifstream mi("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(mi, line)) {
+    std::istringstream f(line);
+    std::string id, parent, devno, root, point;
+    f >> id >> parent >> devno >> root >> point;
+    s.mounts.push_back(point);
+  }
+  std::sort(s.mounts.begin(), s.mounts.end());
   s.fds = count_fds();
   return s;
 }
@@ -171,6 +180,7 @@ void check_host_unchanged(const host_snapshot& before) {
   CHECK(now.cgroups == before.cgroups);
   CHECK(now.workdirs == before.workdirs);
   CHECK(now.sandbox_pids == before.sandbox_pids);
+  CHECK(now.mounts == before.mounts);
   CHECK(now.fds == before.fds);
 }
 

@@ -46,6 +46,7 @@ struct host_snapshot {
   std::vector<std::string> cgroups;
   std::vector<std::string> workdirs;
   std::vector<int> sandbox_pids;
+  std::vector<std::string> mounts;  ///< /proc/self/mountinfo mount points of this process
   int fds = 0;
 };
 host_snapshot snapshot();

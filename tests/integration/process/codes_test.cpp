@@ -1,0 +1,77 @@
+// Every code the process backend's runtime can answer, through the real runtime: admission
+// codes before anything starts, and `internal` when the sandbox cannot start the program.
+#include <catch2/catch.hpp>
+
+#include "integration/harness.hpp"
+
+using sandbox::code;
+using namespace std::chrono_literals;
+
+TEST_CASE("codes: admission answers through the real runtime start nothing", "[codes]") {
+  auto before = itest::snapshot();
+  sandbox::ticket_issuer issuer;
+  auto base = sandbox::run_request{.runtime = "python3", .source = "print(1)"};
+
+  auto big = base;
+  big.source = "#" + std::string(32 * 1024, 'x');
+  CHECK(itest::run(big, itest::ticket()).code == code::source_too_large);
+
+  auto no_exec = issuer.issue({.id = "t", .tenant = "itest", .execute = false}).value();
+  CHECK(itest::run(base, no_exec).code == code::action_denied);
+
+  auto net = base;
+  net.network = true;
+  auto r = itest::run(net, itest::ticket());
+  CHECK(r.code == code::action_denied);
+  CHECK(r.message.find("code.network") != std::string::npos);
+
+  // Network granted still never means the host's network at the process level.
+  auto granted = issuer.issue({.id = "t", .tenant = "itest"}, sandbox::network_grant{}).value();
+  CHECK(itest::run(net, granted).code == code::runtime_unavailable);
+
+  auto container = issuer.issue({.id = "t", .tenant = "itest",
+                                 .isolation = sandbox::isolation::container}).value();
+  auto rc = itest::run(base, container);
+  CHECK(rc.code == code::runtime_unavailable);
+
+  auto unknown = base;
+  unknown.runtime = "cobol";
+  CHECK(itest::run(unknown, itest::ticket()).code == code::invalid_request);
+
+  auto pinned = base;
+  pinned.runtime_digest = "sha256:" + std::string(64, '0');
+  CHECK(itest::run(pinned, itest::ticket()).code == code::digest_mismatch);
+  pinned.runtime_digest = *itest::rt()->catalog().runtimes.at("python3");
+  CHECK(itest::run(pinned, itest::ticket()).code == code::ok);
+
+  auto bad_name = base;
+  bad_name.files_in = {{.name = "../etc/passwd", .blob = "sha256:" + std::string(64, 'a')}};
+  auto rn = itest::run(bad_name, itest::ticket());
+  CHECK(rn.code == code::invalid_request);
+  CHECK(rn.message.find("files_in[0].name") != std::string::npos);
+
+  auto zero = base;
+  zero.timeout = 0ms;
+  CHECK(itest::run(zero, itest::ticket()).code == code::invalid_request);
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("codes: a program the sandbox cannot start is `internal`, sanitized", "[codes]") {
+  auto opts = sandbox::default_runtime_options();
+  char tmpl[] = "/tmp/sandbox-codes-XXXXXX";
+  std::string state = mkdtemp(tmpl);
+  opts.state_dir = state + "/state";
+  if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
+  if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
+  opts.blobs = sandbox::make_memory_blob_store();
+  opts.log = [](sandbox::log_level, std::string_view) {};
+  opts.runtimes = {{.name = "python3", .argv = {"/usr/bin/no-such-interpreter", "{source}"},
+                    .source_name = "main.py"}};
+  auto rt = sandbox::runtime::create(opts);
+  REQUIRE(rt.has_value());
+  auto r = rt->run({.runtime = "python3", .source = "print(1)"}, itest::ticket());
+  CHECK(r.code == code::internal);
+  CHECK(r.message == "sandbox setup failed");
+  CHECK(r.message.find('/') == std::string::npos);
+  std::filesystem::remove_all(state);
+}
