@@ -1,0 +1,462 @@
+// freight_quote: the walkthrough of agent-sandbox, end to end, with real sandboxes.
+//
+// An agent was asked for a shipping quote and wrote two Python snippets. The host:
+//
+//   1. creates a runtime (default options: the process backend, the image and blob stores),
+//   2. mints a ticket for tenant "acme" that grants `code.execute` and *not* `code.network`,
+//   3. puts a rate table (CSV) and the shipment (JSON) into the blob store,
+//   4. runs snippet 1, which reads both through $SANDBOX_INPUT_DIR, prices the shipment,
+//      prints a summary and writes quote.json into $SANDBOX_OUTPUT_DIR; the host fetches
+//      quote.json back from the blob store by its blob id,
+//   5. runs snippet 2, which tries to fetch live rates over HTTPS: the run has no network,
+//      so it ends `network_disabled` and the DNS lookup it tried is listed,
+//   6. prints the span the runtime recorded for each run.
+//
+// Exit status: 0 when snippet 1 ended `ok` with the expected quote and snippet 2 ended
+// `network_disabled` with its DNS attempt listed; 1 otherwise, or when this host cannot run
+// the process backend (the backends' statuses are printed); 2 for bad options. With
+// --skip-unavailable, an unavailable backend or image exits 77 instead (CTest's "skipped"),
+// unless CI=true or SANDBOX_MUST_WORK=1.
+//
+//   sudo tools/run-example.sh                 # set-up, build, then this program
+//   build/dev/bin/freight_quote --help
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "sandbox/sandbox.hpp"
+
+namespace asio = boost::asio;
+namespace po = boost::program_options;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int exit_ok = 0;
+constexpr int exit_fail = 1;
+constexpr int exit_usage = 2;
+constexpr int exit_skip = 77;
+
+constexpr const char* tenant = "acme";
+
+// --- the data the agent works on -------------------------------------------------------
+
+// Contract rates per lane, mode and weight bracket (chargeable kg in [min_kg, max_kg); an
+// empty max_kg means no upper bound). Chargeable weight is the larger of the actual weight
+// and volume × volumetric_kg_per_m3 (rounded up). Fuel surcharge applies to freight + base.
+constexpr const char* rate_table_csv =
+    "origin,destination,mode,min_kg,max_kg,rate_usd_per_kg,base_fee_usd,volumetric_kg_per_m3,"
+    "fuel_surcharge_pct,transit_days\n"
+    "NLRTM,USCHI,ocean,0,1000,0.92,180.00,1000,12,24\n"
+    "NLRTM,USCHI,ocean,1000,,0.71,180.00,1000,12,24\n"
+    "NLRTM,USCHI,air,0,500,4.10,95.00,167,18,4\n"
+    "NLRTM,USCHI,air,500,,3.45,95.00,167,18,4\n"
+    "DEHAM,USNYC,ocean,0,1000,0.85,160.00,1000,12,18\n"
+    "DEHAM,USNYC,ocean,1000,,0.66,160.00,1000,12,18\n"
+    "DEHAM,USNYC,air,0,,3.90,90.00,167,18,3\n";
+
+constexpr const char* shipment_json =
+    R"({"reference":"PO-7781","origin":"NLRTM","destination":"USCHI",)"
+    R"("weight_kg":1240,"volume_m3":"4.2","deliver_within_days":30})";
+
+// What the snippet must find for this table and shipment:
+//   ocean: chargeable max(1240, ceil(4.2 × 1000)) = 4200 kg, bracket ≥ 1000 kg at 0.71
+//          → freight 2982.00 + base 180.00 = 3162.00, fuel 12 % = 379.44, total 3541.44
+//   air:   chargeable max(1240, ceil(4.2 × 167 = 701.4)) = 1240 kg, bracket ≥ 500 kg at 3.45
+//          → freight 4278.00 + base 95.00 = 4373.00, fuel 18 % = 787.14, total 5160.14
+// Both arrive within 30 days; ocean is cheaper.
+constexpr const char* expected_mode = "ocean";
+constexpr const char* expected_total = "3541.44";
+
+// Snippet 1, as the model wrote it: price the shipment from the rate table.
+constexpr const char* quote_snippet = R"py(import csv, json, os, sys
+from decimal import Decimal, ROUND_CEILING, ROUND_HALF_UP
+
+inp, out = os.environ["SANDBOX_INPUT_DIR"], os.environ["SANDBOX_OUTPUT_DIR"]
+with open(os.path.join(inp, "shipment.json")) as f:
+    shipment = json.load(f)
+with open(os.path.join(inp, "rates.csv"), newline="") as f:
+    rows = list(csv.DictReader(f))
+
+CENT = Decimal("0.01")
+weight = Decimal(shipment["weight_kg"])
+volume = Decimal(shipment["volume_m3"])
+lane = (shipment["origin"], shipment["destination"])
+
+def price(mode):
+    brackets = [r for r in rows if (r["origin"], r["destination"], r["mode"]) == lane + (mode,)]
+    if not brackets:
+        return None
+    volumetric = (volume * Decimal(brackets[0]["volumetric_kg_per_m3"])).to_integral_value(ROUND_CEILING)
+    chargeable = max(weight, volumetric)
+    for r in brackets:
+        if Decimal(r["min_kg"]) <= chargeable and (not r["max_kg"] or chargeable < Decimal(r["max_kg"])):
+            break
+    else:
+        return None
+    freight = (chargeable * Decimal(r["rate_usd_per_kg"])).quantize(CENT, ROUND_HALF_UP)
+    base = Decimal(r["base_fee_usd"]).quantize(CENT)
+    fuel = ((freight + base) * Decimal(r["fuel_surcharge_pct"]) / 100).quantize(CENT, ROUND_HALF_UP)
+    return {"mode": mode, "chargeable_kg": str(chargeable), "rate_usd_per_kg": r["rate_usd_per_kg"],
+            "freight_usd": str(freight), "base_fee_usd": str(base), "fuel_surcharge_usd": str(fuel),
+            "total_usd": str(freight + base + fuel), "transit_days": int(r["transit_days"])}
+
+options = [q for q in map(price, sorted({r["mode"] for r in rows})) if q]
+in_time = [q for q in options if q["transit_days"] <= shipment["deliver_within_days"]]
+if not in_time:
+    sys.exit(f"no service on {lane[0]}-{lane[1]} arrives within {shipment['deliver_within_days']} days")
+best = min(in_time, key=lambda q: Decimal(q["total_usd"]))
+quote = {"reference": shipment["reference"], "lane": f"{lane[0]}-{lane[1]}", "currency": "USD",
+         "selected": best, "alternatives": [q for q in options if q is not best]}
+with open(os.path.join(out, "quote.json"), "w") as f:
+    json.dump(quote, f, indent=2)
+print(f"{quote['reference']} {quote['lane']}: {best['mode']}, {best['chargeable_kg']} kg chargeable, "
+      f"USD {best['total_usd']}, {best['transit_days']} days")
+for q in quote["alternatives"]:
+    print(f"  alternative: {q['mode']}, USD {q['total_usd']}, {q['transit_days']} days")
+)py";
+
+// Snippet 2: the model tries to get live spot rates instead. The ticket has no code.network.
+constexpr const char* live_rates_snippet = R"py(import json, urllib.request
+with urllib.request.urlopen("https://api.freight-rates.example/v1/live", timeout=5) as r:
+    print(json.load(r))
+)py";
+
+// --- a span sink that keeps the spans ---------------------------------------------------
+
+class collecting_span_sink final : public sandbox::span_sink {
+ public:
+  void record(const sandbox::span& s) noexcept override {
+    try {
+      std::lock_guard lk(mu_);
+      spans_.push_back(s);
+    } catch (...) {  // record() must not throw; a lost span only shows as missing below
+    }
+  }
+  std::vector<sandbox::span> spans() const {
+    std::lock_guard lk(mu_);
+    return spans_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<sandbox::span> spans_;
+};
+
+// --- printing ---------------------------------------------------------------------------
+
+std::string indent(const std::string& text, const std::string& prefix = "    ") {
+  std::string out;
+  bool at_line_start = true;
+  for (char c : text) {
+    if (at_line_start) out += prefix;
+    out += c;
+    at_line_start = c == '\n';
+  }
+  if (!out.empty() && out.back() != '\n') out += '\n';
+  return out;
+}
+
+void print_usage(const sandbox::run_result& r) {
+  std::cout << "  usage:     setup " << r.usage.setup.count() << " ms, wall "
+            << r.usage.wall.count() << " ms, cpu " << r.usage.cpu.count() << " ms, peak memory "
+            << r.usage.peak_memory_bytes << " bytes (limit " << r.memory_limit_bytes
+            << ", timeout " << r.timeout.count() << " ms)\n";
+}
+
+void print_head(const char* title, const sandbox::run_result& r) {
+  std::cout << "\n== " << title << "\n";
+  std::cout << "  code:      " << sandbox::to_string(r.code)
+            << (r.message.empty() ? "" : " (" + r.message + ")") << "\n";
+  if (r.exit_code) std::cout << "  exit code: " << *r.exit_code << "\n";
+  if (r.signal) std::cout << "  signal:    " << *r.signal << "\n";
+  std::cout << "  runtime:   " << r.runtime.name << " " << r.runtime.digest << " ("
+            << sandbox::to_string(r.isolation) << " isolation, run " << r.run_id << ")\n";
+}
+
+std::string attribute_text(const std::variant<std::string, std::int64_t, bool>& v) {
+  if (const auto* s = std::get_if<std::string>(&v)) return *s;
+  if (const auto* i = std::get_if<std::int64_t>(&v)) return std::to_string(*i);
+  return std::get<bool>(v) ? "true" : "false";
+}
+
+// --- the checks that decide the exit status --------------------------------------------
+
+struct checker {
+  int failures = 0;
+  void expect(bool ok, const std::string& what) {
+    if (!ok) {
+      std::cout << "  CHECK FAILED: " << what << "\n";
+      ++failures;
+    }
+  }
+};
+
+bool must_work() {
+  const char* ci = std::getenv("CI");
+  const char* mw = std::getenv("SANDBOX_MUST_WORK");
+  return (ci != nullptr && std::string(ci) == "true") ||
+         (mw != nullptr && std::string(mw) == "1");
+}
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+struct outcome {
+  sandbox::run_result quote;
+  sandbox::run_result live;
+  std::optional<std::string> quote_blob_error;
+  std::string quote_file;
+};
+
+// The agent's two tool calls, one after the other, on the runtime's executor.
+asio::awaitable<void> walkthrough(sandbox::runtime& rt, const sandbox::ticket& ticket,
+                                  const sandbox::run_request& quote_request,
+                                  const sandbox::run_request& live_request, outcome& out) {
+  auto token = asio::as_tuple(asio::use_awaitable);
+  auto [ec1, quote] = co_await rt.async_run(quote_request, ticket, token);
+  if (ec1) quote.message += " (operation: " + ec1.message() + ")";
+  out.quote = std::move(quote);
+  auto [ec2, live] = co_await rt.async_run(live_request, ticket, token);
+  if (ec2) live.message += " (operation: " + ec2.message() + ")";
+  out.live = std::move(live);
+}
+
+int run_example(const sandbox::runtime_options& options, bool skip_unavailable) {
+  // 1. The runtime, on our own io_context: handlers and the coroutine run on this thread.
+  asio::io_context io;
+  auto rt = sandbox::runtime::create(io.get_executor(), options);
+  if (!rt) {
+    std::cout << "cannot create the runtime: " << rt.error().message() << "\n";
+    return exit_fail;
+  }
+  bool process_ok = false;
+  for (const auto& b : rt->backends()) {
+    if (b.isolation == sandbox::isolation::process && b.registered) process_ok = true;
+  }
+  auto catalog = rt->catalog();
+  auto python = catalog.runtimes.find("python3");
+  bool image_ok = python != catalog.runtimes.end() && python->second.has_value();
+  if (!process_ok || !image_ok) {
+    std::cout << "this host cannot run the walkthrough:\n";
+    for (const auto& b : rt->backends()) {
+      std::cout << "  backend " << sandbox::to_string(b.isolation) << " (" << b.name
+                << "): " << (b.registered ? "registered" : "refused: " + b.reason) << "\n";
+    }
+    if (!image_ok) {
+      std::cout << "  runtime image python3: not installed (sudo tools/setup.sh, or "
+                   "sandboxctl image build python3)\n";
+    }
+    if (skip_unavailable && !must_work()) {
+      std::cout << "skipped (exit 77)\n";
+      return exit_skip;
+    }
+    return exit_fail;
+  }
+  std::cout << "runtime: process backend registered; python3 image " << *python->second << "\n";
+
+  // 2. The ticket: code.execute for tenant acme, process isolation, no network grant.
+  sandbox::ticket_issuer issuer;  // kept by the code that authorizes tool calls
+  auto ticket = issuer.issue({.id = "freight-quote-1",
+                              .tenant = tenant,
+                              .isolation = sandbox::isolation::process,
+                              .max_timeout = 8000ms,
+                              .max_memory_bytes = 512ULL << 20});
+  if (!ticket) {
+    std::cout << "cannot issue the ticket: " << ticket.error().message() << "\n";
+    return exit_fail;
+  }
+  std::cout << "ticket:  " << sandbox::encode(*ticket) << "\n";
+
+  // 3. Inputs go in as blobs of the ticket's tenant; the request names only blob ids.
+  auto rates = rt->blobs()->put(tenant, rate_table_csv);
+  auto shipment = rt->blobs()->put(tenant, shipment_json);
+  if (!rates || !shipment) {
+    std::cout << "cannot store the inputs: "
+              << (!rates ? rates.error() : shipment.error()).message() << "\n";
+    return exit_fail;
+  }
+  std::cout << "inputs:  rates.csv " << *rates << "\n         shipment.json " << *shipment
+            << "\n";
+
+  sandbox::run_request quote_request{
+      .runtime = "python3",
+      .source = quote_snippet,
+      .timeout = 5000ms,
+      .files_in = {{.name = "rates.csv", .blob = *rates},
+                   {.name = "shipment.json", .blob = *shipment}},
+      .files_out = {.max_files = 4, .max_bytes = 64 * 1024},
+  };
+  sandbox::run_request live_request{
+      .runtime = "python3", .source = live_rates_snippet, .timeout = 5000ms};
+
+  // 4 and 5. Both runs, asynchronously, on our io_context.
+  outcome out;
+  asio::co_spawn(io, walkthrough(*rt, *ticket, quote_request, live_request, out),
+                 [](std::exception_ptr e) {
+                   if (e) std::rethrow_exception(e);
+                 });
+  io.run();
+
+  checker check;
+
+  // Run 1: the quote.
+  const auto& q = out.quote;
+  print_head("run 1: price the shipment from the rate table", q);
+  std::cout << "  stdout:\n" << indent(q.std_out.summary);
+  if (!q.std_err.summary.empty()) std::cout << "  stderr:\n" << indent(q.std_err.summary);
+  nlohmann::json quote_doc;
+  for (const auto& f : q.files_out) {
+    std::cout << "  output:    " << f.name << " " << f.blob << " (" << f.bytes << " bytes)\n";
+    if (f.name != "quote.json") continue;
+    auto bytes = rt->blobs()->get(tenant, f.blob);  // fetched by blob id, never by path
+    if (!bytes) {
+      std::cout << "  cannot fetch quote.json: " << bytes.error().message() << "\n";
+      continue;
+    }
+    std::cout << "  quote.json (from the blob store):\n" << indent(*bytes);
+    quote_doc = nlohmann::json::parse(*bytes, nullptr, /*allow_exceptions=*/false);
+  }
+  print_usage(q);
+  check.expect(q.code == sandbox::code::ok, "run 1 ended ok");
+  check.expect(q.exit_code == 0, "run 1 exited 0");
+  check.expect(q.egress_attempts.empty(), "run 1 attempted no egress");
+  check.expect(quote_doc.is_object(), "run 1 wrote quote.json holding a JSON object");
+  if (quote_doc.is_object()) {
+    const auto selected = quote_doc.value("selected", nlohmann::json::object());
+    check.expect(selected.value("mode", "") == expected_mode,
+                 std::string("quote.json selects ") + expected_mode);
+    check.expect(selected.value("total_usd", "") == expected_total,
+                 std::string("quote.json totals USD ") + expected_total);
+  }
+  check.expect(q.std_out.summary.find(std::string("USD ") + expected_total) != std::string::npos,
+               "run 1 printed the total");
+
+  // Run 2: live rates, without network.
+  const auto& l = out.live;
+  print_head("run 2: fetch live rates (the ticket grants no network)", l);
+  // The model sees the summary; the last line is what matters to it here.
+  std::string err = l.std_err.summary;
+  while (!err.empty() && err.back() == '\n') err.pop_back();
+  auto last = err.rfind('\n');
+  std::cout << "  stderr (last line of " << l.std_err.total_bytes << " bytes):\n"
+            << indent(last == std::string::npos ? err : err.substr(last + 1));
+  bool dns_listed = false;
+  for (const auto& e : l.egress_attempts) {
+    std::cout << "  egress:    " << e.protocol << " "
+              << (e.host.empty() ? e.address : e.host) << " port " << e.port << ", "
+              << (e.allowed ? "allowed" : "refused") << " (" << e.reason << ")\n";
+    if (e.protocol == "dns" && e.host == "api.freight-rates.example" && !e.allowed) {
+      dns_listed = true;
+    }
+  }
+  print_usage(l);
+  check.expect(l.code == sandbox::code::network_disabled, "run 2 ended network_disabled");
+  check.expect(dns_listed, "run 2 lists the refused DNS lookup of api.freight-rates.example");
+
+  // 6. The spans the runtime recorded, one per run, in order.
+  auto spans = std::static_pointer_cast<collecting_span_sink>(options.spans)->spans();
+  const std::vector<std::string> required{
+      "sandbox.tenant",       "sandbox.isolation",       "sandbox.timeout",
+      "error_code",           "sandbox.runtime_digest",  "sandbox.usage.wall_ms",
+      "sandbox.usage.cpu_ms", "sandbox.usage.peak_memory_bytes"};
+  check.expect(spans.size() == 2, "two spans recorded");
+  for (std::size_t i = 0; i < spans.size(); ++i) {
+    const auto& s = spans[i];
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(s.end - s.start).count();
+    std::cout << "\n== span " << i + 1 << ": " << s.name << " (" << ms << " ms)\n";
+    for (const auto& [key, value] : s.attributes) {
+      std::cout << "  " << key << " = " << attribute_text(value) << "\n";
+    }
+    for (const auto& key : required) {
+      check.expect(s.attributes.count(key) == 1, "span " + std::to_string(i + 1) + " has " + key);
+    }
+    const auto& r = i == 0 ? q : l;
+    auto attr = [&](const char* key) {
+      auto it = s.attributes.find(key);
+      return it == s.attributes.end() ? std::string() : attribute_text(it->second);
+    };
+    check.expect(attr("error_code") == sandbox::to_string(r.code),
+                 "span " + std::to_string(i + 1) + " error_code matches its result");
+    check.expect(attr("sandbox.isolation") == "process", "span isolation is process");
+    check.expect(attr("sandbox.tenant") == tenant, "span tenant is acme");
+    check.expect(attr("sandbox.runtime_digest") == r.runtime.digest, "span digest matches");
+  }
+
+  std::cout << "\n"
+            << (check.failures == 0 ? "freight_quote: ok"
+                                    : "freight_quote: " + std::to_string(check.failures) +
+                                          " check(s) failed")
+            << "\n";
+  return check.failures == 0 ? exit_ok : exit_fail;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string state_dir, image_dir, blob_dir, cgroup_parent;
+  bool skip_unavailable = false;
+  po::options_description desc(
+      "usage: freight_quote [options]\n\n"
+      "Runs the freight-quote walkthrough in the process sandbox (see the comment at the top\n"
+      "of examples/freight_quote/freight_quote.cpp). Store locations default to the\n"
+      "library's (root: /run/agent-sandbox, /var/lib/agent-sandbox/{images,blobs}).\n\noptions");
+  desc.add_options()("help,h", "print this help")(
+      "state-dir", po::value(&state_dir), "per-host state directory (run work dirs, locks)")(
+      "image-dir", po::value(&image_dir),
+      "image store (default: $SANDBOX_IMAGE_DIR, else the library's default)")(
+      "blob-dir", po::value(&blob_dir), "blob store directory")(
+      "cgroup-parent", po::value(&cgroup_parent),
+      "parent cgroup of runs; unprivileged hosts: a delegated subtree (default: "
+      "$SANDBOX_CGROUP_PARENT)")(
+      "skip-unavailable", po::bool_switch(&skip_unavailable),
+      "exit 77 instead of 1 when the process backend or the python3 image is unavailable "
+      "(ignored when CI=true or SANDBOX_MUST_WORK=1)");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "freight_quote: " << e.what() << "\n(see freight_quote --help)\n";
+    return exit_usage;
+  }
+  if (vm.count("help") != 0) {
+    std::cout << desc << "\n";
+    return exit_ok;
+  }
+  if (image_dir.empty()) image_dir = env_or_empty("SANDBOX_IMAGE_DIR");
+  if (cgroup_parent.empty()) cgroup_parent = env_or_empty("SANDBOX_CGROUP_PARENT");
+
+  auto options = sandbox::default_runtime_options();
+  try {
+    if (!state_dir.empty()) options.state_dir = std::filesystem::absolute(state_dir);
+    if (!image_dir.empty()) options.image_dir = std::filesystem::absolute(image_dir);
+    if (!blob_dir.empty()) options.blob_dir = std::filesystem::absolute(blob_dir);
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::cerr << "freight_quote: " << e.what() << "\n";
+    return exit_usage;
+  }
+  if (!cgroup_parent.empty()) options.process.cgroup_parent = cgroup_parent;
+  options.spans = std::make_shared<collecting_span_sink>();
+  try {
+    return run_example(options, skip_unavailable);
+  } catch (const std::exception& e) {
+    std::cout << "freight_quote: failed: " << e.what() << "\n";
+    return exit_fail;
+  }
+}
