@@ -123,7 +123,7 @@ std::vector<destination> destinations(int mem_fd, const seccomp_data& d) {
       break;
     }
     case __NR_sendmmsg: {
-      std::uint64_t n = std::min<std::uint64_t>(d.args[2], 64);  // the kernel caps at 1024
+      std::uint64_t n = std::min<std::uint64_t>(d.args[2], 1024);  // the kernel's UIO_MAXIOV cap
       for (std::uint64_t i = 0; i < n; ++i) {
         mmsghdr m{};
         if (!read_memory(mem_fd, d.args[1] + i * sizeof(mmsghdr), &m, sizeof m)) break;

@@ -79,7 +79,7 @@ constexpr std::array rules{
     seccomp_rule_info{"setdomainname", T::errno_value, EPERM, "fixed"},
     seccomp_rule_info{"clone", T::errno_value, EPERM, "only with a CLONE_NEW* flag: no new namespaces"},
     seccomp_rule_info{"ioctl", T::errno_value, EPERM, "only TIOCSTI / TIOCLINUX (low 32 bits compared): terminal injection"},
-    seccomp_rule_info{"socket", T::errno_value, EAFNOSUPPORT, "only families other than unix, inet, inet6, netlink (vsock is not namespaced)"},
+    seccomp_rule_info{"socket", T::errno_value, EAFNOSUPPORT, "only families other than unix, inet, inet6, netlink (vsock is not namespaced); netlink other than NETLINK_ROUTE gets EPROTONOSUPPORT"},
     // --- egress: recorded by the host; refused unless loopback ----------------------------
     seccomp_rule_info{"connect", T::egress, 0, "record attempts to leave loopback"},
     seccomp_rule_info{"sendto", T::egress, 0, "only with a destination address"},
@@ -127,6 +127,13 @@ int add_rules(scmp_filter_ctx ctx, const char** failed) noexcept {
         if (rc < 0) break;
         rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), nr, 1,
                               SCMP_A0_64(SCMP_CMP_EQ, fam));
+      }
+      // Netlink: only NETLINK_ROUTE (getaddrinfo, if_nameindex). Uevent, audit and the
+      // other families are not all namespaced, and nothing in a snippet needs them.
+      if (rc == 0) {
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPROTONOSUPPORT), nr, 2,
+                              SCMP_A0_64(SCMP_CMP_EQ, AF_NETLINK),
+                              SCMP_A2_64(SCMP_CMP_NE, 0 /* NETLINK_ROUTE */));
       }
     } else if (name == "sendto") {
       // sendto(fd, buf, len, flags, dest_addr, addrlen): only calls with a destination.

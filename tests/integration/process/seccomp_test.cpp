@@ -45,10 +45,14 @@ try:
     socket.socket(40, socket.SOCK_STREAM); out.append('VSOCK')  # AF_VSOCK
 except OSError as e: out.append(errno.errorcode[e.errno])
 out.append(err(libc.syscall(250, 0, 0)))         # keyctl
+try:
+    socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 15); out.append('UEVENT')  # KOBJECT_UEVENT
+except OSError as e: out.append(errno.errorcode[e.errno])
+socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close()                 # NETLINK_ROUTE ok
 print(' '.join(out))
 )PY");
   CHECK(r.code == code::ok);
-  CHECK(r.std_out.summary == "ENOSYS EPERM EPERM ENOSYS EAFNOSUPPORT EPERM\n");
+  CHECK(r.std_out.summary == "ENOSYS EPERM EPERM ENOSYS EAFNOSUPPORT EPERM EPROTONOSUPPORT\n");
 }
 
 TEST_CASE("codes: a self-raised SIGSYS, exit(137) or exit(124) are not evidence",
