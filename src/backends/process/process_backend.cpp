@@ -105,6 +105,37 @@ bool write_file(const std::string& path, std::string_view content) {
   return ok;
 }
 
+// What each sandbox-init step needs from the host, for self-test reasons and host logs.
+const char* describe_step(ip::step s) {
+  switch (s) {
+    case ip::step::config: return "reading the configuration";
+    case ip::step::cgroup_namespace: return "a cgroup namespace";
+    case ip::step::mount_private: return "a private mount namespace";
+    case ip::step::root_tmpfs: return "mounting tmpfs";
+    case ip::step::rootfs_bind: return "read-only bind mounts of the image";
+    case ip::step::proc: return "mounting a fresh /proc in the new pid namespace";
+    case ip::step::dev: return "a minimal /dev (bind mounts of host device nodes)";
+    case ip::step::tmpfs: return "size-capped tmpfs for /tmp and $HOME";
+    case ip::step::inputs: return "a read-only bind of the inputs";
+    case ip::step::outputs: return "the output tmpfs";
+    case ip::step::source: return "a read-only bind of the source";
+    case ip::step::etc_files: return "replacing /etc/resolv.conf, hosts, hostname";
+    case ip::step::hostname: return "a UTS namespace";
+    case ip::step::loopback: return "bringing up loopback in the new network namespace";
+    case ip::step::dns_socket: return "binding the DNS sink on the run's loopback";
+    case ip::step::pivot_root: return "pivot_root into the new root";
+    case ip::step::remount_readonly: return "remounting the new root read-only";
+    case ip::step::fork: return "starting the program's process";
+    case ip::step::rlimits: return "resource limits";
+    case ip::step::drop_privileges: return "dropping uid, gid and capabilities";
+    case ip::step::no_new_privs: return "no_new_privs";
+    case ip::step::seccomp: return "loading the seccomp filter with user notification";
+    case ip::step::exec: return "executing the interpreter";
+    case ip::step::drop_init_privileges: return "dropping sandbox-init's own capabilities";
+  }
+  return "an unknown step";
+}
+
 class process_backend;
 
 /// Everything the backend shares with its runs.
@@ -478,7 +509,8 @@ class process_run : public std::enable_shared_from_this<process_run> {
         maybe_end_after_exit();
         break;
       case ip::msg::failed:
-        fail_setup(fmt::format("sandbox-init step '{}' failed: {}", payload,
+        fail_setup(fmt::format("sandbox-init step '{}' ({}) failed: {}", payload,
+                               describe_step(static_cast<ip::step>(h.a)),
                                std::strerror(static_cast<int>(h.b))));
         break;
       default:
