@@ -1,0 +1,421 @@
+// sandboxctl as its users see it: every bad input gets the right code, a message that names
+// what is wrong, the documented exit status (0 ok, 1 any other code or failure, 2 usage), and
+// never a host path in the JSON; the blob and image commands round-trip.
+//
+// [input] cases need no backend (admission refuses before anything could start); [backend]
+// cases run real Python and are skipped (77) where the process backend or the python3 image
+// is unavailable, unless CI=true or SANDBOX_MUST_WORK=1.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli_harness.hpp"
+#include "sandbox/blob_store.hpp"
+#include "unit/store_test_util.hpp"
+
+using clitest::outcome;
+using clitest::sandboxctl;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* ticket_json =
+    R"({"v":1,"id":"t-1","tenant":"acme","actions":["code.execute"],"isolation":"process",)"
+    R"("max_timeout_ms":8000,"max_memory_bytes":536870912})";
+
+std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+std::string ticket_file() {
+  static const std::string path = clitest::write_scratch("ticket.json", ticket_json).string();
+  return path;
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+void check_no_host_path(const std::string& text) {
+  for (const auto& p : clitest::host_paths()) {
+    INFO("host path " << p);
+    CHECK_FALSE(contains(text, p));
+  }
+}
+
+/// The result JSON of a `run` that must be refused: exactly one line of valid JSON on stdout,
+/// exit status 1, nothing started, no host path.
+json refused(const outcome& o, const std::string& code, const std::string& message_part) {
+  INFO("stdout: " << o.out << "\nstderr: " << o.err);
+  CHECK(o.status == 1);
+  REQUIRE(!o.out.empty());
+  CHECK(o.out.back() == '\n');
+  CHECK(o.out.find('\n') == o.out.size() - 1);
+  json r = json::parse(o.out, nullptr, /*allow_exceptions=*/false);
+  REQUIRE(r.is_object());
+  CHECK(r.value("v", 0) == 1);
+  CHECK(r.value("code", "") == code);
+  const std::string message = r.value("message", "");
+  CHECK(contains(message, message_part));
+  // Nothing ran: no exit status, no captured stream, no output file.
+  CHECK(r["exit_code"].is_null());
+  CHECK(r["stdout"].value("blob", "x").empty());
+  CHECK(r["stderr"].value("blob", "x").empty());
+  CHECK(r["files_out"].empty());
+  check_no_host_path(o.out);
+  return r;
+}
+
+/// `run --request` of `request` (a JSON document) under `ticket`, with private stores.
+outcome run_request(const std::string& name, const std::string& request,
+                    const std::string& ticket = ticket_file()) {
+  auto path = clitest::write_scratch(name, request);
+  return sandboxctl(with({"run", "--request", path.string(), "--ticket", ticket},
+                         clitest::private_store_flags()));
+}
+
+/// A usage error: exit 2, a message on stderr, nothing on stdout.
+void usage_error(const outcome& o, const std::string& message_part) {
+  INFO("stdout: " << o.out << "\nstderr: " << o.err);
+  CHECK(o.status == 2);
+  CHECK(o.out.empty());
+  CHECK(contains(o.err, "sandboxctl: "));
+  CHECK(contains(o.err, message_part));
+}
+
+}  // namespace
+
+// --- run: admission refusals (no backend needed) -----------------------------------------
+
+TEST_CASE("run: malformed JSON request is invalid_request", "[input]") {
+  auto o = run_request("malformed.json", R"({"runtime":"python3","source":)");
+  refused(o, "invalid_request", "malformed JSON at byte");
+}
+
+TEST_CASE("run: a source of 32769 bytes is source_too_large, 32768 is not", "[input]") {
+  std::string over(32768, '#');
+  over += '\n';  // 32769 bytes of valid Python
+  auto o = run_request("big.json", json{{"runtime", "python3"}, {"source", over}}.dump());
+  auto r = refused(o, "source_too_large", "source: 32769 bytes, over the limit of 32768");
+  CHECK(r.value("run_id", "").size() > 0);
+
+  // At the cap the size is fine: admission goes on (and, with an empty image store, stops at
+  // the missing image instead).
+  std::string at_cap(32767, '#');
+  at_cap += '\n';
+  auto o2 = run_request("at-cap.json", json{{"runtime", "python3"}, {"source", at_cap}}.dump());
+  refused(o2, "runtime_unavailable", "");
+}
+
+TEST_CASE("run: a malformed blob id is invalid_request naming the field", "[input]") {
+  auto o = run_request(
+      "badblob.json",
+      R"j({"runtime":"python3","source":"print(1)","files_in":[{"name":"rates.csv","blob":"sha256:XYZ"}]})j");
+  refused(o, "invalid_request", "files_in[0].blob");
+}
+
+TEST_CASE("run: a ticket without code.execute is action_denied", "[input]") {
+  auto ticket = clitest::write_scratch(
+      "ticket-noexec.json",
+      R"({"v":1,"id":"t-2","tenant":"acme","actions":[],"isolation":"process",)"
+      R"("max_timeout_ms":8000,"max_memory_bytes":536870912})");
+  auto o = run_request("ok-for-noexec.json", R"j({"runtime":"python3","source":"print(1)"})j",
+                       ticket.string());
+  refused(o, "action_denied", "code.execute");
+}
+
+TEST_CASE("run: an unknown runtime is invalid_request", "[input]") {
+  auto o = run_request("cobol.json", R"({"runtime":"cobol","source":"DISPLAY 'HI'."})");
+  refused(o, "invalid_request", "runtime: unknown runtime 'cobol'");
+}
+
+TEST_CASE("run: an unknown field is invalid_request naming it", "[input]") {
+  auto o = run_request("unknown.json",
+                       R"j({"runtime":"python3","source":"print(1)","shell":"/bin/sh"})j");
+  refused(o, "invalid_request", "unknown field 'shell'");
+}
+
+TEST_CASE("run: network true without code.network is action_denied", "[input]") {
+  auto o = run_request("net.json", R"j({"runtime":"python3","source":"print(1)","network":true})j");
+  refused(o, "action_denied", "code.network");
+}
+
+TEST_CASE("run: a malformed ticket file is refused as invalid_request", "[input]") {
+  auto ticket = clitest::write_scratch(
+      "ticket-bad.json", R"({"v":1,"id":"t-3","tenant":"acme","actions":["code.everything"]})");
+  auto o = run_request("ok-for-badticket.json", R"j({"runtime":"python3","source":"print(1)"})j",
+                       ticket.string());
+  refused(o, "invalid_request", "ticket: ");
+}
+
+TEST_CASE("run: refusals store nothing", "[input]") {
+  // Every case above ran against the private blob store; none may have left a blob behind.
+  run_request("net-again.json", R"j({"runtime":"python3","source":"print(1)","network":true})j");
+  auto ls = sandboxctl(with({"blob", "ls", "--tenant", "acme"}, clitest::private_store_flags()));
+  CHECK(ls.status == 0);
+  CHECK(ls.out.empty());
+}
+
+// --- run: usage errors (exit 2) ----------------------------------------------------------
+
+TEST_CASE("run: a missing ticket file is a usage error", "[input]") {
+  auto req = clitest::write_scratch("plain.json", R"j({"runtime":"python3","source":"print(1)"})j");
+  auto missing = (clitest::scratch() / "no-such-ticket.json").string();
+  auto o = sandboxctl(with({"run", "--request", req.string(), "--ticket", missing},
+                           clitest::private_store_flags()));
+  usage_error(o, "cannot read");
+}
+
+TEST_CASE("run: bad --file syntax is a usage error", "[input]") {
+  auto script = clitest::write_scratch("s.py", "print(1)\n");
+  for (std::string bad : {"rates.csv", "=rates.csv"}) {
+    INFO("--file " << bad);
+    auto o = sandboxctl(with({"run", "--ticket", ticket_file(), "--file", bad, script.string()},
+                             clitest::private_store_flags()));
+    usage_error(o, "expected NAME=PATH");
+  }
+  auto o = sandboxctl(with({"run", "--ticket", ticket_file(), "--file",
+                            "rates.csv=" + (clitest::scratch() / "absent.csv").string(),
+                            script.string()},
+                           clitest::private_store_flags()));
+  usage_error(o, "cannot read");
+}
+
+TEST_CASE("run: other usage errors", "[input]") {
+  auto script = clitest::write_scratch("s2.py", "print(1)\n");
+  usage_error(sandboxctl(with({"run", script.string()}, clitest::private_store_flags())),
+              "--ticket is required");
+  usage_error(sandboxctl(with({"run", "--ticket", ticket_file()}, clitest::private_store_flags())),
+              "give either --request");
+  usage_error(sandboxctl(with({"run", "--ticket", ticket_file(), "--no-such-option", script.string()},
+                              clitest::private_store_flags())),
+              "no-such-option");
+  usage_error(sandboxctl({"frobnicate"}), "unknown command 'frobnicate'");
+  auto help = sandboxctl({"--help"});
+  CHECK(help.status == 0);
+  CHECK(contains(help.out, "usage: sandboxctl"));
+  CHECK(sandboxctl({}).status == 2);
+}
+
+// --- blob ------------------------------------------------------------------------------
+
+TEST_CASE("blob: put, get, ls, rm round trip", "[input][blob]") {
+  const auto flags = clitest::private_store_flags();
+  std::string bytes;
+  for (int i = 0; i < 256; ++i) bytes += static_cast<char>(i);  // NULs and invalid UTF-8
+  bytes += "rate table\n";
+  auto file = clitest::write_scratch("blob.bin", bytes);
+  const std::string id = sandbox::blob_id_of(bytes);
+
+  auto put = sandboxctl(with({"blob", "put", file.string(), "--tenant", "acme"}, flags));
+  INFO("stderr: " << put.err);
+  REQUIRE(put.status == 0);
+  CHECK(put.out == id + "\n");
+
+  // The same content from stdin, and with the tenant taken from a ticket: the same id.
+  auto put_stdin = sandboxctl(with({"blob", "put", "-", "--tenant", "acme"}, flags), bytes);
+  CHECK(put_stdin.status == 0);
+  CHECK(put_stdin.out == id + "\n");
+  auto put_ticket = sandboxctl(with({"blob", "put", file.string(), "--ticket", ticket_file()}, flags));
+  CHECK(put_ticket.status == 0);
+  CHECK(put_ticket.out == id + "\n");
+
+  auto get = sandboxctl(with({"blob", "get", id, "--tenant", "acme"}, flags));
+  CHECK(get.status == 0);
+  CHECK(get.out == bytes);
+  auto out_file = clitest::scratch() / "blob.out";
+  auto get_o = sandboxctl(with({"blob", "get", id, "--tenant", "acme", "-o", out_file.string()}, flags));
+  CHECK(get_o.status == 0);
+  CHECK(get_o.out.empty());
+  CHECK(clitest::read_file(out_file) == bytes);
+
+  auto ls = sandboxctl(with({"blob", "ls", "--tenant", "acme"}, flags));
+  CHECK(ls.status == 0);
+  CHECK(contains(ls.out, id + "\n"));
+
+  // Another tenant can neither read it nor see it.
+  auto foreign = sandboxctl(with({"blob", "get", id, "--tenant", "globex"}, flags));
+  CHECK(foreign.status == 1);
+  CHECK(foreign.out.empty());
+  CHECK(contains(foreign.err, "blob get: not found"));
+  auto foreign_ls = sandboxctl(with({"blob", "ls", "--tenant", "globex"}, flags));
+  CHECK(foreign_ls.status == 0);
+  CHECK(foreign_ls.out.empty());
+
+  auto rm = sandboxctl(with({"blob", "rm", id, "--tenant", "acme"}, flags));
+  CHECK(rm.status == 0);
+  auto gone = sandboxctl(with({"blob", "get", id, "--tenant", "acme"}, flags));
+  CHECK(gone.status == 1);
+  CHECK(contains(gone.err, "not found"));
+  check_no_host_path(gone.err);
+}
+
+TEST_CASE("blob: bad ids, tenants and options", "[input][blob]") {
+  const auto flags = clitest::private_store_flags();
+  auto bad_id = sandboxctl(with({"blob", "get", "sha256:XYZ", "--tenant", "acme"}, flags));
+  CHECK(bad_id.status == 1);
+  CHECK(contains(bad_id.err, "blob get: invalid argument"));
+  usage_error(sandboxctl(with({"blob", "ls", "--tenant", "../etc"}, flags)),
+              "invalid tenant name");
+  usage_error(sandboxctl(with({"blob", "ls", "--tenant", "acme", "--ticket", ticket_file()}, flags)),
+              "not both");
+  usage_error(sandboxctl(with({"blob", "get", "--tenant", "acme"}, flags)), "ID missing");
+  usage_error(sandboxctl(with({"blob", "frob", "--tenant", "acme"}, flags)),
+              "expected put, get, rm or ls");
+  usage_error(sandboxctl(with({"blob", "put", (clitest::scratch() / "absent").string(), "--tenant",
+                               "acme"},
+                              flags)),
+              "cannot read");
+}
+
+// --- image -----------------------------------------------------------------------------
+
+TEST_CASE("image: import, ls, current, verify, use, rm", "[input][image]") {
+  const std::string store = (clitest::scratch() / "image-store").string();
+  const std::vector<std::string> flags{"--image-dir", store};
+
+  // Before anything is imported there is no store to list.
+  auto none = sandboxctl(with({"image", "ls"}, flags));
+  CHECK(none.status == 1);
+  CHECK(contains(none.err, "cannot open the image store"));
+
+  store_test::layout_builder first(clitest::scratch() / "layout-1");
+  const std::string d1 = first.single(
+      {{.tar = store_test::tar_builder().dir("bin").file("bin/tool", "#!/bin/true\n", 0755).finish()}});
+  store_test::layout_builder second(clitest::scratch() / "layout-2");
+  const std::string d2 =
+      second.single({{.tar = store_test::tar_builder().file("etc/version", "2\n").finish()}});
+
+  auto imp1 = sandboxctl(with({"image", "import", first.dir().string(), "tool"}, flags));
+  INFO("stderr: " << imp1.err);
+  REQUIRE(imp1.status == 0);
+  CHECK(imp1.out == d1 + "\n");
+  auto imp2 = sandboxctl(with({"image", "import", second.dir().string(), "tool"}, flags));
+  REQUIRE(imp2.status == 0);
+  CHECK(imp2.out == d2 + "\n");
+
+  auto ls = sandboxctl(with({"image", "ls"}, flags));
+  CHECK(ls.status == 0);
+  std::istringstream lines(ls.out);
+  std::string line;
+  int n = 0;
+  while (std::getline(lines, line)) {
+    ++n;
+    CHECK(line.rfind("tool", 0) == 0);
+    if (contains(line, d2)) CHECK(contains(line, "current"));
+    if (contains(line, d1)) CHECK_FALSE(contains(line, "current"));
+  }
+  CHECK(n == 2);
+  check_no_host_path(ls.out);
+
+  auto cur = sandboxctl(with({"image", "current", "tool"}, flags));
+  CHECK(cur.status == 0);
+  CHECK(cur.out == d2 + "\n");
+  auto verify = sandboxctl(with({"image", "verify", "tool"}, flags));
+  CHECK(verify.status == 0);
+  CHECK(verify.out == d2 + ": ok\n");
+
+  // Roll back, then the current image cannot be removed but the other one can.
+  CHECK(sandboxctl(with({"image", "use", "tool", d1}, flags)).status == 0);
+  CHECK(sandboxctl(with({"image", "current", "tool"}, flags)).out == d1 + "\n");
+  auto rm_current = sandboxctl(with({"image", "rm", d1}, flags));
+  CHECK(rm_current.status == 1);
+  CHECK(contains(rm_current.err, "image rm: "));
+  CHECK(sandboxctl(with({"image", "rm", d2}, flags)).status == 0);
+  auto ls2 = sandboxctl(with({"image", "ls"}, flags));
+  CHECK(ls2.status == 0);
+  CHECK(contains(ls2.out, d1));
+  CHECK_FALSE(contains(ls2.out, d2));
+
+  auto missing = sandboxctl(with({"image", "current", "python9"}, flags));
+  CHECK(missing.status == 1);
+  CHECK(contains(missing.err, "image current: not found"));
+  usage_error(sandboxctl(with({"image", "frob"}, flags)), "image: expected");
+}
+
+// --- run: real runs ([backend]) ----------------------------------------------------------
+
+TEST_CASE("run: a script with an input file and an output file", "[backend]") {
+  const auto flags = clitest::backend_store_flags();
+  auto rates = clitest::write_scratch("rates.csv", "lane,rate\nNLRTM-USCHI,0.71\nDEHAM-USNYC,0.66\n");
+  auto script = clitest::write_scratch(
+      "count.py",
+      "import os\n"
+      "rows = open(os.path.join(os.environ['SANDBOX_INPUT_DIR'], 'rates.csv')).read().split()[1:]\n"
+      "print(len(rows), 'lanes')\n"
+      "open(os.path.join(os.environ['SANDBOX_OUTPUT_DIR'], 'n.txt'), 'w').write(str(len(rows)))\n");
+  auto out_dir = clitest::scratch() / "outputs";
+  std::filesystem::create_directories(out_dir);
+  auto o = sandboxctl(with({"run", "--ticket", ticket_file(), "--file", "rates.csv=" + rates.string(),
+                            "--out-dir", out_dir.string(), script.string()},
+                           flags));
+  INFO("stderr: " << o.err);
+  CHECK(o.status == 0);
+  CHECK(o.out == "2 lanes\n");
+  CHECK(contains(o.err, "sandboxctl: ok, exit 0"));
+  CHECK(clitest::read_file(out_dir / "n.txt") == "2");
+}
+
+TEST_CASE("run: the result JSON of real runs", "[backend]") {
+  const auto flags = clitest::backend_store_flags();
+  SECTION("a non-zero exit is still code ok, and exit status 0") {
+    auto o = sandboxctl(with({"run", "--ticket", ticket_file(), "--json", "-"}, flags),
+                        "import sys\nprint('partial')\nsys.exit(3)\n");
+    INFO("stdout: " << o.out << "\nstderr: " << o.err);
+    CHECK(o.status == 0);
+    json r = json::parse(o.out, nullptr, false);
+    REQUIRE(r.is_object());
+    CHECK(r["code"] == "ok");
+    CHECK(r["exit_code"] == 3);
+    CHECK(r["stdout"]["summary"] == "partial\n");
+    CHECK(r["isolation"] == "process");
+    CHECK(r["runtime"]["name"] == "python3");
+    CHECK(r["runtime"]["digest"].get<std::string>().rfind("sha256:", 0) == 0);
+    check_no_host_path(o.out);
+  }
+  SECTION("an absent input blob is blob_not_found, without echoing the id") {
+    const std::string absent = sandbox::blob_id_of("no such rate table");
+    auto req = clitest::write_scratch(
+        "absent.json", json{{"runtime", "python3"},
+                            {"source", "print(1)"},
+                            {"files_in", {{{"name", "rates.csv"}, {"blob", absent}}}}}
+                           .dump());
+    auto o = sandboxctl(with({"run", "--request", req.string(), "--ticket", ticket_file()}, flags));
+    auto r = refused(o, "blob_not_found", "files_in[0].blob");
+    CHECK_FALSE(contains(r.value("message", ""), absent.substr(7)));
+  }
+  SECTION("a network attempt is network_disabled with the DNS lookup listed") {
+    auto o = sandboxctl(
+        with({"run", "--ticket", ticket_file(), "--json", "-"}, flags),
+        "import urllib.request\nurllib.request.urlopen('https://api.freight-rates.example/v1/live', timeout=5)\n");
+    INFO("stdout: " << o.out << "\nstderr: " << o.err);
+    CHECK(o.status == 1);
+    json r = json::parse(o.out, nullptr, false);
+    REQUIRE(r.is_object());
+    CHECK(r["code"] == "network_disabled");
+    REQUIRE(r["egress_attempts"].is_array());
+    REQUIRE(!r["egress_attempts"].empty());
+    CHECK(r["egress_attempts"][0]["protocol"] == "dns");
+    CHECK(r["egress_attempts"][0]["host"] == "api.freight-rates.example");
+    CHECK(r["egress_attempts"][0]["allowed"] == false);
+    check_no_host_path(o.out);
+  }
+}
+
+TEST_CASE("image ls lists the installed python3 image", "[backend]") {
+  auto flags = clitest::backend_store_flags();
+  auto cur = sandboxctl(with({"image", "current", "python3"}, flags));
+  REQUIRE(cur.status == 0);
+  auto ls = sandboxctl(with({"image", "ls"}, flags));
+  CHECK(ls.status == 0);
+  bool found = false;
+  std::istringstream lines(ls.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("python3", 0) == 0 && contains(line, cur.out.substr(0, cur.out.size() - 1))) {
+      found = contains(line, "current");
+    }
+  }
+  CHECK(found);
+}
