@@ -173,8 +173,8 @@ std::string indent(const std::string& text, const std::string& prefix = "    ") 
 void print_usage(const sandbox::run_result& r) {
   std::cout << "  usage:     setup " << r.usage.setup.count() << " ms, wall "
             << r.usage.wall.count() << " ms, cpu " << r.usage.cpu.count() << " ms, peak memory "
-            << r.usage.peak_memory_bytes << " bytes (limit " << r.memory_limit_bytes
-            << ", timeout " << r.timeout.count() << " ms)\n";
+            << r.usage.peak_memory_bytes << " bytes (limit " << r.memory_limit_bytes << ", timeout "
+            << r.timeout.count() << " ms)\n";
 }
 
 void print_head(const char* title, const sandbox::run_result& r) {
@@ -208,8 +208,7 @@ struct checker {
 bool must_work() {
   const char* ci = std::getenv("CI");
   const char* mw = std::getenv("SANDBOX_MUST_WORK");
-  return (ci != nullptr && std::string(ci) == "true") ||
-         (mw != nullptr && std::string(mw) == "1");
+  return (ci != nullptr && std::string(ci) == "true") || (mw != nullptr && std::string(mw) == "1");
 }
 
 std::string env_or_empty(const char* name) {
@@ -291,8 +290,7 @@ int run_example(const sandbox::runtime_options& options, bool skip_unavailable) 
               << (!rates ? rates.error() : shipment.error()).message() << "\n";
     return exit_fail;
   }
-  std::cout << "inputs:  rates.csv " << *rates << "\n         shipment.json " << *shipment
-            << "\n";
+  std::cout << "inputs:  rates.csv " << *rates << "\n         shipment.json " << *shipment << "\n";
 
   sandbox::run_request quote_request{
       .runtime = "python3",
@@ -358,9 +356,9 @@ int run_example(const sandbox::runtime_options& options, bool skip_unavailable) 
             << indent(last == std::string::npos ? err : err.substr(last + 1));
   bool dns_listed = false;
   for (const auto& e : l.egress_attempts) {
-    std::cout << "  egress:    " << e.protocol << " "
-              << (e.host.empty() ? e.address : e.host) << " port " << e.port << ", "
-              << (e.allowed ? "allowed" : "refused") << " (" << e.reason << ")\n";
+    std::cout << "  egress:    " << e.protocol << " " << (e.host.empty() ? e.address : e.host)
+              << " port " << e.port << ", " << (e.allowed ? "allowed" : "refused") << " ("
+              << e.reason << ")\n";
     if (e.protocol == "dns" && e.host == "api.freight-rates.example" && !e.allowed) {
       dns_listed = true;
     }
@@ -372,9 +370,10 @@ int run_example(const sandbox::runtime_options& options, bool skip_unavailable) 
   // 6. The spans the runtime recorded, one per run, in order.
   auto spans = std::static_pointer_cast<collecting_span_sink>(options.spans)->spans();
   const std::vector<std::string> required{
-      "sandbox.tenant",       "sandbox.isolation",       "sandbox.timeout",
-      "error_code",           "sandbox.runtime_digest",  "sandbox.usage.wall_ms",
-      "sandbox.usage.cpu_ms", "sandbox.usage.peak_memory_bytes"};
+      "sandbox.tenant",         "sandbox.isolation",
+      "sandbox.timeout",        "error_code",
+      "sandbox.runtime_digest", "sandbox.usage.wall_ms",
+      "sandbox.usage.cpu_ms",   "sandbox.usage.peak_memory_bytes"};
   check.expect(spans.size() == 2, "two spans recorded");
   for (std::size_t i = 0; i < spans.size(); ++i) {
     const auto& s = spans[i];
@@ -399,9 +398,9 @@ int run_example(const sandbox::runtime_options& options, bool skip_unavailable) 
   }
 
   std::cout << "\n"
-            << (check.failures == 0 ? "freight_quote: ok"
-                                    : "freight_quote: " + std::to_string(check.failures) +
-                                          " check(s) failed")
+            << (check.failures == 0
+                    ? "freight_quote: ok"
+                    : "freight_quote: " + std::to_string(check.failures) + " check(s) failed")
             << "\n";
   return check.failures == 0 ? exit_ok : exit_fail;
 }

@@ -43,7 +43,9 @@ struct scratch_dir {
   }
 };
 
-void throw_errno(const char* what) { throw std::system_error(errno, std::generic_category(), what); }
+void throw_errno(const char* what) {
+  throw std::system_error(errno, std::generic_category(), what);
+}
 
 }  // namespace
 
@@ -106,8 +108,7 @@ outcome sandboxctl(const std::vector<std::string>& args, const std::string& inpu
   bool out_open = true, err_open = true, killed = false;
   while (out_open || err_open) {
     std::array<pollfd, 3> fds{pollfd{out_open ? out[0] : -1, POLLIN, 0},
-                              pollfd{err_open ? err[0] : -1, POLLIN, 0},
-                              pollfd{in_fd, POLLOUT, 0}};
+                              pollfd{err_open ? err[0] : -1, POLLIN, 0}, pollfd{in_fd, POLLOUT, 0}};
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
@@ -150,8 +151,9 @@ outcome sandboxctl(const std::vector<std::string>& args, const std::string& inpu
 }
 
 std::vector<std::string> private_store_flags() {
-  return {"--state-dir", (scratch() / "state").string(), "--blob-dir",
-          (scratch() / "blobs").string(), "--image-dir", (scratch() / "images").string()};
+  return {"--state-dir", (scratch() / "state").string(),
+          "--blob-dir",  (scratch() / "blobs").string(),
+          "--image-dir", (scratch() / "images").string()};
 }
 
 std::vector<std::string> backend_store_flags() {
@@ -199,9 +201,8 @@ std::string read_file(const fs::path& p) {
 }
 
 std::vector<std::string> host_paths() {
-  return {scratch().string(),       SANDBOX_SOURCE_DIR,     SANDBOX_BINARY_DIR,
-          "/var/lib/agent-sandbox", "/run/agent-sandbox",   "/sys/fs/cgroup",
-          "/proc/self",             "/tmp/agent-sandbox"};
+  return {scratch().string(),   SANDBOX_SOURCE_DIR, SANDBOX_BINARY_DIR, "/var/lib/agent-sandbox",
+          "/run/agent-sandbox", "/sys/fs/cgroup",   "/proc/self",       "/tmp/agent-sandbox"};
 }
 
 }  // namespace clitest

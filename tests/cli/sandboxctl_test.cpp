@@ -176,10 +176,10 @@ TEST_CASE("run: bad --file syntax is a usage error", "[input]") {
                              clitest::private_store_flags()));
     usage_error(o, "expected NAME=PATH");
   }
-  auto o = sandboxctl(with({"run", "--ticket", ticket_file(), "--file",
-                            "rates.csv=" + (clitest::scratch() / "absent.csv").string(),
-                            script.string()},
-                           clitest::private_store_flags()));
+  auto o = sandboxctl(
+      with({"run", "--ticket", ticket_file(), "--file",
+            "rates.csv=" + (clitest::scratch() / "absent.csv").string(), script.string()},
+           clitest::private_store_flags()));
   usage_error(o, "cannot read");
 }
 
@@ -189,9 +189,10 @@ TEST_CASE("run: other usage errors", "[input]") {
               "--ticket is required");
   usage_error(sandboxctl(with({"run", "--ticket", ticket_file()}, clitest::private_store_flags())),
               "give either --request");
-  usage_error(sandboxctl(with({"run", "--ticket", ticket_file(), "--no-such-option", script.string()},
-                              clitest::private_store_flags())),
-              "no-such-option");
+  usage_error(
+      sandboxctl(with({"run", "--ticket", ticket_file(), "--no-such-option", script.string()},
+                      clitest::private_store_flags())),
+      "no-such-option");
   usage_error(sandboxctl({"frobnicate"}), "unknown command 'frobnicate'");
   auto help = sandboxctl({"--help"});
   CHECK(help.status == 0);
@@ -218,7 +219,8 @@ TEST_CASE("blob: put, get, ls, rm round trip", "[input][blob]") {
   auto put_stdin = sandboxctl(with({"blob", "put", "-", "--tenant", "acme"}, flags), bytes);
   CHECK(put_stdin.status == 0);
   CHECK(put_stdin.out == id + "\n");
-  auto put_ticket = sandboxctl(with({"blob", "put", file.string(), "--ticket", ticket_file()}, flags));
+  auto put_ticket =
+      sandboxctl(with({"blob", "put", file.string(), "--ticket", ticket_file()}, flags));
   CHECK(put_ticket.status == 0);
   CHECK(put_ticket.out == id + "\n");
 
@@ -226,7 +228,8 @@ TEST_CASE("blob: put, get, ls, rm round trip", "[input][blob]") {
   CHECK(get.status == 0);
   CHECK(get.out == bytes);
   auto out_file = clitest::scratch() / "blob.out";
-  auto get_o = sandboxctl(with({"blob", "get", id, "--tenant", "acme", "-o", out_file.string()}, flags));
+  auto get_o =
+      sandboxctl(with({"blob", "get", id, "--tenant", "acme", "-o", out_file.string()}, flags));
   CHECK(get_o.status == 0);
   CHECK(get_o.out.empty());
   CHECK(clitest::read_file(out_file) == bytes);
@@ -257,17 +260,17 @@ TEST_CASE("blob: bad ids, tenants and options", "[input][blob]") {
   auto bad_id = sandboxctl(with({"blob", "get", "sha256:XYZ", "--tenant", "acme"}, flags));
   CHECK(bad_id.status == 1);
   CHECK(contains(bad_id.err, "blob get: invalid argument"));
-  usage_error(sandboxctl(with({"blob", "ls", "--tenant", "../etc"}, flags)),
-              "invalid tenant name");
-  usage_error(sandboxctl(with({"blob", "ls", "--tenant", "acme", "--ticket", ticket_file()}, flags)),
-              "not both");
+  usage_error(sandboxctl(with({"blob", "ls", "--tenant", "../etc"}, flags)), "invalid tenant name");
+  usage_error(
+      sandboxctl(with({"blob", "ls", "--tenant", "acme", "--ticket", ticket_file()}, flags)),
+      "not both");
   usage_error(sandboxctl(with({"blob", "get", "--tenant", "acme"}, flags)), "ID missing");
   usage_error(sandboxctl(with({"blob", "frob", "--tenant", "acme"}, flags)),
               "expected put, get, rm or ls");
-  usage_error(sandboxctl(with({"blob", "put", (clitest::scratch() / "absent").string(), "--tenant",
-                               "acme"},
-                              flags)),
-              "cannot read");
+  usage_error(
+      sandboxctl(with({"blob", "put", (clitest::scratch() / "absent").string(), "--tenant", "acme"},
+                      flags)),
+      "cannot read");
 }
 
 // --- image -----------------------------------------------------------------------------
@@ -282,8 +285,10 @@ TEST_CASE("image: import, ls, current, verify, use, rm", "[input][image]") {
   CHECK(contains(none.err, "cannot open the image store"));
 
   store_test::layout_builder first(clitest::scratch() / "layout-1");
-  const std::string d1 = first.single(
-      {{.tar = store_test::tar_builder().dir("bin").file("bin/tool", "#!/bin/true\n", 0755).finish()}});
+  const std::string d1 = first.single({{.tar = store_test::tar_builder()
+                                                   .dir("bin")
+                                                   .file("bin/tool", "#!/bin/true\n", 0755)
+                                                   .finish()}});
   store_test::layout_builder second(clitest::scratch() / "layout-2");
   const std::string d2 =
       second.single({{.tar = store_test::tar_builder().file("etc/version", "2\n").finish()}});
@@ -339,7 +344,8 @@ TEST_CASE("image: import, ls, current, verify, use, rm", "[input][image]") {
 
 TEST_CASE("run: a script with an input file and an output file", "[backend]") {
   const auto flags = clitest::backend_store_flags();
-  auto rates = clitest::write_scratch("rates.csv", "lane,rate\nNLRTM-USCHI,0.71\nDEHAM-USNYC,0.66\n");
+  auto rates =
+      clitest::write_scratch("rates.csv", "lane,rate\nNLRTM-USCHI,0.71\nDEHAM-USNYC,0.66\n");
   auto script = clitest::write_scratch(
       "count.py",
       "import os\n"
@@ -348,9 +354,10 @@ TEST_CASE("run: a script with an input file and an output file", "[backend]") {
       "open(os.path.join(os.environ['SANDBOX_OUTPUT_DIR'], 'n.txt'), 'w').write(str(len(rows)))\n");
   auto out_dir = clitest::scratch() / "outputs";
   std::filesystem::create_directories(out_dir);
-  auto o = sandboxctl(with({"run", "--ticket", ticket_file(), "--file", "rates.csv=" + rates.string(),
-                            "--out-dir", out_dir.string(), script.string()},
-                           flags));
+  auto o =
+      sandboxctl(with({"run", "--ticket", ticket_file(), "--file", "rates.csv=" + rates.string(),
+                       "--out-dir", out_dir.string(), script.string()},
+                      flags));
   INFO("stderr: " << o.err);
   CHECK(o.status == 0);
   CHECK(o.out == "2 lanes\n");
@@ -387,9 +394,10 @@ TEST_CASE("run: the result JSON of real runs", "[backend]") {
     CHECK_FALSE(contains(r.value("message", ""), absent.substr(7)));
   }
   SECTION("a network attempt is network_disabled with the DNS lookup listed") {
-    auto o = sandboxctl(
-        with({"run", "--ticket", ticket_file(), "--json", "-"}, flags),
-        "import urllib.request\nurllib.request.urlopen('https://api.freight-rates.example/v1/live', timeout=5)\n");
+    auto o = sandboxctl(with({"run", "--ticket", ticket_file(), "--json", "-"}, flags),
+                        "import "
+                        "urllib.request\nurllib.request.urlopen('https://api.freight-rates.example/"
+                        "v1/live', timeout=5)\n");
     INFO("stdout: " << o.out << "\nstderr: " << o.err);
     CHECK(o.status == 1);
     json r = json::parse(o.out, nullptr, false);

@@ -35,8 +35,9 @@ int main() {
   auto back = blobs->get("acme", *id);
   expect(back.has_value() && *back == "lane,rate\nNLRTM-USCHI,0.71\n", "blob round trip");
   auto foreign = blobs->get("globex", *id);
-  expect(!foreign.has_value() && foreign.error() == sandbox::make_error_code(sandbox::errc::not_found),
-         "another tenant cannot see the blob");
+  expect(
+      !foreign.has_value() && foreign.error() == sandbox::make_error_code(sandbox::errc::not_found),
+      "another tenant cannot see the blob");
 
   // 2. A request as the model's tool call would carry it, decoded strictly.
   std::string json = R"j({"v":1,"runtime":"python3","source":"print(open('rates.csv').read())",)j"

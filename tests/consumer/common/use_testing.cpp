@@ -44,7 +44,8 @@ int main() {
   fake->on_source_contains("urlopen").respond(st::result_with(
       sandbox::code::network_disabled,
       {.std_err = "URLError\n",
-       .egress_attempts = {{.protocol = "dns", .host = "example.com", .reason = "network disabled"}}}));
+       .egress_attempts = {
+           {.protocol = "dns", .host = "example.com", .reason = "network disabled"}}}));
 
   auto ticket = sandbox::ticket_issuer{}.issue({.id = "consumer-2", .tenant = "acme"});
   expect(ticket.has_value(), "issue");
@@ -67,8 +68,10 @@ int main() {
     expect(out.has_value() && *out == "HELLO SANDBOX\n", "output file content by blob id");
   }
 
-  auto net = rt->run({.runtime = "python3", .source = "import urllib.request; urllib.request.urlopen('https://example.com')"},
-                     *ticket);
+  auto net =
+      rt->run({.runtime = "python3",
+               .source = "import urllib.request; urllib.request.urlopen('https://example.com')"},
+              *ticket);
   expect(net.code == sandbox::code::network_disabled, "network_disabled");
   expect(net.egress_attempts.size() == 1 && net.egress_attempts[0].host == "example.com",
          "egress attempt listed");
