@@ -17,6 +17,9 @@ struct policy {
   std::uint64_t max_memory_bytes = 1ULL << 30;      ///< memory limits above are clamped
   std::uint64_t min_memory_bytes = 32ULL << 20;     ///< below → invalid_request
   std::uint32_t max_input_files = 16;               ///< more `files_in` → invalid_request
+  /// Total bytes of a request's input files (each name counts); more → invalid_request.
+  /// Inputs are staged on the host's disk for the run, so this bounds what one run costs it.
+  std::uint64_t max_input_bytes = 64ULL << 20;
   std::uint32_t max_output_files = 256;             ///< `files_out.max_files` above → clamped
   std::uint64_t max_output_bytes = 64ULL << 20;     ///< `files_out.max_bytes` above → clamped
   /// Environment variable names a request may set. Names the sandbox sets itself (`PATH`,
@@ -31,8 +34,9 @@ struct policy {
   std::uint32_t max_pids = 64;                      ///< processes + threads of one run
   std::uint32_t cpu_quota_millicores = 1000;        ///< CPU bandwidth; 1000 = one CPU
   std::uint32_t max_open_files = 256;               ///< RLIMIT_NOFILE inside
-  /// tmpfs sizes for /tmp, $HOME and /dev/shm. Each is additionally capped at a quarter of
-  /// the run's memory limit, so filling them gives ENOSPC rather than an OOM kill.
+  /// tmpfs sizes for /tmp, $HOME and /dev/shm. Each is additionally capped at an eighth of
+  /// the run's memory limit (the output directory at a quarter), so filling them all gives
+  /// ENOSPC rather than an OOM kill.
   std::uint64_t tmp_bytes = 64ULL << 20;
   std::uint64_t home_bytes = 16ULL << 20;
   std::uint64_t shm_bytes = 16ULL << 20;

@@ -920,6 +920,12 @@ result<run_cgroup> cgroup_host::create(std::string_view name, const cgroup_limit
         } else {
           ops.push_back({p.dir / "memory.swappiness", "0", true});  // no swap accounting
         }
+        // v1 charges socket buffers to a memcg only once its TCP limit is set; without it
+        // a run can fill the host-wide tcp_mem pool (v2 charges sockets to memory.max).
+        // A quarter of the run's memory, at least 4 MiB, on top of memory.limit_in_bytes.
+        ops.push_back({p.dir / "memory.kmem.tcp.limit_in_bytes",
+                       std::to_string(std::max<std::uint64_t>(limits.memory_bytes / 4, 4ULL << 20)),
+                       true});
       }
       if (p.has(pids_ctrl)) ops.push_back({p.dir / "pids.max", pids, false});
       if (p.has(cpu_ctrl)) {

@@ -700,11 +700,24 @@ void run_op::start_impl() {
 
   // 2. Inputs: every blob must exist for this tenant. Another tenant's blob answers exactly
   //    like a missing one (the store says not_found for both; so do we).
+  //    Their total (each name counts, even when two name the same blob) is capped: inputs are
+  //    staged on the host's disk for the run.
   const auto& store = rt_->blob_store_ref();
+  std::uint64_t total_input = 0;
   for (std::size_t i = 0; i < adm.request.files_in.size(); ++i) {
     const auto& f = adm.request.files_in[i];
     auto size = store->size(adm.tenant, f.blob);
-    if (size) continue;
+    if (size) {
+      total_input += *size;
+      if (total_input > rt_->policy().max_input_bytes) {
+        rejection rej{.code = code::invalid_request,
+                      .message = "files_in: inputs total more than " +
+                                 std::to_string(rt_->policy().max_input_bytes) + " bytes"};
+        finish({}, rejected_result(rej, run_id_), false);
+        return;
+      }
+      continue;
+    }
     if (size.error() == errc::io_error) {
       rt_->log(log_level::error, "run " + run_id_ + ": blob store failed on files_in[" +
                                      std::to_string(i) + "]: " + size.error().message());

@@ -189,7 +189,35 @@ bool is_local_destination(const void* sa, std::size_t len) noexcept {
   return true;
 }
 
-std::optional<notify_event> handle_notification(int listener_fd) {
+notify_mem_cache::~notify_mem_cache() {
+  for (auto& e : entries_) close(e.fd);
+}
+
+int notify_mem_cache::get(std::uint32_t pid, bool reopen) {
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].pid != pid) continue;
+    entry e = entries_[i];
+    entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (reopen) {
+      close(e.fd);
+      break;
+    }
+    entries_.push_back(e);
+    return e.fd;
+  }
+  std::string path = "/proc/" + std::to_string(pid) + "/mem";
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  constexpr std::size_t capacity = 16;
+  if (entries_.size() >= capacity) {
+    close(entries_.front().fd);
+    entries_.erase(entries_.begin());
+  }
+  entries_.push_back({pid, fd});
+  return fd;
+}
+
+std::optional<notify_event> handle_notification(int listener_fd, notify_mem_cache& mem) {
   std::vector<std::uint8_t> buf(notif_sizes().notif, 0);
   auto* n = reinterpret_cast<seccomp_notif*>(buf.data());
   if (ioctl(listener_fd, SECCOMP_IOCTL_NOTIF_RECV, n) < 0) return std::nullopt;
@@ -204,13 +232,18 @@ std::optional<notify_event> handle_notification(int listener_fd) {
     return ev;
   }
 
-  std::string mem_path = "/proc/" + std::to_string(n->pid) + "/mem";
-  int mem_fd = open(mem_path.c_str(), O_RDONLY | O_CLOEXEC);
-  std::vector<destination> dsts;
-  if (mem_fd >= 0) {
-    dsts = destinations(mem_fd, d);
-    close(mem_fd);
+  // The argument block itself is always readable in a live process: a failed read of it
+  // means a stale cached descriptor (a recycled pid), so reopen once.
+  int mem_fd = mem.get(n->pid);
+  std::uint8_t probe;
+  std::uint64_t probe_addr = d.nr == __NR_sendmsg || d.nr == __NR_sendmmsg ? d.args[1]
+                             : d.nr == __NR_sendto                        ? d.args[4]
+                                                                           : d.args[1];
+  if (mem_fd >= 0 && probe_addr != 0 && !read_memory(mem_fd, probe_addr, &probe, 1)) {
+    mem_fd = mem.get(n->pid, true);
   }
+  std::vector<destination> dsts;
+  if (mem_fd >= 0) dsts = destinations(mem_fd, d);
   // The pid may have been recycled between RECV and our reads: trust what we read only if
   // the notification is still pending.
   if (ioctl(listener_fd, SECCOMP_IOCTL_NOTIF_ID_VALID, &n->id) < 0) return std::nullopt;

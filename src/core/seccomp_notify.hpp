@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "sandbox/protocol.hpp"
 
@@ -29,10 +30,32 @@ struct notify_event {
   std::string syscall;     ///< for violation: e.g. "ptrace", "i386:execve", "x32:connect"
 };
 
+/// Open /proc/<pid>/mem descriptors of a run's processes, reused across notifications
+/// (opening one per call is most of the host's cost). Small; closes what it evicts. A cached
+/// descriptor of a process that died only fails to read (it never reads another process's
+/// memory), and is then reopened.
+class notify_mem_cache {
+ public:
+  notify_mem_cache() = default;
+  notify_mem_cache(const notify_mem_cache&) = delete;
+  notify_mem_cache& operator=(const notify_mem_cache&) = delete;
+  ~notify_mem_cache();
+  /// The descriptor for `pid`, opening it if needed (or reopening when `reopen`); -1 on error.
+  int get(std::uint32_t pid, bool reopen = false);
+
+ private:
+  struct entry {
+    std::uint32_t pid;
+    int fd;
+  };
+  std::vector<entry> entries_;  ///< most recently used last
+};
+
 /// Receives one pending notification from `listener_fd` (call when it is readable), answers
-/// it, and returns what it was. Returns nullopt when nothing was pending or the target died
-/// meanwhile (ENOENT). Never blocks longer than the one ioctl.
-std::optional<notify_event> handle_notification(int listener_fd);
+/// it (egress) or leaves it unanswered (violation), and returns what it was. Returns nullopt
+/// when nothing was pending or the target died meanwhile (ENOENT). Never blocks longer than
+/// the one ioctl.
+std::optional<notify_event> handle_notification(int listener_fd, notify_mem_cache& mem);
 
 /// True for addresses that stay inside the run's own network namespace: 127.0.0.0/8,
 /// 0.0.0.0, ::1, ::, and their IPv4-mapped forms. `sa` points at `len` bytes of a sockaddr.

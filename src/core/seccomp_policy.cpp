@@ -80,6 +80,15 @@ constexpr std::array rules{
     seccomp_rule_info{"clone", T::errno_value, EPERM, "only with a CLONE_NEW* flag: no new namespaces"},
     seccomp_rule_info{"ioctl", T::errno_value, EPERM, "only TIOCSTI / TIOCLINUX (low 32 bits compared): terminal injection"},
     seccomp_rule_info{"socket", T::errno_value, EAFNOSUPPORT, "only families other than unix, inet, inet6, netlink (vsock is not namespaced); netlink other than NETLINK_ROUTE gets EPROTONOSUPPORT"},
+    seccomp_rule_info{"prlimit64", T::errno_value, EPERM, "only setting another process's limits (pid != 0): sandbox-init is PID 1 of the same uid under a user namespace"},
+    seccomp_rule_info{"setpriority", T::errno_value, EPERM, "only for another process (who != 0)"},
+    seccomp_rule_info{"sched_setaffinity", T::errno_value, EPERM, "only for another process (pid != 0)"},
+    seccomp_rule_info{"sched_setscheduler", T::errno_value, EPERM, "only for another process (pid != 0)"},
+    seccomp_rule_info{"sched_setparam", T::errno_value, EPERM, "only for another process (pid != 0)"},
+    seccomp_rule_info{"sched_setattr", T::errno_value, EPERM, "only for another process (pid != 0)"},
+    seccomp_rule_info{"ioprio_set", T::errno_value, EPERM, "only for another process (who != 0)"},
+    seccomp_rule_info{"migrate_pages", T::errno_value, EPERM, "only for another process (pid != 0)"},
+    seccomp_rule_info{"move_pages", T::errno_value, EPERM, "only for another process (pid != 0)"},
     // --- egress: recorded by the host; refused unless loopback ----------------------------
     seccomp_rule_info{"connect", T::egress, 0, "record attempts to leave loopback"},
     seccomp_rule_info{"sendto", T::egress, 0, "only with a destination address"},
@@ -135,6 +144,17 @@ int add_rules(scmp_filter_ctx ctx, const char** failed) noexcept {
                               SCMP_A0_64(SCMP_CMP_EQ, AF_NETLINK),
                               SCMP_A2_64(SCMP_CMP_NE, 0 /* NETLINK_ROUTE */));
       }
+    } else if (name == "prlimit64") {
+      // prlimit64(pid, resource, new_limit, old_limit): reading anyone's is harmless.
+      rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 2, SCMP_A0_32(SCMP_CMP_NE, 0),
+                            SCMP_A2_64(SCMP_CMP_NE, 0));
+    } else if (name == "setpriority" || name == "ioprio_set") {
+      // (which, who, ...): only "this process" (who == 0) is allowed.
+      rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 1, SCMP_A1_32(SCMP_CMP_NE, 0));
+    } else if (name.rfind("sched_set", 0) == 0 || name == "migrate_pages" ||
+               name == "move_pages") {
+      // (pid, ...): only the calling thread/process (pid == 0).
+      rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 1, SCMP_A0_32(SCMP_CMP_NE, 0));
     } else if (name == "sendto") {
       // sendto(fd, buf, len, flags, dest_addr, addrlen): only calls with a destination.
       rc = seccomp_rule_add(ctx, SCMP_ACT_NOTIFY, nr, 1, SCMP_A4_64(SCMP_CMP_NE, 0));

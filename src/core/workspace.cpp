@@ -93,6 +93,16 @@ result<run_workspace> create_workspace(const std::filesystem::path& runs_dir,
   int dfd = open(ws.inputs.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0) return fail(errc::io_error);
   for (std::size_t i = 0; i < files_in.size(); ++i) {
+    // A blob named twice is copied once; later names are hard links to the first copy.
+    std::size_t first = 0;
+    while (first < i && files_in[first].blob != files_in[i].blob) ++first;
+    if (first < i) {
+      if (linkat(dfd, files_in[first].name.c_str(), dfd, files_in[i].name.c_str(), 0) == 0) {
+        continue;
+      }
+      close(dfd);
+      return fail(errc::io_error);
+    }
     auto copied = blobs.copy_to(tenant, files_in[i].blob, dfd, files_in[i].name);
     if (!copied) {
       close(dfd);

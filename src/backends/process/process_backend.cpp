@@ -187,7 +187,11 @@ class process_run : public std::enable_shared_from_this<process_run> {
         teardown_timer_(strand_),
         sample_timer_(strand_) {}
 
-  ~process_run() { emergency_cleanup(); }
+  ~process_run() {
+    close_fd(stdout_parked_);
+    close_fd(stderr_parked_);
+    emergency_cleanup();
+  }
 
   void start(done_fn done) {
     done_ = std::move(done);
@@ -276,6 +280,9 @@ class process_run : public std::enable_shared_from_this<process_run> {
     }
     ws_ = *ws;
     have_ws_ = true;
+    if (clock::now() - t0_ > job_.policy.setup_budget) {
+      return fail_setup("setup budget exceeded while staging the inputs");
+    }
 
     // 4. Channels: control socket, stdout/stderr pipes.
     int ctl[2], outp[2], errp[2];
@@ -533,7 +540,20 @@ class process_run : public std::enable_shared_from_this<process_run> {
         }
         return;
       }
-      self->read_stream(d, cap, open);
+      if (n >= 4096) return self->read_stream(d, cap, open);
+      // A trickle (e.g. one byte per write): let it collect in the pipe for a moment instead
+      // of waking the host for every write. The descriptor is taken out of the reactor
+      // meanwhile (an edge-triggered epoll would otherwise wake on every write); the writer
+      // only blocks if the pipe fills.
+      int& parked = &d == &self->stdout_ ? self->stdout_parked_ : self->stderr_parked_;
+      parked = d.release();
+      auto t = std::make_shared<asio::steady_timer>(self->strand_, std::chrono::milliseconds(2));
+      t->async_wait([self, t, &d, &cap, &open, &parked](boost::system::error_code) {
+        if (parked < 0) return;  // teardown took it back
+        d.assign(parked);
+        parked = -1;
+        if (!self->finishing_) self->read_stream(d, cap, open);
+      });
     });
   }
 
@@ -553,10 +573,28 @@ class process_run : public std::enable_shared_from_this<process_run> {
   }
 
   void watch_notifications() {
+    // Each notification costs the host a few system calls while the calling thread waits, so
+    // a run gets at most `notify_burst` per `notify_window`; past that the host waits before
+    // answering the next one (the sandboxed threads stay blocked, costing nothing).
+    constexpr int notify_burst = 200;
+    constexpr auto notify_window = std::chrono::milliseconds(100);
+    auto now = clock::now();
+    if (now - notify_window_start_ > notify_window) {
+      notify_window_start_ = now;
+      notify_count_ = 0;
+    }
+    if (++notify_count_ > notify_burst) {
+      auto t = std::make_shared<asio::steady_timer>(strand_, notify_window_start_ + notify_window);
+      t->async_wait([self = shared_from_this(), t](boost::system::error_code) {
+        if (!self->finishing_) self->watch_notifications();
+      });
+      return;
+    }
     listener_.async_wait(asio::posix::descriptor_base::wait_read,
                          [self = shared_from_this()](boost::system::error_code ec) {
                            if (ec || self->finishing_) return;
-                           auto ev = handle_notification(self->listener_.native_handle());
+                           auto ev = handle_notification(self->listener_.native_handle(),
+                                                         self->mem_cache_);
                            if (ev && ev->what == notify_event::kind::violation) {
                              if (!self->violation_) self->violation_ = ev->syscall;
                              self->finish();
@@ -575,9 +613,13 @@ class process_run : public std::enable_shared_from_this<process_run> {
                          });
   }
 
+  // Lists each distinct attempt once; repeats and attempts past the cap are only counted.
   void record_egress(egress_attempt a) {
     for (const auto& e : egress_) {
-      if (e == a) return;
+      if (e == a) {
+        ++egress_dropped_;
+        return;
+      }
     }
     if (egress_.size() >= max_egress_records) {
       ++egress_dropped_;
@@ -668,13 +710,28 @@ class process_run : public std::enable_shared_from_this<process_run> {
     poll_dead();
   }
 
+  // Reaps sandbox-init if it has exited. True once it is reaped (or someone else's
+  // waitpid(-1) took it: ECHILD). A dead but unreaped helper still pins its cgroup on v1.
+  bool reap_helper() noexcept {
+    std::lock_guard lock(kill_mu_);
+    if (pidfd_raw_ < 0) return true;
+    siginfo_t si{};
+    int r = ::waitid(P_PIDFD, static_cast<id_t>(pidfd_raw_), &si, WEXITED | WNOHANG);
+    if ((r < 0 && errno == ECHILD) || (r == 0 && si.si_pid != 0)) {
+      ::close(pidfd_raw_);
+      pidfd_raw_ = -1;
+      return true;
+    }
+    return false;
+  }
+
   void poll_dead() {
     bool empty = true;
     if (cgroup_) {
       auto e = cgroup_->is_empty();
       empty = e && *e;
     }
-    if (empty) return teardown();
+    if (empty && reap_helper()) return teardown();
     if (clock::now() >= teardown_deadline_) {
       teardown_failed_ = true;
       log(log_level::error, "processes of the run survived the kill past the teardown budget");
@@ -700,20 +757,18 @@ class process_run : public std::enable_shared_from_this<process_run> {
 
   void teardown() {
     // Everything is dead: what is left in the pipes is final.
+    for (auto [d, parked] : {std::pair{&stdout_, &stdout_parked_}, {&stderr_, &stderr_parked_}}) {
+      if (*parked >= 0) {
+        d->assign(*parked);
+        *parked = -1;
+      }
+    }
     drain(stdout_, out_);
     drain(stderr_, err_);
     boost::system::error_code ignored;
     for (auto* d : {&ctl_, &stdout_, &stderr_, &listener_, &dns_, &oom_}) d->close(ignored);
-    // Reap sandbox-init (unless someone else's waitpid(-1) already did).
-    {
-      std::lock_guard lock(kill_mu_);
-      if (pidfd_raw_ >= 0) {
-        siginfo_t si{};
-        ::waitid(P_PIDFD, static_cast<id_t>(pidfd_raw_), &si, WEXITED | WNOHANG);
-        ::close(pidfd_raw_);
-        pidfd_raw_ = -1;
-      }
-    }
+    // sandbox-init is reaped by now (poll_dead), unless the teardown budget ran out.
+    reap_helper();
     pidfd_desc_.close(ignored);
 
     run_result r;
@@ -828,9 +883,14 @@ class process_run : public std::enable_shared_from_this<process_run> {
   void destroy() noexcept {
     std::lock_guard lock(kill_mu_);
     if (cgroup_ && !teardown_failed_) {
-      if (auto rm = cgroup_->remove(); !rm) {
-        log(log_level::warning, "removing the run cgroup failed: " + rm.error().message());
+      // An empty cgroup can still be busy for a moment on v1 while the kernel finishes
+      // releasing the last task; retry briefly before leaving it to the next start's reclaim.
+      auto rm = cgroup_->remove();
+      for (int i = 0; !rm && rm.error() == make_error_code(errc::busy) && i < 50; ++i) {
+        ::usleep(2000);
+        rm = cgroup_->remove();
       }
+      if (!rm) log(log_level::warning, "removing the run cgroup failed: " + rm.error().message());
       cgroup_.reset();
     }
     if (have_ws_) {
@@ -887,6 +947,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
   bool started_ = false, finishing_ = false, grace_armed_ = false, control_closed_ = false;
   bool helper_exited_ = false;
   bool stdout_open_ = true, stderr_open_ = true;
+  int stdout_parked_ = -1, stderr_parked_ = -1;  ///< pipe fds out of the reactor for a moment
   bool timed_out_ = false, oom_triggered_ = false, cancelled_ = false, teardown_failed_ = false;
   std::optional<int> main_status_;
   std::optional<std::string> violation_;
@@ -894,6 +955,9 @@ class process_run : public std::enable_shared_from_this<process_run> {
   std::optional<std::size_t> blob_missing_;
   std::vector<egress_attempt> egress_;
   std::uint32_t egress_dropped_ = 0;
+  notify_mem_cache mem_cache_;
+  clock::time_point notify_window_start_{};
+  int notify_count_ = 0;
   cgroup_stats stats_;
 };
 

@@ -71,3 +71,23 @@ TEST_CASE("codes: a self-raised SIGSYS, exit(137) or exit(124) are not evidence"
   CHECK(kill9.signal == 9);
   CHECK(kill9.oom_kills == 0);
 }
+
+TEST_CASE("seccomp: no process may change another's limits or scheduling (PID 1 included)",
+          "[seccomp][init]") {
+  auto r = itest::run(R"PY(
+import os, resource, errno
+out = []
+def attempt(f):
+    try:
+        f(); out.append('OK')
+    except OSError as e: out.append(errno.errorcode[e.errno])
+attempt(lambda: resource.prlimit(1, resource.RLIMIT_CPU, (0, 0)))
+attempt(lambda: os.setpriority(os.PRIO_PROCESS, 1, 19))
+attempt(lambda: os.sched_setaffinity(1, {0}))
+attempt(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))   # our own: fine
+attempt(lambda: os.setpriority(os.PRIO_PROCESS, 0, 5))                  # our own: fine
+print(' '.join(out))
+)PY");
+  CHECK(r.code == code::ok);
+  CHECK(r.std_out.summary == "EPERM EPERM EPERM OK OK\n");
+}
