@@ -47,7 +47,8 @@ struct admitted {
  *    minimum, bad `files_in` (count, names, duplicates, blob id syntax), bad `files_out`,
  *    `env` names not allowed, bad `runtime_digest` syntax; the message names the field.
  * 2. `source_too_large` — `source` longer than `policy.max_source_bytes` (never truncated).
- * 3. `action_denied` — no `code.execute`; or `network` without `code.network`.
+ * 3. `action_denied` — no `code.execute`; or `network` without `code.network`; or the
+ *    ticket's memory ceiling is below the policy's minimum.
  * 4. `invalid_request` — runtime name not configured on this host.
  * 5. `runtime_unavailable` — no backend at the ticket's level or stronger (a network run
  *    needs `container` or stronger: the process level never gets the host's network); or

@@ -131,6 +131,12 @@ std::variant<admitted, rejection> admit(const run_request& request, const ticket
   if (request.network && !ticket.allows(action::code_network)) {
     return rejection{code::action_denied, "network: ticket does not grant code.network"};
   }
+  // A ticket whose ceilings leave less than the policy's minimum grants nothing usable.
+  if (std::min(ticket.max_memory_bytes(), policy.max_memory_bytes) < policy.min_memory_bytes) {
+    return rejection{code::action_denied,
+                     "ticket: max_memory_bytes is below the minimum of " +
+                         std::to_string(policy.min_memory_bytes)};
+  }
 
   // 4. The runtime must be configured here.
   const auto rt = catalog.runtimes.find(request.runtime);

@@ -521,3 +521,23 @@ TEST_CASE("JSON and C++ requests get the same admission messages", "[admission][
   CHECK(from_json(R"("runtime_digest":"sha256:XYZ")") ==
         "runtime_digest: expected 'sha256:' and 64 lowercase hex digits");
 }
+
+TEST_CASE("admission: a ticket whose memory ceiling is below the policy minimum is refused",
+          "[admission]") {
+  sandbox::ticket_issuer issuer;
+  sandbox::policy policy;
+  sandbox::host_catalog catalog{.levels = {sandbox::isolation::process},
+                                .runtimes = {{"python3", "sha256:" + std::string(64, 'a')}}};
+  sandbox::run_request req{.runtime = "python3", .source = "print(1)"};
+  for (std::uint64_t ceiling : {std::uint64_t{1}, policy.min_memory_bytes - 1}) {
+    auto t = issuer.issue({.id = "t", .tenant = "acme", .max_memory_bytes = ceiling}).value();
+    auto v = sandbox::admit(req, t, policy, catalog);
+    REQUIRE(std::holds_alternative<sandbox::rejection>(v));
+    CHECK(std::get<sandbox::rejection>(v).code == sandbox::code::action_denied);
+    CHECK(std::get<sandbox::rejection>(v).message.find("max_memory_bytes") != std::string::npos);
+  }
+  auto ok = issuer.issue({.id = "t", .tenant = "acme", .max_memory_bytes = policy.min_memory_bytes}).value();
+  auto v = sandbox::admit(req, ok, policy, catalog);
+  REQUIRE(std::holds_alternative<sandbox::admitted>(v));
+  CHECK(std::get<sandbox::admitted>(v).request.memory_limit_bytes == policy.min_memory_bytes);
+}

@@ -389,10 +389,14 @@ class process_run : public std::enable_shared_from_this<process_run> {
     w.add("uid", std::uint64_t{uid_});
     w.add("gid", std::uint64_t{uid_});
     w.add("userns", shared_->userns ? "1" : "0");
-    w.add("tmp_bytes", std::min<std::uint64_t>(job_.policy.tmp_bytes, mem / 8));
-    w.add("home_bytes", std::min<std::uint64_t>(job_.policy.home_bytes, mem / 8));
-    w.add("shm_bytes", std::min<std::uint64_t>(job_.policy.shm_bytes, mem / 8));
-    w.add("out_bytes", std::min<std::uint64_t>(req.files_out.max_bytes + (1 << 20), mem / 4));
+    // tmpfs treats size=0 as "unlimited": every size has a floor.
+    auto tmpfs_size = [](std::uint64_t want, std::uint64_t cap) {
+      return std::max<std::uint64_t>(std::min(want, cap), 64 * 1024);
+    };
+    w.add("tmp_bytes", tmpfs_size(job_.policy.tmp_bytes, mem / 8));
+    w.add("home_bytes", tmpfs_size(job_.policy.home_bytes, mem / 8));
+    w.add("shm_bytes", tmpfs_size(job_.policy.shm_bytes, mem / 8));
+    w.add("out_bytes", tmpfs_size(req.files_out.max_bytes + (1 << 20), mem / 4));
     w.add("tmpfs_inodes", std::uint64_t{job_.policy.tmpfs_inodes});
     w.add("out_inodes", std::uint64_t{std::max<std::uint32_t>(req.files_out.max_files * 2, 64) + 16});
     w.add("nofile", std::uint64_t{job_.policy.max_open_files});
@@ -775,6 +779,10 @@ class process_run : public std::enable_shared_from_this<process_run> {
     if (cgroup_) {
       if (auto st = cgroup_->stats()) stats_ = *st;
     }
+    // Streams first: a program must not be able to crowd its own stdout/stderr out of the
+    // tenant's quota with output files.
+    store_stream(out_, r.std_out, "stdout");
+    store_stream(err_, r.std_err, "stderr");
     if (out_dir_fd_ >= 0 && !teardown_failed_) {
       collect_limits lim{job_.admitted.request.files_out.max_files,
                          job_.admitted.request.files_out.max_bytes};
@@ -784,9 +792,11 @@ class process_run : public std::enable_shared_from_this<process_run> {
       r.files_dropped = std::move(c.dropped);
     }
     close_fd(out_dir_fd_);
-    store_stream(out_, r.std_out);
-    store_stream(err_, r.std_err);
     classify(r);
+    if (!unstored_.empty()) {
+      r.message += (r.message.empty() ? "" : "; ") + unstored_ +
+                   " could not be stored (blob store quota or error)";
+    }
     destroy();
     if (done_) {
       auto done = std::move(done_);
@@ -795,7 +805,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
     }
   }
 
-  void store_stream(const stream_capture_buffer& cap, stream_capture& s) {
+  void store_stream(const stream_capture_buffer& cap, stream_capture& s, const char* name) {
     s.summary = cap.summary();
     s.bytes = cap.stored().size();
     s.total_bytes = cap.total_bytes();
@@ -803,9 +813,14 @@ class process_run : public std::enable_shared_from_this<process_run> {
     auto id = job_.blobs->put(job_.admitted.tenant, cap.stored());
     if (id) {
       s.blob = *id;
-    } else {
-      log(log_level::warning, "storing a stream failed: " + id.error().message());
+      return;
     }
+    // Nothing stored: say so (no blob, no bytes) rather than pretend.
+    log(log_level::warning, std::string("storing ") + name + " failed: " + id.error().message());
+    s.blob.clear();
+    s.bytes = 0;
+    s.truncated = s.total_bytes > 0;
+    unstored_ += unstored_.empty() ? name : std::string(" and ") + name;
   }
 
   void classify(run_result& r) {
@@ -956,6 +971,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
   std::vector<egress_attempt> egress_;
   std::uint32_t egress_dropped_ = 0;
   notify_mem_cache mem_cache_;
+  std::string unstored_;  ///< streams that could not be stored ("stdout and stderr")
   clock::time_point notify_window_start_{};
   int notify_count_ = 0;
   cgroup_stats stats_;

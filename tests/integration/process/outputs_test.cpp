@@ -1,5 +1,7 @@
 // Output collection on sandbox-controlled paths: links, FIFOs, odd names and caps.
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 
 #include "integration/harness.hpp"
@@ -56,4 +58,48 @@ open(f'{d}/big', 'w').write('y' * 5000)
   }
   CHECK(bytes_dropped == 1);   // "big" does not fit in 1000 bytes
   CHECK(count_dropped == 3);
+}
+
+TEST_CASE("outputs: a full quota drops output files, never the program's own streams",
+          "[outputs][quota]") {
+  auto opts = sandbox::default_runtime_options();
+  char tmpl[] = "/tmp/sandbox-quota-XXXXXX";
+  std::string state = mkdtemp(tmpl);
+  opts.state_dir = state + "/state";
+  if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
+  if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
+  opts.blobs = sandbox::make_memory_blob_store(2ULL << 20);  // 2 MiB per tenant
+  opts.log = [](sandbox::log_level, std::string_view) {};
+  auto rt = sandbox::runtime::create(opts);
+  REQUIRE(rt.has_value());
+  sandbox::run_request req{.runtime = "python3", .source = R"PY(
+import os
+d = os.environ['SANDBOX_OUTPUT_DIR']
+for i in range(3): open(f'{d}/big{i}', 'wb').write(bytes([65 + i]) * (900 << 10))
+print('hello')
+)PY"};
+  auto r = rt->run(req, itest::ticket());
+  CHECK(r.code == code::ok);
+  CHECK(r.std_out.summary == "hello\n");
+  CHECK_FALSE(r.std_out.blob.empty());
+  CHECK(r.message.empty());
+  std::size_t quota_drops = 0;
+  for (auto& d : r.files_dropped) quota_drops += d.reason == drop_reason::quota_exceeded;
+  INFO(sandbox::encode(r));
+  CHECK(quota_drops >= 1);
+  CHECK(r.files_out.size() + quota_drops == 3);
+
+  // A quota that is already full: the result says what could not be stored, never pretends.
+  auto used = rt->blobs()->usage("itest");
+  REQUIRE(used.has_value());
+  REQUIRE(rt->blobs()->put("itest", std::string((2ULL << 20) - *used - 4, 'f')).has_value());
+  auto full = rt->run({.runtime = "python3", .source = "print('more than four bytes')"},
+                      itest::ticket());
+  CHECK(full.code == code::ok);
+  CHECK(full.std_out.blob.empty());
+  CHECK(full.std_out.bytes == 0);
+  CHECK(full.std_out.total_bytes == 21);
+  CHECK(full.std_out.summary == "more than four bytes\n");
+  CHECK(full.message.find("stdout could not be stored") != std::string::npos);
+  std::filesystem::remove_all(state);
 }
