@@ -5,14 +5,20 @@
 // code, 2 for usage errors (bad options, unreadable files). Other commands: 0 success, 1
 // failure, 2 usage.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <cstring>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -40,8 +46,13 @@ const char* top_usage =
     "commands:\n"
     "  run --request REQ.json --ticket TICKET.json   run a protocol request; prints the result JSON\n"
     "  run --ticket T.json [--file NAME=PATH]... [--timeout-ms N] [--runtime R]\n"
-    "      [--memory-bytes N] [--out-dir DIR] [--json] SCRIPT\n"
-    "                                                run a script file ('-' = stdin)\n"
+    "      [--memory-bytes N] [--env NAME=VALUE --allow-env NAME]... [--out-dir DIR]\n"
+    "      [--force] [--json] SCRIPT\n"
+    "                                                run a script file ('-' = stdin); the\n"
+    "                                                runtime follows the extension (.py, .js)\n"
+    "                                                unless --runtime is given. Output files go\n"
+    "                                                to --out-dir (never over an existing\n"
+    "                                                entry unless --force; links never followed)\n"
     "  blob put FILE [--tenant T | --ticket T.json]  store a file; prints its blob id\n"
     "  blob get ID [--tenant T | --ticket T.json] [-o FILE]\n"
     "                                                write a blob's bytes (stdout by default)\n"
@@ -58,15 +69,36 @@ const char* top_usage =
     "\n"
     "store options (every command): --state-dir DIR --image-dir DIR --blob-dir DIR\n"
     "  --cgroup-parent PATH (unprivileged hosts: a delegated cgroup subtree)\n"
-    "  -v/--verbose (host log lines on stderr)\n";
+    "  -v/--verbose (host log lines on stderr)\n"
+    "\n"
+    "exit status: run: 0 when the result's code is ok, 1 for any other code, 2 for usage\n"
+    "errors, 128+N when interrupted by signal N (the run is killed and cleaned up first).\n"
+    "Other commands: 0 success, 1 failure, 2 usage. The program's output is escaped when\n"
+    "it goes to a terminal. The CLI trusts its caller: ticket files are the operator's.\n";
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path == "-" ? "/dev/stdin" : path, std::ios::binary);
-  if (!in) throw usage_error(fmt::format("cannot read '{}'", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+// Reads at most `max_bytes + 1` bytes of `path` ('-' = stdin): enough for the caller to tell
+// "too large" without ever holding more (a request naming /dev/zero must not eat the host).
+std::string read_file(const std::string& path, std::size_t max_bytes) {
+  int fd = path == "-" ? ::dup(0) : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw usage_error(fmt::format("cannot read '{}'", path));
+  std::string out;
+  char buf[65536];
+  while (out.size() <= max_bytes) {
+    ssize_t n = ::read(fd, buf, std::min(sizeof buf, max_bytes + 1 - out.size()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      throw usage_error(fmt::format("cannot read '{}'", path));
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
 }
+
+constexpr std::size_t max_ticket_file = 64 * 1024;
+constexpr std::size_t max_request_file = 8ULL << 20;  // decode_options' default
 
 struct common {
   std::string state_dir, image_dir, blob_dir, cgroup_parent, tenant, ticket_path;
@@ -109,7 +141,9 @@ po::variables_map parse(const std::vector<std::string>& args, const po::options_
 // A ticket file: decoded by the local issuer (the CLI trusts its caller).
 boost::system::result<sandbox::ticket, sandbox::rejection> load_ticket(const std::string& path) {
   sandbox::ticket_issuer issuer;
-  auto r = issuer.decode(read_file(path));
+  auto text = read_file(path, max_ticket_file);
+  if (text.size() > max_ticket_file) throw usage_error(fmt::format("ticket file '{}' is too large", path));
+  auto r = issuer.decode(text);
   if (!r) {
     auto rej = r.error();
     rej.message = "ticket: " + rej.message;
@@ -294,28 +328,106 @@ int cmd_image(const std::vector<std::string>& args) {
 
 // --- run ---------------------------------------------------------------------------------
 
-int print_result(const sandbox::run_result& r, bool json, const std::string& out_dir,
-                 const sandbox::runtime* rt, const std::string& tenant) {
-  if (json || rt == nullptr) {
+// Bytes the sandboxed program chose, made safe for a terminal: C0 controls (but newline and
+// tab), DEL, C1 controls and invalid UTF-8 become `\xNN`, so the program can neither move the
+// cursor, retitle the window, hide text, nor fake the status line that follows.
+std::string terminal_safe(std::string_view in) {
+  std::string out;
+  out.reserve(in.size());
+  auto esc = [&](unsigned char c) { out += fmt::format("\\x{:02x}", c); };
+  for (std::size_t i = 0; i < in.size();) {
+    auto c = static_cast<unsigned char>(in[i]);
+    if (c < 0x80) {
+      if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) esc(c);
+      else out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    std::size_t len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 0;
+    if (len == 0 || i + len > in.size() || !sandbox::is_valid_utf8(in.substr(i, len)) ||
+        (c == 0xc2 && static_cast<unsigned char>(in[i + 1]) < 0xa0)) {  // C1: U+0080..U+009F
+      esc(c);
+      ++i;
+      continue;
+    }
+    out.append(in.substr(i, len));
+    i += len;
+  }
+  return out;
+}
+
+// Writes the output files into `dir` without following links, never replacing an existing
+// entry (unless `force`: then a new file is renamed over it), never blocking on a FIFO.
+// Returns false if any file could not be written (each is reported on stderr).
+bool write_outputs(const sandbox::run_result& r, const std::string& dir, bool force,
+                   const sandbox::blob_store& blobs, const std::string& tenant) {
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    std::cerr << fmt::format("sandboxctl: cannot open --out-dir '{}'\n", dir);
+    return false;
+  }
+  bool ok = true;
+  for (const auto& f : r.files_out) {
+    auto fail = [&](const char* why) {
+      std::cerr << fmt::format("sandboxctl: output '{}' not written: {}\n",
+                               sandbox::escape_for_display(f.name), why);
+      ok = false;
+    };
+    auto bytes = blobs.get(tenant, f.blob);
+    if (!bytes) {
+      fail("blob unavailable");
+      continue;
+    }
+    std::string tmp = force ? ".sandboxctl-tmp-" + std::to_string(::getpid()) : f.name;
+    int fd = ::openat(dfd, tmp.c_str(),
+                      O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      fail(errno == EEXIST ? "an entry of that name exists (use --force to replace it)"
+                           : std::strerror(errno));
+      continue;
+    }
+    std::size_t off = 0;
+    while (off < bytes->size()) {
+      ssize_t n = ::write(fd, bytes->data() + off, bytes->size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      off += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+    if (off != bytes->size()) {
+      ::unlinkat(dfd, tmp.c_str(), 0);
+      fail("write failed");
+      continue;
+    }
+    if (force && ::renameat(dfd, tmp.c_str(), dfd, f.name.c_str()) < 0) {
+      ::unlinkat(dfd, tmp.c_str(), 0);
+      fail(std::strerror(errno));
+    }
+  }
+  ::close(dfd);
+  return ok;
+}
+
+// Prints the result: JSON, or (human form, with `blobs`) the program's stdout and stderr
+// followed by a status line.
+int print_result(const sandbox::run_result& r, bool json, const sandbox::blob_store* blobs,
+                 const std::string& tenant) {
+  if (json || blobs == nullptr) {
     std::cout << sandbox::encode(r) << "\n";
   } else {
-    auto blobs = rt->blobs();
-    auto emit = [&](const sandbox::stream_capture& s, std::ostream& os) {
-      if (s.blob.empty()) return;
+    auto emit = [&](const sandbox::stream_capture& s, int fd, std::ostream& os) {
+      if (s.blob.empty()) return std::string{};
       auto bytes = blobs->get(tenant, s.blob);
-      if (bytes) os.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
+      if (!bytes) return std::string{};
+      std::string text = ::isatty(fd) ? terminal_safe(*bytes) : *bytes;
+      os.write(text.data(), static_cast<std::streamsize>(text.size()));
+      return text;
     };
-    emit(r.std_out, std::cout);
+    emit(r.std_out, 1, std::cout);
     std::cout.flush();
-    emit(r.std_err, std::cerr);
-    if (!out_dir.empty()) {
-      for (const auto& f : r.files_out) {
-        auto bytes = blobs->get(tenant, f.blob);
-        if (!bytes) continue;
-        std::ofstream(std::filesystem::path(out_dir) / f.name, std::ios::binary)
-            .write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
-      }
-    }
+    auto err = emit(r.std_err, 2, std::cerr);
+    // The status line always starts on a line of its own.
+    if (!err.empty() && err.back() != '\n') std::cerr << "\n";
     std::cerr << fmt::format("sandboxctl: {}{}{} (wall {} ms, cpu {} ms){}\n", to_string(r.code),
                              r.exit_code ? fmt::format(", exit {}", *r.exit_code) : "",
                              r.signal ? fmt::format(", signal {}", *r.signal) : "",
@@ -325,21 +437,56 @@ int print_result(const sandbox::run_result& r, bool json, const std::string& out
   return r.code == sandbox::code::ok ? exit_ok : exit_fail;
 }
 
+// Runs one request; SIGINT, SIGTERM and SIGHUP cancel it (the run is killed and cleaned up)
+// and the exit status is 128 + the signal.
+int run_with_signals(sandbox::runtime_options opts, sandbox::run_request req,
+                     const sandbox::ticket& ticket, sandbox::run_result* out) {
+  boost::asio::io_context io;
+  auto rt = sandbox::runtime::create(io.get_executor(), std::move(opts));
+  if (!rt) {
+    std::cerr << "sandboxctl: cannot start the runtime: " << rt.error().message() << "\n";
+    return exit_fail;
+  }
+  boost::asio::cancellation_signal cancel;
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
+  int caught = 0;
+  signals.async_wait([&](boost::system::error_code ec, int sig) {
+    if (ec) return;
+    caught = sig;
+    cancel.emit(boost::asio::cancellation_type::terminal);
+  });
+  rt->async_run(std::move(req), ticket,
+                boost::asio::bind_cancellation_slot(
+                    cancel.slot(), [&](boost::system::error_code, sandbox::run_result r) {
+                      *out = std::move(r);
+                      signals.cancel();
+                    }));
+  io.run();
+  if (caught != 0) {
+    std::cerr << fmt::format("sandboxctl: interrupted by signal {}; the run was killed\n", caught);
+    return 128 + caught;
+  }
+  return -1;
+}
+
 int cmd_run(const std::vector<std::string>& args) {
   common c;
-  std::string request_path, runtime = "python3", out_dir, script;
-  std::vector<std::string> files;
+  std::string request_path, runtime, out_dir, script;
+  std::vector<std::string> files, env, allow_env;
   std::int64_t timeout_ms = 0;
   std::uint64_t memory = 0;
-  bool json = false;
+  bool json = false, force = false;
   auto d = common_options(c);
   d.add_options()("request", po::value(&request_path), "request JSON file ('-' = stdin)")(
       "ticket", po::value(&c.ticket_path), "ticket JSON file")(
       "file", po::value(&files), "input NAME=PATH (repeatable)")(
-      "timeout-ms", po::value(&timeout_ms), "timeout")("runtime", po::value(&runtime),
-                                                      "runtime name (default python3)")(
+      "timeout-ms", po::value(&timeout_ms), "timeout")(
+      "runtime", po::value(&runtime), "runtime name (default: from the extension, else python3)")(
       "memory-bytes", po::value(&memory), "memory limit")(
+      "env", po::value(&env), "environment NAME=VALUE for the program (repeatable)")(
+      "allow-env", po::value(&allow_env), "let requests set NAME (policy; repeatable)")(
       "out-dir", po::value(&out_dir), "write output files here")(
+      "force", po::bool_switch(&force), "replace existing entries in --out-dir")(
       "json", po::bool_switch(&json), "print the result JSON")("script", po::value(&script));
   po::positional_options_description pos;
   pos.add("script", 1);
@@ -348,45 +495,70 @@ int cmd_run(const std::vector<std::string>& args) {
   if (request_path.empty() == script.empty()) {
     throw usage_error("run: give either --request REQ.json or a SCRIPT");
   }
+  if (!out_dir.empty()) {
+    struct stat st{};
+    if (::stat(out_dir.c_str(), &st) < 0 || !S_ISDIR(st.st_mode)) {
+      throw usage_error(fmt::format("--out-dir '{}' is not a directory", out_dir));
+    }
+  }
   auto ticket = load_ticket(c.ticket_path);
-  if (!ticket) return print_result(sandbox::rejected_result(ticket.error()), true, {}, nullptr, {});
+  if (!ticket) return print_result(sandbox::rejected_result(ticket.error()), true, nullptr, {});
 
   auto opts = options_from(c);
-  auto rt = sandbox::runtime::create(opts);
-  if (!rt) {
-    std::cerr << "sandboxctl: cannot start the runtime: " << rt.error().message() << "\n";
-    return exit_fail;
-  }
+  for (const auto& name : allow_env) opts.policy.allowed_env.insert(name);
   sandbox::run_request req;
   if (!request_path.empty()) {
-    auto decoded = sandbox::decode_run_request(read_file(request_path));
-    if (!decoded) return print_result(sandbox::rejected_result(decoded.error()), true, {}, nullptr, {});
+    auto decoded = sandbox::decode_run_request(read_file(request_path, max_request_file));
+    if (!decoded) return print_result(sandbox::rejected_result(decoded.error()), true, nullptr, {});
     req = std::move(*decoded);
     json = true;
   } else {
+    if (runtime.empty()) {
+      auto ext = std::filesystem::path(script).extension().string();
+      runtime = ext == ".js" || ext == ".mjs" || ext == ".cjs" ? "node" : "python3";
+    }
     req.runtime = runtime;
-    req.source = read_file(script);
+    // One byte over the policy cap is enough for admission to answer source_too_large.
+    req.source = read_file(script, opts.policy.max_source_bytes);
     if (timeout_ms != 0) req.timeout = std::chrono::milliseconds(timeout_ms);
     if (memory != 0) req.memory_limit_bytes = memory;
-    for (const auto& f : files) {
-      auto eq = f.find('=');
+    for (const auto& e : env) {
+      auto eq = e.find('=');
       if (eq == std::string::npos || eq == 0) {
-        throw usage_error(fmt::format("--file '{}': expected NAME=PATH", f));
+        throw usage_error(fmt::format("--env '{}': expected NAME=VALUE", e));
       }
-      std::string path = f.substr(eq + 1);
-      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) throw usage_error(fmt::format("cannot read '{}'", path));
-      auto id = rt->blobs()->put_fd(ticket->tenant(), fd, 1ULL << 32);
-      ::close(fd);
-      if (!id) {
-        std::cerr << "sandboxctl: storing '" << path << "': " << id.error().message() << "\n";
-        return exit_fail;
-      }
-      req.files_in.push_back({.name = f.substr(0, eq), .blob = *id});
+      req.env[e.substr(0, eq)] = e.substr(eq + 1);
     }
   }
-  auto result = rt->run(std::move(req), *ticket);
-  return print_result(result, json, out_dir, &*rt, ticket->tenant());
+  std::shared_ptr<sandbox::blob_store> blobs;
+  if (!files.empty() || !out_dir.empty() || !json) {
+    blobs = open_blobs(c);
+    opts.blobs = blobs;
+  }
+  for (const auto& f : files) {
+    auto eq = f.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw usage_error(fmt::format("--file '{}': expected NAME=PATH", f));
+    }
+    std::string path = f.substr(eq + 1);
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw usage_error(fmt::format("cannot read '{}'", path));
+    auto id = blobs->put_fd(ticket->tenant(), fd, opts.policy.max_input_bytes);
+    ::close(fd);
+    if (!id) {
+      std::cerr << "sandboxctl: storing '" << path << "': " << id.error().message() << "\n";
+      return exit_fail;
+    }
+    req.files_in.push_back({.name = f.substr(0, eq), .blob = *id});
+  }
+  sandbox::run_result result;
+  int interrupted = run_with_signals(opts, std::move(req), *ticket, &result);
+  if (interrupted >= 0) return interrupted;
+  int rc = print_result(result, json, blobs.get(), ticket->tenant());
+  if (!out_dir.empty() && !write_outputs(result, out_dir, force, *blobs, ticket->tenant())) {
+    rc = exit_fail;
+  }
+  return rc;
 }
 
 int cmd_doctor(const std::vector<std::string>& args) {

@@ -261,8 +261,30 @@ class fs_image_store final : public image_store {
     });
   }
 
+  // Imports, then unpacks (which applies and checks every layer) before the image becomes
+  // current: a layout whose layers cannot be applied never replaces a working image.
   result<std::string> import_layout(const std::filesystem::path& layout_dir, std::string_view name,
                                     std::string_view ref) override {
+    auto before = list();
+    auto digest = import_entries(layout_dir, name, ref);
+    if (!digest) return digest;
+    if (auto root = rootfs(*digest); !root) {
+      bool was_there = false;
+      if (before) {
+        for (const auto& i : *before) was_there |= i.digest == *digest;
+      }
+      if (!was_there) (void)remove(*digest);
+      log_(log_level::error, "image store: import of " + *digest + " refused: its layers cannot be unpacked");
+      return root.error();
+    }
+    if (auto cur = set_current(name, *digest); !cur) return cur.error();
+    log_(log_level::info, "image store: imported " + *digest + " as current " + std::string(name));
+    return digest;
+  }
+
+ private:
+  result<std::string> import_entries(const std::filesystem::path& layout_dir,
+                                     std::string_view name, std::string_view ref) {
     return guard([&]() -> result<std::string> {
       if (read_only_) return store_error(errc::permission_denied);
       if (!oci::is_valid_runtime_name(name) || layout_dir.empty()) {
@@ -343,13 +365,12 @@ class fs_image_store final : public image_store {
         if (c.created.empty()) c.created = detail::rfc3339_now();
         add_entry(doc, name, c.digest, c.size, c.created);
       }
-      mark_current(doc, name, chosen.back().digest);
       if (auto w = write_index(doc); !w) return w.error();
-      log_(log_level::info,
-           "image store: imported " + chosen.back().digest + " as current " + std::string(name));
       return chosen.back().digest;
     });
   }
+
+ public:
 
   result<void> set_current(std::string_view name, std::string_view digest) override {
     return guard([&]() -> result<void> {

@@ -219,6 +219,8 @@ TEST_CASE("image store: corrupt or mislabelled blobs are refused", "[image_store
     std::string bytes = store_test::read_file(layer);
     bytes[600] ^= 1;
     store_test::write_file(layer, bytes);
+    // Import already unpacked it; drop the cache so the corrupt layer must be read again.
+    fs::remove_all(tmp / "store/rootfs" / digest.substr(7));
     CHECK(store->rootfs(digest).error() == make_error_code(errc::digest_mismatch));
     CHECK(store_test::entries(tmp / "store/rootfs").empty());
   }
@@ -238,9 +240,10 @@ TEST_CASE("image store: corrupt or mislabelled blobs are refused", "[image_store
     m["config"] = lb.blob(config.dump(), "application/vnd.oci.image.config.v1+json");
     json d = lb.blob(m.dump(), "application/vnd.oci.image.manifest.v1+json");
     lb.index({d});
-    auto digest = store->import_layout(lb.dir(), "python3");
-    REQUIRE(digest);
-    CHECK(store->rootfs(*digest).error() == make_error_code(errc::digest_mismatch));
+    // Refused at import (which unpacks before making anything current); nothing remains.
+    CHECK(store->import_layout(lb.dir(), "python3").error() ==
+          make_error_code(errc::digest_mismatch));
+    CHECK(store->list().value().empty());
     CHECK(store_test::entries(tmp / "store/rootfs").empty());
   }
   SECTION("a descriptor size that lies → corrupt") {
@@ -253,9 +256,8 @@ TEST_CASE("image store: corrupt or mislabelled blobs are refused", "[image_store
   SECTION("a layer whose tar is garbage → corrupt, temp dir removed") {
     layout_builder lb(tmp / "layout");
     lb.single({{.tar = std::string(2048, 'g')}});
-    auto digest = store->import_layout(lb.dir(), "python3");
-    REQUIRE(digest);
-    CHECK(store->rootfs(*digest).error() == make_error_code(errc::corrupt));
+    CHECK(store->import_layout(lb.dir(), "python3").error() == make_error_code(errc::corrupt));
+    CHECK(store->list().value().empty());
     CHECK(store_test::entries(tmp / "store/rootfs").empty());
   }
   SECTION("not a layout, bad index, ref that matches nothing") {
@@ -365,9 +367,12 @@ TEST_CASE("image store: hostile layers never touch anything outside the root",
     static int n = 0;
     std::vector<layout_builder::layer> ls;
     for (const auto& l : layers) ls.push_back({.tar = l});
-    const std::string digest =
-        import(*store, tmp / ("layout" + std::to_string(n++)), ls, "hostile");
-    return std::make_pair(digest, store->rootfs(digest));
+    // Import unpacks before the image becomes current, so a hostile layer is refused there.
+    layout_builder lb(tmp / ("layout" + std::to_string(n++)));
+    lb.single(ls);
+    auto d = store->import_layout(lb.dir(), "hostile");
+    if (!d) return std::make_pair(std::string{}, sandbox::result<fs::path>(d.error()));
+    return std::make_pair(*d, store->rootfs(*d));
   };
   auto nothing_escaped = [&] {
     CHECK(store_test::entries(outside).empty());
@@ -507,6 +512,8 @@ TEST_CASE("image store: read-only stores never write", "[image_store]") {
   CHECK(ro->current_digest("python3").value() == digest);
   CHECK(ro->list().value().size() == 1);
   CHECK(ro->verify(digest));
+  // Import unpacked it; without the cache a read-only store cannot unpack it again.
+  fs::remove_all(tmp / "store/rootfs" / digest.substr(7));
   CHECK(ro->rootfs(digest).error() == make_error_code(errc::permission_denied));
   CHECK(store_test::entries(tmp / "store/rootfs").empty());
   CHECK(ro->import_layout(tmp / "layout", "x").error() == make_error_code(errc::permission_denied));

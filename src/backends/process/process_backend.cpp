@@ -150,8 +150,16 @@ struct backend_shared {
   std::string instance_id;
   std::filesystem::path runs_dir;
   int instance_lock_fd = -1;
+  std::filesystem::path instance_lock_path;
   ~backend_shared() {
     close_fd(init_exec_fd);
+    // A clean shutdown leaves nothing behind: the (empty) runs dir and the instance lock go.
+    // Anything a failed teardown left stays, with the lock file, for the next start's reclaim.
+    if (!runs_dir.empty() && ::rmdir(runs_dir.c_str()) == 0 && !instance_lock_path.empty()) {
+      ::unlink(instance_lock_path.c_str());
+    } else if (!runs_dir.empty() && errno == ENOENT && !instance_lock_path.empty()) {
+      ::unlink(instance_lock_path.c_str());
+    }
     close_fd(instance_lock_fd);
   }
 };
@@ -1158,6 +1166,7 @@ std::variant<std::shared_ptr<backend>, std::string> make_process_backend(
   if (shared->instance_lock_fd < 0 || ::flock(shared->instance_lock_fd, LOCK_EX | LOCK_NB) < 0) {
     return "cannot create the instance lock in the state directory";
   }
+  shared->instance_lock_path = lock_path;
   shared->runs_dir = ctx.state_dir / "runs" / shared->instance_id;
 
   // cgroups.

@@ -4,7 +4,7 @@
 //   /<entries of the image>  read-only, nosuid, nodev binds of the image's top-level
 //                            directories and files; its symlinks copied as symlinks
 //   /proc                    fresh procfs of the run's pid namespace, hidepid=invisible,
-//                            kcore/keys/timer_list/sched_debug/sysrq-trigger masked,
+//                            kcore/keys/timer_list/sched_debug/sysrq-trigger/locks masked,
 //                            /proc/sys read-only
 //   /dev                     tmpfs with null, zero, full, random, urandom bound from the host,
 //                            fd/stdin/stdout/stderr symlinks; read-only
@@ -150,7 +150,8 @@ int setup_proc(const std::string& root) {
     return -errno;
   }
   // Mask what an unprivileged program has no business reading or poking.
-  for (const char* masked : {"kcore", "keys", "timer_list", "sched_debug", "sysrq-trigger"}) {
+  for (const char* masked :
+       {"kcore", "keys", "timer_list", "sched_debug", "sysrq-trigger", "locks"}) {
     std::string p = proc + "/" + masked;
     if (access(p.c_str(), F_OK) < 0) continue;
     if (mount("/dev/null", p.c_str(), nullptr, MS_BIND, nullptr) < 0) return -errno;
