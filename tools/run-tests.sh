@@ -14,4 +14,11 @@ echo "==> ctest (as root)" >&2
 ctest --preset "$PRESET" --output-on-failure
 
 echo "==> integration tests as an unprivileged user" >&2
-exec "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/sandbox_process_tests"
+UNPRIV_TMP=$(mktemp -d /tmp/sandbox-unpriv-XXXXXX)
+chmod 0777 "$UNPRIV_TMP"
+trap 'rm -rf "$UNPRIV_TMP"' EXIT
+"$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/sandbox_process_tests"
+"$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/cli/sandbox_cli_tests" --needs-backend "[backend]"
+"$ROOT/tools/run-unprivileged.sh" "$BUILD/bin/freight_quote" --blob-dir "$UNPRIV_TMP/blobs" \
+  --state-dir "$UNPRIV_TMP/state"
+echo "==> all tests passed" >&2
