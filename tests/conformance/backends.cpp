@@ -1,0 +1,62 @@
+// The registry of backends under test. A new backend joins the conformance suite by adding
+// its profile here — no case changes. Where a mechanism legitimately differs (a VM guest has
+// its own kernel), say so in its `expectations`, never by weakening a case.
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "conformance/suite.hpp"
+
+namespace conformance {
+namespace {
+
+std::unique_ptr<sandbox::runtime> make_process(std::string* why) {
+  auto opts = sandbox::default_runtime_options();
+  opts.state_dir = state_root() / "process";
+  if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
+  if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
+  opts.blobs = sandbox::make_memory_blob_store(1ULL << 30);
+  opts.log = [](sandbox::log_level lvl, std::string_view line) {
+    if (lvl >= sandbox::log_level::warning) std::fprintf(stderr, "agent-sandbox: %.*s\n", int(line.size()), line.data());
+  };
+  auto rt = sandbox::runtime::create(opts);
+  if (!rt) {
+    *why = "runtime::create: " + rt.error().message();
+    return nullptr;
+  }
+  for (const auto& b : rt->backends()) {
+    if (b.isolation == sandbox::isolation::process && !b.registered) {
+      *why = b.reason;
+      return nullptr;
+    }
+  }
+  auto cat = rt->catalog();
+  for (const char* name : {"python3", "node"}) {
+    auto it = cat.runtimes.find(name);
+    if (it == cat.runtimes.end() || !it->second) {
+      *why = std::string("runtime image '") + name + "' is not installed (tools/setup.sh)";
+      return nullptr;
+    }
+  }
+  return std::make_unique<sandbox::runtime>(std::move(*rt));
+}
+
+}  // namespace
+
+const std::vector<backend_profile>& profiles() {
+  static const std::vector<backend_profile> all = [] {
+    std::vector<backend_profile> v;
+    const bool root = ::geteuid() == 0;
+    v.push_back({.name = root ? "process" : "process (unprivileged)",
+                 .level = sandbox::isolation::process,
+                 .make = make_process,
+                 .expect = {.host_kernel = true, .distinct_uids = root,
+                            .syscall_abi_on_host = true},
+                 .ci_budget = std::chrono::seconds(600)});
+    // Later backends (container: crun/runc, gvisor: runsc, microvm) register here.
+    return v;
+  }();
+  return all;
+}
+
+}  // namespace conformance

@@ -1,0 +1,340 @@
+#include "conformance/suite.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <iostream>
+#include <mutex>
+#include <openssl/evp.h>
+#include <sstream>
+
+namespace conformance {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
+
+std::vector<std::string> list_dir(const fs::path& p) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(p, ec)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string sha256_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return "missing";
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  std::vector<char> buf(1 << 16);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    EVP_DigestUpdate(ctx, buf.data(), static_cast<std::size_t>(in.gcount()));
+  }
+  unsigned char md[32];
+  unsigned len = 0;
+  EVP_DigestFinal_ex(ctx, md, &len);
+  EVP_MD_CTX_free(ctx);
+  std::string hex;
+  for (unsigned i = 0; i < len; ++i) {
+    static const char* d = "0123456789abcdef";
+    hex.push_back(d[md[i] >> 4]);
+    hex.push_back(d[md[i] & 15]);
+  }
+  return hex;
+}
+
+std::string cgroup_parent() {
+  return env_or("SANDBOX_CGROUP_PARENT", geteuid() == 0 ? "/agent-sandbox" : "");
+}
+
+struct state {
+  std::vector<std::unique_ptr<sandbox::runtime>> runtimes;
+  std::vector<std::unique_ptr<backend>> backends;
+  std::vector<std::string> why;
+  std::vector<bool> tried;
+  std::mutex mu;
+};
+
+state& global() {
+  static state s;
+  return s;
+}
+
+}  // namespace
+
+const fs::path& state_root() {
+  static const fs::path root = [] {
+    char tmpl[] = "/tmp/sandbox-conformance-XXXXXX";
+    fs::path p = ::mkdtemp(tmpl);
+    ::chmod(p.c_str(), 0755);
+    return p;
+  }();
+  return root;
+}
+
+std::map<std::string, std::string> host_binary_hashes(sandbox::runtime& rt) {
+  std::map<std::string, std::string> out;
+  out["/proc/self/exe (the supervising host)"] = sha256_file("/proc/self/exe");
+  if (auto images = rt.images()) {
+    for (const char* name : {"python3", "node"}) {
+      auto digest = images->current_digest(name);
+      if (!digest) continue;
+      auto root = images->rootfs(*digest);
+      if (!root) continue;
+      for (const char* exe : {"usr/bin/python3.11", "usr/bin/node", "usr/lib/x86_64-linux-gnu/libc.so.6"}) {
+        fs::path p = *root / exe;
+        std::error_code ec;
+        if (fs::exists(p, ec)) out[p.string()] = sha256_file(p);
+      }
+    }
+  }
+  return out;
+}
+
+bool must_work() {
+  return env_or("CI", "") == "true" || env_or("SANDBOX_MUST_WORK", "") == "1";
+}
+
+const std::string& canary_secret() {
+  static const std::string secret = "conformance-canary-" + std::to_string(::getpid()) + "-5e3c";
+  return secret;
+}
+
+const std::vector<fs::path>& canary_files() {
+  static const std::vector<fs::path> files = [] {
+    std::vector<fs::path> out = {fs::path("/tmp") / ("conformance-canary-" +
+                                                     std::to_string(::getpid()) + ".txt")};
+    if (geteuid() == 0) out.emplace_back("/root/conformance-canary.txt");
+    for (const auto& p : out) {
+      std::ofstream(p) << canary_secret() << "\n";
+      ::chmod(p.c_str(), 0600);
+    }
+    return out;
+  }();
+  return files;
+}
+
+std::uint64_t self_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+sandbox::run_request py(std::string source, std::chrono::milliseconds timeout) {
+  return {.runtime = "python3", .source = std::move(source), .timeout = timeout};
+}
+
+sandbox::run_request js(std::string source, std::chrono::milliseconds timeout) {
+  return {.runtime = "node", .source = std::move(source), .timeout = timeout};
+}
+
+std::string helper_source(const std::string& name) {
+  std::ifstream in(std::string(SANDBOX_TEST_HELPERS_DIR) + "/" + name);
+  REQUIRE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+sandbox::ticket backend::ticket(const std::string& tenant) const {
+  return sandbox::ticket_issuer{}
+      .issue({.id = "conformance", .tenant = tenant, .isolation = profile_.level,
+              .max_timeout = std::chrono::milliseconds(8000), .max_memory_bytes = 1ULL << 30})
+      .value();
+}
+
+namespace {
+void log_result(const sandbox::run_result& r) {
+  UNSCOPED_INFO("result: code=" << to_string(r.code) << " exit=" << r.exit_code.value_or(-1)
+                                << " signal=" << r.signal.value_or(0) << " message=" << r.message
+                                << "\nstdout: " << r.std_out.summary
+                                << "\nstderr: " << r.std_err.summary);
+}
+}  // namespace
+
+sandbox::run_result backend::run(sandbox::run_request req, const std::string& tenant) {
+  auto r = rt_.run(std::move(req), ticket(tenant));
+  log_result(r);
+  return r;
+}
+
+std::vector<sandbox::run_result> backend::run_all(std::vector<sandbox::run_request> reqs,
+                                                  const std::string& tenant) {
+  std::vector<std::future<sandbox::run_result>> fs;
+  for (auto& req : reqs) {
+    auto p = std::make_shared<std::promise<sandbox::run_result>>();
+    fs.push_back(p->get_future());
+    rt_.async_run(std::move(req), ticket(tenant),
+                  [p](boost::system::error_code, sandbox::run_result r) {
+                    p->set_value(std::move(r));
+                  });
+  }
+  std::vector<sandbox::run_result> out;
+  for (auto& f : fs) out.push_back(f.get());
+  return out;
+}
+
+std::string backend::blob(const std::string& id, const std::string& tenant) {
+  auto b = rt_.blobs()->get(tenant, id);
+  REQUIRE(b.has_value());
+  return *b;
+}
+
+std::string backend::put(const std::string& bytes, const std::string& tenant) {
+  auto id = rt_.blobs()->put(tenant, bytes);
+  REQUIRE(id.has_value());
+  return *id;
+}
+
+// --- snapshots ---------------------------------------------------------------------------------
+
+host_snapshot take_snapshot() {
+  host_snapshot s;
+  const std::string parent = cgroup_parent();
+  if (!parent.empty()) {
+    for (const auto& h : list_dir("/sys/fs/cgroup")) {
+      fs::path dir = fs::path("/sys/fs/cgroup") / h / parent.substr(1);
+      for (const auto& n : list_dir(dir)) {
+        if (n.rfind("r-", 0) == 0) s.run_cgroups.insert(h + ":" + n);
+      }
+    }
+    for (const auto& n : list_dir(fs::path("/sys/fs/cgroup") / parent.substr(1))) {
+      if (n.rfind("r-", 0) == 0) s.run_cgroups.insert("v2:" + n);
+    }
+  }
+  for (const auto& p : list_dir("/proc")) {
+    if (p.empty() || p.find_first_not_of("0123456789") != std::string::npos) continue;
+    struct stat sb{};
+    bool ours = stat(("/proc/" + p).c_str(), &sb) == 0 && sb.st_uid >= 2'100'000'000u;
+    if (!ours && !parent.empty()) {
+      std::ifstream cg("/proc/" + p + "/cgroup");
+      std::string line;
+      while (std::getline(cg, line)) {
+        if (line.find(parent + "/r-") != std::string::npos) ours = true;
+      }
+    }
+    if (ours) s.sandbox_processes.insert(std::stoi(p));
+  }
+  std::ifstream mi("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(mi, line)) {
+    std::istringstream f(line);
+    std::string id, par, devno, root, point;
+    f >> id >> par >> devno >> root >> point;
+    s.mounts.push_back(root + " " + point);
+  }
+  std::sort(s.mounts.begin(), s.mounts.end());
+  for (const auto& st : list_dir(state_root())) {
+    fs::path runs = state_root() / st / "runs";
+    for (const auto& inst : list_dir(runs)) {
+      for (const auto& r : list_dir(runs / inst)) s.work_dirs.insert(inst + "/" + r);
+    }
+  }
+  s.fds = static_cast<int>(list_dir("/proc/self/fd").size());
+  s.threads = static_cast<int>(list_dir("/proc/self/task").size());
+  for (const auto& c : canary_files()) {
+    struct stat sb{};
+    std::string desc = "missing";
+    if (::lstat(c.c_str(), &sb) == 0) {
+      std::ifstream in(c);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      desc = std::to_string(sb.st_uid) + ":" + std::to_string(sb.st_gid) + " " +
+             std::to_string(sb.st_mode) + " " + std::to_string(sb.st_mtim.tv_sec) + "." +
+             std::to_string(sb.st_mtim.tv_nsec) + " " + ss.str();
+    }
+    s.canaries[c.string()] = desc;
+  }
+  return s;
+}
+
+void check_unchanged(const host_snapshot& before, const host_snapshot& now) {
+  CHECK(now.run_cgroups == before.run_cgroups);
+  CHECK(now.sandbox_processes == before.sandbox_processes);
+  CHECK(now.mounts == before.mounts);
+  CHECK(now.work_dirs == before.work_dirs);
+  CHECK(now.fds == before.fds);
+  CHECK(now.threads == before.threads);
+  CHECK(now.canaries == before.canaries);
+}
+
+// --- backends ------------------------------------------------------------------------------------
+
+std::vector<std::size_t> profile_indices() {
+  std::vector<std::size_t> out(profiles().size());
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = i;
+  return out;
+}
+
+backend* ensure(std::size_t index, std::string* why) {
+  auto& g = global();
+  std::lock_guard lock(g.mu);
+  const auto& ps = profiles();
+  if (index >= ps.size()) return nullptr;
+  if (g.tried.size() < ps.size()) {
+    g.tried.resize(ps.size(), false);
+    g.why.resize(ps.size());
+    g.runtimes.resize(ps.size());
+    g.backends.resize(ps.size());
+  }
+  if (!g.tried[index]) {
+    g.tried[index] = true;
+    auto rt = ps[index].make(&g.why[index]);
+    if (rt) {
+      // Warm-up: the first run creates the executor's descriptors for good, so snapshots do
+      // not count them as leaks.
+      rt->run({.runtime = "python3", .source = "pass"},
+              sandbox::ticket_issuer{}
+                  .issue({.id = "w", .tenant = "conformance", .isolation = ps[index].level})
+                  .value());
+      g.runtimes[index] = std::move(rt);
+      g.backends[index] = std::make_unique<backend>(ps[index], *g.runtimes[index]);
+    }
+  }
+  if (why != nullptr) *why = g.why[index];
+  return g.backends[index].get();
+}
+
+backend* acquire(std::size_t index) {
+  std::string why;
+  backend* b = ensure(index, &why);
+  if (b != nullptr) return b;
+  const std::string name = index < profiles().size() ? profiles()[index].name : "?";
+  if (must_work()) FAIL("backend '" << name << "' unavailable: " << why);
+  WARN("backend '" << name << "' unavailable, skipped: " << why);
+  return nullptr;
+}
+
+case_guard::case_guard(backend* b)
+    : b_(b), before_(take_snapshot()), start_(std::chrono::steady_clock::now()) {}
+
+case_guard::~case_guard() {
+  // Let a run's last teardown settle (everything is confirmed dead before a result returns,
+  // so this only covers reaping by the kernel of processes outside any run).
+  check_unchanged(before_, take_snapshot());
+  suite_seconds()[b_->name()] +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+std::map<std::string, double>& suite_seconds() {
+  static std::map<std::string, double> m;
+  return m;
+}
+
+}  // namespace conformance
