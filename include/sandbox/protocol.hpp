@@ -132,6 +132,15 @@ struct runtime_info {
   bool operator==(const runtime_info&) const = default;
 };
 
+/// Where a run stood in the host's queue, for `capacity` and `queue_timeout` results.
+struct queue_info {
+  std::uint32_t position = 0;  ///< 1-based place among its tenant's queued runs (0: not queued)
+  std::uint32_t length = 0;    ///< runs queued on the host at that moment
+  /// For `capacity`: a hint of when a retry may find room (an estimate, not a promise).
+  std::chrono::milliseconds retry_after{0};
+  bool operator==(const queue_info&) const = default;
+};
+
 /// Everything a caller learns about one run. Codes, flags and counters come from the
 /// sandbox's own evidence, never from what the code printed or how it exited.
 struct run_result {
@@ -160,6 +169,11 @@ struct run_result {
   /// For `seccomp_violation`: the name of the forbidden system call, e.g. "ptrace".
   std::optional<std::string> violation;
   std::string run_id;  ///< unique id of this run, for correlating host logs and spans
+  /// Queue figures when the run was refused by the scheduler (`capacity`, `queue_timeout`);
+  /// wire name "queue", `null` otherwise.
+  std::optional<queue_info> queue;
+  /// How long the run waited for a slot before it started (wire: queue_wait_ms).
+  std::chrono::milliseconds queue_wait{0};
   bool operator==(const run_result&) const = default;
 };
 

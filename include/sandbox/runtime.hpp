@@ -34,6 +34,7 @@
 #include "sandbox/image_store.hpp"
 #include "sandbox/policy.hpp"
 #include "sandbox/protocol.hpp"
+#include "sandbox/scheduler.hpp"
 #include "sandbox/span.hpp"
 #include "sandbox/ticket.hpp"
 
@@ -71,6 +72,8 @@ struct runtime_options {
   std::shared_ptr<blob_store> blobs;    ///< use this store instead of opening `blob_dir`
   std::shared_ptr<image_store> images;  ///< use this store instead of opening `image_dir`
   sandbox::policy policy;
+  /// Global and per-tenant caps, queue limits and deadlines (sandbox/scheduler.hpp).
+  scheduler_options scheduler;
   std::vector<runtime_spec> runtimes = default_runtimes();
   /// For fakes and tests: runtime name → image digest to use instead of asking the image
   /// store (runs then get an empty `rootfs`). When non-empty and `images` is null, no image
@@ -129,7 +132,9 @@ class runtime {
   ~runtime();
 
   /**
-   * Admits and runs `request` under `ticket`. Completes once with `(error_code, run_result)`
+   * Admits `request` under `ticket`, waits for a slot (sandbox/scheduler.hpp: `capacity`
+   * at once when the queue is full, `queue_timeout` past the tenant's deadline), and runs
+   * it. Completes once with `(error_code, run_result)`
    * on the handler's associated executor (default: the runtime's), never inside this call.
    * Admission failures and every way the run can end are in `run_result.code`; the error
    * code is only `operation_aborted` (cancelled via the handler's cancellation slot, or the
@@ -171,6 +176,9 @@ class runtime {
   std::shared_ptr<image_store> images() const;
 
   const sandbox::policy& policy() const;
+
+  /// Scheduler figures: slots held, runs queued, dispatches, queue timeouts, rejections.
+  sandbox::scheduler_stats queue_stats() const;
 
  private:
   explicit runtime(std::shared_ptr<detail::runtime_impl> impl);

@@ -172,7 +172,7 @@ run_result decode_result_body(const json& doc) {
       o, "", {"v", "code", "message", "exit_code", "signal", "stdout", "stderr", "files_out",
               "files_dropped", "usage", "oom_kills", "timeout_clamped", "memory_clamped",
               "timeout_ms", "memory_limit_bytes", "isolation", "runtime", "egress_attempts",
-              "egress_attempts_dropped", "violation", "run_id"});
+              "egress_attempts_dropped", "violation", "run_id", "queue", "queue_wait_ms"});
   run_result r;
   {
     const std::string name = as_string(require_member(o, "", "code"), "code");
@@ -288,6 +288,30 @@ run_result decode_result_body(const json& doc) {
   });
   optional_member(o, "", "run_id",
                   [&](const json& v, const std::string& p) { r.run_id = as_string(v, p); });
+  optional_member(o, "", "queue", [&](const json& v, const std::string& p) {
+    if (v.is_null()) {
+      r.queue.reset();
+      return;
+    }
+    const json& q = as_object(v, p);
+    check_known_fields(q, p, {"position", "length", "retry_after_ms"});
+    queue_info qi;
+    optional_member(q, p, "position", [&](const json& x, const std::string& k) {
+      qi.position = static_cast<std::uint32_t>(as_unsigned(x, k, uint32_max));
+    });
+    optional_member(q, p, "length", [&](const json& x, const std::string& k) {
+      qi.length = static_cast<std::uint32_t>(as_unsigned(x, k, uint32_max));
+    });
+    optional_member(q, p, "retry_after_ms", [&](const json& x, const std::string& k) {
+      qi.retry_after = std::chrono::milliseconds(
+          static_cast<std::int64_t>(as_unsigned(x, k, static_cast<std::uint64_t>(int64_max))));
+    });
+    r.queue = qi;
+  });
+  optional_member(o, "", "queue_wait_ms", [&](const json& v, const std::string& p) {
+    r.queue_wait = std::chrono::milliseconds(
+        static_cast<std::int64_t>(as_unsigned(v, p, static_cast<std::uint64_t>(int64_max))));
+  });
   return r;
 }
 
@@ -392,6 +416,16 @@ std::string encode(const run_result& r) {
   j["egress_attempts_dropped"] = r.egress_attempts_dropped;
   j["violation"] = r.violation ? ordered_json(*r.violation) : ordered_json(nullptr);
   j["run_id"] = r.run_id;
+  if (r.queue) {
+    ordered_json q;
+    q["position"] = r.queue->position;
+    q["length"] = r.queue->length;
+    q["retry_after_ms"] = r.queue->retry_after.count();
+    j["queue"] = q;
+  } else {
+    j["queue"] = nullptr;
+  }
+  j["queue_wait_ms"] = r.queue_wait.count();
   return detail::dump_compact(j);
 }
 

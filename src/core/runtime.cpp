@@ -256,6 +256,7 @@ error_code runtime_impl::init(runtime_options o) noexcept {
   try {
     policy_ = o.policy;
     spans_ = o.spans;
+    scheduler_ = scheduler::create(executor_, o.scheduler);
     if (o.state_dir.empty()) o.state_dir = default_state_dir();
     if (auto ec = open_stores(o)) return ec;
     resolve_runtimes(o);
@@ -565,7 +566,9 @@ void runtime_impl::shutdown() noexcept {
       // Out of memory while shutting down: the backends' own destructors still kill runs.
     }
   }
-  // 1. Backends kill their live runs and confirm them dead (bounded by their budget).
+  // 1. Queued runs are refused; backends kill their live runs and confirm them dead
+  //    (bounded by their budget).
+  if (scheduler_) scheduler_->shutdown();
   for (auto& b : bs) b->shutdown();
   // 2. Every run still in flight completes with operation_aborted (posted to its executor).
   for (auto& w : ops) {
@@ -749,8 +752,38 @@ void run_op::start_impl() {
               .policy = rt_->policy(),
               .executor = rt_->executor()};
 
-  // 4. Launch. Under the lock so that a cancellation cannot slip between the check and the
-  //    backend installing its slot handler.
+  // 4. Wait for a slot: the host's and the tenant's caps count runs that are starting, so a
+  //    burst never over-admits; no thread blocks while waiting.
+  const std::string tenant = job.admitted.tenant;
+  auto sched = rt_->sched();
+  std::lock_guard lk(mu_);
+  if (done_) return;
+  auto pending = std::make_shared<std::pair<std::shared_ptr<backend>, run_job>>(b, std::move(job));
+  queued_id_ = sched->submit(tenant, [self = shared_from_this(), pending](scheduler::outcome o) {
+    std::unique_lock lk2(self->mu_);
+    self->queued_id_.reset();
+    if (self->done_) return;  // cancelled or aborted meanwhile; dropping the slot frees it
+    if (!o.granted) {
+      lk2.unlock();
+      rejection rej = o.rejected.value_or(rejection{code::internal, "internal error"});
+      run_result r = rejected_result(rej, self->run_id_);
+      r.queue = o.queue;
+      {
+        std::lock_guard lk3(self->mu_);
+        self->fill_known(r);
+      }
+      self->finish({}, std::move(r), false);
+      return;
+    }
+    self->slot_ = std::move(o.granted);
+    lk2.unlock();
+    self->launch(std::move(pending->first), std::move(pending->second));
+  });
+}
+
+void run_op::launch(std::shared_ptr<backend> b, run_job job) {
+  // Under the lock so that a cancellation cannot slip between the check and the backend
+  // installing its slot handler.
   std::lock_guard lk(mu_);
   if (done_) return;
   backend_started_ = true;
@@ -772,6 +805,12 @@ void run_op::start_impl() {
 
 void run_op::on_backend_done(error_code ec, run_result r) noexcept {
   try {
+    {
+      // The run is over: its slot goes to the next queued run now.
+      std::lock_guard lk(mu_);
+      if (slot_) r.queue_wait = slot_->waited();
+      slot_.reset();
+    }
     if (ec && ec != asio::error::operation_aborted) {
       rt_->log(log_level::error, "run " + run_id_ + ": backend failed: " + ec.message());
       r.code = code::internal;
@@ -794,8 +833,12 @@ void run_op::cancel(asio::cancellation_type type) noexcept {
   std::unique_lock lk(mu_);
   if (done_) return;
   if (!backend_started_) {
-    // Not started yet: nothing to kill. Complete now, atomically with the check, so that
-    // start() cannot launch it afterwards.
+    // Not started yet (perhaps queued): nothing to kill. Free its queue place, and complete
+    // now, atomically with the check, so that start() cannot launch it afterwards.
+    if (queued_id_) {
+      rt_->sched()->cancel(*queued_id_);
+      queued_id_.reset();
+    }
     abort_locked(lk, "the run was cancelled");
     return;
   }
@@ -986,6 +1029,10 @@ std::shared_ptr<image_store> runtime::images() const {
 const sandbox::policy& runtime::policy() const {
   static const sandbox::policy defaults{};
   return impl_ ? impl_->policy() : defaults;
+}
+
+sandbox::scheduler_stats runtime::queue_stats() const {
+  return impl_ && impl_->sched() ? impl_->sched()->stats() : sandbox::scheduler_stats{};
 }
 
 // --- probe ------------------------------------------------------------------------------

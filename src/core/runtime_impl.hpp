@@ -31,6 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/scheduler.hpp"
 #include "sandbox/runtime.hpp"
 
 namespace sandbox::detail {
@@ -83,6 +84,7 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   const runtime_spec* spec(std::string_view name) const noexcept;
   std::filesystem::path rootfs_of(std::string_view name) const;
   const std::shared_ptr<blob_store>& blob_store_ref() const noexcept { return blobs_; }
+  const std::shared_ptr<scheduler>& sched() const noexcept { return scheduler_; }
 
  private:
   boost::system::error_code open_stores(runtime_options& o);
@@ -104,6 +106,7 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   std::shared_ptr<blob_store> blobs_;
   std::shared_ptr<image_store> images_;
   std::shared_ptr<span_sink> spans_;
+  std::shared_ptr<scheduler> scheduler_;
   log_sink log_;
 
   mutable std::mutex mu_;  // guards everything below
@@ -156,6 +159,7 @@ class run_op : public std::enable_shared_from_this<run_op> {
   run_result aborted_result(std::string_view message) const;
   void fill_known(run_result& r) const;
   void start_impl();
+  void launch(std::shared_ptr<backend> b, run_job job);
 
   std::shared_ptr<runtime_impl> rt_;
   run_request request_;
@@ -170,6 +174,8 @@ class run_op : public std::enable_shared_from_this<run_op> {
   boost::asio::any_completion_executor handler_work_;
   bool done_ = false;
   bool backend_started_ = false;
+  std::optional<std::uint64_t> queued_id_;       ///< while waiting for a scheduler slot
+  std::shared_ptr<scheduler::slot> slot_;        ///< held from dispatch until the backend ends
   boost::asio::cancellation_signal backend_cancel_;
   run_result known_;
 };
