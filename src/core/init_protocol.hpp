@@ -7,8 +7,12 @@
 //
 // Flow of one run:
 //   host → init   config     (after the host put init into the run's cgroup and, for a user
-//                             namespace, wrote its uid/gid maps)
+//                             namespace, wrote its uid/gid maps): everything but the program
 //   init → host   ready      fds: [output dir (O_RDONLY|O_DIRECTORY), DNS sink UDP socket]
+//   host → init   go         argv and env of the program. A cold run sends it right after
+//                             config; a warm-pool instance waits, ready, until it is handed
+//                             out (its inputs and source are staged into the already-bound
+//                             workspace files first). Either way init runs the same steps.
 //   init → host   started    fds: [seccomp user-notification listener]; a = pid (inside)
 //   init → host   exited     a = wait status of the main process
 //   init → host   failed     a = setup step, b = errno; payload = step name (host logs only)
@@ -29,6 +33,7 @@ inline constexpr int self_exec_fd = 4;
 
 enum class msg : std::uint32_t {
   config = 1,
+  go = 2,
   ready = 10,
   started = 11,
   exited = 12,

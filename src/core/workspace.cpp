@@ -56,11 +56,8 @@ void remove_tree(const std::filesystem::path& path) noexcept {
 }
 
 result<run_workspace> create_workspace(const std::filesystem::path& runs_dir,
-                                       const std::string& run_id, const std::string& source_name,
-                                       std::string_view source,
-                                       const std::vector<input_file>& files_in,
-                                       const blob_store& blobs, std::string_view tenant,
-                                       std::size_t* missing_blob) {
+                                       const std::string& run_id,
+                                       const std::string& source_name) {
   std::error_code ec;
   std::filesystem::create_directories(runs_dir, ec);
   if (ec) return make_error_code(errc::io_error);
@@ -70,28 +67,39 @@ result<run_workspace> create_workspace(const std::filesystem::path& runs_dir,
   ws.staging = ws.dir / "root";
   ws.source = ws.dir / source_name;
   if (mkdir(ws.dir.c_str(), 0700) < 0) return make_error_code(errc::io_error);
-  auto fail = [&](errc e) -> result<run_workspace> {
-    remove_tree(ws.dir);
-    return make_error_code(e);
-  };
   if (mkdir(ws.inputs.c_str(), 0755) < 0 || mkdir(ws.staging.c_str(), 0755) < 0) {
-    return fail(errc::io_error);
+    remove_tree(ws.dir);
+    return make_error_code(errc::io_error);
   }
-  int sfd = open(ws.source.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
-  if (sfd < 0) return fail(errc::io_error);
+  int sfd = open(ws.source.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (sfd < 0) {
+    remove_tree(ws.dir);
+    return make_error_code(errc::io_error);
+  }
+  close(sfd);
+  return ws;
+}
+
+result<void> stage_workspace(const run_workspace& ws, std::string_view source,
+                             const std::vector<input_file>& files_in, const blob_store& blobs,
+                             std::string_view tenant, std::size_t* missing_blob) {
+  // The source: written into the existing inode (the sandbox's bind of it sees the content).
+  int sfd = open(ws.source.c_str(), O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
+  if (sfd < 0) return make_error_code(errc::io_error);
   std::size_t off = 0;
   while (off < source.size()) {
     ssize_t n = write(sfd, source.data() + off, source.size() - off);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       close(sfd);
-      return fail(errc::io_error);
+      return make_error_code(errc::io_error);
     }
     off += static_cast<std::size_t>(n);
   }
+  fchmod(sfd, 0444);
   close(sfd);
   int dfd = open(ws.inputs.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (dfd < 0) return fail(errc::io_error);
+  if (dfd < 0) return make_error_code(errc::io_error);
   for (std::size_t i = 0; i < files_in.size(); ++i) {
     // A blob named twice is copied once; later names are hard links to the first copy.
     std::size_t first = 0;
@@ -101,22 +109,23 @@ result<run_workspace> create_workspace(const std::filesystem::path& runs_dir,
         continue;
       }
       close(dfd);
-      return fail(errc::io_error);
+      return make_error_code(errc::io_error);
     }
     auto copied = blobs.copy_to(tenant, files_in[i].blob, dfd, files_in[i].name);
     if (!copied) {
       close(dfd);
       if (copied.error() == make_error_code(errc::not_found)) {
         if (missing_blob != nullptr) *missing_blob = i;
-        return fail(errc::not_found);
+        return make_error_code(errc::not_found);
       }
-      return fail(copied.error() == make_error_code(errc::digest_mismatch) ? errc::digest_mismatch
-                                                                           : errc::io_error);
+      return make_error_code(copied.error() == make_error_code(errc::digest_mismatch)
+                                 ? errc::digest_mismatch
+                                 : errc::io_error);
     }
   }
   fchmod(dfd, 0555);
   close(dfd);
-  return ws;
+  return {};
 }
 
 }  // namespace sandbox::detail

@@ -29,17 +29,25 @@ struct run_workspace {
 };
 
 /**
- * Creates the workspace of run `run_id` under `runs_dir` (created, mode 0700, if needed).
- * Errors: `not_found` with `*missing_blob` set to the index in `files_in` (a blob vanished
- * after admission), `digest_mismatch` (a stored blob is corrupt), `io_error`. On error
- * nothing is left behind.
+ * Creates the skeleton of run `run_id`'s workspace under `runs_dir` (created, mode 0700, if
+ * needed): an empty `in/`, the staging mount point `root/`, and an empty source file. The
+ * sandbox binds `in/` and the source file before it starts; `stage_workspace` fills them
+ * later (in place, so the binds see the content). Errors: `io_error`; nothing is left behind.
  */
 result<run_workspace> create_workspace(const std::filesystem::path& runs_dir,
-                                       const std::string& run_id, const std::string& source_name,
-                                       std::string_view source,
-                                       const std::vector<input_file>& files_in,
-                                       const blob_store& blobs, std::string_view tenant,
-                                       std::size_t* missing_blob);
+                                       const std::string& run_id,
+                                       const std::string& source_name);
+
+/**
+ * Writes the program text into the workspace's source file (same inode), copies the input
+ * files from the blob store into `in/` (a blob named twice is copied once and hard-linked),
+ * then makes both read-only. Errors: `not_found` with `*missing_blob` set to the index in
+ * `files_in` (a blob vanished after admission), `digest_mismatch` (a stored blob is corrupt),
+ * `io_error`.
+ */
+result<void> stage_workspace(const run_workspace& ws, std::string_view source,
+                             const std::vector<input_file>& files_in, const blob_store& blobs,
+                             std::string_view tenant, std::size_t* missing_blob);
 
 /// Removes `path` and everything below it without following symlinks or crossing into other
 /// filesystems. Best effort; never throws.

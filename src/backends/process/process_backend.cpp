@@ -201,10 +201,42 @@ class process_run : public std::enable_shared_from_this<process_run> {
     emergency_cleanup();
   }
 
+  /// A cold run: prepare and activate back to back (the program's "go" is queued right
+  /// behind the configuration, so sandbox-init goes straight through).
   void start(done_fn done) {
-    done_ = std::move(done);
-    asio::dispatch(strand_, [self = shared_from_this()] { self->prepare(); });
+    asio::dispatch(strand_, [self = shared_from_this(), done = std::move(done)]() mutable {
+      self->prepare();
+      self->activate_on_strand(self->job_, std::move(done));
+    });
   }
+
+  /// A warm-pool instance: everything up to "ready" (namespaces, cgroup, filesystem) is
+  /// prepared now from the template job; `on_prepared(true)` once sandbox-init is ready and
+  /// waiting for its program, `(false)` if preparing failed (the instance is then destroyed).
+  /// `on_lost` is called if an idle ready instance dies before it is handed out.
+  void prepare_pooled(std::function<void(bool)> on_prepared, std::function<void()> on_lost) {
+    asio::dispatch(strand_, [self = shared_from_this(), on_prepared = std::move(on_prepared),
+                             on_lost = std::move(on_lost)]() mutable {
+      self->on_prepared_ = std::move(on_prepared);
+      self->on_lost_ = std::move(on_lost);
+      self->prepare();
+    });
+  }
+
+  /// Hands a prepared instance its run (same limits class as the template): stages inputs and
+  /// source into the already-bound workspace, then sends the program. From here on the run is
+  /// exactly a cold run.
+  void activate(run_job job, done_fn done) {
+    asio::dispatch(strand_, [self = shared_from_this(), job = std::move(job),
+                             done = std::move(done)]() mutable {
+      self->t0_ = clock::now();  // a pooled run's setup starts at hand-out
+      self->on_lost_ = nullptr;
+      self->activate_on_strand(std::move(job), std::move(done));
+    });
+  }
+
+  /// True while the instance is ready and idle (not handed out, not failing).
+  bool is_ready_idle() const noexcept { return ready_.load() && !activated_.load(); }
 
   /// Cancels the run from any thread (posted to the strand).
   void cancel() {
@@ -248,6 +280,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
 
   void prepare() {
     t0_ = clock::now();
+    instance_id_ = job_.run_id;  // resources are named by the instance, results by the run
     const auto& req = job_.admitted.request;
     const std::uint64_t mem = req.memory_limit_bytes;
 
@@ -264,7 +297,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
 
     // 2. The run's cgroup, with limits, before any process exists.
     cgroup_limits limits{mem, job_.policy.max_pids, job_.policy.cpu_quota_millicores};
-    std::string cg_name = "r-" + shared_->instance_id + "-" + job_.run_id;
+    std::string cg_name = "r-" + shared_->instance_id + "-" + instance_id_;
     auto cg = shared_->cgroups->create(cg_name, limits);
     if (!cg) return fail_setup("cgroup create failed: " + cg.error().message());
     {
@@ -272,25 +305,13 @@ class process_run : public std::enable_shared_from_this<process_run> {
       cgroup_.emplace(std::move(*cg));
     }
 
-    // 3. Workspace: inputs from the blob store, the source file, the staging mount point.
-    std::size_t missing = 0;
-    auto ws = create_workspace(shared_->runs_dir, job_.run_id,
-                               selftest_ ? std::string("probe") : job_.runtime.source_name,
-                               req.source, req.files_in, *job_.blobs, job_.admitted.tenant,
-                               &missing);
-    if (!ws) {
-      if (ws.error() == make_error_code(errc::not_found)) {
-        blob_missing_ = missing;
-        finish();
-        return;
-      }
-      return fail_setup("workspace: " + ws.error().message());
-    }
+    // 3. Workspace skeleton: an empty input dir and source file (bound by sandbox-init now,
+    //    filled at activation), the staging mount point.
+    auto ws = create_workspace(shared_->runs_dir, instance_id_,
+                               selftest_ ? std::string("probe") : job_.runtime.source_name);
+    if (!ws) return fail_setup("workspace: " + ws.error().message());
     ws_ = *ws;
     have_ws_ = true;
-    if (clock::now() - t0_ > job_.policy.setup_budget) {
-      return fail_setup("setup budget exceeded while staging the inputs");
-    }
 
     // 4. Channels: control socket, stdout/stderr pipes.
     int ctl[2], outp[2], errp[2];
@@ -355,12 +376,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
 
     // 8. Watch.
     auto self = shared_from_this();
-    setup_timer_.expires_after(job_.policy.setup_budget);
-    setup_timer_.async_wait([self](boost::system::error_code ec) {
-      if (!ec && !self->started_) {
-        self->fail_setup("setup budget exceeded before the program started");
-      }
-    });
+    arm_setup_timer();
     read_control();
     read_stream(stdout_, out_, stdout_open_);
     read_stream(stderr_, err_, stderr_open_);
@@ -409,6 +425,18 @@ class process_run : public std::enable_shared_from_this<process_run> {
     w.add("out_inodes", std::uint64_t{std::max<std::uint32_t>(req.files_out.max_files * 2, 64) + 16});
     w.add("nofile", std::uint64_t{job_.policy.max_open_files});
     w.add("fsize_bytes", std::uint64_t{1} << 30);
+    ip::init_header h{ip::msg::config, 0, 0};
+    std::string packet(reinterpret_cast<const char*>(&h), sizeof h);
+    packet += w.bytes();
+    if (packet.size() > ip::max_packet) return fail_setup("configuration too large");
+    if (::send(ctl_.native_handle(), packet.data(), packet.size(), MSG_NOSIGNAL) < 0) {
+      return fail_setup(fmt::format("sending configuration failed: errno {}", errno));
+    }
+  }
+
+  void send_go() {
+    const auto& req = job_.admitted.request;
+    ip::config_writer w;
     const std::string source_path = "/sandbox/" + job_.runtime.source_name;
     if (selftest_) {
       w.add("argv", "sandbox-init");
@@ -424,13 +452,50 @@ class process_run : public std::enable_shared_from_this<process_run> {
     w.add("env", "SANDBOX_OUTPUT_DIR=/sandbox/out");
     for (const auto& [k, v] : req.env) w.add("env", k + "=" + v);
 
-    ip::init_header h{ip::msg::config, 0, 0};
+    ip::init_header h{ip::msg::go, 0, 0};
     std::string packet(reinterpret_cast<const char*>(&h), sizeof h);
     packet += w.bytes();
-    if (packet.size() > ip::max_packet) return fail_setup("configuration too large");
+    if (packet.size() > ip::max_packet) return fail_setup("program description too large");
     if (::send(ctl_.native_handle(), packet.data(), packet.size(), MSG_NOSIGNAL) < 0) {
-      return fail_setup(fmt::format("sending configuration failed: errno {}", errno));
+      return fail_setup(fmt::format("sending the program failed: errno {}", errno));
     }
+  }
+
+  void arm_setup_timer() {
+    setup_timer_.expires_after(job_.policy.setup_budget);
+    setup_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (ec || self->started_ || self->finishing_) return;
+      // An idle pool instance is not on the clock: only preparing and activated runs are.
+      if (self->ready_.load() && !self->activated_.load()) return;
+      self->fail_setup("setup budget exceeded before the program started");
+    });
+  }
+
+  void activate_on_strand(run_job job, done_fn done) {
+    done_ = std::move(done);
+    activated_ = true;
+    job_.run_id = job.run_id;  // keep the template's resources; report as this run
+    job_.admitted = std::move(job.admitted);
+    job_.blobs = std::move(job.blobs);
+    if (job.executor) job_.executor = std::move(job.executor);
+    if (finishing_) return;  // preparing already failed: teardown reports it
+    const auto& req = job_.admitted.request;
+    std::size_t missing = 0;
+    auto staged = stage_workspace(ws_, req.source, req.files_in, *job_.blobs,
+                                  job_.admitted.tenant, &missing);
+    if (!staged) {
+      if (staged.error() == make_error_code(errc::not_found)) {
+        blob_missing_ = missing;
+        finish();
+        return;
+      }
+      return fail_setup("workspace: " + staged.error().message());
+    }
+    if (clock::now() - t0_ > job_.policy.setup_budget) {
+      return fail_setup("setup budget exceeded while staging the inputs");
+    }
+    send_go();
+    if (ready_.load()) arm_setup_timer();  // a pooled instance: the clock starts now
   }
 
   // --- watch -------------------------------------------------------------------------------
@@ -499,6 +564,12 @@ class process_run : public std::enable_shared_from_this<process_run> {
         if (int d = take(1); d >= 0) {
           dns_.assign(d);
           serve_dns();
+        }
+        ready_ = true;
+        if (on_prepared_) {
+          auto f = std::move(on_prepared_);
+          on_prepared_ = nullptr;
+          f(true);
         }
         break;
       case ip::msg::started: {
@@ -810,6 +881,14 @@ class process_run : public std::enable_shared_from_this<process_run> {
       auto done = std::move(done_);
       done_ = nullptr;
       done(std::move(r), std::move(detail_));
+    } else if (on_prepared_) {  // a pool instance that never became ready
+      auto f = std::move(on_prepared_);
+      on_prepared_ = nullptr;
+      f(false);
+    } else if (on_lost_) {  // a ready pool instance that died idle
+      auto f = std::move(on_lost_);
+      on_lost_ = nullptr;
+      f();
     }
   }
 
@@ -963,7 +1042,12 @@ class process_run : public std::enable_shared_from_this<process_run> {
   run_workspace ws_;
   bool have_ws_ = false;
   std::string input_name_;
+  std::string instance_id_;  ///< names the cgroup and workspace (the template's run id)
   int out_dir_fd_ = -1;
+  std::atomic<bool> ready_{false};      ///< sandbox-init is set up and waits for its program
+  std::atomic<bool> activated_{false};  ///< the instance has its run
+  std::function<void(bool)> on_prepared_;
+  std::function<void()> on_lost_;
 
   clock::time_point t0_, started_at_, main_exit_at_, ended_at_, teardown_deadline_;
   std::chrono::milliseconds teardown_delay_{1};

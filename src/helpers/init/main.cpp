@@ -79,17 +79,37 @@ std::uint64_t to_u64(std::string_view v) {
   return out;
 }
 
-bool read_config(config* cfg) {
-  std::string buf(ip::max_packet, '\0');
+// Receives one message of type `want` (blocking); false on EOF, error or another type.
+bool read_message(ip::msg want, std::string* buf, std::string_view* payload) {
+  buf->assign(ip::max_packet, '\0');
   ssize_t n;
   do {
-    n = recv(ip::control_fd, buf.data(), buf.size(), 0);
+    n = recv(ip::control_fd, buf->data(), buf->size(), 0);
   } while (n < 0 && errno == EINTR);
   if (n < static_cast<ssize_t>(sizeof(ip::init_header))) return false;
   ip::init_header h;
-  memcpy(&h, buf.data(), sizeof h);
-  if (h.type != ip::msg::config) return false;
-  std::string_view payload(buf.data() + sizeof h, static_cast<std::size_t>(n) - sizeof h);
+  memcpy(&h, buf->data(), sizeof h);
+  if (h.type != want) return false;
+  *payload = std::string_view(buf->data() + sizeof h, static_cast<std::size_t>(n) - sizeof h);
+  return true;
+}
+
+// The program's argv and env (the "go" message).
+bool read_go(config* cfg) {
+  std::string buf;
+  std::string_view payload;
+  if (!read_message(ip::msg::go, &buf, &payload)) return false;
+  for (auto [k, v] : ip::parse_config(payload)) {
+    if (k == "argv") cfg->argv.emplace_back(v);
+    else if (k == "env") cfg->env.emplace_back(v);
+  }
+  return !cfg->argv.empty();
+}
+
+bool read_config(config* cfg) {
+  std::string buf;
+  std::string_view payload;
+  if (!read_message(ip::msg::config, &buf, &payload)) return false;
   for (auto [k, v] : ip::parse_config(payload)) {
     if (k == "mode") cfg->mode = v;
     else if (k == "rootfs") cfg->rootfs = v;
@@ -109,10 +129,8 @@ bool read_config(config* cfg) {
     else if (k == "out_inodes") cfg->out_inodes = to_u64(v);
     else if (k == "nofile") cfg->nofile = to_u64(v);
     else if (k == "fsize_bytes") cfg->fsize_bytes = to_u64(v);
-    else if (k == "argv") cfg->argv.emplace_back(v);
-    else if (k == "env") cfg->env.emplace_back(v);
   }
-  return !cfg->argv.empty() && !cfg->rootfs.empty() && !cfg->staging.empty();
+  return !cfg->rootfs.empty() && !cfg->staging.empty();
 }
 
 void reset_signals() {
@@ -217,6 +235,11 @@ int main(int argc, char** argv) {
   if (!send_msg(ip::msg::ready, 0, 0, {}, ready_fds, 2)) _exit(1);
   close(out_fd);
   close(dns_fd);
+
+  // 5a. Wait for the program (a warm-pool instance waits here until it is handed out; its
+  //     inputs and source appear in the already-bound workspace files meanwhile). EOF: the
+  //     host is gone or destroyed the instance.
+  if (!read_go(&cfg)) _exit(0);
 
   // 5. The user program. SIGCHLD is blocked first so no exit is lost before supervise().
   sigset_t chld;
