@@ -13,6 +13,12 @@
 //  5. fstat on the descriptor: it must still be a regular file, and its size is checked
 //     against the caps again;
 //  6. read at most that size (never more than the remaining byte budget) and store it.
+// The program owns its output directory and the files in it, so it can take away the owner's
+// permissions. On unprivileged hosts the host reads them as that very owner (root is not
+// bound by permissions): the collector gives the owner read and search permission back on
+// the directory before scanning, and read permission on a regular file whose open failed with
+// EACCES (fchmodat with AT_SYMLINK_NOFOLLOW, one name component: nothing is followed), so
+// modes can neither hide an entry nor make the result depend on the host's privileges.
 // Host-side failures (a read error, a store I/O error) are logged; the entry is listed as
 // `not_regular_file` (could not be read as one) or `quota_exceeded` (the store refused it).
 #include "core/collector.hpp"
@@ -61,11 +67,34 @@ struct collector {
     out.dropped.push_back({.name_display = escape_for_display(name), .reason = reason});
   }
 
+  /// Gives the owner read and search permission on the output directory back (see the top
+  /// of this file); a failure is logged and the scan goes on.
+  void restore_dir_access() {
+    constexpr mode_t need = S_IRUSR | S_IXUSR;
+    struct stat st {};
+    if (sys::get().fstat(dirfd, &st) != 0 || (st.st_mode & need) == need) return;
+    if (sys::get().fchmod(dirfd, (st.st_mode & 07777) | need) != 0) {
+      note(log_level::warning,
+           fmt::format("fchmod(dirfd, {:o}): {}", (st.st_mode & 07777) | need, errno_text(errno)));
+    }
+  }
+
+  /// Gives the owner read permission on the regular file `name` back, never following a
+  /// link. True when it did.
+  bool restore_read_access(const std::string& name, const struct stat& st) {
+    const mode_t mode = (st.st_mode & 07777) | S_IRUSR;
+    if (sys::get().fchmodat(dirfd, name.c_str(), mode, AT_SYMLINK_NOFOLLOW) == 0) return true;
+    note(log_level::warning, fmt::format("fchmodat(\"{}\", {:o}, AT_SYMLINK_NOFOLLOW): {}",
+                                         escape_for_display(name), mode, errno_text(errno)));
+    return false;
+  }
+
   /// The names to visit: the `max_scan_entries` smallest in byte order (deterministic
   /// whatever order the directory lists them in), sorted; counts the rest as unscanned.
   std::vector<std::string> scan() {
     std::vector<std::string> names;
     auto& s = sys::get();
+    restore_dir_access();
     sys::unique_fd fd(sys::retry_eintr([&] {
       // A descriptor of our own: reading the caller's would move its directory offset.
       return s.openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK, 0);
@@ -170,10 +199,15 @@ struct collector {
       drop(name, drop_reason::bytes_limit);
       return;
     }
-    // 4. Open.
+    // 4. Open (once more after giving read permission back, if the program took it).
     sys::unique_fd fd(open_entry(name));
+    int open_errno = fd ? 0 : errno;
+    if (open_errno == EACCES && restore_read_access(name, st)) {
+      fd.reset(open_entry(name));
+      open_errno = fd ? 0 : errno;
+    }
     if (!fd) {
-      int e = errno;
+      int e = open_errno;
       if (e == ENOENT) return;
       if (e != ELOOP && e != ENXIO && e != EXDEV) {
         note(log_level::warning,

@@ -46,6 +46,9 @@ struct collected_outputs {
  *    smaller file may still fit); a store quota failure → `quota_exceeded`.
  * When there are more than `max_scan_entries` entries, the ones visited are those with the
  * smallest names (deterministic whatever the directory's own order).
+ * Permissions the program set do not matter: the owner's read and search permission on the
+ * directory, and read permission on a regular file that could not be opened for it, are given
+ * back first (the program owns them; an unprivileged host reads them as that owner).
  * Host errors are logged to `log` and the entry dropped (listed as `not_regular_file` when it
  * could not be opened or read as one, `quota_exceeded` when the store refused it; an entry
  * that vanished since the scan is not listed); this never throws (std::bad_alloc ends the

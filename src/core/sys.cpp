@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -39,6 +40,12 @@ ssize_t ops::write(int fd, const void* buf, std::size_t count) noexcept {
 int ops::close(int fd) noexcept { return ::close(fd); }
 
 int ops::fstat(int fd, struct stat* st) noexcept { return ::fstat(fd, st); }
+
+int ops::fchmod(int fd, mode_t mode) noexcept { return ::fchmod(fd, mode); }
+
+int ops::fchmodat(int dirfd, const char* path, mode_t mode, int flags) noexcept {
+  return ::fchmodat(dirfd, path, mode, flags);
+}
 
 int ops::fstatat(int dirfd, const char* path, struct stat* st, int flags) noexcept {
   return ::fstatat(dirfd, path, st, flags);

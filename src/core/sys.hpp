@@ -59,6 +59,11 @@ class ops {
   virtual int fstat(int fd, struct stat* st) noexcept;
   /// fstatat(2) (`flags` e.g. AT_SYMLINK_NOFOLLOW).
   virtual int fstatat(int dirfd, const char* path, struct stat* st, int flags) noexcept;
+  /// fchmod(2).
+  virtual int fchmod(int fd, mode_t mode) noexcept;
+  /// fchmodat(2) (`flags` 0 or AT_SYMLINK_NOFOLLOW: glibc then refuses a symlink with
+  /// EOPNOTSUPP instead of following it).
+  virtual int fchmodat(int dirfd, const char* path, mode_t mode, int flags) noexcept;
   /// getdents64(2): fills `buf` with `struct linux_dirent64` records; 0 at the end.
   virtual ssize_t getdents64(int fd, void* buf, std::size_t count) noexcept;
   /// mkdir(2).

@@ -439,3 +439,88 @@ TEST_CASE("collector: host errors are logged, the entry dropped", "[collector]")
     return l.find("read(\"a\"): ") != std::string::npos;
   }));
 }
+
+namespace {
+
+/// Enforces the owner's permission bits the way the kernel does for a non-root owner (an
+/// unprivileged host reading the program's files as their owner), so the test means the same
+/// whether it runs as root or not.
+struct owner_permission_ops : spy_ops {
+  /// Called before fchmodat of `name` (e.g. to swap the entry for a link).
+  std::function<void(const std::string& name)> before_fchmodat;
+  int fchmodat_calls = 0;
+
+  static bool lacks(int dirfd, const char* path, mode_t bit, bool dirs, bool files) {
+    struct stat st {};
+    if (::fstatat(dirfd, path, &st, AT_SYMLINK_NOFOLLOW) != 0) return false;
+    return ((dirs && S_ISDIR(st.st_mode)) || (files && S_ISREG(st.st_mode))) &&
+           (st.st_mode & bit) == 0;
+  }
+  int openat(int dirfd, const char* path, int flags, mode_t mode) noexcept override {
+    if (lacks(dirfd, path, S_IRUSR, true, true)) {
+      errno = EACCES;
+      return -1;
+    }
+    return spy_ops::openat(dirfd, path, flags, mode);
+  }
+  int openat2(int dirfd, const char* path, const sys::open_how& how) noexcept override {
+    if (lacks(dirfd, ".", S_IXUSR, true, false) || lacks(dirfd, path, S_IRUSR, false, true)) {
+      errno = EACCES;
+      return -1;
+    }
+    return spy_ops::openat2(dirfd, path, how);
+  }
+  int fstatat(int dirfd, const char* path, struct stat* st, int flags) noexcept override {
+    if (lacks(dirfd, ".", S_IXUSR, true, false)) {
+      errno = EACCES;
+      return -1;
+    }
+    return spy_ops::fstatat(dirfd, path, st, flags);
+  }
+  int fchmodat(int dirfd, const char* path, mode_t mode, int flags) noexcept override {
+    ++fchmodat_calls;
+    if (before_fchmodat) before_fchmodat(path);
+    return ops::fchmodat(dirfd, path, mode, flags);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("collector: modes the program set neither hide nor drop its files", "[collector]") {
+  temp_dir host;
+  const std::string canary = "CANARY-mode-" + std::to_string(::getpid());
+  write_text(host.path / "secret", canary);
+  ::chmod((host.path / "secret").c_str(), 0600);
+  temp_dir t;
+  for (auto [name, mode] :
+       {std::pair{"m000", 0000}, {"m200", 0200}, {"m444", 0444}, {"swapped", 0000}}) {
+    write_text(t.path / name, name);
+    REQUIRE(::chmod((t.path / name).c_str(), static_cast<mode_t>(mode)) == 0);
+  }
+  REQUIRE(::chmod(t.path.c_str(), 0) == 0);  // neither readable nor searchable
+  owner_permission_ops ops;
+  ops.before_fchmodat = [&](const std::string& name) {
+    if (name != "swapped") return;
+    std::error_code ec;
+    fs::remove(t.path / name, ec);
+    fs::create_symlink(host.path / "secret", t.path / name, ec);
+  };
+  auto r = collect(t.path, {}, &ops);
+  ::chmod(t.path.c_str(), 0700);
+  CHECK(names_of(r.out) == std::vector<std::string>{"m000", "m200", "m444"});
+  for (const auto& f : r.out.files) {
+    auto b = r.store->get(tenant, f.blob);
+    REQUIRE(b.has_value());
+    CHECK(*b == f.name);
+  }
+  // Swapped for a link before its mode was given back: the link is neither followed by the
+  // chmod nor read.
+  CHECK(drops_of(r.out) ==
+        std::map<std::string, drop_reason>{{"swapped", drop_reason::not_regular_file}});
+  CHECK(fs::is_symlink(fs::symlink_status(t.path / "swapped")));
+  struct stat st {};
+  REQUIRE(::stat((host.path / "secret").c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0600);
+  CHECK(ops.fchmodat_calls == 3);  // m000, m200 and swapped: never m444
+  CHECK(all_blob_bytes(*r.store).find("CANARY") == std::string::npos);
+}
