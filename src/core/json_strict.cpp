@@ -1,7 +1,9 @@
 // Strict JSON parsing and typed field access for the protocol decoders (json_strict.hpp).
 #include "core/json_strict.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "core/text_util.hpp"
@@ -28,7 +30,9 @@ std::string with_path(const std::string& path, std::string_view what) {
 
 /// A SAX handler that builds a DOM like nlohmann's own, but stops at the first duplicate key
 /// or at nesting deeper than the limit, and keeps nlohmann's error text out of messages
-/// (it quotes the raw input, which may be anything).
+/// (it quotes the raw input, which may be anything). Every error names the field path where
+/// the parser stopped (`files_in[1].name: malformed JSON at byte 70: ...`), so a model can
+/// tell which of its values was at fault.
 class strict_builder {
  public:
   using number_integer_t = json::number_integer_t;
@@ -60,6 +64,7 @@ class strict_builder {
     }
     key_ = k;
     element_ = &object[k];
+    expect_value_ = true;
     return true;
   }
 
@@ -85,12 +90,30 @@ class strict_builder {
     } else if (what.find("number overflow") != std::string_view::npos) {
       reason = "number overflow";  // out_of_range.406, whose text quotes the number
     }
-    error_ = "malformed JSON at byte " + std::to_string(position);
-    if (!reason.empty()) error_ += ": " + reason;
+    std::string message = "malformed JSON at byte " + std::to_string(position);
+    if (!reason.empty()) message += ": " + reason;
+    error_ = with_path(where(), message);
+    parse_error_position_ = position;
     return false;
   }
 
   const std::string& error() const { return error_; }
+
+  /// True when parsing stopped with a parse error at or after byte `n` (the end of a
+  /// prefix), rather than at a fault of its own before it.
+  bool stopped_at_or_after(std::size_t n) const {
+    return parse_error_position_ && *parse_error_position_ >= n;
+  }
+
+  /// The field path of the value being parsed now: the member after its key, the next
+  /// array element, or the enclosing object (in a key, or between members). Empty at the
+  /// top level.
+  std::string where() const {
+    if (stack_.empty()) return {};
+    const json& parent = *stack_.back();
+    if (parent.is_array()) return index_path(paths_.back(), parent.size());
+    return expect_value_ ? member_path(paths_.back(), key_) : paths_.back();
+  }
 
  private:
   template <class Value>
@@ -105,6 +128,7 @@ class strict_builder {
       return &parent.get_ref<json::array_t&>().back();
     }
     *element_ = json(std::forward<Value>(v));
+    expect_value_ = false;
     return element_;
   }
 
@@ -135,6 +159,7 @@ class strict_builder {
   bool close() {
     stack_.pop_back();
     paths_.pop_back();
+    expect_value_ = false;  // a closed container was the value of its key
     return true;
   }
 
@@ -144,6 +169,8 @@ class strict_builder {
   std::vector<std::string> paths_;  // field path of each open container
   std::string key_;                 // the current object key
   json* element_ = nullptr;         // where the value for `key_` goes
+  bool expect_value_ = false;       // in an object: `key_` is read, its value is not yet
+  std::optional<std::size_t> parse_error_position_;
   std::string error_;
 };
 
@@ -175,16 +202,34 @@ std::optional<std::string> parse_strict(std::string_view text, const decode_opti
   if (text.size() > options.max_document_bytes) {
     return "document is larger than " + std::to_string(options.max_document_bytes) + " bytes";
   }
-  if (const auto bad = utf8_error_offset(text); bad != std::string_view::npos) {
-    return "document is not valid UTF-8 (byte " + std::to_string(bad + 1) + ")";
-  }
+  // nlohmann would skip a byte order mark; another parser might not.
   if (text.substr(0, 3) == "\xEF\xBB\xBF") {
     return std::string("malformed JSON at byte 1: byte order mark not allowed");
   }
-  // nlohmann's lexer takes a NUL byte for the end of the input, so `{...}\0<anything>` would
-  // parse as `{...}`: refuse raw NUL anywhere (inside strings JSON needs "\u0000" anyway).
-  if (const auto nul = text.find('\0'); nul != std::string_view::npos) {
-    return "malformed JSON at byte " + std::to_string(nul + 1) + ": NUL byte";
+  // Invalid UTF-8 and raw NUL bytes are refused wherever they are (nlohmann's lexer takes a
+  // NUL for the end of the input, so `{...}\0<anything>` would parse as `{...}`). The message
+  // names the field holding the first such byte: the path where a parse of the text before
+  // it stops — unless that text has a fault of its own, which comes first.
+  const std::size_t bad = utf8_error_offset(text);
+  const std::size_t nul = text.find('\0');
+  if (bad != std::string_view::npos || nul != std::string_view::npos) {
+    const std::size_t at = std::min(bad, nul);
+    std::string path;
+    json scratch;
+    strict_builder probe(scratch, options.max_depth);
+    const std::string_view before = text.substr(0, at);
+    if (!json::sax_parse(before.data(), before.data() + before.size(), &probe,
+                         json::input_format_t::json, /*strict=*/true,
+                         /*ignore_comments=*/false)) {
+      if (!probe.stopped_at_or_after(at)) return probe.error();
+      path = probe.where();
+    }
+    if (at == bad) {
+      return path.empty()
+                 ? "document is not valid UTF-8 (byte " + std::to_string(bad + 1) + ")"
+                 : with_path(path, "not valid UTF-8 (byte " + std::to_string(bad + 1) + ")");
+    }
+    return with_path(path, "malformed JSON at byte " + std::to_string(nul + 1) + ": NUL byte");
   }
   strict_builder builder(out, options.max_depth);
   const bool ok = json::sax_parse(text.data(), text.data() + text.size(), &builder,

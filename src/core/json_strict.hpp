@@ -21,8 +21,10 @@
 
 namespace sandbox::detail {
 
-/// Parses `text` into `out`. Returns an error message (no field path: the document itself is
-/// at fault, e.g. "malformed JSON at byte 7: ..." or "duplicate field 'v'"), or nullopt.
+/// Parses `text` into `out`. Returns an error message, or nullopt. The message starts with
+/// the path of the field where the fault is (`files_in[1].name: not valid UTF-8 (byte 76)`,
+/// `files_in[0]: duplicate field 'name'`); faults outside every field have none
+/// ("malformed JSON at byte 1: byte order mark not allowed").
 std::optional<std::string> parse_strict(std::string_view text, const decode_options& options,
                                         nlohmann::json& out);
 

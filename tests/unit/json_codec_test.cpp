@@ -375,7 +375,8 @@ break"})",
   for (const char* d : docs) {
     INFO(d);
     const std::string message = request_error(d);
-    CHECK(message.rfind("malformed JSON at byte ", 0) == 0);
+    // Inside a field the message starts with its path (`source: malformed JSON at ...`).
+    CHECK(message.find("malformed JSON at byte ") != std::string::npos);
     CHECK(message.find("SECRET") == std::string::npos);
     CHECK(message.find("json.exception") == std::string::npos);
     CHECK(is_clean(message));
@@ -386,12 +387,13 @@ break"})",
   CHECK(request_error(R"({"runtime":"x","source":"y"})" + "\0{\"evil\":1}"s) ==
         "malformed JSON at byte 29: NUL byte");
   CHECK(request_error(R"({"runtime":"x","source":"y)" + "\0"s + R"("})") ==
-        "malformed JSON at byte 27: NUL byte");
+        "source: malformed JSON at byte 27: NUL byte");
   CHECK(request_error("\0"s) == "malformed JSON at byte 1: NUL byte");
   // nlohmann refuses floats that overflow a double; its message would quote the number.
-  CHECK(request_error(request_with(R"("timeout_ms":1e400)")) == "malformed JSON at byte 59: number overflow");
+  CHECK(request_error(request_with(R"("timeout_ms":1e400)")) ==
+        "timeout_ms: malformed JSON at byte 59: number overflow");
   CHECK(request_error(R"({"runtime":SECRET})") ==
-        "malformed JSON at byte 12: syntax error while parsing value - invalid literal");
+        "runtime: malformed JSON at byte 12: syntax error while parsing value - invalid literal");
 }
 
 TEST_CASE("top-level values other than an object are refused", "[json][syntax]") {
@@ -413,7 +415,7 @@ TEST_CASE("invalid UTF-8 anywhere is refused", "[json][utf8]") {
   };
   for (const auto& b : bad) {
     const std::string in_value = R"({"runtime":"x","source":")" + b + R"("})";
-    CHECK(request_error(in_value) == "document is not valid UTF-8 (byte 26)");
+    CHECK(request_error(in_value) == "source: not valid UTF-8 (byte 26)");
     const std::string in_key = "{\"" + b + R"(":1,"runtime":"x","source":"y"})";
     CHECK(request_error(in_key) == "document is not valid UTF-8 (byte 3)");
     const std::string outside = R"({"runtime":"x","source":"y"})" + b;
@@ -421,6 +423,48 @@ TEST_CASE("invalid UTF-8 anywhere is refused", "[json][utf8]") {
   }
   CHECK(request_error("\xef\xbb\xbf" + request_with("")) ==
         "malformed JSON at byte 1: byte order mark not allowed");
+}
+
+TEST_CASE("faults inside a field name the field, however deep", "[json][syntax][utf8]") {
+  // A model must be able to tell which of its values was refused (protocol.md: every
+  // message starts with the field path). Only the whole document's own faults have none.
+  const std::string entry_ok = R"({"name":"ok","blob":"b"})";
+  auto files_doc = [&](const std::string& bad_entry) {
+    return R"({"runtime":"x","source":"y","files_in":[)" + entry_ok + "," + bad_entry + "]}";
+  };
+  struct fault {
+    std::string doc;
+    std::string message;
+  };
+  const fault faults[] = {
+      {files_doc(R"({"name":"a)" "\xff" R"(","blob":"b"})"),
+       "files_in[1].name: not valid UTF-8 (byte 76)"},
+      {files_doc(R"({"name":"a)" "\0"s R"(","blob":"b"})"),
+       "files_in[1].name: malformed JSON at byte 76: NUL byte"},
+      {files_doc(R"({"name":"\ud800","blob":"b"})"),
+       "files_in[1].name: malformed JSON at byte 81: syntax error while parsing value - "
+       "invalid string: surrogate U+D800..U+DBFF must be followed by U+DC00..U+DFFF"},
+      {files_doc(R"({"name":"x","blob":"b\x"})"),
+       "files_in[1].blob: malformed JSON at byte 88: syntax error while parsing value - "
+       "invalid string: forbidden character after backslash"},
+      // In a key, or between members: the enclosing object.
+      {files_doc(R"({"na)" "\xff" R"(me":"x","blob":"b"})"), "files_in[1]: not valid UTF-8 (byte 70)"},
+      {files_doc(R"({"name":"x" "blob":"b"})"),
+       "files_in[1]: malformed JSON at byte 83: syntax error while parsing object - "
+       "unexpected string literal; expected '}'"},
+      // Between elements: the next element.
+      {R"({"runtime":"x","source":"y","files_in":[)" + entry_ok + " x]}",
+       "files_in[1]: malformed JSON at byte 66: syntax error while parsing array - invalid "
+       "literal"},
+      // A fault of its own before the bad byte comes first.
+      {R"({"runtime":"x",,"source":")" "\xff" R"("})",
+       "malformed JSON at byte 16: syntax error while parsing object key - unexpected ','; "
+       "expected string literal"},
+  };
+  for (const auto& f : faults) {
+    INFO(sandbox::escape_for_display(f.doc));
+    CHECK(request_error(f.doc) == f.message);
+  }
 }
 
 TEST_CASE("duplicate keys are refused, however they are spelled", "[json][duplicates]") {
@@ -564,7 +608,8 @@ TEST_CASE("encode writes the documented result fields", "[json][result]") {
         R"("usage":{"setup_ms":0,"wall_ms":0,"cpu_ms":0,"peak_memory_bytes":0},)"
         R"("oom_kills":0,"timeout_clamped":false,"memory_clamped":false,"timeout_ms":0,)"
         R"("memory_limit_bytes":0,"isolation":"process","runtime":{"name":"","digest":""},)"
-        R"("egress_attempts":[],"egress_attempts_dropped":0,"violation":null,"run_id":""})");
+        R"("egress_attempts":[],"egress_attempts_dropped":0,"violation":null,"run_id":"",)"
+        R"("queue":null,"queue_wait_ms":0})");
 }
 
 TEST_CASE("encoding invalid UTF-8 still gives valid JSON", "[json][result]") {

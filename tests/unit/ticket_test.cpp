@@ -268,7 +268,7 @@ TEST_CASE("ticket documents get the same strictness as requests", "[ticket][json
   CHECK(decode_error("[]") == "expected a JSON object");
   CHECK(decode_error("").rfind("malformed JSON at byte ", 0) == 0);
   CHECK(decode_error("{" + valid_members).rfind("malformed JSON at byte ", 0) == 0);
-  CHECK(decode_error("{\"id\":\"\xff\"}") == "document is not valid UTF-8 (byte 8)");
+  CHECK(decode_error("{\"id\":\"\xff\"}") == "id: not valid UTF-8 (byte 8)");
   CHECK(decode_error(std::string(20, '[') + std::string(20, ']')) ==
         "nesting deeper than 16 levels");
 }
