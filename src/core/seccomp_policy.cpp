@@ -108,6 +108,7 @@ constexpr std::uint64_t refused_low_families[] = {0, 3, 4, 5, 6, 7, 8, 9, 11, 12
 
 constexpr std::uint32_t tiocsti = 0x5412;
 constexpr std::uint32_t tioclinux = 0x541C;
+constexpr std::uint64_t low32 = 0xFFFFFFFFULL;
 
 int add_rules(scmp_filter_ctx ctx, const char** failed) noexcept {
   for (const auto& r : rules) {
@@ -122,11 +123,15 @@ int add_rules(scmp_filter_ctx ctx, const char** failed) noexcept {
         if (rc < 0) break;
       }
     } else if (name == "ioctl") {
+      // The kernel takes ioctl's command as a 32-bit `unsigned int`; the filter sees the
+      // whole 64-bit register. An equality test on the register (what SCMP_A1_32 does in
+      // libseccomp 2.5: it only narrows the datum) misses 0xFFFFFFFF00005412, which the kernel
+      // runs as TIOCSTI (flatpak CVE-2019-10063). Mask to the low 32 bits instead.
       rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 1,
-                            SCMP_A1_32(SCMP_CMP_EQ, tiocsti));
+                            SCMP_A1_64(SCMP_CMP_MASKED_EQ, low32, tiocsti));
       if (rc == 0) {
         rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 1,
-                              SCMP_A1_32(SCMP_CMP_EQ, tioclinux));
+                              SCMP_A1_64(SCMP_CMP_MASKED_EQ, low32, tioclinux));
       }
     } else if (name == "socket") {
       // Compared as 64-bit values: a domain with upper bits set is > 16 and refused too.
