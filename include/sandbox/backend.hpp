@@ -7,6 +7,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/system/error_code.hpp>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -48,6 +49,18 @@ struct run_job {
   boost::asio::any_io_executor executor;
 };
 
+/// One warm pool's figures (sandbox/runtime.hpp `warm_pool_class`).
+struct pool_stats {
+  std::string runtime;                 ///< runtime name the pool serves
+  std::uint64_t memory_limit_bytes = 0;  ///< its limits class
+  std::uint32_t size = 0;              ///< configured size (expected concurrent executions)
+  std::uint32_t ready = 0;             ///< prepared, never used, waiting
+  std::uint32_t starting = 0;          ///< being prepared (refills in flight)
+  std::uint64_t handed_out = 0;        ///< instances given to runs so far
+  std::uint64_t failed = 0;            ///< instances that failed to prepare or died idle
+  bool operator==(const pool_stats&) const = default;
+};
+
 /// An isolation mechanism. Implementations are thread-safe.
 class backend {
  public:
@@ -77,6 +90,9 @@ class backend {
   /// budget) until they are confirmed dead. Called when the runtime is destroyed. Their
   /// handlers still complete, with `operation_aborted`, if their executor keeps running.
   virtual void shutdown() noexcept = 0;
+
+  /// Warm pools of this backend (empty when it keeps none).
+  virtual std::vector<pool_stats> warm_pool_stats() const { return {}; }
 
  private:
   virtual void do_execute(

@@ -40,6 +40,23 @@
 
 namespace sandbox {
 
+/**
+ * A warm pool of one limits class: `size` process-level instances of `runtime` prepared ahead
+ * (uid, cgroup with these limits, namespaces, filesystem, sandbox-init waiting), each handed
+ * to exactly one run and then destroyed, refilled asynchronously. A request is served from
+ * the pool when its runtime, memory limit and `files_out` limits equal the class's (the
+ * defaults match a request that leaves them unset); otherwise it runs cold. A pooled run is
+ * indistinguishable from a cold one to the code inside.
+ */
+struct warm_pool_class {
+  std::string runtime = "python3";
+  /// Expected concurrent executions of this class (not requests per second).
+  std::uint32_t size = 2;
+  std::uint64_t memory_limit_bytes = 256ULL << 20;
+  output_limits files_out;
+  bool operator==(const warm_pool_class&) const = default;
+};
+
 /// Options of the process backend (namespaces + cgroup + seccomp; src/backends/process).
 struct process_backend_options {
   /// Parent cgroup of all runs, as a path inside each cgroup hierarchy (e.g.
@@ -55,6 +72,8 @@ struct process_backend_options {
   std::uint32_t uid_count = 4096;
   /// Use this sandbox-init executable instead of the copy built into the library (debugging).
   std::filesystem::path init_path;
+  /// Warm pools (none by default).
+  std::vector<warm_pool_class> warm_pool;
 };
 
 /// Everything a runtime is configured with. Defaults work for root and ordinary users.
@@ -176,6 +195,9 @@ class runtime {
   std::shared_ptr<image_store> images() const;
 
   const sandbox::policy& policy() const;
+
+  /// Every backend's warm pools: ready, starting, handed out, failed.
+  std::vector<pool_stats> warm_pool_stats() const;
 
   /// Scheduler figures: slots held, runs queued, dispatches, queue timeouts, rejections.
   sandbox::scheduler_stats queue_stats() const;

@@ -377,7 +377,16 @@ void runtime_impl::register_process_backend(const runtime_options& o) {
 #ifdef SANDBOX_HAS_PROCESS_BACKEND
   try {
     detail::process_backend_context ctx{
-        .executor = executor_, .options = o.process, .state_dir = o.state_dir, .log = log_};
+        .executor = executor_, .options = o.process, .state_dir = o.state_dir, .log = log_,
+        .policy = policy_,
+        .resolve_runtime =
+            [this](std::string_view name)
+            -> std::optional<std::pair<runtime_spec, std::filesystem::path>> {
+          const runtime_spec* s = spec(name);
+          auto root = rootfs_of(name);
+          if (s == nullptr || root.empty()) return std::nullopt;
+          return std::make_pair(*s, root);
+        }};
     auto made = detail::make_process_backend(ctx);
     if (auto* b = std::get_if<std::shared_ptr<backend>>(&made); b != nullptr && *b) {
       st.registered = true;
@@ -1029,6 +1038,19 @@ std::shared_ptr<image_store> runtime::images() const {
 const sandbox::policy& runtime::policy() const {
   static const sandbox::policy defaults{};
   return impl_ ? impl_->policy() : defaults;
+}
+
+std::vector<pool_stats> runtime::warm_pool_stats() const {
+  std::vector<pool_stats> out;
+  if (!impl_) return out;
+  for (const auto& level : {isolation::process, isolation::container, isolation::gvisor,
+                            isolation::microvm}) {
+    if (auto b = impl_->backend_at(level)) {
+      auto s = b->warm_pool_stats();
+      out.insert(out.end(), s.begin(), s.end());
+    }
+  }
+  return out;
 }
 
 sandbox::scheduler_stats runtime::queue_stats() const {

@@ -37,8 +37,10 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -151,6 +153,7 @@ struct backend_shared {
   std::filesystem::path runs_dir;
   int instance_lock_fd = -1;
   std::filesystem::path instance_lock_path;
+  std::atomic<bool> shutting_down{false};
   ~backend_shared() {
     close_fd(init_exec_fd);
     // A clean shutdown leaves nothing behind: the (empty) runs dir and the instance lock go.
@@ -274,9 +277,19 @@ class process_run : public std::enable_shared_from_this<process_run> {
   void fail_setup(const std::string& detail) {
     internal_error_ = "sandbox setup failed";
     detail_.text = detail;
-    log(log_level::error, detail);
+    // An idle pool instance destroyed on purpose (shutdown, health check) is not an error;
+    // one that died idle is worth a warning (the pool replaces it).
+    if (ready_.load() && !activated_.load()) {
+      if (!cancelled_ && !shared_shutting_down()) {
+        log(log_level::warning, "idle warm-pool instance lost: " + detail);
+      }
+    } else {
+      log(log_level::error, detail);
+    }
     finish();
   }
+
+  bool shared_shutting_down() const noexcept { return shared_->shutting_down.load(); }
 
   void prepare() {
     t0_ = clock::now();
@@ -478,6 +491,16 @@ class process_run : public std::enable_shared_from_this<process_run> {
     job_.admitted = std::move(job.admitted);
     job_.blobs = std::move(job.blobs);
     if (job.executor) job_.executor = std::move(job.executor);
+    if (torn_down_) {
+      // The instance died between being picked and activated: report, never hang.
+      internal_error_ = "sandbox setup failed";
+      run_result r;
+      classify(r);
+      auto d = std::move(done_);
+      done_ = nullptr;
+      d(std::move(r), std::move(detail_));
+      return;
+    }
     if (finishing_) return;  // preparing already failed: teardown reports it
     const auto& req = job_.admitted.request;
     std::size_t missing = 0;
@@ -724,6 +747,13 @@ class process_run : public std::enable_shared_from_this<process_run> {
                                                &fl);
                         if (n <= 0) break;
                         std::span<const std::uint8_t> q(pkt.data(), static_cast<std::size_t>(n));
+                        // The run's own names (localhost, its hostname) never leave it: answered,
+                        // not egress.
+                        if (auto local = dns_local_response(q); !local.empty()) {
+                          ::sendto(self->dns_.native_handle(), local.data(), local.size(),
+                                   MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), fl);
+                          continue;
+                        }
                         if (auto name = dns_query_name(q)) {
                           self->record_egress({.protocol = "dns",
                                                .host = *name,
@@ -854,6 +884,22 @@ class process_run : public std::enable_shared_from_this<process_run> {
     reap_helper();
     pidfd_desc_.close(ignored);
 
+    if (!activated_.load()) {
+      // A warm-pool instance that never got a run: nothing to collect or report.
+      close_fd(out_dir_fd_);
+      destroy();
+      torn_down_ = true;
+      if (on_prepared_) {
+        auto f = std::move(on_prepared_);
+        on_prepared_ = nullptr;
+        f(false);
+      } else if (on_lost_) {
+        auto f = std::move(on_lost_);
+        on_lost_ = nullptr;
+        f();
+      }
+      return;
+    }
     run_result r;
     if (cgroup_) {
       if (auto st = cgroup_->stats()) stats_ = *st;
@@ -877,6 +923,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
                    " could not be stored (blob store quota or error)";
     }
     destroy();
+    torn_down_ = true;
     if (done_) {
       auto done = std::move(done_);
       done_ = nullptr;
@@ -1046,6 +1093,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
   int out_dir_fd_ = -1;
   std::atomic<bool> ready_{false};      ///< sandbox-init is set up and waits for its program
   std::atomic<bool> activated_{false};  ///< the instance has its run
+  bool torn_down_ = false;              ///< teardown finished (strand only)
   std::function<void(bool)> on_prepared_;
   std::function<void()> on_lost_;
 
@@ -1069,17 +1117,65 @@ class process_run : public std::enable_shared_from_this<process_run> {
   cgroup_stats stats_;
 };
 
-class process_backend final : public backend {
+class process_backend final : public backend,
+                              public std::enable_shared_from_this<process_backend> {
  public:
   explicit process_backend(std::shared_ptr<backend_shared> shared) : shared_(std::move(shared)) {}
+
+  /// Creates the configured warm pools and starts filling them (asynchronously, on the
+  /// runtime's executor). Classes whose runtime is unavailable are logged and skipped.
+  void start_pools() {
+    std::lock_guard lock(mu_);
+    for (const auto& cls : shared_->ctx.options.warm_pool) {
+      if (cls.size == 0) continue;
+      auto resolved = shared_->ctx.resolve_runtime ? shared_->ctx.resolve_runtime(cls.runtime)
+                                                   : std::nullopt;
+      if (!resolved) {
+        if (shared_->ctx.log) {
+          shared_->ctx.log(log_level::warning,
+                           "warm pool for runtime '" + cls.runtime + "' skipped: unavailable");
+        }
+        continue;
+      }
+      auto p = std::make_unique<pool_state>();
+      p->cls = cls;
+      p->tmpl.runtime = resolved->first;
+      p->tmpl.rootfs = resolved->second;
+      p->tmpl.policy = shared_->ctx.policy;
+      p->tmpl.admitted.request.runtime = cls.runtime;
+      p->tmpl.admitted.request.memory_limit_bytes = cls.memory_limit_bytes;
+      p->tmpl.admitted.request.files_out = cls.files_out;
+      p->tmpl.blobs = make_memory_blob_store(1);
+      pools_.push_back(std::move(p));
+    }
+    for (auto& p : pools_) refill_locked(*p);
+  }
+
+  std::vector<pool_stats> warm_pool_stats() const override {
+    std::lock_guard lock(mu_);
+    std::vector<pool_stats> out;
+    for (const auto& p : pools_) {
+      out.push_back({.runtime = p->cls.runtime,
+                     .memory_limit_bytes = p->cls.memory_limit_bytes,
+                     .size = p->cls.size,
+                     .ready = static_cast<std::uint32_t>(p->ready.size()),
+                     .starting = p->starting,
+                     .handed_out = p->handed_out,
+                     .failed = p->failed});
+    }
+    return out;
+  }
 
   sandbox::isolation isolation() const noexcept override { return sandbox::isolation::process; }
   std::string_view name() const noexcept override { return "process"; }
 
   void shutdown() noexcept override {
     std::vector<std::shared_ptr<process_run>> live;
+    shared_->shutting_down = true;
     {
       std::lock_guard lock(mu_);
+      shutting_down_ = true;
+      for (auto& p : pools_) p->ready.clear();  // idle instances die with the kill below
       for (auto& [id, w] : runs_) {
         if (auto r = w.lock()) live.push_back(std::move(r));
       }
@@ -1129,15 +1225,117 @@ class process_backend final : public backend {
   }
 
  private:
+  struct pool_state {
+    warm_pool_class cls;
+    run_job tmpl;  ///< the limits class: runtime, rootfs, policy, memory, files_out
+    std::deque<std::shared_ptr<process_run>> ready;
+    std::uint32_t starting = 0;
+    std::uint64_t handed_out = 0, failed = 0;
+    std::uint32_t consecutive_failures = 0;
+    bool retry_scheduled = false;
+  };
+
+  static bool matches(const pool_state& p, const run_job& job) {
+    const auto& req = job.admitted.request;
+    return job.runtime.name == p.cls.runtime &&
+           req.memory_limit_bytes == p.cls.memory_limit_bytes &&
+           req.files_out == p.cls.files_out;
+  }
+
+  void track_locked(const std::shared_ptr<process_run>& run) {
+    for (auto it = runs_.begin(); it != runs_.end();) {
+      it = it->second.expired() ? runs_.erase(it) : std::next(it);
+    }
+    runs_[run->run_id()] = run;
+  }
+
+  // Starts preparing instances until ready + starting reaches the pool's size (at most two
+  // in flight per pool, so refills never starve live runs of the host's cores).
+  void refill_locked(pool_state& p) {
+    if (shutting_down_ || p.retry_scheduled) return;
+    if (p.consecutive_failures >= 3) {
+      // Something is wrong on this host right now: retry later instead of spinning.
+      p.retry_scheduled = true;
+      auto t = std::make_shared<asio::steady_timer>(shared_->ctx.executor, std::chrono::seconds(5));
+      t->async_wait([weak = weak_from_this(), pp = &p, t](boost::system::error_code ec) {
+        auto self = weak.lock();
+        if (ec || !self) return;
+        std::lock_guard lock(self->mu_);
+        pp->retry_scheduled = false;
+        pp->consecutive_failures = 0;
+        self->refill_locked(*pp);
+      });
+      return;
+    }
+    while (p.ready.size() + p.starting < p.cls.size && p.starting < 2) {
+      ++p.starting;
+      run_job job = p.tmpl;
+      job.run_id = "w" + random_hex(8);
+      auto inst = std::make_shared<process_run>(shared_, shared_->ctx.executor, std::move(job),
+                                                false);
+      track_locked(inst);
+      std::weak_ptr<process_run> winst = inst;
+      auto weak = weak_from_this();
+      inst->prepare_pooled(
+          [weak, pp = &p, winst](bool ok) {
+            auto self = weak.lock();
+            if (!self) return;
+            std::lock_guard lock(self->mu_);
+            --pp->starting;
+            auto i = winst.lock();
+            if (ok && i && !self->shutting_down_) {
+              pp->ready.push_back(std::move(i));
+              pp->consecutive_failures = 0;
+            } else if (!ok) {
+              ++pp->failed;
+              ++pp->consecutive_failures;
+            }
+            self->refill_locked(*pp);
+          },
+          [weak, pp = &p, winst] {
+            auto self = weak.lock();
+            if (!self) return;
+            std::lock_guard lock(self->mu_);
+            auto i = winst.lock();
+            auto it = std::find(pp->ready.begin(), pp->ready.end(), i);
+            if (it != pp->ready.end()) pp->ready.erase(it);
+            ++pp->failed;
+            self->refill_locked(*pp);
+          });
+    }
+  }
+
+  // A ready, healthy instance of a matching pool (one-shot: it leaves the pool for good).
+  std::shared_ptr<process_run> take_pooled(const run_job& job) {
+    std::lock_guard lock(mu_);
+    for (auto& p : pools_) {
+      if (!matches(*p, job)) continue;
+      std::shared_ptr<process_run> got;
+      while (!p->ready.empty() && !got) {
+        auto c = std::move(p->ready.front());
+        p->ready.pop_front();
+        if (c->is_ready_idle()) {
+          got = std::move(c);
+          ++p->handed_out;
+        } else {
+          ++p->failed;  // failed its health check: destroyed, never handed out
+          c->cancel();
+        }
+      }
+      refill_locked(*p);
+      return got;
+    }
+    return nullptr;
+  }
+
   void do_execute(run_job job, handler_type handler) override {
     auto ex = job.executor ? job.executor : shared_->ctx.executor;
-    auto run = std::make_shared<process_run>(shared_, ex, std::move(job), false);
-    {
+    std::shared_ptr<process_run> run = take_pooled(job);
+    const bool pooled = run != nullptr;
+    if (!pooled) {
+      run = std::make_shared<process_run>(shared_, ex, job, false);
       std::lock_guard lock(mu_);
-      for (auto it = runs_.begin(); it != runs_.end();) {
-        it = it->second.expired() ? runs_.erase(it) : std::next(it);
-      }
-      runs_[run->run_id()] = run;
+      track_locked(run);
     }
     auto slot = asio::get_associated_cancellation_slot(handler);
     auto cancelled = std::make_shared<std::atomic<bool>>(false);
@@ -1149,19 +1347,26 @@ class process_backend final : public backend {
       });
     }
     auto h = std::make_shared<handler_type>(std::move(handler));
-    run->start([h, cancelled](run_result r, run_detail) mutable {
+    auto done = [h, cancelled](run_result r, run_detail) mutable {
       auto slot = asio::get_associated_cancellation_slot(*h);
       if (slot.is_connected()) slot.clear();
       auto ex = asio::get_associated_executor(*h);
       boost::system::error_code ec;
       if (cancelled->load()) ec = asio::error::operation_aborted;
       asio::dispatch(ex, [h, ec, r = std::move(r)]() mutable { std::move(*h)(ec, std::move(r)); });
-    });
+    };
+    if (pooled) {
+      run->activate(std::move(job), std::move(done));
+    } else {
+      run->start(std::move(done));
+    }
   }
 
   std::shared_ptr<backend_shared> shared_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<std::string, std::weak_ptr<process_run>> runs_;
+  std::vector<std::unique_ptr<pool_state>> pools_;
+  bool shutting_down_ = false;
 };
 
 // Creates a sealed memfd holding sandbox-init, or opens `path` when given.
@@ -1284,6 +1489,7 @@ std::variant<std::shared_ptr<backend>, std::string> make_process_backend(
   std::filesystem::create_directories(empty_root, ec);
   std::string reason = be->self_test(empty_root);
   if (!reason.empty()) return "process backend self-test failed: " + reason;
+  be->start_pools();
   if (ctx.log) ctx.log(log_level::info, "process backend ready (" + shared->cgroups->describe() + ")");
   return std::shared_ptr<backend>(be);
 }

@@ -4,7 +4,9 @@
 
 #include <boost/asio/any_io_executor.hpp>
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 
@@ -21,6 +23,11 @@ struct process_backend_context {
   process_backend_options options;
   std::filesystem::path state_dir;  ///< per-host runtime state (work dirs, locks)
   log_sink log;                     ///< host log lines
+  sandbox::policy policy;           ///< limits of warm-pool instances
+  /// Runtime name → its spec and unpacked image root (for warm-pool templates); nullopt when
+  /// the runtime or its image is unavailable.
+  std::function<std::optional<std::pair<runtime_spec, std::filesystem::path>>(std::string_view)>
+      resolve_runtime;
 };
 
 /**

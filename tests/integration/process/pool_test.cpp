@@ -1,0 +1,179 @@
+// Warm pools: instances prepared ahead, one-shot, refilled asynchronously, health-checked at
+// hand-out, bound to the tenant at hand-out — and a pooled run indistinguishable from a cold
+// one to the code inside.
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "integration/harness.hpp"
+
+using sandbox::code;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct pooled_runtime {
+  std::string state;
+  std::unique_ptr<sandbox::runtime> rt;
+  explicit pooled_runtime(std::vector<sandbox::warm_pool_class> classes) {
+    char tmpl[] = "/tmp/sandbox-pool-XXXXXX";
+    state = mkdtemp(tmpl);
+    auto opts = sandbox::default_runtime_options();
+    opts.state_dir = state + "/state";
+    if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
+    if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
+    opts.blobs = sandbox::make_memory_blob_store();
+    opts.process.warm_pool = std::move(classes);
+    opts.log = sandbox::make_stderr_log_sink(sandbox::log_level::error);
+    auto made = sandbox::runtime::create(opts);
+    REQUIRE(made.has_value());
+    rt = std::make_unique<sandbox::runtime>(std::move(*made));
+  }
+  ~pooled_runtime() {
+    rt.reset();
+    std::filesystem::remove_all(state);
+  }
+  sandbox::pool_stats stats(std::size_t i = 0) {
+    auto s = rt->warm_pool_stats();
+    REQUIRE(s.size() > i);
+    return s[i];
+  }
+  // Waits (bounded) until pool `i` has `ready` instances ready.
+  bool wait_ready(std::uint32_t ready, std::size_t i = 0) {
+    for (int n = 0; n < 500; ++n) {
+      if (stats(i).ready >= ready && stats(i).starting == 0) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+};
+
+// Pids of idle pool instances' sandbox-init (PID 1 of a run cgroup named r-*-w*).
+std::vector<int> idle_instance_inits() {
+  std::vector<int> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    std::string pid = e.path().filename();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cg(e.path() / "cgroup");
+    std::string line, all;
+    while (std::getline(cg, line)) all += line + "\n";
+    if (!std::regex_search(all, std::regex("/r-[0-9a-f]+-w[0-9a-f]+"))) continue;
+    std::ifstream st(e.path() / "status");
+    while (std::getline(st, line)) {
+      if (line.rfind("NSpid:", 0) == 0 && line.size() > 2 && line.substr(line.size() - 2) == "\t1") {
+        out.push_back(std::stoi(pid));
+      }
+    }
+  }
+  return out;
+}
+
+const char* probe = R"PY(
+import os, sys, json, resource, stat
+d = os.environ['SANDBOX_INPUT_DIR']
+st = dict(l.split(':\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\t' in l)
+print(json.dumps({
+  'env': {k: ('IN-DIR' if k == 'SANDBOX_INPUT_DIR' else v) for k, v in os.environ.items()},
+  'input_name_ok': os.path.basename(d).startswith('in-') and len(os.path.basename(d)) == 19,
+  'inputs': sorted(os.listdir(d)),
+  'argv': sys.argv, 'main': __name__, 'file': __file__, 'cwd': os.getcwd(),
+  'stdin': os.read(0, 16).decode(), 'stdin_chr': stat.S_ISCHR(os.fstat(0).st_mode),
+  'fds': sorted(os.listdir('/proc/self/fd')),
+  'uid_nonzero': os.getuid() != 0, 'gid_is_uid': os.getgid() == os.getuid(),
+  'pid': os.getpid(), 'ppid': os.getppid(),
+  'rlimits': {n: resource.getrlimit(getattr(resource, n)) for n in
+              ('RLIMIT_CORE', 'RLIMIT_NOFILE', 'RLIMIT_FSIZE', 'RLIMIT_NPROC', 'RLIMIT_STACK')},
+  'caps': st['CapEff'], 'nnp': st['NoNewPrivs'], 'seccomp': st['Seccomp'],
+  'tmp': sorted(os.listdir('/tmp')), 'home': sorted(os.listdir(os.environ['HOME'])),
+  'shm': sorted(os.listdir('/dev/shm')), 'out': sorted(os.listdir(os.environ['SANDBOX_OUTPUT_DIR'])),
+  'mounts': sorted(l.split()[4] for l in open('/proc/self/mountinfo') if '/sandbox/in-' not in l),
+  'hostname': os.uname().nodename,
+}, sort_keys=True))
+)PY";
+
+}  // namespace
+
+TEST_CASE("pool: fills, hands out one-shot instances, refills", "[pool]") {
+  auto before = itest::snapshot();
+  {
+    pooled_runtime p({{.runtime = "python3", .size = 2}});
+    REQUIRE(p.wait_ready(2));
+    for (int i = 0; i < 3; ++i) {
+      auto r = p.rt->run({.runtime = "python3", .source = "print(40 + 2)"}, itest::ticket());
+      CHECK(r.code == code::ok);
+      CHECK(r.std_out.summary == "42\n");
+    }
+    CHECK(p.stats().handed_out == 3);
+    REQUIRE(p.wait_ready(2));  // refilled
+    // A request of another limits class runs cold.
+    auto cold = p.rt->run({.runtime = "python3", .source = "print(7)",
+                           .memory_limit_bytes = 128ULL << 20},
+                          itest::ticket());
+    CHECK(cold.code == code::ok);
+    CHECK(p.stats().handed_out == 3);
+    CHECK(p.stats().failed == 0);
+  }
+  itest::check_host_unchanged(before);  // destroying the runtime destroyed its idle instances
+}
+
+TEST_CASE("pool: a pooled run is indistinguishable from a cold one", "[pool]") {
+  auto input = itest::put("a,b\n1,2\n");
+  sandbox::run_request req{.runtime = "python3", .source = probe};
+  req.files_in = {{.name = "data.csv", .blob = input}};
+  auto cold = itest::run(req, itest::ticket());  // the shared runtime has no pool
+  pooled_runtime p({{.runtime = "python3", .size = 1}});
+  REQUIRE(p.wait_ready(1));
+  auto id = p.rt->blobs()->put("itest", "a,b\n1,2\n");
+  REQUIRE(id.has_value());
+  req.files_in = {{.name = "data.csv", .blob = *id}};
+  auto warm = p.rt->run(req, itest::ticket());
+  REQUIRE(cold.code == code::ok);
+  REQUIRE(warm.code == code::ok);
+  CHECK(p.stats().handed_out == 1);
+  auto jc = nlohmann::json::parse(itest::blob(cold.std_out.blob));
+  auto jw = nlohmann::json::parse(*p.rt->blobs()->get("itest", warm.std_out.blob));
+  CHECK(jc["input_name_ok"] == true);
+  CHECK(jc.dump() == jw.dump());
+}
+
+TEST_CASE("pool: an instance that dies idle is never handed out", "[pool]") {
+  pooled_runtime p({{.runtime = "python3", .size = 2}});
+  REQUIRE(p.wait_ready(2));
+  auto inits = idle_instance_inits();
+  REQUIRE(inits.size() >= 2);
+  for (int pid : inits) kill(pid, SIGKILL);
+  // The pool notices (failed), refills, and runs keep working.
+  for (int n = 0; n < 200 && p.stats().failed < 2; ++n) std::this_thread::sleep_for(20ms);
+  CHECK(p.stats().failed >= 2);
+  auto r = p.rt->run({.runtime = "python3", .source = "print('fresh')"}, itest::ticket());
+  CHECK(r.code == code::ok);
+  CHECK(r.std_out.summary == "fresh\n");
+  CHECK(p.wait_ready(2));
+}
+
+TEST_CASE("pool: nothing of one tenant's run is visible to the next tenant's", "[pool]") {
+  pooled_runtime p({{.runtime = "python3", .size = 2}});
+  REQUIRE(p.wait_ready(2));
+  auto a = p.rt->run(
+      {.runtime = "python3",
+       .source = "import os\nfor d in ['/tmp', os.environ['HOME'], '/dev/shm', "
+                 "os.environ['SANDBOX_OUTPUT_DIR']]:\n    open(d + '/tenant-a-secret', 'w').write('A')\n"
+                 "import time\ntime.sleep(0.2)"},
+      itest::ticket("tenant-a"));
+  REQUIRE(a.code == code::ok);
+  auto b = p.rt->run({.runtime = "python3",
+                      .source = "import os, glob\nfound = []\nfor d in ['/tmp', os.environ['HOME'], "
+                                "'/dev/shm', os.environ['SANDBOX_OUTPUT_DIR'], '/sandbox']:\n"
+                                "    found += glob.glob(d + '/**/tenant-a-secret', recursive=True)\n"
+                                "print(found)"},
+                     itest::ticket("tenant-b"));
+  REQUIRE(b.code == code::ok);
+  CHECK(b.std_out.summary == "[]\n");
+}
