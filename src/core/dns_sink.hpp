@@ -3,7 +3,8 @@
 // Every run's resolver configuration points at 127.0.0.1:53 inside the run's own network
 // namespace, where sandbox-init binds a UDP socket that the host serves. The host logs the name
 // asked for (an egress attempt) and answers REFUSED, so lookups fail fast and nothing is ever
-// resolved. These functions are pure and bounded: a malformed or hostile packet yields
+// resolved — except the run's own names (localhost, its hostname), answered with loopback and
+// not logged, as its /etc/hosts would. These functions are pure and bounded: a malformed or hostile packet yields
 // nothing, never a crash or an over-read.
 #pragma once
 
@@ -23,5 +24,13 @@ std::optional<std::string> dns_query_name(std::span<const std::uint8_t> packet);
 /// A REFUSED response to `query` (same id, the question echoed, no records); empty when the
 /// query is malformed.
 std::vector<std::uint8_t> dns_refused_response(std::span<const std::uint8_t> query);
+
+/// The answer to a query for one of the run's own names, which never leaves the run and is
+/// not egress: `localhost` and names under `.localhost` (RFC 6761 §6.3), `ip6-localhost`, and
+/// the run's hostname `sandbox` (set by sandbox-init). They get what the run's /etc/hosts
+/// gives them — A 127.0.0.1 (not for ip6-localhost), AAAA ::1 (not for `sandbox`) — so they
+/// resolve even in an image without /etc/hosts (glibc then asks DNS). Other types and
+/// classes: no records (NOERROR). Empty for any other name and for malformed queries.
+std::vector<std::uint8_t> dns_local_response(std::span<const std::uint8_t> query);
 
 }  // namespace sandbox::detail

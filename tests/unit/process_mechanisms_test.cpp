@@ -91,6 +91,44 @@ TEST_CASE("dns sink: hostile packets give nothing, never an over-read", "[dns]")
   CHECK(*n == "a\\x01\\xff.test");
 }
 
+TEST_CASE("dns sink: the run's own names resolve to loopback; nothing else does", "[dns]") {
+  auto with_type = [](std::string_view name, std::uint8_t type) {
+    auto q = query(name);
+    q[q.size() - 3] = type;  // QTYPE low byte
+    return q;
+  };
+  // A localhost → 127.0.0.1, one answer pointing at the question's name.
+  auto q = query("localhost");
+  auto r = dns_local_response(q);
+  REQUIRE(r.size() == q.size() + 16);
+  CHECK(r[0] == 0x12);
+  CHECK(r[1] == 0x34);
+  CHECK((r[2] & 0x80) != 0);  // a response
+  CHECK((r[3] & 0x0F) == 0);  // NOERROR
+  CHECK(r[7] == 1);           // one answer
+  CHECK(std::vector<std::uint8_t>(r.end() - 4, r.end()) == std::vector<std::uint8_t>{127, 0, 0, 1});
+  // AAAA → ::1; names under .localhost and any letter case too; the hostname A only.
+  auto r6 = dns_local_response(with_type("Foo.LocalHost", 28));
+  REQUIRE(r6.size() == query("Foo.LocalHost").size() + 28);
+  CHECK(r6.back() == 1);
+  CHECK(dns_local_response(query("sandbox")).size() == query("sandbox").size() + 16);
+  auto host6 = dns_local_response(with_type("sandbox", 28));
+  REQUIRE(!host6.empty());
+  CHECK(host6[7] == 0);  // NODATA: the hostname has no IPv6 address in /etc/hosts
+  auto mx = dns_local_response(with_type("localhost", 15));
+  REQUIRE(!mx.empty());
+  CHECK(mx[7] == 0);
+  // Everything else stays with the refusing, recording path.
+  for (const char* other : {"example.com", "localhost.example.com", "notlocalhost", "sandbox.example",
+                            "localhostx", "xlocalhost"}) {
+    INFO(other);
+    CHECK(dns_local_response(query(other)).empty());
+  }
+  for (std::size_t cut = 0; cut < q.size(); ++cut) {
+    CHECK(dns_local_response(std::span<const std::uint8_t>(q.data(), cut)).empty());
+  }
+}
+
 TEST_CASE("egress: loopback, unspecified and unix destinations stay local", "[egress]") {
   sockaddr_in in{};
   in.sin_family = AF_INET;
