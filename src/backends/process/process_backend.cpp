@@ -317,6 +317,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
       std::lock_guard lock(kill_mu_);
       cgroup_.emplace(std::move(*cg));
     }
+    t_cgroup_ = clock::now();
 
     // 3. Workspace skeleton: an empty input dir and source file (bound by sandbox-init now,
     //    filled at activation), the staging mount point.
@@ -325,6 +326,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
     if (!ws) return fail_setup("workspace: " + ws.error().message());
     ws_ = *ws;
     have_ws_ = true;
+    t_workspace_ = clock::now();
 
     // 4. Channels: control socket, stdout/stderr pipes.
     int ctl[2], outp[2], errp[2];
@@ -368,6 +370,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
     }
     helper_pid_ = sp->pid;
     pidfd_desc_.assign(::dup(sp->pidfd));
+    t_spawned_ = clock::now();
 
     // 6. Into the cgroup (sandbox-init waits for the configuration before doing anything).
     if (auto a = cgroup_->attach(helper_pid_); !a) {
@@ -386,6 +389,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
     // 7. The configuration.
     send_config();
     if (finishing_) return;
+    t_config_sent_ = clock::now();
 
     // 8. Watch.
     auto self = shared_from_this();
@@ -472,6 +476,21 @@ class process_run : public std::enable_shared_from_this<process_run> {
     if (::send(ctl_.native_handle(), packet.data(), packet.size(), MSG_NOSIGNAL) < 0) {
       return fail_setup(fmt::format("sending the program failed: errno {}", errno));
     }
+  }
+
+  // Host log (debug): where the setup time went — host-side steps and sandbox-init's phase
+  // timestamps (same monotonic clock). Used by the benchmark's cold-path breakdown.
+  void log_setup_breakdown(std::string_view init_times) {
+    if (!shared_->ctx.log) return;
+    auto us = [](clock::time_point t) {
+      return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+    };
+    std::string line = fmt::format("setup breakdown us: t0={} cgroup={} workspace={} spawned={} config_sent={}",
+                                   us(t0_), us(t_cgroup_), us(t_workspace_), us(t_spawned_),
+                                   us(t_config_sent_));
+    for (auto [k, v] : ip::parse_config(init_times)) line += fmt::format(" {}={}", k, v);
+    line += fmt::format(" started={}", us(started_at_));
+    shared_->ctx.log(log_level::debug, line);
   }
 
   void arm_setup_timer() {
@@ -604,6 +623,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
         listener_.assign(l);
         started_ = true;
         started_at_ = clock::now();
+        log_setup_breakdown(payload);
         setup_timer_.cancel();
         watch_notifications();
         auto self = shared_from_this();
@@ -1098,6 +1118,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
   std::function<void()> on_lost_;
 
   clock::time_point t0_, started_at_, main_exit_at_, ended_at_, teardown_deadline_;
+  clock::time_point t_cgroup_, t_workspace_, t_spawned_, t_config_sent_;
   std::chrono::milliseconds teardown_delay_{1};
   bool started_ = false, finishing_ = false, grace_armed_ = false, control_closed_ = false;
   bool helper_exited_ = false;

@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <charconv>
@@ -71,6 +72,14 @@ bool send_msg(ip::msg type, std::uint32_t a, std::int64_t b, std::string_view pa
   const char* name = idx < sizeof names / sizeof names[0] ? names[idx] : "?";
   send_msg(ip::msg::failed, idx, f.err, name, nullptr, 0);
   _exit(1);
+}
+
+// Monotonic time in µs (the host's clock too: no time namespace), for the setup breakdown
+// the host logs at debug level.
+std::uint64_t now_us() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000 + static_cast<std::uint64_t>(ts.tv_nsec) / 1000;
 }
 
 std::uint64_t to_u64(std::string_view v) {
@@ -199,6 +208,8 @@ int main(int argc, char** argv) {
   using namespace sandbox::init;
   namespace ip = sandbox::detail::init_protocol;
   if (argc >= 2 && strcmp(argv[1], "--probe") == 0) return run_probe(argc, argv);
+  ip::config_writer times;  // phase timestamps (µs, CLOCK_MONOTONIC), sent with "started"
+  times.add("init_exec", now_us());
 
   // 1. Hygiene: default signals, die with the host, own session (no controlling terminal).
   reset_signals();
@@ -210,6 +221,7 @@ int main(int argc, char** argv) {
   // 2. Configuration (arrives once the host has placed us in the run's cgroup).
   config cfg;
   if (!read_config(&cfg)) fail({step::config, EINVAL});
+  times.add("config_received", now_us());
   // Not dumpable from here on: the sandboxed user cannot open /proc/1/{mem,fd,exe,environ}.
   // (Not earlier: an unprivileged host writes our uid/gid maps before sending the config,
   // and /proc/<pid>/uid_map of a non-dumpable process belongs to root.)
@@ -231,6 +243,7 @@ int main(int argc, char** argv) {
   int out_fd = -1, dns_fd = -1;
   failure f{};
   if (!setup_sandbox(cfg, &out_fd, &dns_fd, &f)) fail(f);
+  times.add("filesystem_ready", now_us());
   int ready_fds[2] = {out_fd, dns_fd};
   if (!send_msg(ip::msg::ready, 0, 0, {}, ready_fds, 2)) _exit(1);
   close(out_fd);
@@ -240,6 +253,7 @@ int main(int argc, char** argv) {
   //     inputs and source appear in the already-bound workspace files meanwhile). EOF: the
   //     host is gone or destroyed the instance.
   if (!read_go(&cfg)) _exit(0);
+  times.add("go_received", now_us());
 
   // 5. The user program. SIGCHLD is blocked first so no exit is lost before supervise().
   sigset_t chld;
@@ -249,6 +263,7 @@ int main(int argc, char** argv) {
   pid_t child = -1;
   int listener = -1;
   if (!start_child(cfg, &child, &listener, &f)) fail(f);
+  times.add("program_execed", now_us());
   // Release the stdout/stderr pipes: only the user program holds them now, so the host sees
   // EOF when it (and its descendants) close them.
   int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -257,7 +272,8 @@ int main(int argc, char** argv) {
     dup2(devnull, 2);
     close(devnull);
   }
-  if (!send_msg(ip::msg::started, static_cast<std::uint32_t>(child), 0, {}, &listener, 1)) {
+  if (!send_msg(ip::msg::started, static_cast<std::uint32_t>(child), 0, times.bytes(), &listener,
+                1)) {
     _exit(1);
   }
   close(listener);
