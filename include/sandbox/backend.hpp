@@ -29,6 +29,9 @@ struct runtime_spec {
   /// source file. Absolute path first; never run through a shell.
   std::vector<std::string> argv;
   std::string source_name = "main";  ///< file name the source is stored under, e.g. "main.py"
+  /// Image in the store (its current digest); empty: the image named like the runtime. Lets
+  /// several runtimes share one image with different interpreter flags.
+  std::string image;
   bool operator==(const runtime_spec&) const = default;
 };
 

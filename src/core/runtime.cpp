@@ -349,7 +349,7 @@ void runtime_impl::resolve_runtimes(const runtime_options& o) {
     if (auto f = o.fixed_digests.find(spec.name); f != o.fixed_digests.end()) {
       digest = f->second;
     } else if (images_) {
-      auto d = images_->current_digest(spec.name);
+      auto d = images_->current_digest(spec.image.empty() ? spec.name : spec.image);
       if (!d) {
         log(d.error() == errc::not_found ? log_level::info : log_level::warning,
             "runtime " + spec.name + ": no current image (" + d.error().message() + ")");

@@ -1,0 +1,412 @@
+// The benchmark suite (docs/performance.md): every figure is printed with a baseline
+// measured in the same run, on the same machine, interleaved where it makes sense — these
+// machines are shared and noisy, so only ratios within one run mean anything. No figure is
+// asserted.
+//
+//   build/dev/bin/sandbox_bench [--runs N] [--section cold|pool|throughput|flood|scheduler|breakdown]
+//
+// Needs root for the unshare/bwrap baselines (skipped otherwise) and the python3 image.
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/scheduler.hpp"
+#include "sandbox/sandbox.hpp"
+
+extern char** environ;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double ms_since(clock_type::time_point t0) {
+  return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
+
+struct pct {
+  double p50 = 0, p95 = 0;
+};
+
+pct percentiles(std::vector<double> v) {
+  if (v.empty()) return {};
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) {
+    return v[std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())))];
+  };
+  return {at(0.5), at(0.95)};
+}
+
+bool have(const char* path) { return ::access(path, X_OK) == 0; }
+
+// Spawns argv with stdout to a pipe (drained) and an empty environment; wall ms.
+double spawn_ms(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  int p[2];
+  if (pipe(p) < 0) std::abort();
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+  posix_spawn_file_actions_addclose(&fa, p[0]);
+  char* env[] = {nullptr};
+  auto t0 = clock_type::now();
+  pid_t pid;
+  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), env) != 0) std::abort();
+  close(p[1]);
+  char buf[256];
+  while (read(p[0], buf, sizeof buf) > 0) {
+  }
+  int st;
+  waitpid(pid, &st, 0);
+  double ms = ms_since(t0);
+  close(p[0]);
+  posix_spawn_file_actions_destroy(&fa);
+  return ms;
+}
+
+const std::vector<std::string> bare_py = {"/usr/bin/python3", "-I", "-S", "-c", "print(1)"};
+const std::vector<std::string> unshare_py = {
+    "/usr/bin/unshare", "--pid", "--fork", "--net", "--mount", "--ipc", "--uts", "--cgroup",
+    "--mount-proc", "/usr/bin/python3", "-I", "-S", "-c", "print(1)"};
+const std::vector<std::string> bwrap_py = {
+    "/usr/bin/bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+    "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64",
+    "/lib64", "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "--tmpfs",
+    "/tmp", "--remount-ro", "/", "/usr/bin/python3", "-I", "-S", "-c", "print(1)"};
+
+// A runtime for the benchmark: memory blobs, optional warm pool, a runtime spec with the
+// baseline's interpreter flags (-I -S) so that the comparison is like for like.
+std::unique_ptr<sandbox::runtime> make_runtime(std::vector<sandbox::warm_pool_class> pool,
+                                               sandbox::log_sink log = {}) {
+  auto o = sandbox::default_runtime_options();
+  o.blobs = sandbox::make_memory_blob_store(8ULL << 30);
+  o.runtimes.push_back({.name = "python3-S", .argv = {"/usr/bin/python3", "-I", "-S", "{source}"},
+                        .source_name = "main.py", .image = "python3"});
+  o.process.warm_pool = std::move(pool);
+  o.scheduler.max_running = 64;
+  o.scheduler.default_class.max_running = 64;
+  o.log = log ? log : [](sandbox::log_level l, std::string_view s) {
+    if (l >= sandbox::log_level::error) std::fprintf(stderr, "agent-sandbox: %.*s\n", int(s.size()), s.data());
+  };
+  auto rt = sandbox::runtime::create(o);
+  if (!rt) {
+    std::fprintf(stderr, "runtime: %s\n", rt.error().message().c_str());
+    std::exit(1);
+  }
+  bool ok = false;
+  for (const auto& b : rt->backends()) ok = ok || (b.registered && b.name == "process");
+  if (!ok) {
+    std::fprintf(stderr, "process backend unavailable on this host\n");
+    std::exit(77);
+  }
+  return std::make_unique<sandbox::runtime>(std::move(*rt));
+}
+
+sandbox::ticket bench_ticket(const std::string& tenant = "bench") {
+  return sandbox::ticket_issuer{}
+      .issue({.id = "bench", .tenant = tenant, .max_timeout = std::chrono::milliseconds(8000),
+              .max_memory_bytes = 1ULL << 30})
+      .value();
+}
+
+double run_ms(sandbox::runtime& rt, const std::string& runtime, sandbox::run_result* out = nullptr) {
+  auto t0 = clock_type::now();
+  auto r = rt.run({.runtime = runtime, .source = "print(1)"}, bench_ticket());
+  double ms = ms_since(t0);
+  if (r.code != sandbox::code::ok || r.std_out.summary != "1\n") {
+    std::fprintf(stderr, "run failed: %s %s\n", std::string(to_string(r.code)).c_str(),
+                 r.message.c_str());
+    std::exit(1);
+  }
+  if (out) *out = std::move(r);
+  return ms;
+}
+
+void wait_pool_full(sandbox::runtime& rt) {
+  for (int i = 0; i < 1000; ++i) {
+    bool full = true;
+    for (auto& p : rt.warm_pool_stats()) full = full && p.ready == p.size && p.starting == 0;
+    if (full) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+void row(const char* name, pct p, double base_p50) {
+  std::printf("  %-52s %8.1f %8.1f %8.2fx\n", name, p.p50, p.p95, base_p50 > 0 ? p.p50 / base_p50 : 0);
+}
+
+// --- sections ----------------------------------------------------------------------------
+
+void section_cold(int runs) {
+  std::printf("\n== cold start: print(1), %d runs each, interleaved (ms)\n", runs);
+  std::printf("  %-52s %8s %8s %9s\n", "", "p50", "p95", "vs bare");
+  auto rt = make_runtime({});
+  const bool root = ::geteuid() == 0;
+  const bool unshare_ok = root && have("/usr/bin/unshare");
+  const bool bwrap_ok = have("/usr/bin/bwrap");
+  std::vector<double> bare, uns, bw, ours_s, ours_i, setup;
+  for (int i = 0; i < 3; ++i) {  // warm-up
+    spawn_ms(bare_py);
+    run_ms(*rt, "python3-S");
+  }
+  for (int i = 0; i < runs; ++i) {
+    bare.push_back(spawn_ms(bare_py));
+    if (unshare_ok) uns.push_back(spawn_ms(unshare_py));
+    if (bwrap_ok) bw.push_back(spawn_ms(bwrap_py));
+    sandbox::run_result r;
+    ours_s.push_back(run_ms(*rt, "python3-S", &r));
+    setup.push_back(static_cast<double>(r.usage.setup.count()));
+    ours_i.push_back(run_ms(*rt, "python3"));
+  }
+  auto b = percentiles(bare);
+  row("bare python3 -I -S -c 'print(1)'", b, b.p50);
+  if (unshare_ok) row("unshare (pid,net,mnt,ipc,uts,cgroup) + python", percentiles(uns), b.p50);
+  if (bwrap_ok) row("bwrap --unshare-all + python", percentiles(bw), b.p50);
+  row("agent-sandbox process level, python3 -I -S", percentiles(ours_s), b.p50);
+  row("agent-sandbox process level, python3 -I (default)", percentiles(ours_i), b.p50);
+  row("  of which setup (before the interpreter starts)", percentiles(setup), b.p50);
+  if (bwrap_ok) {
+    double ours_over = percentiles(ours_s).p50 - b.p50;
+    double bwrap_over = percentiles(bw).p50 - b.p50;
+    std::printf("  overhead over bare (p50): ours %.1f ms, bwrap %.1f ms → ratio %.2f (aim ≤ 0.5)\n",
+                ours_over, bwrap_over, bwrap_over > 0 ? ours_over / bwrap_over : 0);
+  }
+}
+
+void section_pool(int runs) {
+  std::printf("\n== warm pool: print(1), %d runs each (ms)\n", runs);
+  std::printf("  %-52s %8s %8s %9s\n", "", "p50", "p95", "vs bare");
+  auto rt = make_runtime({{.runtime = "python3-S", .size = 2}});
+  std::vector<double> bare, pooled, setup;
+  wait_pool_full(*rt);
+  for (int i = 0; i < runs; ++i) {
+    bare.push_back(spawn_ms(bare_py));
+    wait_pool_full(*rt);  // measure acquire-to-result from a full pool, not the refill
+    sandbox::run_result r;
+    pooled.push_back(run_ms(*rt, "python3-S", &r));
+    setup.push_back(static_cast<double>(r.usage.setup.count()));
+  }
+  auto b = percentiles(bare);
+  row("bare python3 -I -S -c 'print(1)'", b, b.p50);
+  row("pooled run, acquire to result", percentiles(pooled), b.p50);
+  row("  of which setup (hand-out to interpreter start)", percentiles(setup), b.p50);
+  std::printf("  aim: pooled ≤ 0.5× bare (p50)\n");
+}
+
+void section_throughput(int runs) {
+  std::printf("\n== throughput: %d runs of print(1) per level (runs/s)\n", runs);
+  std::printf("  %-12s %12s %12s %9s\n", "concurrency", "bare", "sandboxed", "ratio");
+  auto rt = make_runtime({});
+  for (int c : {1, 2, 4, 8}) {
+    auto measure = [&](auto one) {
+      std::atomic<int> next{0};
+      auto t0 = clock_type::now();
+      std::vector<std::thread> ts;
+      for (int i = 0; i < c; ++i) {
+        ts.emplace_back([&] {
+          while (next.fetch_add(1) < runs) one();
+        });
+      }
+      for (auto& t : ts) t.join();
+      return runs / (ms_since(t0) / 1000.0);
+    };
+    double bare = measure([] { spawn_ms(bare_py); });
+    double ours = measure([&] { run_ms(*rt, "python3-S"); });
+    std::printf("  %-12d %12.1f %12.1f %8.2fx   (aim at 4: ≥ 0.8×)\n", c, bare, ours, ours / bare);
+  }
+}
+
+std::uint64_t rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+void section_flood() {
+  std::printf("\n== supervisor RSS during a 1 GiB stdout flood\n");
+  auto rt = make_runtime({});
+  run_ms(*rt, "python3");
+  std::uint64_t before = rss_bytes();
+  std::atomic<bool> done{false};
+  std::uint64_t peak = before;
+  std::thread sampler([&] {
+    while (!done) {
+      peak = std::max(peak, rss_bytes());
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  auto r = rt->run({.runtime = "python3",
+                    .source = "import sys\nb = b'x' * (1 << 20)\nfor i in range(1024): sys.stdout.buffer.write(b)\n",
+                    .timeout = std::chrono::milliseconds(8000)},
+                   bench_ticket());
+  done = true;
+  sampler.join();
+  double growth_mib = static_cast<double>(peak - before) / (1 << 20);
+  std::printf("  code %s, stdout total %.0f MiB, kept %.0f MiB\n", std::string(to_string(r.code)).c_str(),
+              r.std_out.total_bytes / 1048576.0, r.std_out.bytes / 1048576.0);
+  std::printf("  RSS before %.1f MiB, peak %.1f MiB, growth %.1f MiB (aim ≤ cap 1 MiB + 2 MiB)\n",
+              before / 1048576.0, peak / 1048576.0, growth_mib);
+}
+
+void section_scheduler() {
+  std::printf("\n== scheduler: 10,000 queued requests from 100 tenants\n");
+  boost::asio::io_context io;
+  sandbox::scheduler_options opts;
+  opts.max_running = 8;
+  opts.max_queued = 20000;
+  opts.default_class.max_running = 8;
+  opts.default_class.max_queued = 20000;
+  opts.default_class.queue_deadline = std::chrono::hours(1);
+  auto s = sandbox::detail::scheduler::create(io.get_executor(), opts);
+  std::vector<std::shared_ptr<sandbox::detail::scheduler::slot>> held;
+  std::map<std::string, int> completed;
+  std::vector<std::string> order;
+  // Uneven demand: tenant i queues (i % 10 + 1) × 18 runs, about 10,000 in all.
+  int total = 0;
+  auto t_submit = clock_type::now();
+  for (int round = 0; round < 200; ++round) {
+    for (int t = 0; t < 100; ++t) {
+      if (round < (t % 10 + 1) * 18 && total < 10000) {
+        std::string tenant = "tenant-" + std::to_string(t);
+        s->submit(tenant, [&, tenant](sandbox::detail::scheduler::outcome o) {
+          if (!o.granted) return;
+          order.push_back(tenant);
+          held.push_back(std::move(o.granted));
+        });
+        ++total;
+      }
+    }
+  }
+  double submit_ms = ms_since(t_submit);
+  io.poll();
+  auto t0 = clock_type::now();
+  std::size_t dispatched = 0;
+  while (true) {
+    held.clear();  // every run finishes at once: the next ones are dispatched
+    io.poll();
+    if (order.size() == dispatched) break;
+    dispatched = order.size();
+  }
+  double dispatch_ms = ms_since(t0);
+  // Fairness while every tenant is backlogged: the first 1,800 dispatches (each tenant has at
+  // least 18 queued), completed work per tenant; Jain's index (Σx)² / (n Σx²).
+  for (std::size_t i = 0; i < std::min<std::size_t>(1800, order.size()); ++i) ++completed[order[i]];
+  double sum = 0, sq = 0;
+  for (int t = 0; t < 100; ++t) {
+    double x = completed["tenant-" + std::to_string(t)];
+    sum += x;
+    sq += x * x;
+  }
+  double jain = sq > 0 ? sum * sum / (100 * sq) : 0;
+  std::printf("  submitted %d in %.1f ms (%.2f µs each)\n", total, submit_ms, submit_ms * 1000 / total);
+  std::printf("  dispatched %zu in %.1f ms: %.2f µs per dispatch (grant + release) (aim ≤ 5 µs)\n",
+              order.size(), dispatch_ms, dispatch_ms * 1000 / static_cast<double>(order.size()));
+  std::printf("  Jain's fairness index over the backlogged phase: %.4f (aim ≥ 0.99)\n", jain);
+}
+
+void section_breakdown(int runs) {
+  std::printf("\n== cold-path breakdown: %d runs, median µs per phase\n", runs);
+  std::mutex mu;
+  std::vector<std::map<std::string, long long>> samples;
+  auto log = [&](sandbox::log_level, std::string_view line) {
+    auto at = line.find("setup breakdown us:");
+    if (at == std::string_view::npos) return;
+    std::map<std::string, long long> m;
+    std::istringstream in(std::string(line.substr(at + 19)));
+    std::string kv;
+    while (in >> kv) {
+      auto eq = kv.find('=');
+      if (eq != std::string::npos) m[kv.substr(0, eq)] = std::stoll(kv.substr(eq + 1));
+    }
+    std::lock_guard lock(mu);
+    samples.push_back(std::move(m));
+  };
+  auto rt = make_runtime({}, log);
+  std::vector<double> wall, total;
+  {
+    std::lock_guard lock(mu);
+    samples.clear();
+  }
+  for (int i = 0; i < runs; ++i) {
+    sandbox::run_result r;
+    total.push_back(run_ms(*rt, "python3-S", &r));
+    wall.push_back(static_cast<double>(r.usage.wall.count()));
+  }
+  struct phase {
+    const char* name;
+    const char* from;
+    const char* to;
+  };
+  const phase phases[] = {
+      {"cgroup: create run cgroup(s) + limits", "t0", "cgroup"},
+      {"workspace: host dirs and files", "cgroup", "workspace"},
+      {"spawn: clone(namespaces) + exec sandbox-init", "workspace", "spawned"},
+      {"attach: cgroup.procs + (uid maps) + send config", "spawned", "config_sent"},
+      {"init: start until the config is read", "config_sent", "config_received"},
+      {"init: mounts, /proc, /dev, tmpfs, pivot_root, DNS", "config_received", "filesystem_ready"},
+      {"init: ready → program received", "filesystem_ready", "go_received"},
+      {"init: fork, privileges, seccomp, exec", "go_received", "program_execed"},
+      {"host: 'started' received", "program_execed", "started"},
+  };
+  std::printf("  %-52s %10s\n", "phase", "median µs");
+  for (const auto& p : phases) {
+    std::vector<double> v;
+    for (auto& m : samples) {
+      if (m.count(p.from) && m.count(p.to)) v.push_back(static_cast<double>(m[p.to] - m[p.from]));
+    }
+    std::printf("  %-52s %10.0f\n", p.name, percentiles(v).p50);
+  }
+  std::printf("  %-52s %10.0f\n", "interpreter: python3 -I -S print(1) (wall_ms × 1000)",
+              percentiles(wall).p50 * 1000);
+  std::printf("  %-52s %10.0f\n", "total, call to result", percentiles(total).p50 * 1000);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int runs = 30;
+  std::string section = "all";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--runs" && i + 1 < argc) runs = std::atoi(argv[++i]);
+    else if (a == "--section" && i + 1 < argc) section = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: sandbox_bench [--runs N] [--section cold|pool|throughput|flood|scheduler|breakdown]\n");
+      return 2;
+    }
+  }
+  std::printf("agent-sandbox benchmarks — %u CPUs; load average now: ", std::thread::hardware_concurrency());
+  std::ifstream la("/proc/loadavg");
+  std::string l;
+  std::getline(la, l);
+  std::printf("%s\n", l.c_str());
+  auto want = [&](const char* s) { return section == "all" || section == s; };
+  if (want("cold")) section_cold(runs);
+  if (want("pool")) section_pool(runs);
+  if (want("throughput")) section_throughput(runs * 2);
+  if (want("flood")) section_flood();
+  if (want("scheduler")) section_scheduler();
+  if (want("breakdown")) section_breakdown(runs);
+  return 0;
+}
