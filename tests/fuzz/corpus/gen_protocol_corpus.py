@@ -131,6 +131,52 @@ SEEDS = {
     "blob_percent_digit": req(files_in=files("a", blob="sha256:" + "a" * 62 + "%61")),
     "blob_relative": req(files_in=files("a", blob="../blobs/" + BLOB)),
     "blob_not_string": b'{"runtime":"python3","source":"x","files_in":[{"name":"a","blob":1}]}',
+    # --- request-level attacks (conformance kind 13, tests/conformance/cases/requests_test.cpp)
+    "name_escaped_traversal": b'{"runtime":"python3","source":"x","files_in":[{"name":'
+                              b'"\\u002e\\u002e\\u002fetc\\u002fpasswd","blob":"' + BLOB.encode() + b'"}]}',
+    "name_escaped_nul": b'{"runtime":"python3","source":"x","files_in":[{"name":"a\\u0000b","blob":"'
+                        + BLOB.encode() + b'"}]}',
+    "name_raw_invalid_byte": b'{"runtime":"python3","source":"x","files_in":[{"name":"ok","blob":"'
+                             + BLOB.encode() + b'"},{"name":"a\xff","blob":"' + BLOB.encode() + b'"}]}',
+    "name_raw_nul": b'{"runtime":"python3","source":"x","files_in":[{"name":"a\0b","blob":"'
+                    + BLOB.encode() + b'"}]}',
+    "name_raw_newline": b'{"runtime":"python3","source":"x","files_in":[{"name":"a\nb","blob":"'
+                        + BLOB.encode() + b'"}]}',
+    "name_lone_surrogate": b'{"runtime":"python3","source":"x","files_in":[{"name":"\\ud800","blob":"'
+                           + BLOB.encode() + b'"}]}',
+    "name_bad_escape": b'{"runtime":"python3","source":"x","files_in":[{"name":"\\x2e","blob":"'
+                       + BLOB.encode() + b'"}]}',
+    "name_raw_key_invalid": b'{"runtime":"python3","source":"x","files_in":[{"na\xffme":"x","blob":"'
+                            + BLOB.encode() + b'"}]}',
+    "name_escape_terminal": req(files_in=files("\u001b[2J", "\u007f")),
+    "name_absolute": req(files_in=files("/etc/passwd")),
+    "name_backslashes": req(files_in=files("..\\..\\evil")),
+    "name_percent_traversal": req(files_in=files("%2e%2e%2fetc%2fpasswd")),
+    "name_dash_tilde": req(files_in=files("-rf", "~", "...")),
+    "name_case_pair": req(files_in=files("A", "a")),
+    "name_nfkc_pair": req(files_in=files("\ufb01le", "file")),
+    "name_hangul_jamo": req(files_in=files("\uac00", "\u1100\u1161")),
+    "name_ohm_sign": req(files_in=files("\u2126")),
+    "name_marks_reordered": req(files_in=files("x\u0316\u0483", "x\u0483\u0316")),
+    "name_not_string": b'{"runtime":"python3","source":"x","files_in":[{"name":["..","etc"],"blob":"'
+                       + BLOB.encode() + b'"}]}',
+    "entry_extra_path": req(files_in=[{"name": "x", "blob": BLOB, "path": "/etc/passwd"}]),
+    "entry_dup_name": b'{"runtime":"python3","source":"x","files_in":[{"name":"x","name":"../x","blob":"'
+                      + BLOB.encode() + b'"}]}',
+    "files_in_string": req(files_in="/etc/passwd"),
+    "files_in_object": req(files_in={"name": "x", "blob": BLOB}),
+    "blob_sha256_upper_prefix": req(files_in=files("a", blob="SHA256:" + "a" * 64)),
+    "blob_absolute_path": req(files_in=files("a", blob="/var/lib/agent-sandbox/blobs/" + "a" * 64)),
+    "blob_file_url": req(files_in=files("a", blob="file:///etc/passwd")),
+    "blob_trailing_newline": req(files_in=files("a", blob=BLOB + "\n")),
+    "blob_escaped_nul": req(files_in=files("a", blob=BLOB + "\u0000")),
+    "blob_fullwidth_digit": req(files_in=files("a", blob="sha256:\uff11" + "a" * 63)),
+    "blob_escaped_slashes": b'{"runtime":"python3","source":"x","files_in":[{"name":"a","blob":'
+                            b'"..\\/blobs\\/' + BLOB.encode() + b'"}]}',
+    # 100,000 entries: the shortest well-formed ones (~2.2 MB would be too big a seed) are
+    # bare objects, which still make the decoder hold a 100,000-element array.
+    "files_100000_empty": b'{"runtime":"python3","source":"x","files_in":['
+                          + b",".join([b"{}"] * 100000) + b']}',
     # --- results
     "result_unknown_code": b'{"code":"boom"}',
     "result_bad_reason": b'{"code":"ok","files_dropped":[{"name_display":"a","reason":"x"}]}',
