@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian 12 machine (root): set-up, then every test — unit,
 # fuzz corpus, consumer (find_package, FetchContent), and the process backend's integration
-# tests as root *and* as an unprivileged user with a delegated cgroup subtree. With CI=true a
-# sandbox test that cannot run fails instead of skipping.
+# tests and the conformance suite's core tier as root *and* as an unprivileged user with a
+# delegated cgroup subtree (the heavy tier and the full soak are separate: docs/security.md).
+# With CI=true a sandbox test that cannot run fails instead of skipping.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PRESET=${SANDBOX_PRESET:-dev}
@@ -18,6 +19,7 @@ UNPRIV_TMP=$(mktemp -d /tmp/sandbox-unpriv-XXXXXX)
 chmod 0777 "$UNPRIV_TMP"
 trap 'rm -rf "$UNPRIV_TMP"' EXIT
 "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/sandbox_process_tests"
+"$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/sandbox_conformance" "[core]"
 "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/cli/sandbox_cli_tests" --needs-backend "[backend]"
 "$ROOT/tools/run-unprivileged.sh" "$BUILD/bin/freight_quote" --blob-dir "$UNPRIV_TMP/blobs" \
   --state-dir "$UNPRIV_TMP/state"
