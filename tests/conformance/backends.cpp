@@ -16,6 +16,10 @@ std::unique_ptr<sandbox::runtime> make_process(std::string* why) {
   if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
   if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
   opts.blobs = sandbox::make_memory_blob_store(1ULL << 30);
+  // The suite tests containment, not scheduling (unit-tested in scheduler_test): let up to 64
+  // runs of any tenants run at once, so the crosstalk kind really has 64 concurrent runs.
+  opts.scheduler.max_running = 64;
+  opts.scheduler.default_class.max_running = 64;
   opts.log = [](sandbox::log_level lvl, std::string_view line) {
     if (lvl >= sandbox::log_level::warning) std::fprintf(stderr, "agent-sandbox: %.*s\n", int(line.size()), line.data());
   };

@@ -1,0 +1,306 @@
+// Kind 12 — crosstalk and races: 64 concurrent runs (four tenants), each writing a unique
+// token to the same places — /tmp, $HOME, /dev/shm, the output directory, an abstract and a
+// pathname unix socket, a loopback TCP port and UDP port, SysV shared memory and a message
+// queue with a fixed key — never see one another's token there, nor in their input file (same
+// name, each tenant's own blob), stdout, stderr or output files, nor one another's processes. Mixed
+// in: runs flooding stdout (with their own token, so a mixed-up capture shows) and runs that hold
+// every shared name until their deadline kills them. Several rounds (20 in [heavy]); after each,
+// the host is compared against a snapshot taken before the whole case: no leftover cgroups, mounts,
+// work dirs, processes, descriptors or threads.
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "conformance/suite.hpp"
+
+using conformance::py;
+using sandbox::code;
+
+namespace {
+
+enum class role { check, flood, hold };
+
+/// Waits (bounded) until the backend's warm pools, if it has any, are full and idle, so that
+/// a snapshot compares what runs left behind, not a pool's refill in progress.
+void settle_pools(conformance::backend& b) {
+  for (int i = 0; i < 500; ++i) {
+    bool idle = true;
+    for (const auto& p : b.rt().warm_pool_stats()) {
+      idle = idle && p.ready == p.size && p.starting == 0;
+    }
+    if (idle) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+constexpr const char* program = R"PY(
+import os, sys, json, socket, time, errno, ctypes, threading
+TOKEN = '@TOKEN@'
+ROLE = '@ROLE@'
+out = os.environ['SANDBOX_OUTPUT_DIR']
+home = os.environ['HOME']
+files = ['/tmp/crosstalk', home + '/crosstalk', '/dev/shm/crosstalk', out + '/crosstalk.txt']
+dirs = {'/tmp': {'crosstalk', 'crosstalk.sock'}, home: {'crosstalk'}, '/dev/shm': {'crosstalk'},
+        out: {'crosstalk.txt'}}
+rep = {'token': TOKEN, 'role': ROLE, 'start': time.time(), 'foreign': [], 'errors': []}
+def foreign(where, what): rep['foreign'].append(f'{where}: {what!r}'[:200])
+def err(where, e): rep['errors'].append(f'{where}: {e!r}'[:200])
+
+# 1. The shared file names: nothing is there before we write our token.
+for p in files:
+    if os.path.lexists(p):
+        try: foreign(p, open(p, 'rb').read(64))
+        except OSError as e: foreign(p, e)
+    with open(p, 'w') as f: f.write(TOKEN)
+
+# 2. The shared socket names: nobody answers before we listen; then we serve our token.
+def serve(sock):
+    while True:
+        try: c, _ = sock.accept()
+        except OSError: return
+        try: c.sendall(TOKEN.encode())
+        except OSError: pass
+        finally: c.close()
+def fetch(fam, addr):
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        s.connect(addr)
+        data = b''
+        while True:
+            b = s.recv(256)
+            if not b: return data.decode(errors='replace')
+            data += b
+    finally:
+        s.close()
+listeners = {'abstract': (socket.AF_UNIX, '\0crosstalk-abstract'),
+             'pathname': (socket.AF_UNIX, '/tmp/crosstalk.sock'),
+             'tcp': (socket.AF_INET, ('127.0.0.1', 47000))}
+for name, (fam, addr) in list(listeners.items()):
+    try: foreign(name + ' answered before bind', fetch(fam, addr))
+    except OSError: pass
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    try: s.bind(addr)
+    except OSError as e:
+        foreign(name + ' bind', e); del listeners[name]; continue
+    s.listen(64)
+    threading.Thread(target=serve, args=(s,), daemon=True).start()
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try: udp.bind(('127.0.0.1', 47001))
+except OSError as e: foreign('udp bind', e)
+
+# 3. SysV IPC with a fixed key: the key is free in every run.
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+IPC_CREAT, IPC_EXCL = 0o1000, 0o2000
+shm = None
+shmid = libc.shmget(0x58544B, 4096, IPC_CREAT | IPC_EXCL | 0o600)
+if shmid < 0:
+    e = ctypes.get_errno()
+    (foreign if e == errno.EEXIST else err)('sysv shm', errno.errorcode.get(e, e))
+else:
+    shm = libc.shmat(shmid, None, 0)
+    ctypes.memmove(shm, TOKEN.encode(), len(TOKEN))
+if libc.msgget(0x58544B, IPC_CREAT | IPC_EXCL | 0o600) < 0:
+    e = ctypes.get_errno()
+    (foreign if e == errno.EEXIST else err)('sysv msg', errno.errorcode.get(e, e))
+
+inputs = os.environ['SANDBOX_INPUT_DIR']
+def check_all(stage):
+    # Our input (a blob of our tenant holding our token), and nothing else staged.
+    try:
+        if sorted(os.listdir(inputs)) != ['shared.txt']: foreign(f'{stage} ls inputs', os.listdir(inputs))
+        d = open(inputs + '/shared.txt').read()
+        if d != TOKEN: foreign(f'{stage} input', d)
+    except OSError as e: err(f'{stage} input', e)
+    # Only our own process is visible (PID 1 is hidden; we have no children).
+    pids = [p for p in os.listdir('/proc') if p.isdigit()]
+    if pids != [str(os.getpid())]: foreign(f'{stage} processes', pids)
+    for p in files:
+        try:
+            d = open(p).read()
+            if d != TOKEN: foreign(f'{stage} {p}', d)
+        except OSError as e: err(f'{stage} {p}', e)
+    for d, expected in dirs.items():
+        extra = set(os.listdir(d)) - expected
+        if extra: foreign(f'{stage} ls {d}', sorted(extra))
+    for name, (fam, addr) in listeners.items():
+        try:
+            got = fetch(fam, addr)
+            if got != TOKEN: foreign(f'{stage} {name}', got)
+        except OSError as e: err(f'{stage} {name}', e)
+    if shm is not None:
+        got = ctypes.string_at(shm, len(TOKEN)).decode(errors='replace')
+        if got != TOKEN: foreign(f'{stage} sysv shm', got)
+def report():
+    rep['end'] = time.time()
+    sys.stderr.write(json.dumps(rep) + '\n')
+    sys.stderr.flush()
+
+check_all('early')
+if ROLE == 'check':
+    time.sleep(1.0)
+    check_all('late')
+    print(TOKEN)
+    report()
+elif ROLE == 'flood':
+    chunk = (TOKEN * (65536 // len(TOKEN) + 1))[:65536 - 65536 % len(TOKEN)].encode()
+    for _ in range(16 * 1024 * 1024 // len(chunk)):
+        sys.stdout.buffer.write(chunk)
+    sys.stdout.buffer.flush()
+    check_all('late')
+    report()
+else:  # hold: keep every name until the deadline, checking all along
+    print(TOKEN, flush=True)
+    report()
+    while True:
+        time.sleep(0.2)
+        n = len(rep['foreign']) + len(rep['errors'])
+        check_all('holding')
+        if len(rep['foreign']) + len(rep['errors']) != n: report()
+)PY";
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (std::size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) {
+    s.replace(at, from.size(), to);
+  }
+  return s;
+}
+
+struct planned {
+  role kind;
+  std::string token;
+  std::string tenant;
+  sandbox::run_request request;
+};
+
+/// The last JSON line of the run's stderr (the program's report).
+nlohmann::json last_report(conformance::backend& b, const sandbox::run_result& r,
+                           const std::string& tenant) {
+  REQUIRE(!r.std_err.blob.empty());
+  const std::string err = b.blob(r.std_err.blob, tenant);
+  auto end = err.find_last_not_of('\n');
+  REQUIRE(end != std::string::npos);
+  auto begin = err.rfind('\n', end);
+  begin = begin == std::string::npos ? 0 : begin + 1;
+  return nlohmann::json::parse(err.substr(begin, end + 1 - begin));
+}
+
+/// One round: 64 runs at once; returns how many check runs overlapped a holding run.
+int run_round(conformance::backend& b, int round, std::mt19937_64& rng) {
+  std::vector<planned> plan;
+  for (int i = 0; i < 64; ++i) {
+    const role kind = i % 8 == 0 ? role::hold : i % 8 == 1 ? role::flood : role::check;
+    std::string token = fmt::format("xt-{:016x}-{}-{}", rng(), round, i);
+    std::string source = replace_all(program, "@TOKEN@", token);
+    source = replace_all(source, "@ROLE@",
+                         kind == role::check   ? "check"
+                         : kind == role::flood ? "flood"
+                                               : "hold");
+    auto req = py(source, std::chrono::milliseconds(kind == role::hold ? 3000 : 8000));
+    std::string tenant = fmt::format("crosstalk-{}", i % 4);
+    // Each run's input is a blob of its own tenant holding its token, under the same name.
+    req.files_in = {{.name = "shared.txt", .blob = b.put(token, tenant)}};
+    plan.push_back({kind, std::move(token), std::move(tenant), std::move(req)});
+  }
+  std::vector<std::future<sandbox::run_result>> futures;
+  for (auto& p : plan) {
+    auto promise = std::make_shared<std::promise<sandbox::run_result>>();
+    futures.push_back(promise->get_future());
+    b.rt().async_run(p.request, b.ticket(p.tenant),
+                     [promise](boost::system::error_code, sandbox::run_result r) {
+                       promise->set_value(std::move(r));
+                     });
+  }
+  std::vector<std::pair<double, double>> holds, checks;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const auto& p = plan[i];
+    const auto r = futures[i].get();
+    INFO("round " << round << ", run " << i << " (" << p.tenant << "): code=" << to_string(r.code)
+                  << " message=" << r.message << "\nstderr: " << r.std_err.summary);
+    auto rep = last_report(b, r, p.tenant);
+    INFO("report: " << rep.dump());
+    CHECK(rep["token"] == p.token);
+    CHECK(rep["foreign"].empty());
+    CHECK(rep["errors"].empty());
+    const double start = rep["start"].get<double>();
+    // Streams: exactly our own bytes.
+    const std::string out = b.blob(r.std_out.blob, p.tenant);
+    switch (p.kind) {
+      case role::check:
+        CHECK(r.code == code::ok);
+        CHECK(out == p.token + "\n");
+        checks.emplace_back(start, rep["end"].get<double>());
+        break;
+      case role::flood: {
+        CHECK(r.code == code::ok);
+        CHECK(r.std_out.truncated);
+        std::string expected;
+        while (expected.size() < out.size()) expected += p.token;
+        expected.resize(out.size());
+        CHECK(out.size() == b.rt().policy().stream_capture_bytes);
+        CHECK(out == expected);
+        break;
+      }
+      case role::hold:
+        CHECK(r.code == code::timeout);
+        CHECK(out == p.token + "\n");
+        holds.emplace_back(start, start + static_cast<double>(r.usage.wall.count()) / 1000.0);
+        break;
+    }
+    // Output files: at most our own crosstalk.txt, holding our token.
+    for (const auto& f : r.files_out) {
+      CHECK(f.name == "crosstalk.txt");
+      CHECK(b.blob(f.blob, p.tenant) == p.token);
+    }
+    if (p.kind != role::hold) CHECK(r.files_out.size() == 1);
+    CHECK(r.files_dropped.empty());
+  }
+  int overlapping = 0;
+  for (const auto& c : checks) {
+    for (const auto& h : holds) {
+      if (c.first < h.second && h.first < c.second) {
+        ++overlapping;
+        break;
+      }
+    }
+  }
+  return overlapping;
+}
+
+void crosstalk(conformance::backend& b, int rounds) {
+  // The explicit before-the-whole-case snapshot (the case guard compares per case too).
+  settle_pools(b);
+  const auto before = conformance::take_snapshot();
+  std::mt19937_64 rng(std::random_device{}());
+  for (int round = 0; round < rounds; ++round) {
+    const int overlapping = run_round(b, round, rng);
+    std::fprintf(stderr,
+                 "conformance: crosstalk round %d: %d of 48 checking runs overlapped a run "
+                 "holding every shared name\n",
+                 round, overlapping);
+    // Not vacuous: runs that hold the names ran at the same time as runs that probed them.
+    CHECK(overlapping > 0);
+    INFO("after round " << round);
+    settle_pools(b);
+    conformance::check_unchanged(before, conformance::take_snapshot());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("crosstalk: 64 concurrent runs never see each other's tokens (2 rounds)",
+          "[crosstalk][core]") {
+  CONFORMANCE_BACKEND(b);
+  crosstalk(b, 2);
+}
+
+TEST_CASE("crosstalk: 64 concurrent runs never see each other's tokens (20 rounds)",
+          "[crosstalk][heavy]") {
+  CONFORMANCE_BACKEND(b);
+  crosstalk(b, 20);
+}

@@ -1,0 +1,174 @@
+// Kind 11 — zombies and reaping: a run's PID 1 must reap every orphan, however it ended, fast
+// enough that thousands of short-lived orphans never exhaust the run's (low) pids limit.
+// A sandbox whose init does not reap — or reaps only its direct child — fails with EAGAIN
+// after a few dozen orphans, and the run's whole pids budget is gone afterwards.
+//
+// Each variant also measures, after the orphans, how many processes the run can still hold at
+// once: the pids budget must be intact (zombies are not hoarded) and still bounded (the limit
+// holds).
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "conformance/suite.hpp"
+
+using conformance::js;
+using conformance::py;
+using sandbox::code;
+
+namespace {
+
+// Python epilogue: waits (bounded) until no zombie of ours is left unreaped, then fills the
+// pids budget with sleeping children and reports how many fitted. `made` goes in `report`.
+constexpr const char* budget_probe = R"PY(
+import os, time, json, signal
+def zombies():
+    n = 0
+    for p in os.listdir('/proc'):
+        if not p.isdigit() or int(p) == os.getpid(): continue
+        try:
+            st = open(f'/proc/{p}/stat').read()
+        except OSError:
+            continue
+        if st[st.rindex(')') + 2] == 'Z': n += 1
+    return n
+deadline = time.monotonic() + 5
+while zombies() and time.monotonic() < deadline:
+    time.sleep(0.05)
+report['zombies_left'] = zombies()
+kids = []
+while True:
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(60); os._exit(0)
+    kids.append(pid)
+    if len(kids) > 4096: break
+report['budget'] = len(kids)
+for k in kids: os.kill(k, signal.SIGKILL)
+for k in kids: os.waitpid(k, 0)
+print(json.dumps(report))
+)PY";
+
+void check_report(conformance::backend& b, const sandbox::run_result& r, int orphans) {
+  REQUIRE(r.code == code::ok);
+  REQUIRE(r.exit_code == 0);
+  auto j = nlohmann::json::parse(b.blob(r.std_out.blob));
+  INFO(j.dump());
+  CHECK(j["eagain"] == 0);
+  CHECK(j["orphans"] == orphans);
+  // Every orphan was reaped by the run's PID 1 ...
+  CHECK(j["zombies_left"] == 0);
+  // ... so the whole pids budget is available again, and still bounded by the limit (the
+  // main process, PID 1 and a little slack for the runtime's own threads are not in `budget`).
+  const int max_pids = static_cast<int>(b.rt().policy().max_pids);
+  CHECK(j["budget"].get<int>() < max_pids);
+  CHECK(j["budget"].get<int>() >= max_pids - 8);
+}
+
+}  // namespace
+
+TEST_CASE("zombies: thousands of double-forked orphans, each dying differently, are reaped",
+          "[zombies][core]") {
+  CONFORMANCE_BACKEND(b);
+  // 3000 orphans: the middle process exits at once, so each grandchild is re-parented to the
+  // run's PID 1 and dies there by _exit(0), _exit(3), SIGKILL or SIGSEGV — a reaper that
+  // handles only one kind of exit, or only its direct child, runs out of pids early.
+  auto r = b.run(py(std::string(R"PY(
+import os, signal
+report = {'eagain': 0, 'orphans': 0}
+for i in range(3000):
+    try:
+        pid = os.fork()
+    except BlockingIOError:
+        report['eagain'] += 1; continue
+    if pid == 0:
+        try:
+            g = os.fork()
+        except OSError:
+            os._exit(1)
+        if g == 0:
+            m = i % 4
+            if m == 0: os._exit(0)
+            if m == 1: os._exit(3)
+            os.kill(os.getpid(), signal.SIGKILL if m == 2 else signal.SIGSEGV)
+            os._exit(9)
+        os._exit(0)
+    _, st = os.waitpid(pid, 0)
+    if os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0: report['orphans'] += 1
+    else: report['eagain'] += 1
+)PY") + budget_probe,
+                    std::chrono::milliseconds(8000)));
+  check_report(b, r, 3000);
+}
+
+TEST_CASE("zombies: bursts of orphans alive at the same time stay within the pids limit",
+          "[zombies][core]") {
+  CONFORMANCE_BACKEND(b);
+  // 100 bursts of 20 orphans that live a few milliseconds each, so that up to 40 processes of
+  // the run exist at once (well under the limit) — as long as PID 1 keeps reaping while the
+  // next burst starts.
+  auto r = b.run(py(std::string(R"PY(
+import os, time
+report = {'eagain': 0, 'orphans': 0}
+for burst in range(100):
+    mids = []
+    for i in range(20):
+        try:
+            pid = os.fork()
+        except BlockingIOError:
+            report['eagain'] += 1; continue
+        if pid == 0:
+            try:
+                if os.fork() == 0:
+                    time.sleep(0.002); os._exit(0)
+            except OSError:
+                os._exit(1)
+            os._exit(0)
+        mids.append(pid)
+    for pid in mids:
+        _, st = os.waitpid(pid, 0)
+        if os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0: report['orphans'] += 1
+        else: report['eagain'] += 1
+)PY") + budget_probe,
+                    std::chrono::milliseconds(8000)));
+  check_report(b, r, 2000);
+}
+
+TEST_CASE("zombies: orphans left by shells (background jobs) are reaped", "[zombies][core]") {
+  CONFORMANCE_BACKEND(b);
+  // The way real code makes orphans: a shell that starts background jobs and exits at once.
+  auto r = b.run(py(std::string(R"PY(
+import subprocess
+report = {'eagain': 0, 'orphans': 0}
+for i in range(300):
+    p = subprocess.run(['/bin/sh', '-c', 'true & true & true & exit 0'],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if p.returncode == 0 and not p.stderr: report['orphans'] += 3
+    else: report['eagain'] += 1
+)PY") + budget_probe,
+                    std::chrono::milliseconds(8000)));
+  check_report(b, r, 900);
+}
+
+TEST_CASE("zombies: node's child_process orphans are reaped", "[zombies][core][node]") {
+  CONFORMANCE_BACKEND(b);
+  // libuv reaps only its own children; the shells' background jobs are PID 1's to reap.
+  auto r = b.run(js(R"JS(
+const cp = require('child_process');
+let eagain = 0, orphans = 0;
+for (let i = 0; i < 300; i++) {
+  const p = cp.spawnSync('/bin/sh', ['-c', 'true & true & exit 0']);
+  if (p.status === 0 && !p.error && p.stderr.length === 0) orphans += 2; else eagain++;
+}
+console.log(JSON.stringify({eagain, orphans}));
+)JS",
+                    std::chrono::milliseconds(8000)));
+  REQUIRE(r.code == code::ok);
+  auto j = nlohmann::json::parse(b.blob(r.std_out.blob));
+  CHECK(j["eagain"] == 0);
+  CHECK(j["orphans"] == 600);
+}
