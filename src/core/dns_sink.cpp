@@ -73,30 +73,34 @@ std::vector<std::uint8_t> dns_local_response(std::span<const std::uint8_t> query
   if (end == 0) return {};
   for (auto& c : name) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
   constexpr std::string_view suffix = ".localhost";
-  const bool localhost =
-      name == "localhost" ||
-      (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0);
+  const bool localhost = name == "localhost" ||
+                         (name.size() > suffix.size() &&
+                          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0);
   const bool ip6_only = name == "ip6-localhost";
   const bool ip4_only = name == "sandbox";  // the run's hostname (sandbox-init's sethostname)
   if (!localhost && !ip6_only && !ip4_only) return {};
   const unsigned qtype = (query[end - 4] << 8) | query[end - 3];
   const unsigned qclass = (query[end - 2] << 8) | query[end - 1];
   std::vector<std::uint8_t> r(query.begin(), query.begin() + static_cast<std::ptrdiff_t>(end));
-  r[2] = static_cast<std::uint8_t>(0x84 | (query[2] & 0x01));  // QR, AA; keep opcode(0), RD
-  r[3] = 0x00;                                                // RA=0, RCODE=NOERROR
+  r[2] = static_cast<std::uint8_t>(0x84 | (query[2] & 0x01));  // QR, AA; opcode 0; keep RD
+  r[3] = 0x00;  // RA=0, RCODE=NOERROR
   r[4] = 0;
   r[5] = 1;  // one question
   for (std::size_t k = 6; k < header_size; ++k) r[k] = 0;
   std::vector<std::uint8_t> rdata;
   if (qclass == 1 && qtype == 1 && !ip6_only) rdata = {127, 0, 0, 1};
-  if (qclass == 1 && qtype == 28 && !ip4_only) rdata = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  if (qclass == 1 && qtype == 28 && !ip4_only) {
+    rdata = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  }
   if (!rdata.empty()) {
     r[7] = 1;  // one answer
+    // clang-format off
     const std::uint8_t rr[] = {0xC0, 0x0C,  // the question's name
                                static_cast<std::uint8_t>(qtype >> 8), static_cast<std::uint8_t>(qtype),
                                0, 1,        // IN
                                0, 0, 0, 0,  // TTL 0
                                0, static_cast<std::uint8_t>(rdata.size())};
+    // clang-format on
     r.insert(r.end(), std::begin(rr), std::end(rr));
     r.insert(r.end(), rdata.begin(), rdata.end());
   }

@@ -4,8 +4,8 @@
 // namespace, where sandbox-init binds a UDP socket that the host serves. The host logs the name
 // asked for (an egress attempt) and answers REFUSED, so lookups fail fast and nothing is ever
 // resolved — except the run's own names (localhost, its hostname), answered with loopback and
-// not logged, as its /etc/hosts would. These functions are pure and bounded: a malformed or hostile packet yields
-// nothing, never a crash or an over-read.
+// not logged, as its /etc/hosts would. These functions are pure and bounded: a malformed or
+// hostile packet yields nothing, never a crash or an over-read.
 #pragma once
 
 #include <cstdint>

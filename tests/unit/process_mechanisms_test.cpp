@@ -119,8 +119,8 @@ TEST_CASE("dns sink: the run's own names resolve to loopback; nothing else does"
   REQUIRE(!mx.empty());
   CHECK(mx[7] == 0);
   // Everything else stays with the refusing, recording path.
-  for (const char* other : {"example.com", "localhost.example.com", "notlocalhost", "sandbox.example",
-                            "localhostx", "xlocalhost"}) {
+  for (const char* other : {"example.com", "localhost.example.com", "notlocalhost",
+                            "sandbox.example", "localhostx", "xlocalhost"}) {
     INFO(other);
     CHECK(dns_local_response(query(other)).empty());
   }

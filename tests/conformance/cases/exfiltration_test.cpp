@@ -13,6 +13,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <fstream>
@@ -187,8 +188,9 @@ struct host_canaries {
            "\nTCP6 = " + std::to_string(tcp6) + "\nUDP6 = " + std::to_string(udp6) +
            "\nTCP_ANY = " + std::to_string(tcp_any) + "\nUDP_ANY = " + std::to_string(udp_any) +
            "\nIPV6 = " + (ipv6 ? "True" : "False") + "\nTMP_STREAM = " + json(tmp_stream).dump() +
-           "\nTMP_DGRAM = " + json(tmp_dgram).dump() + "\nSTATE_STREAM = " +
-           json(state_stream).dump() + "\nABSTRACT_STREAM = " + json(abstract_stream).dump() +
+           "\nTMP_DGRAM = " + json(tmp_dgram).dump() +
+           "\nSTATE_STREAM = " + json(state_stream).dump() +
+           "\nABSTRACT_STREAM = " + json(abstract_stream).dump() +
            "\nABSTRACT_DGRAM = " + json(abstract_dgram).dump() + "\n";
   }
   std::string node_prelude() const {
@@ -248,8 +250,8 @@ bool has_dns(const sandbox::run_result& r, const std::string& name) {
 std::string list_attempts(const sandbox::run_result& r) {
   std::string out;
   for (const auto& a : r.egress_attempts) {
-    out += a.protocol + " " + (a.host.empty() ? a.address : a.host) + " " +
-           std::to_string(a.port) + (a.allowed ? " ALLOWED" : "") + "\n";
+    out += a.protocol + " " + (a.host.empty() ? a.address : a.host) + " " + std::to_string(a.port) +
+           (a.allowed ? " ALLOWED" : "") + "\n";
   }
   return out;
 }
@@ -288,6 +290,64 @@ def udp(fam, addr):
 )PY";
 
 }  // namespace
+
+TEST_CASE("exfiltration: the host canaries count what reaches them (control)", "[exfil][core]") {
+  // Without this, "nothing arrived" could mean "nothing could have been seen": the host
+  // itself reaches every canary once, and each one counts it.
+  host_canaries canaries;
+  REQUIRE(canaries.ready());
+  auto reach = [](int fam, int type, const sockaddr* sa, socklen_t len) {
+    int s = ::socket(fam, type | SOCK_CLOEXEC, 0);
+    if (s < 0) return false;
+    bool ok =
+        type == SOCK_STREAM ? ::connect(s, sa, len) == 0 : ::sendto(s, "x", 1, 0, sa, len) == 1;
+    ::close(s);
+    return ok;
+  };
+  auto s4 = [](std::uint16_t p) { return inet4("127.0.0.1", p); };
+  auto s6 = [](std::uint16_t p) { return inet6("::1", p); };
+  std::vector<std::pair<std::string, bool>> tries;
+  auto try4 = [&](const char* what, int type, std::uint16_t port) {
+    auto a = s4(port);
+    tries.emplace_back(what, reach(AF_INET, type, reinterpret_cast<sockaddr*>(&a), sizeof a));
+  };
+  try4("tcp4", SOCK_STREAM, canaries.tcp4);
+  try4("udp4", SOCK_DGRAM, canaries.udp4);
+  try4("tcp any", SOCK_STREAM, canaries.tcp_any);
+  try4("udp any", SOCK_DGRAM, canaries.udp_any);
+  if (canaries.ipv6) {
+    auto a = s6(canaries.tcp6);
+    tries.emplace_back("tcp6",
+                       reach(AF_INET6, SOCK_STREAM, reinterpret_cast<sockaddr*>(&a), sizeof a));
+    auto u = s6(canaries.udp6);
+    tries.emplace_back("udp6",
+                       reach(AF_INET6, SOCK_DGRAM, reinterpret_cast<sockaddr*>(&u), sizeof u));
+  }
+  auto unix_reach = [&](const std::string& name, bool abstract, int type) {
+    sockaddr_un u{};
+    u.sun_family = AF_UNIX;
+    if (abstract) {
+      std::memcpy(u.sun_path + 1, name.data(), std::min(name.size(), sizeof u.sun_path - 2));
+    } else {
+      std::strncpy(u.sun_path, name.c_str(), sizeof u.sun_path - 1);
+    }
+    tries.emplace_back(name, reach(AF_UNIX, type, reinterpret_cast<sockaddr*>(&u), sizeof u));
+  };
+  unix_reach(canaries.tmp_stream, false, SOCK_STREAM);
+  unix_reach(canaries.tmp_dgram, false, SOCK_DGRAM);
+  unix_reach(canaries.state_stream, false, SOCK_STREAM);
+  unix_reach(canaries.abstract_stream, true, SOCK_STREAM);
+  unix_reach(canaries.abstract_dgram, true, SOCK_DGRAM);
+  for (const auto& [what, ok] : tries) {
+    INFO(what);
+    CHECK(ok);
+  }
+  const std::string seen = canaries.arrivals();
+  INFO("seen:\n" << seen);
+  // Every canary but the IPv6 wildcard pair (not tried here) saw exactly one arrival.
+  CHECK(static_cast<std::size_t>(std::count(seen.begin(), seen.end(), '\n')) == tries.size());
+  CHECK(seen.find(": 2") == std::string::npos);
+}
 
 TEST_CASE("exfiltration: the host's loopback and unix sockets are unreachable (Python)",
           "[exfil][core]") {
@@ -343,14 +403,16 @@ print(json.dumps(RESULTS))
   CHECK(canaries.arrivals() == "");
 }
 
-TEST_CASE("exfiltration: other addresses, the host's own and cloud metadata are refused and "
-          "recorded (Python)",
-          "[exfil][core]") {
+TEST_CASE(
+    "exfiltration: other addresses, the host's own and cloud metadata are refused and "
+    "recorded (Python)",
+    "[exfil][core]") {
   CONFORMANCE_BACKEND(b);
   host_canaries canaries;
   REQUIRE(canaries.ready());
   const auto host_addrs = host_addresses();
-  std::string prelude = canaries.python_prelude() + "HOST_ADDRS = " + json(host_addrs).dump() + "\n";
+  std::string prelude =
+      canaries.python_prelude() + "HOST_ADDRS = " + json(host_addrs).dump() + "\n";
   auto r = b.run(py(prelude + py_attempt + R"PY(
 A4, A6 = socket.AF_INET, socket.AF_INET6
 for a, p in [('1.1.1.1', 80), ('10.0.0.1', 22), ('192.168.1.1', 80), ('169.254.169.254', 80),
@@ -413,9 +475,10 @@ print(json.dumps(RESULTS))
   CHECK(canaries.arrivals() == "");
 }
 
-TEST_CASE("exfiltration: DNS reaches no resolver; lookups fail and are recorded; resolv.conf "
-          "is harmless (Python)",
-          "[exfil][dns][core]") {
+TEST_CASE(
+    "exfiltration: DNS reaches no resolver; lookups fail and are recorded; resolv.conf "
+    "is harmless (Python)",
+    "[exfil][dns][core]") {
   CONFORMANCE_BACKEND(b);
   // What the host's own resolver configuration would give away.
   std::vector<std::string> host_resolv;
@@ -518,9 +581,10 @@ print(json.dumps({'results': RESULTS, 'resolv': resolv, 'servers': servers, 'hos
   CHECK_FALSE(has_dns(r, "localhost"));
 }
 
-TEST_CASE("exfiltration: Node net, dgram, http and dns are refused and recorded; host "
-          "sockets are unreachable",
-          "[exfil][node][core]") {
+TEST_CASE(
+    "exfiltration: Node net, dgram, http and dns are refused and recorded; host "
+    "sockets are unreachable",
+    "[exfil][node][core]") {
   CONFORMANCE_BACKEND(b);
   host_canaries canaries;
   REQUIRE(canaries.ready());
@@ -596,16 +660,18 @@ function lookup(label, fn) {
     std::string proto, addr;
     int port = 0;
     in >> proto >> addr >> port;
-    if (proto == "tcp" || proto == "udp") CHECK(has_attempt(r, proto, addr, static_cast<std::uint16_t>(port)));
+    if (proto == "tcp" || proto == "udp")
+      CHECK(has_attempt(r, proto, addr, static_cast<std::uint16_t>(port)));
     if (proto == "dns") CHECK(has_dns(r, addr));
   }
   for (const auto& a : r.egress_attempts) CHECK_FALSE(a.allowed);
   CHECK(canaries.arrivals() == "");
 }
 
-TEST_CASE("exfiltration: children, threads and a burst of distinct destinations are all "
-          "refused; the record is capped and counted",
-          "[exfil][heavy]") {
+TEST_CASE(
+    "exfiltration: children, threads and a burst of distinct destinations are all "
+    "refused; the record is capped and counted",
+    "[exfil][heavy]") {
   CONFORMANCE_BACKEND(b);
   host_canaries canaries;
   REQUIRE(canaries.ready());

@@ -34,9 +34,9 @@ namespace fs = std::filesystem;
 namespace {
 
 struct pty_outcome {
-  int status = -1;          ///< exit status (128+N when killed by signal N)
-  std::string output;       ///< everything written to the terminal
-  std::string injected;     ///< what sits in the terminal's input queue afterwards
+  int status = -1;       ///< exit status (128+N when killed by signal N)
+  std::string output;    ///< everything written to the terminal
+  std::string injected;  ///< what sits in the terminal's input queue afterwards
   bool started = false;
 };
 
@@ -75,8 +75,8 @@ pty_outcome run_under_pty(const std::vector<std::string>& args,
   argv.push_back(nullptr);
   std::vector<std::string> env_s{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8",
                                  "TERM=xterm"};
-  for (const char* keep : {"ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS", "LSAN_OPTIONS",
-                           "HOME"}) {
+  for (const char* keep :
+       {"ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS", "LSAN_OPTIONS", "HOME"}) {
     if (const char* v = std::getenv(keep)) env_s.push_back(std::string(keep) + "=" + v);
   }
   std::vector<char*> envp;
@@ -150,8 +150,8 @@ pty_outcome run_under_pty(const std::vector<std::string>& args,
 struct ctl_dir {
   fs::path path;
   ctl_dir() {
-    path = conformance::state_root() / ("tty-" + std::to_string(::getpid()) + "-" +
-                                        std::to_string(counter()++));
+    path = conformance::state_root() /
+           ("tty-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
     fs::create_directories(path);
     fs::permissions(path, fs::perms(0755));
   }
@@ -176,10 +176,10 @@ pty_outcome sandboxctl_under_pty(const conformance::backend& b, const std::strin
       << sandbox::to_string(b.profile().level)
       << R"(","max_timeout_ms":8000,"max_memory_bytes":536870912})";
   std::vector<std::string> args{SANDBOXCTL_PATH, "run",
-                                "--state-dir", (dir.path / "state").string(),
-                                "--blob-dir", (dir.path / "blobs").string(),
-                                "--ticket", (dir.path / "ticket.json").string(),
-                                "--timeout-ms", "5000"};
+                                "--state-dir",   (dir.path / "state").string(),
+                                "--blob-dir",    (dir.path / "blobs").string(),
+                                "--ticket",      (dir.path / "ticket.json").string(),
+                                "--timeout-ms",  "5000"};
   if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) {
     args.insert(args.end(), {"--image-dir", d});
   }
@@ -280,7 +280,8 @@ void check_no_terminal(const json& j) {
     if (path.rfind("/proc/", 0) != 0) CHECK(result != "OK");
   }
   for (auto& [fd, name] : j["ttyname"].items()) CHECK(name != "OK");
-  for (auto& [fd, name] : j["ttyname"].items()) CHECK(name.get<std::string>().rfind("/dev/", 0) != 0);
+  for (auto& [fd, name] : j["ttyname"].items())
+    CHECK(name.get<std::string>().rfind("/dev/", 0) != 0);
   CHECK(j["dev_tty"] != "OK");
   CHECK(j["tty_nr"] == 0);  // no controlling terminal
   CHECK(j["isatty"] == json::array({false, false, false}));
@@ -296,9 +297,10 @@ bool legacy_tiocsti_possible() {
 
 }  // namespace
 
-TEST_CASE("terminal: with the host under a real pty, TIOCSTI/TIOCLINUX inject nothing and "
-          "the code has no controlling terminal (Python)",
-          "[tty][core]") {
+TEST_CASE(
+    "terminal: with the host under a real pty, TIOCSTI/TIOCLINUX inject nothing and "
+    "the code has no controlling terminal (Python)",
+    "[tty][core]") {
   CONFORMANCE_BACKEND(b);
   auto o = sandboxctl_under_pty(b, "inject.py", py_injector);
   INFO("terminal output:\n" << o.output);
@@ -333,8 +335,9 @@ except OSError as e:
     CHECK(o.output.find("injected") != std::string::npos);
     CHECK(o.injected == "echo INJECTED\n");
   } else {
-    WARN("this host refuses TIOCSTI to unprivileged processes (dev.tty.legacy_tiocsti=0): the "
-         "control cannot show an injection being detected");
+    WARN(
+        "this host refuses TIOCSTI to unprivileged processes (dev.tty.legacy_tiocsti=0): the "
+        "control cannot show an injection being detected");
   }
 }
 
