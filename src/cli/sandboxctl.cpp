@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 
 #include "sandbox/sandbox.hpp"
+#include "serve.hpp"
 
 namespace po = boost::program_options;
 
@@ -66,6 +67,10 @@ const char* top_usage =
     "  image verify DIGEST|NAME                      re-hash every blob of an image\n"
     "  image rm DIGEST                               remove an image that is not current\n"
     "  doctor                                        which backends work on this host, and why not\n"
+    "  serve (--socket PATH | --stdio) [--max-running N] [--max-queued N]\n"
+    "      [--tenant-max-running N] [--queue-deadline-ms N]\n"
+    "                                                a daemon: the JSON protocol, one line per\n"
+    "                                                request, host-wide caps (serve --help)\n"
     "\n"
     "store options (every command): --state-dir DIR --image-dir DIR --blob-dir DIR\n"
     "  --cgroup-parent PATH (unprivileged hosts: a delegated cgroup subtree)\n"
@@ -590,6 +595,7 @@ int main(int argc, char** argv) {
     if (cmd == "blob") return cmd_blob(args);
     if (cmd == "image") return cmd_image(args);
     if (cmd == "doctor") return cmd_doctor(args);
+    if (cmd == "serve") return sandboxctl::cmd_serve(args);
     throw usage_error(fmt::format("unknown command '{}'", cmd));
   } catch (const usage_error& e) {
     std::cerr << "sandboxctl: " << e.what() << "\n(see sandboxctl --help)\n";

@@ -1,0 +1,1300 @@
+// `sandboxctl serve`: the service-mode daemon (docs/protocol.md, "Service mode").
+//
+// Structure:
+//   - one io_context run by a few threads; one runtime on it (so one scheduler: the caps are
+//     host-wide for every client of this daemon);
+//   - `service` (on its own strand): the listening socket, signals, the set of connections,
+//     the shutdown sequence;
+//   - `connection` (on its own strand): reads lines from a client with a bounded buffer,
+//     starts runs through `runtime::async_run` (each with its own cancellation signal), runs
+//     blob requests on a small thread pool (they do blocking file I/O), and writes answers as
+//     they complete. Backpressure: no line is read while the client has `max_in_flight` runs
+//     in flight, a blob request pending, or `output_pause_bytes` of answers unwritten; a
+//     client whose unwritten answers pass `max_output_bytes` is disconnected.
+//   - A client that disconnects (its socket hung up) has every run in flight cancelled; the
+//     runtime kills each one and confirms it dead before completing it.
+//   - stdio mode: two pump threads copy between the daemon's stdin/stdout and private pipes,
+//     so the connection code is the same, the caller's file descriptions never become
+//     non-blocking, and regular files (which epoll refuses) work too.
+#include "serve.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/program_options.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include "core/json_strict.hpp"
+#include "sandbox/sandbox.hpp"
+
+namespace sandboxctl {
+
+namespace {
+
+namespace asio = boost::asio;
+namespace po = boost::program_options;
+using json = nlohmann::json;
+using boost::system::error_code;
+using strand_t = asio::strand<asio::io_context::executor_type>;
+
+constexpr int exit_ok = 0;
+constexpr int exit_fail = 1;
+constexpr int exit_usage = 2;
+
+/// How long a shutdown may take to cancel runs and write their answers before the daemon
+/// stops anyway (the runtime's destructor then kills what is left, synchronously).
+constexpr auto shutdown_grace = std::chrono::seconds(10);
+
+// --- base64 (RFC 4648, standard alphabet, padded) ----------------------------------------
+
+constexpr std::string_view b64_alphabet =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string base64_encode(std::string_view in) {
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  auto byte = [&](std::size_t i) {
+    return static_cast<std::uint32_t>(static_cast<unsigned char>(in[i]));
+  };
+  std::size_t i = 0;
+  for (; i + 3 <= in.size(); i += 3) {
+    std::uint32_t v = (byte(i) << 16) | (byte(i + 1) << 8) | byte(i + 2);
+    out += b64_alphabet[(v >> 18) & 63];
+    out += b64_alphabet[(v >> 12) & 63];
+    out += b64_alphabet[(v >> 6) & 63];
+    out += b64_alphabet[v & 63];
+  }
+  if (in.size() - i == 1) {
+    std::uint32_t v = byte(i) << 16;
+    out += b64_alphabet[(v >> 18) & 63];
+    out += b64_alphabet[(v >> 12) & 63];
+    out += "==";
+  } else if (in.size() - i == 2) {
+    std::uint32_t v = (byte(i) << 16) | (byte(i + 1) << 8);
+    out += b64_alphabet[(v >> 18) & 63];
+    out += b64_alphabet[(v >> 12) & 63];
+    out += b64_alphabet[(v >> 6) & 63];
+    out += '=';
+  }
+  return out;
+}
+
+// Strict decoding: length a multiple of 4, padding only at the end, no whitespace, and the
+// unused bits of the last group zero (so every byte string has exactly one accepted form).
+std::optional<std::string> base64_decode(std::string_view in) {
+  if (in.size() % 4 != 0) return std::nullopt;
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  std::string out;
+  out.reserve(in.size() / 4 * 3);
+  for (std::size_t i = 0; i < in.size(); i += 4) {
+    const bool last = i + 4 == in.size();
+    int pad = 0;
+    if (last && in[i + 3] == '=') pad = in[i + 2] == '=' ? 2 : 1;
+    std::uint32_t v = 0;
+    for (int k = 0; k < 4; ++k) {
+      int d = 0;
+      if (k >= 4 - pad) {
+        if (in[i + k] != '=') return std::nullopt;
+      } else {
+        d = value(in[i + k]);
+        if (d < 0) return std::nullopt;
+      }
+      v = (v << 6) | static_cast<std::uint32_t>(d);
+    }
+    if ((pad == 1 && (v & 0xff) != 0) || (pad == 2 && (v & 0xffff) != 0)) return std::nullopt;
+    out += static_cast<char>((v >> 16) & 0xff);
+    if (pad < 2) out += static_cast<char>((v >> 8) & 0xff);
+    if (pad < 1) out += static_cast<char>(v & 0xff);
+  }
+  return out;
+}
+
+// --- answer lines --------------------------------------------------------------------------
+
+std::string json_string(std::string_view s) {
+  return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+/// `{"id":<id or null>,"<key>":<value_json>}` and a newline.
+std::string answer_line(const std::optional<std::string>& id, std::string_view key,
+                        std::string_view value_json) {
+  std::string s;
+  s.reserve(value_json.size() + key.size() + (id ? id->size() : 4) + 16);
+  s += R"({"id":)";
+  s += id ? json_string(*id) : std::string("null");
+  s += ",\"";
+  s += key;
+  s += "\":";
+  s += value_json;
+  s += "}\n";
+  return s;
+}
+
+std::string error_line(const std::optional<std::string>& id, std::string_view code,
+                       std::string_view message) {
+  nlohmann::ordered_json e;
+  e["code"] = std::string(code);
+  e["message"] = std::string(message);
+  return answer_line(id, "error", e.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+std::string result_line(const std::string& id, const sandbox::run_result& r) {
+  return answer_line(id, "result", sandbox::encode(r));
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+/// POLLHUP / POLLERR on `fd` right now: the peer of a socket closed, or the reader of a pipe
+/// went away.
+bool is_hung_up(int fd) {
+  pollfd p{fd, 0, 0};
+  int n = 0;
+  do {
+    n = ::poll(&p, 1, 0);
+  } while (n < 0 && errno == EINTR);
+  return n > 0 && (p.revents & (POLLHUP | POLLERR)) != 0;
+}
+
+bool write_all(int fd, const char* data, std::size_t size) {
+  while (size > 0) {
+    ssize_t w = ::write(fd, data, size);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    data += w;
+    size -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+class service;
+
+// --- connection ------------------------------------------------------------------------------
+
+/// One client: a byte stream in (`in_`) and one out (`out_`), which for a socket are two
+/// descriptors of the same socket. All state lives on `strand_`.
+class connection : public std::enable_shared_from_this<connection> {
+ public:
+  connection(service& svc, asio::io_context& io, int in_fd, int out_fd, std::string name);
+  connection(const connection&) = delete;
+  connection& operator=(const connection&) = delete;
+
+  /// Starts reading and watching for hang-up. Call once, right after construction.
+  void start();
+  /// Daemon shutdown: stop reading, cancel every run, write the answers, then close.
+  /// Thread-safe.
+  void stop();
+
+ private:
+  struct run_entry {
+    std::string id;
+    std::unique_ptr<asio::cancellation_signal> cancel;
+  };
+
+  sandbox::log_sink& log();
+  const service_limits& limits() const;
+  bool paused() const;
+  void read_more();
+  void on_read(const error_code& ec, std::size_t n);
+  void on_eof();
+  void process_lines();
+  void handle_line(std::string_view line);
+  void start_run(std::string id, const json& doc);
+  void start_blob_put(std::string id, const json& op);
+  void start_blob_get(std::string id, const json& op);
+  void on_run_done(std::uint64_t seq, error_code ec, sandbox::run_result r);
+  void on_blob_done(const std::string& id, std::string line);
+  void queue_answer(std::string line);
+  void write_next();
+  void on_written(const error_code& ec);
+  void resume();
+  void cancel_runs();
+  void disconnect(const std::string& reason);
+  void close_descriptors();
+  void maybe_finish();
+  void on_stop();
+
+  service& svc_;
+  strand_t strand_;
+  asio::posix::stream_descriptor in_;
+  asio::posix::stream_descriptor out_;
+  std::string name_;
+
+  std::array<char, 64 * 1024> chunk_{};
+  std::string rbuf_;         // bytes read and not yet consumed, from rpos_
+  std::size_t rpos_ = 0;     // start of the first unconsumed line
+  std::size_t scan_ = 0;     // where the search for the next newline resumes
+  bool discarding_ = false;  // inside an over-long line: dropping bytes up to its newline
+  bool reading_ = false;
+  bool eof_ = false;       // no more requests (end of input, or shutdown)
+  bool stopping_ = false;  // daemon shutdown
+  bool closed_ = false;    // descriptors closed; answers are dropped
+  bool finished_ = false;  // reported to the service
+
+  std::map<std::uint64_t, run_entry> runs_;
+  std::uint64_t next_seq_ = 0;
+  std::set<std::string> ids_;  // ids of runs and blob requests in flight
+  bool blob_busy_ = false;
+
+  std::deque<std::string> wq_;
+  std::size_t wq_bytes_ = 0;
+  bool writing_ = false;
+};
+
+// --- service ---------------------------------------------------------------------------------
+
+/// The daemon: listening socket (or the stdio connection), signals, connections, shutdown.
+class service {
+ public:
+  service(asio::io_context& io, sandbox::runtime& rt, asio::thread_pool& pool,
+          const serve_options& options)
+      : io_(io),
+        rt_(rt),
+        pool_(pool),
+        options_(options),
+        log_(options.runtime.log ? options.runtime.log
+                                 : sandbox::make_stderr_log_sink(sandbox::log_level::warning)),
+        strand_(asio::make_strand(io)),
+        acceptor_(strand_),
+        signals_(strand_, SIGINT, SIGTERM, SIGHUP),
+        retry_timer_(strand_),
+        grace_timer_(strand_) {}
+
+  /// Binds and listens on the socket path (mode 0660, created under umask 077 first so it is
+  /// never more open than that). Empty on success, else why not.
+  std::string listen(int fd) {
+    error_code ec;
+    acceptor_.assign(asio::local::stream_protocol(), fd, ec);
+    if (ec) {
+      ::close(fd);
+      return "cannot watch the socket: " + ec.message();
+    }
+    return {};
+  }
+
+  /// Starts serving: signals, then accepting (socket mode) or the stdio connection.
+  void start(int stdio_in = -1, int stdio_out = -1) {
+    stdio_ = stdio_in >= 0;
+    wait_signal();
+    if (stdio_) {
+      auto c = std::make_shared<connection>(*this, io_, stdio_in, stdio_out, "stdio client");
+      conns_.insert(c);
+      c->start();
+    } else {
+      wait_accept();
+    }
+  }
+
+  /// Stops the daemon (thread-safe): see `serve`.
+  void stop(std::string why) {
+    asio::post(strand_, [this, why = std::move(why)] { on_stop(why); });
+  }
+
+  /// A connection is done (closed, nothing in flight). Thread-safe.
+  void connection_done(std::shared_ptr<connection> c) {
+    asio::post(strand_, [this, c = std::move(c)] {
+      conns_.erase(c);
+      if ((stdio_ || stopping_) && conns_.empty()) finish();
+    });
+  }
+
+  sandbox::runtime& rt() { return rt_; }
+  asio::thread_pool& pool() { return pool_; }
+  const service_limits& limits() const { return options_.limits; }
+  sandbox::log_sink& log() { return log_; }
+
+ private:
+  void wait_signal() {
+    signals_.async_wait([this](const error_code& ec, int sig) {
+      if (ec) return;
+      if (stopping_) {
+        log_(sandbox::log_level::warning,
+             fmt::format("serve: signal {} again: stopping without waiting", sig));
+        finish();
+        return;
+      }
+      on_stop(fmt::format("signal {}", sig));
+      wait_signal();  // a second signal stops at once
+    });
+  }
+
+  void wait_accept() {
+    acceptor_.async_wait(asio::socket_base::wait_read, [this](const error_code& ec) {
+      if (ec || stopping_) return;
+      accept_ready();
+    });
+  }
+
+  void accept_ready() {
+    for (;;) {
+      int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        // Out of descriptors or memory: try again later instead of spinning.
+        log_(sandbox::log_level::warning,
+             fmt::format("serve: accept4: {}; retrying in 200 ms", std::strerror(errno)));
+        retry_timer_.expires_after(std::chrono::milliseconds(200));
+        retry_timer_.async_wait([this](const error_code& ec) {
+          if (!ec && !stopping_) wait_accept();
+        });
+        return;
+      }
+      adopt(fd);
+    }
+    wait_accept();
+  }
+
+  void adopt(int fd) {
+    if (conns_.size() >= options_.limits.max_connections) {
+      std::string line = error_line(std::nullopt, "capacity", "too many connections");
+      (void)::send(fd, line.data(), line.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      ::close(fd);
+      log_(sandbox::log_level::warning, "serve: connection refused: too many connections");
+      return;
+    }
+    std::string name = fmt::format("client {}", ++clients_);
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      name += fmt::format(" (pid {}, uid {})", cred.pid, cred.uid);
+    }
+    int out = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    if (out < 0) {
+      log_(sandbox::log_level::warning,
+           fmt::format("serve: fcntl(F_DUPFD_CLOEXEC): {}", std::strerror(errno)));
+      ::close(fd);
+      return;
+    }
+    try {
+      auto c = std::make_shared<connection>(*this, io_, fd, out, name);
+      conns_.insert(c);
+      log_(sandbox::log_level::info, "serve: " + name + " connected");
+      c->start();
+    } catch (const std::exception& e) {
+      log_(sandbox::log_level::error, "serve: cannot serve " + name + ": " + e.what());
+    }
+  }
+
+  void on_stop(const std::string& why) {
+    if (stopping_) return;
+    stopping_ = true;
+    log_(sandbox::log_level::warning,
+         fmt::format("serve: stopping ({}); cancelling the runs of {} connection(s)", why,
+                     conns_.size()));
+    error_code ec;
+    acceptor_.close(ec);
+    retry_timer_.cancel();
+    for (const auto& c : conns_) c->stop();
+    if (conns_.empty()) {
+      finish();
+      return;
+    }
+    grace_timer_.expires_after(shutdown_grace);
+    grace_timer_.async_wait([this](const error_code& e) {
+      if (e) return;
+      log_(sandbox::log_level::warning, "serve: shutdown grace period over; stopping now");
+      finish();
+    });
+  }
+
+  void finish() {
+    if (finished_) return;
+    finished_ = true;
+    error_code ec;
+    signals_.cancel(ec);
+    grace_timer_.cancel();
+    retry_timer_.cancel();
+    acceptor_.close(ec);
+    io_.stop();
+  }
+
+  asio::io_context& io_;
+  sandbox::runtime& rt_;
+  asio::thread_pool& pool_;
+  const serve_options& options_;
+  sandbox::log_sink log_;
+  strand_t strand_;
+  asio::local::stream_protocol::acceptor acceptor_;
+  asio::signal_set signals_;
+  asio::steady_timer retry_timer_;
+  asio::steady_timer grace_timer_;
+  std::set<std::shared_ptr<connection>> conns_;
+  std::uint64_t clients_ = 0;
+  bool stdio_ = false;
+  bool stopping_ = false;
+  bool finished_ = false;
+};
+
+// --- connection: implementation ----------------------------------------------------------
+
+connection::connection(service& svc, asio::io_context& io, int in_fd, int out_fd, std::string name)
+    : svc_(svc),
+      strand_(asio::make_strand(io)),
+      in_(strand_),
+      out_(strand_),
+      name_(std::move(name)) {
+  error_code ec;
+  in_.assign(in_fd, ec);
+  if (ec) {
+    ::close(in_fd);
+    ::close(out_fd);
+    throw std::runtime_error("cannot watch the input: " + ec.message());
+  }
+  out_.assign(out_fd, ec);
+  if (ec) {
+    ::close(out_fd);
+    throw std::runtime_error("cannot watch the output: " + ec.message());
+  }
+}
+
+sandbox::log_sink& connection::log() { return svc_.log(); }
+const service_limits& connection::limits() const { return svc_.limits(); }
+
+void connection::start() {
+  asio::dispatch(strand_, [self = shared_from_this()] {
+    // Hang-up watch: completes on EPOLLHUP/EPOLLERR of the output side (the client closed
+    // its socket, or the reader of our stdout went away) even while reading is paused, so
+    // a client that disconnects has its runs cancelled at once.
+    self->out_.async_wait(asio::posix::descriptor_base::wait_error, [self](const error_code& ec) {
+      if (!ec && !self->closed_) self->disconnect("client disconnected");
+    });
+    // A hang-up before the wait was queued would have been missed (edge-triggered): check.
+    if (is_hung_up(self->out_.native_handle())) {
+      self->disconnect("client disconnected");
+      return;
+    }
+    self->read_more();
+  });
+}
+
+void connection::stop() {
+  asio::post(strand_, [self = shared_from_this()] { self->on_stop(); });
+}
+
+void connection::on_stop() {
+  stopping_ = true;
+  if (closed_) return;
+  eof_ = true;
+  rbuf_.clear();
+  rpos_ = scan_ = 0;
+  discarding_ = false;
+  error_code ec;
+  in_.close(ec);  // no more requests; a pending read completes with operation_aborted
+  cancel_runs();
+  maybe_finish();
+}
+
+bool connection::paused() const {
+  return blob_busy_ || runs_.size() >= limits().max_in_flight ||
+         wq_bytes_ >= limits().output_pause_bytes;
+}
+
+void connection::read_more() {
+  if (closed_ || eof_ || reading_ || paused()) return;
+  reading_ = true;
+  in_.async_read_some(
+      asio::buffer(chunk_),
+      [self = shared_from_this()](const error_code& ec, std::size_t n) { self->on_read(ec, n); });
+}
+
+void connection::on_read(const error_code& ec, std::size_t n) {
+  reading_ = false;
+  if (closed_ || stopping_) {
+    maybe_finish();
+    return;
+  }
+  if (ec == asio::error::eof) {
+    on_eof();
+    return;
+  }
+  if (ec) {
+    disconnect("read failed: " + ec.message());
+    return;
+  }
+  rbuf_.append(chunk_.data(), n);
+  process_lines();
+  read_more();
+  maybe_finish();
+}
+
+void connection::on_eof() {
+  eof_ = true;
+  // A last line without its newline still counts (and ends an over-long line).
+  if (rbuf_.size() > rpos_ || discarding_) rbuf_ += '\n';
+  // EOF with the socket hung up is a disconnect; without, the client only closed its
+  // sending side (shutdown(SHUT_WR)) and still reads the answers.
+  if (is_hung_up(out_.native_handle())) {
+    disconnect("client disconnected");
+    return;
+  }
+  process_lines();
+  maybe_finish();
+}
+
+void connection::process_lines() {
+  const std::size_t max_line = limits().max_line_bytes;
+  while (!closed_ && !stopping_ && !paused()) {
+    if (discarding_) {
+      auto nl = rbuf_.find('\n', rpos_);
+      if (nl == std::string::npos) {
+        rbuf_.clear();
+        rpos_ = scan_ = 0;
+        break;
+      }
+      rpos_ = scan_ = nl + 1;
+      discarding_ = false;
+      queue_answer(error_line(std::nullopt, "invalid_request",
+                              fmt::format("line is longer than {} bytes", max_line)));
+      continue;
+    }
+    auto nl = rbuf_.find('\n', std::max(scan_, rpos_));
+    if (nl == std::string::npos) {
+      if (rbuf_.size() - rpos_ > max_line) {
+        // Never buffer an over-long line: drop what we have and the rest up to its newline.
+        discarding_ = true;
+        rbuf_.clear();
+        rpos_ = scan_ = 0;
+        continue;
+      }
+      scan_ = rbuf_.size();
+      break;
+    }
+    std::string_view line(rbuf_.data() + rpos_, nl - rpos_);
+    rpos_ = scan_ = nl + 1;
+    if (line.size() > max_line) {
+      queue_answer(error_line(std::nullopt, "invalid_request",
+                              fmt::format("line is longer than {} bytes", max_line)));
+      continue;
+    }
+    handle_line(line);
+  }
+  // Compact: drop consumed bytes once they are all consumed or the prefix is large.
+  if (rpos_ > 0 && (rpos_ >= rbuf_.size() || rpos_ >= chunk_.size())) {
+    rbuf_.erase(0, rpos_);
+    scan_ = scan_ > rpos_ ? scan_ - rpos_ : 0;
+    rpos_ = 0;
+  }
+}
+
+void connection::handle_line(std::string_view line) {
+  std::optional<std::string> id;
+  try {
+    // Blank lines (and a trailing CR) are tolerated: they carry no request.
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) {
+      line.remove_suffix(1);
+    }
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;
+
+    // Strict parse of the envelope (duplicate keys, invalid UTF-8, trailing garbage and the
+    // like are refused, as for every protocol document). One level more than a request may
+    // have, since the request sits one level down.
+    json doc;
+    sandbox::decode_options dopt;
+    dopt.max_document_bytes = limits().max_line_bytes;
+    dopt.max_depth = dopt.max_depth + 1;
+    if (auto err = sandbox::detail::parse_strict(line, dopt, doc)) {
+      queue_answer(error_line(std::nullopt, "invalid_request", *err));
+      return;
+    }
+    if (!doc.is_object()) {
+      queue_answer(error_line(std::nullopt, "invalid_request", "expected a JSON object"));
+      return;
+    }
+    const json* idv = sandbox::detail::find_member(doc, "id");
+    if (idv == nullptr) {
+      queue_answer(error_line(std::nullopt, "invalid_request", "id: required field is missing"));
+      return;
+    }
+    if (!idv->is_string()) {
+      queue_answer(error_line(std::nullopt, "invalid_request", "id: expected a string"));
+      return;
+    }
+    const auto& s = idv->get_ref<const std::string&>();
+    if (s.empty() || s.size() > limits().max_id_bytes) {
+      queue_answer(error_line(std::nullopt, "invalid_request",
+                              fmt::format("id: expected 1 to {} bytes", limits().max_id_bytes)));
+      return;
+    }
+    id = s;
+
+    const bool put = sandbox::detail::find_member(doc, "blob_put") != nullptr;
+    const bool get = !put && sandbox::detail::find_member(doc, "blob_get") != nullptr;
+    try {
+      if (put) {
+        sandbox::detail::check_known_fields(doc, "", {"id", "blob_put"});
+      } else if (get) {
+        sandbox::detail::check_known_fields(doc, "", {"id", "blob_get"});
+      } else {
+        sandbox::detail::check_known_fields(doc, "", {"id", "ticket", "request"});
+        sandbox::detail::require_member(doc, "", "ticket");
+        sandbox::detail::require_member(doc, "", "request");
+      }
+    } catch (const sandbox::detail::decode_error& e) {
+      queue_answer(error_line(id, "invalid_request", e.what()));
+      return;
+    }
+    if (ids_.count(*id) != 0) {
+      queue_answer(
+          error_line(id, "invalid_request", "id: a request with this id is still in flight"));
+      return;
+    }
+    if (put) {
+      start_blob_put(*id, doc["blob_put"]);
+    } else if (get) {
+      start_blob_get(*id, doc["blob_get"]);
+    } else {
+      start_run(*id, doc);
+    }
+  } catch (const std::exception& e) {
+    log()(sandbox::log_level::error, "serve: " + name_ + ": " + e.what());
+    queue_answer(error_line(id, "internal", "internal error"));
+  }
+}
+
+void connection::start_run(std::string id, const json& doc) {
+  // The ticket is trusted as `sandboxctl run` trusts ticket files: the socket's
+  // permissions decide who may send one.
+  sandbox::ticket_issuer issuer;
+  auto ticket = issuer.decode(dump(doc["ticket"]));
+  if (!ticket) {
+    auto rej = ticket.error();
+    rej.message = "ticket: " + rej.message;
+    queue_answer(result_line(id, sandbox::rejected_result(rej)));
+    return;
+  }
+  auto request = sandbox::decode_run_request(dump(doc["request"]));
+  if (!request) {
+    auto rej = request.error();
+    rej.message = "request: " + rej.message;
+    queue_answer(result_line(id, sandbox::rejected_result(rej)));
+    return;
+  }
+  const std::uint64_t seq = ++next_seq_;
+  auto& entry = runs_[seq];
+  entry.id = id;
+  entry.cancel = std::make_unique<asio::cancellation_signal>();
+  ids_.insert(std::move(id));
+  // The completion is re-posted to the strand, so that it never runs inside an `emit`
+  // below (which would erase the signal being emitted).
+  svc_.rt().async_run(
+      std::move(*request), std::move(*ticket),
+      asio::bind_cancellation_slot(
+          entry.cancel->slot(),
+          asio::bind_executor(strand_, [self = shared_from_this(), seq](
+                                           error_code ec, sandbox::run_result r) mutable {
+            asio::post(self->strand_, [self, seq, ec, r = std::move(r)]() mutable {
+              self->on_run_done(seq, ec, std::move(r));
+            });
+          })));
+}
+
+void connection::on_run_done(std::uint64_t seq, error_code ec, sandbox::run_result r) {
+  auto it = runs_.find(seq);
+  if (it == runs_.end()) return;
+  std::string id = std::move(it->second.id);
+  runs_.erase(it);
+  ids_.erase(id);
+  if (ec && !stopping_) {
+    log()(sandbox::log_level::info,
+          fmt::format("serve: {}: run {} ended: {}", name_, r.run_id, ec.message()));
+  }
+  queue_answer(result_line(id, r));
+  resume();
+}
+
+void connection::start_blob_put(std::string id, const json& op) {
+  std::string tenant;
+  std::string data;
+  try {
+    sandbox::detail::as_object(op, "blob_put");
+    sandbox::detail::check_known_fields(op, "blob_put", {"tenant", "data_b64"});
+    tenant = sandbox::detail::as_string(sandbox::detail::require_member(op, "blob_put", "tenant"),
+                                        "blob_put.tenant");
+    const auto& d = sandbox::detail::require_member(op, "blob_put", "data_b64");
+    if (!d.is_string()) sandbox::detail::fail("blob_put.data_b64", "expected a string");
+    const auto& b64 = d.get_ref<const std::string&>();
+    if (b64.size() / 4 * 3 > limits().max_blob_put_bytes + 2) {
+      queue_answer(error_line(
+          id, "too_large",
+          fmt::format("blob_put.data_b64: more than {} bytes", limits().max_blob_put_bytes)));
+      return;
+    }
+    auto decoded = base64_decode(b64);
+    if (!decoded) sandbox::detail::fail("blob_put.data_b64", "not valid base64 (RFC 4648, padded)");
+    data = std::move(*decoded);
+  } catch (const sandbox::detail::decode_error& e) {
+    queue_answer(error_line(id, "invalid_request", e.what()));
+    return;
+  }
+  if (!sandbox::is_valid_tenant(tenant)) {
+    queue_answer(error_line(id, "invalid_request", "blob_put.tenant: invalid tenant name"));
+    return;
+  }
+  if (data.size() > limits().max_blob_put_bytes) {
+    queue_answer(error_line(
+        id, "too_large",
+        fmt::format("blob_put.data_b64: more than {} bytes", limits().max_blob_put_bytes)));
+    return;
+  }
+  blob_busy_ = true;
+  ids_.insert(id);
+  asio::post(svc_.pool(), [self = shared_from_this(), blobs = svc_.rt().blobs(), id,
+                           tenant = std::move(tenant), data = std::move(data)] {
+    std::string line;
+    try {
+      auto r =
+          blobs ? blobs->put(tenant, data)
+                : sandbox::result<std::string>(sandbox::make_error_code(sandbox::errc::io_error));
+      if (r) {
+        line = answer_line(id, "blob", json_string(*r));
+      } else if (r.error() == sandbox::make_error_code(sandbox::errc::quota_exceeded)) {
+        line = error_line(id, "quota_exceeded", "the tenant's blob quota is exhausted");
+      } else if (r.error() == sandbox::make_error_code(sandbox::errc::invalid_argument)) {
+        line = error_line(id, "invalid_request", "blob_put.tenant: invalid tenant name");
+      } else {
+        self->log()(sandbox::log_level::error,
+                    "serve: blob put for " + tenant + ": " + r.error().message());
+        line = error_line(id, "internal", "the blob could not be stored");
+      }
+    } catch (const std::exception&) {
+      line = error_line(id, "internal", "internal error");
+    }
+    asio::post(self->strand_, [self, id, line = std::move(line)]() mutable {
+      self->on_blob_done(id, std::move(line));
+    });
+  });
+}
+
+void connection::start_blob_get(std::string id, const json& op) {
+  std::string tenant;
+  std::string blob;
+  try {
+    sandbox::detail::as_object(op, "blob_get");
+    sandbox::detail::check_known_fields(op, "blob_get", {"tenant", "blob"});
+    tenant = sandbox::detail::as_string(sandbox::detail::require_member(op, "blob_get", "tenant"),
+                                        "blob_get.tenant");
+    blob = sandbox::detail::as_string(sandbox::detail::require_member(op, "blob_get", "blob"),
+                                      "blob_get.blob");
+  } catch (const sandbox::detail::decode_error& e) {
+    queue_answer(error_line(id, "invalid_request", e.what()));
+    return;
+  }
+  if (!sandbox::is_valid_tenant(tenant)) {
+    queue_answer(error_line(id, "invalid_request", "blob_get.tenant: invalid tenant name"));
+    return;
+  }
+  if (!sandbox::is_valid_blob_id(blob)) {
+    queue_answer(error_line(id, "invalid_request",
+                            "blob_get.blob: expected sha256: and 64 lowercase hex digits"));
+    return;
+  }
+  blob_busy_ = true;
+  ids_.insert(id);
+  const std::size_t cap = limits().max_blob_get_bytes;
+  asio::post(svc_.pool(), [self = shared_from_this(), blobs = svc_.rt().blobs(), id, cap,
+                           tenant = std::move(tenant), blob = std::move(blob)] {
+    std::string line;
+    try {
+      using sandbox::errc;
+      using sandbox::make_error_code;
+      auto fail = [&](const boost::system::error_code& ec) {
+        if (ec == make_error_code(errc::not_found)) {
+          // Also for another tenant's blob: its existence is not revealed.
+          return error_line(id, "blob_not_found", "no such blob for this tenant");
+        }
+        if (ec == make_error_code(errc::invalid_argument)) {
+          return error_line(id, "invalid_request", "blob_get: invalid tenant or blob id");
+        }
+        self->log()(sandbox::log_level::error,
+                    "serve: blob get " + blob + " for " + tenant + ": " + ec.message());
+        return error_line(id, "internal", "the blob could not be read");
+      };
+      if (!blobs) {
+        line = fail(make_error_code(errc::io_error));
+      } else if (auto size = blobs->size(tenant, blob); !size) {
+        line = fail(size.error());
+      } else if (*size > cap) {
+        line = error_line(
+            id, "too_large",
+            fmt::format("the blob has {} bytes; blob_get returns at most {}", *size, cap));
+      } else if (auto bytes = blobs->get(tenant, blob); !bytes) {
+        line = fail(bytes.error());
+      } else if (bytes->size() > cap) {  // replaced between size() and get()
+        line = error_line(id, "too_large", fmt::format("blob_get returns at most {} bytes", cap));
+      } else {
+        std::string b64 = base64_encode(*bytes);
+        line = answer_line(id, "data_b64", "\"" + b64 + "\"");
+      }
+    } catch (const std::exception&) {
+      line = error_line(id, "internal", "internal error");
+    }
+    asio::post(self->strand_, [self, id, line = std::move(line)]() mutable {
+      self->on_blob_done(id, std::move(line));
+    });
+  });
+}
+
+void connection::on_blob_done(const std::string& id, std::string line) {
+  blob_busy_ = false;
+  ids_.erase(id);
+  queue_answer(std::move(line));
+  resume();
+}
+
+void connection::queue_answer(std::string line) {
+  if (closed_) return;
+  if (wq_bytes_ + line.size() > limits().max_output_bytes) {
+    disconnect(fmt::format("does not read its answers ({} bytes unwritten)", wq_bytes_));
+    return;
+  }
+  wq_bytes_ += line.size();
+  wq_.push_back(std::move(line));
+  write_next();
+}
+
+void connection::write_next() {
+  if (writing_ || wq_.empty() || closed_) return;
+  writing_ = true;
+  asio::async_write(
+      out_, asio::buffer(wq_.front()),
+      [self = shared_from_this()](const error_code& ec, std::size_t) { self->on_written(ec); });
+}
+
+void connection::on_written(const error_code& ec) {
+  writing_ = false;
+  if (closed_) {
+    maybe_finish();
+    return;
+  }
+  if (ec) {
+    disconnect("write failed: " + ec.message());
+    return;
+  }
+  wq_bytes_ -= wq_.front().size();
+  wq_.pop_front();
+  write_next();
+  resume();
+}
+
+void connection::resume() {
+  process_lines();
+  read_more();
+  maybe_finish();
+}
+
+void connection::cancel_runs() {
+  // Completions are always posted (see start_run), so runs_ does not change under us.
+  for (auto& [seq, entry] : runs_) entry.cancel->emit(asio::cancellation_type::terminal);
+}
+
+void connection::close_descriptors() {
+  error_code ec;
+  in_.close(ec);
+  out_.close(ec);
+}
+
+void connection::disconnect(const std::string& reason) {
+  if (closed_) return;
+  closed_ = true;
+  log()(sandbox::log_level::info,
+        fmt::format(
+            "serve: {}: {}{}", name_, reason,
+            runs_.empty() ? std::string() : fmt::format("; cancelling {} run(s)", runs_.size())));
+  close_descriptors();
+  // Keep the buffer of a write in progress alive until its handler has run.
+  while (wq_.size() > (writing_ ? 1U : 0U)) wq_.pop_back();
+  wq_bytes_ = 0;
+  rbuf_.clear();
+  rbuf_.shrink_to_fit();
+  rpos_ = scan_ = 0;
+  cancel_runs();
+  maybe_finish();
+}
+
+void connection::maybe_finish() {
+  if (finished_) return;
+  const bool idle = runs_.empty() && !blob_busy_;
+  if (!closed_) {
+    // Graceful end: no more requests, everything answered and written.
+    if (!(eof_ && idle && rpos_ >= rbuf_.size() && wq_.empty() && !writing_)) return;
+    closed_ = true;
+    log()(sandbox::log_level::info, "serve: " + name_ + ": done");
+    close_descriptors();
+  }
+  if (!idle || reading_ || writing_) return;
+  finished_ = true;
+  svc_.connection_done(shared_from_this());
+}
+
+// --- socket path -----------------------------------------------------------------------------
+
+/// Checks `path` before starting: absent is fine; a stale socket (nobody accepts on it) is
+/// removed; anything else is refused. Empty on success, else why not.
+std::string clear_socket_path(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return {};
+    return fmt::format("cannot inspect '{}': {}", path.string(), std::strerror(errno));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return fmt::format("'{}' exists and is not a socket; refusing to replace it", path.string());
+  }
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return fmt::format("socket: {}", std::strerror(errno));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.string().size());
+  int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  int err = errno;
+  ::close(fd);
+  if (rc == 0) return fmt::format("another server is listening on '{}'", path.string());
+  if (err != ECONNREFUSED) {
+    return fmt::format("'{}' is a socket that cannot be probed: {}", path.string(),
+                       std::strerror(err));
+  }
+  // Stale: nobody listens. Remove it, unless it was replaced meanwhile.
+  struct stat again {};
+  if (::lstat(path.c_str(), &again) == 0 && again.st_ino == st.st_ino &&
+      again.st_dev == st.st_dev && ::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return fmt::format("cannot remove the stale socket '{}': {}", path.string(),
+                       std::strerror(errno));
+  }
+  return {};
+}
+
+/// Creates the listening socket at `path` with mode 0660. Returns the descriptor (and the
+/// file's identity in `st`) or -1 with `why` set.
+int bind_socket(const std::filesystem::path& path, struct stat& st, std::string& why) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    why = fmt::format("socket: {}", std::strerror(errno));
+    return -1;
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.string().size());
+  // The file is created owner-only (umask 077: never more open than intended, not even for
+  // an instant), then widened to the group.
+  mode_t old = ::umask(077);
+  int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  int err = errno;
+  ::umask(old);
+  if (rc != 0) {
+    why = fmt::format("cannot bind '{}': {}", path.string(), std::strerror(err));
+    ::close(fd);
+    return -1;
+  }
+  if (::chmod(path.c_str(), 0660) != 0 || ::lstat(path.c_str(), &st) != 0 ||
+      !S_ISSOCK(st.st_mode)) {
+    why = fmt::format("cannot set the mode of '{}': {}", path.string(), std::strerror(errno));
+    ::unlink(path.c_str());
+    ::close(fd);
+    return -1;
+  }
+  if (::listen(fd, 128) != 0) {
+    why = fmt::format("listen: {}", std::strerror(errno));
+    ::unlink(path.c_str());
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// --- stdio pumps -------------------------------------------------------------------------------
+
+// Copies `src` to `dst` until end of input or an error; closes both.
+void pump_in(int src, int dst) {
+  std::array<char, 64 * 1024> buf{};
+  for (;;) {
+    ssize_t r = ::read(src, buf.data(), buf.size());
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0 || !write_all(dst, buf.data(), static_cast<std::size_t>(r))) break;
+  }
+  ::close(src);
+  ::close(dst);
+}
+
+// Copies `src` (our answers) to `dst` (the daemon's stdout) until `src` ends, or until the
+// reader of `dst` goes away (then closing `src` tells the connection: EPOLLERR).
+void pump_out(int src, int dst) {
+  std::array<char, 64 * 1024> buf{};
+  for (;;) {
+    std::array<pollfd, 2> p{pollfd{src, POLLIN, 0}, pollfd{dst, 0, 0}};
+    int n = ::poll(p.data(), p.size(), -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || (p[1].revents & (POLLHUP | POLLERR)) != 0) break;
+    if ((p[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+    ssize_t r = ::read(src, buf.data(), buf.size());
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0 || !write_all(dst, buf.data(), static_cast<std::size_t>(r))) break;
+  }
+  ::close(src);
+  ::close(dst);
+}
+
+}  // namespace
+
+// --- serve ---------------------------------------------------------------------------------------
+
+int serve(const serve_options& options) {
+  auto log = options.runtime.log ? options.runtime.log
+                                 : sandbox::make_stderr_log_sink(sandbox::log_level::warning);
+  ::signal(SIGPIPE, SIG_IGN);  // a client gone while we write: EPIPE, not death
+
+  if (!options.stdio) {
+    const auto& p = options.socket_path;
+    if (p.empty()) {
+      std::cerr << "sandboxctl: serve: give --socket PATH or --stdio\n";
+      return exit_usage;
+    }
+    if (p.string().size() >= sizeof(sockaddr_un{}.sun_path)) {
+      std::cerr << fmt::format("sandboxctl: serve: socket path is longer than {} bytes\n",
+                               sizeof(sockaddr_un{}.sun_path) - 1);
+      return exit_usage;
+    }
+    if (auto why = clear_socket_path(p); !why.empty()) {
+      std::cerr << "sandboxctl: serve: " << why << "\n";
+      return exit_fail;
+    }
+  }
+
+  // Destruction order matters: the service (connections, acceptor) and the runtime go
+  // before the io_context their I/O objects and handlers belong to.
+  asio::io_context io;
+  asio::thread_pool blob_pool(2);
+  std::optional<sandbox::runtime> rt;
+  std::optional<service> svc;
+  {
+    auto created = sandbox::runtime::create(io.get_executor(), options.runtime);
+    if (!created) {
+      std::cerr << "sandboxctl: serve: cannot start the runtime: " << created.error().message()
+                << "\n";
+      return exit_fail;
+    }
+    rt.emplace(std::move(*created));
+  }
+  bool any_backend = false;
+  for (const auto& b : rt->backends()) {
+    if (b.registered) {
+      any_backend = true;
+    } else {
+      log(sandbox::log_level::warning,
+          fmt::format("serve: backend {} unavailable: {}", b.name, b.reason));
+    }
+  }
+  if (!any_backend) {
+    log(sandbox::log_level::warning,
+        "serve: no backend registered; runs answer runtime_unavailable");
+  }
+  svc.emplace(io, *rt, blob_pool, options);
+
+  int stdio_in = -1, stdio_out = -1;
+  std::future<void> out_pump_done;
+  struct stat sock_st {};
+  if (options.stdio) {
+    // Private copies of stdin/stdout for the pumps; 0 and 1 become /dev/null so nothing else
+    // reads requests or writes into the answer stream.
+    int src = ::fcntl(0, F_DUPFD_CLOEXEC, 3);
+    int dst = ::fcntl(1, F_DUPFD_CLOEXEC, 3);
+    std::array<int, 2> in_pipe{-1, -1}, out_pipe{-1, -1};
+    if (src < 0 || dst < 0 || ::pipe2(in_pipe.data(), O_CLOEXEC) != 0 ||
+        ::pipe2(out_pipe.data(), O_CLOEXEC) != 0) {
+      std::cerr << "sandboxctl: serve: cannot set up stdin/stdout: " << std::strerror(errno)
+                << "\n";
+      return exit_fail;
+    }
+    int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull >= 0) {
+      ::dup2(devnull, 0);
+      ::dup2(devnull, 1);
+      ::close(devnull);
+    }
+    std::thread(pump_in, src, in_pipe[1]).detach();
+    std::packaged_task<void()> task([r = out_pipe[0], dst] { pump_out(r, dst); });
+    out_pump_done = task.get_future();
+    std::thread(std::move(task)).detach();
+    stdio_in = in_pipe[0];
+    stdio_out = out_pipe[1];
+  } else {
+    std::string why;
+    int fd = bind_socket(options.socket_path, sock_st, why);
+    if (fd < 0 && why.find("Address already in use") != std::string::npos) {
+      // Someone created the path since the check: judge it again, once.
+      if (auto w = clear_socket_path(options.socket_path); w.empty()) {
+        fd = bind_socket(options.socket_path, sock_st, why);
+      } else {
+        why = w;
+      }
+    }
+    if (fd < 0) {
+      std::cerr << "sandboxctl: serve: " << why << "\n";
+      return exit_fail;
+    }
+    if (auto w = svc->listen(fd); !w.empty()) {
+      std::cerr << "sandboxctl: serve: " << w << "\n";
+      ::unlink(options.socket_path.c_str());
+      return exit_fail;
+    }
+  }
+
+  try {
+    svc->start(stdio_in, stdio_out);
+  } catch (const std::exception& e) {
+    std::cerr << "sandboxctl: serve: cannot start: " << e.what() << "\n";
+    if (!options.stdio) ::unlink(options.socket_path.c_str());
+    return exit_fail;
+  }
+  if (options.stdio) {
+    log(sandbox::log_level::info, "serve: serving on stdin/stdout");
+  } else {
+    std::cerr << "sandboxctl: serving on " << options.socket_path.string() << "\n";
+  }
+
+  // Run the io_context; a handler that throws is logged and the loop goes on.
+  auto run_io = [&io, &log] {
+    for (;;) {
+      try {
+        io.run();
+        return;
+      } catch (const std::exception& e) {
+        log(sandbox::log_level::error, std::string("serve: handler failed: ") + e.what());
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned i = 1; i < std::max(1U, options.threads); ++i) threads.emplace_back(run_io);
+  run_io();
+  for (auto& t : threads) t.join();
+
+  // Cleanup. The socket file goes first (it is ours only if it is still the one we bound).
+  if (!options.stdio) {
+    struct stat now {};
+    if (::lstat(options.socket_path.c_str(), &now) == 0 && now.st_ino == sock_st.st_ino &&
+        now.st_dev == sock_st.st_dev) {
+      ::unlink(options.socket_path.c_str());
+    }
+  }
+  blob_pool.stop();
+  blob_pool.join();
+  svc.reset();
+  rt.reset();  // kills whatever is still running (after a cut-short shutdown) and waits
+  if (out_pump_done.valid()) {
+    // Our end of the answer pipe is closed (or about to be, with the io_context); give the
+    // pump a moment to hand the last answers to stdout.
+    out_pump_done.wait_for(std::chrono::seconds(5));
+  }
+  return exit_ok;
+}
+
+int cmd_serve(const std::vector<std::string>& args) {
+  std::string socket, state_dir, image_dir, blob_dir, cgroup_parent;
+  bool stdio = false, verbose = false, help = false;
+  std::uint32_t max_running = 0, max_queued = 0, tenant_max_running = 0, tenant_max_queued = 0;
+  std::int64_t queue_deadline_ms = 0;
+  po::options_description d("serve options");
+  d.add_options()("socket", po::value(&socket), "listen on this unix socket (mode 0660)")(
+      "stdio", po::bool_switch(&stdio), "serve one client on stdin/stdout")(
+      "state-dir", po::value(&state_dir), "per-host state directory")(
+      "image-dir", po::value(&image_dir), "image store directory")("blob-dir", po::value(&blob_dir),
+                                                                   "blob store directory")(
+      "cgroup-parent", po::value(&cgroup_parent), "parent cgroup of runs")(
+      "max-running", po::value(&max_running), "runs starting or running at once, host-wide")(
+      "max-queued", po::value(&max_queued), "runs queued at once, host-wide")(
+      "tenant-max-running", po::value(&tenant_max_running), "runs of one tenant at once")(
+      "tenant-max-queued", po::value(&tenant_max_queued), "queued runs of one tenant")(
+      "queue-deadline-ms", po::value(&queue_deadline_ms), "longest wait for a slot")(
+      "verbose,v", po::bool_switch(&verbose), "host log lines on stderr")(
+      "help,h", po::bool_switch(&help), "this text");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(d).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "sandboxctl: serve: " << e.what() << "\n(see sandboxctl serve --help)\n";
+    return exit_usage;
+  }
+  if (help) {
+    std::cout << "usage: sandboxctl serve (--socket PATH | --stdio) [options]\n\n"
+                 "Serves the JSON protocol, one request per line (docs/protocol.md,\n"
+                 "\"Service mode\"). Clients' tickets are trusted: the socket's permissions\n"
+                 "(0660) are the access control. SIGINT/SIGTERM: cancel every run, remove\n"
+                 "the socket, exit 0.\n\n"
+              << d;
+    return exit_ok;
+  }
+  auto usage = [](const std::string& m) {
+    std::cerr << "sandboxctl: serve: " << m << "\n(see sandboxctl serve --help)\n";
+    return exit_usage;
+  };
+  if (stdio == !socket.empty()) return usage("give either --socket PATH or --stdio");
+  if (vm.count("queue-deadline-ms") != 0 && queue_deadline_ms <= 0) {
+    return usage("--queue-deadline-ms must be positive");
+  }
+  if (vm.count("tenant-max-running") != 0 && tenant_max_running == 0) {
+    return usage("--tenant-max-running must be positive");
+  }
+
+  serve_options o;
+  o.stdio = stdio;
+  if (!socket.empty()) o.socket_path = std::filesystem::absolute(socket);
+  o.runtime = sandbox::default_runtime_options();
+  if (!state_dir.empty()) o.runtime.state_dir = std::filesystem::absolute(state_dir);
+  if (!image_dir.empty()) o.runtime.image_dir = std::filesystem::absolute(image_dir);
+  if (!blob_dir.empty()) o.runtime.blob_dir = std::filesystem::absolute(blob_dir);
+  if (!cgroup_parent.empty()) o.runtime.process.cgroup_parent = cgroup_parent;
+  o.runtime.log = sandbox::make_stderr_log_sink(verbose ? sandbox::log_level::debug
+                                                        : sandbox::log_level::warning);
+  auto& s = o.runtime.scheduler;
+  if (vm.count("max-running") != 0) s.max_running = max_running;
+  if (vm.count("max-queued") != 0) s.max_queued = max_queued;
+  if (vm.count("tenant-max-running") != 0) s.default_class.max_running = tenant_max_running;
+  if (vm.count("tenant-max-queued") != 0) s.default_class.max_queued = tenant_max_queued;
+  if (vm.count("queue-deadline-ms") != 0) {
+    s.default_class.queue_deadline = std::chrono::milliseconds(queue_deadline_ms);
+  }
+  return serve(o);
+}
+
+}  // namespace sandboxctl

@@ -1,0 +1,70 @@
+// `sandboxctl serve`: service mode. One daemon per host owns the runtime (and so the
+// host-wide scheduler caps); agent processes talk to it over a unix socket (or the daemon's
+// stdin/stdout) with the protocol's JSON documents, one line per request and one line per
+// answer (docs/protocol.md, "Service mode").
+//
+// The daemon trusts the tickets its clients send, exactly as `sandboxctl run` trusts ticket
+// files: whoever can connect to the socket decides what runs, so the socket's permissions
+// (0660: the daemon's user and group) are the access control.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "sandbox/runtime.hpp"
+
+namespace sandboxctl {
+
+/// Bounds that keep one client from growing the daemon without limit. Defaults are the
+/// documented protocol limits (docs/protocol.md, "Service mode").
+struct service_limits {
+  /// Longest request line in bytes, without its newline; longer lines are discarded as they
+  /// stream in (never buffered) and answered `invalid_request` with `"id": null`.
+  std::size_t max_line_bytes = (1U << 20) + (64U << 10);
+  std::size_t max_id_bytes = 128;  ///< `id` is a string of 1..max_id_bytes bytes
+  /// Runs of one connection in flight at once; at the cap the daemon reads no further lines
+  /// from that client until one completes (backpressure through the socket buffer).
+  std::uint32_t max_in_flight = 64;
+  /// Unwritten answer bytes of one connection at which the daemon stops reading its lines.
+  std::size_t output_pause_bytes = 1U << 20;
+  /// Unwritten answer bytes of one connection beyond which the client is considered stuck:
+  /// it is disconnected and its runs are cancelled.
+  std::size_t max_output_bytes = 32U << 20;
+  std::size_t max_blob_put_bytes = 768U << 10;  ///< decoded bytes of one `blob_put`
+  std::size_t max_blob_get_bytes = 8U << 20;    ///< largest blob `blob_get` returns
+  std::size_t max_connections = 256;            ///< beyond: answered `capacity` and closed
+};
+
+/// How the daemon is started.
+struct serve_options {
+  /// Unix socket to listen on. Must not exist, or be a stale socket (nobody listening),
+  /// which is replaced. Created mode 0660 (owner and group), removed on exit.
+  std::filesystem::path socket_path;
+  /// Serve one client on stdin/stdout instead of a socket. End of stdin means "no more
+  /// requests": the daemon finishes the runs in flight, writes their answers and exits.
+  bool stdio = false;
+  sandbox::runtime_options runtime;  ///< stores, scheduler caps, policy, log sink
+  service_limits limits;
+  unsigned threads = 2;  ///< threads running the daemon's io_context (≥ 1)
+};
+
+/**
+ * Runs the daemon until SIGINT, SIGTERM or SIGHUP (or, with `stdio`, until stdin ends and
+ * every answer is written, or stdout is closed). On a signal it stops accepting, cancels
+ * every run in flight (each is killed and confirmed dead), writes the answers it can within
+ * a few seconds, removes the socket and returns. Returns the exit status: 0 after a clean
+ * shutdown, 1 when it cannot start (socket path in use or not a socket, runtime failure).
+ * Must be called at most once per process, from the main thread; it installs signal
+ * handling (SIGPIPE ignored; SIGINT/SIGTERM/SIGHUP caught while it runs).
+ */
+int serve(const serve_options& options);
+
+/// `sandboxctl serve ARGS...`: parses the command line (`--socket PATH` or `--stdio`, store
+/// options, scheduler caps; see `--help`) and calls `serve`. Returns the exit status (2 for
+/// usage errors, with a message on stderr).
+int cmd_serve(const std::vector<std::string>& args);
+
+}  // namespace sandboxctl

@@ -1,0 +1,490 @@
+// `sandboxctl serve` as its clients see it: runs over the socket with their ids echoed,
+// malformed lines refused without harm to the daemon, answers in completion order, host-wide
+// caps shared by separate client processes, cancellation of a disconnected client's runs (no
+// process or cgroup of the run remains), backpressure on a client that does not read, the
+// socket's mode and life cycle, SIGTERM, stdio mode, and the Python client example.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/cli_harness.hpp"
+#include "service_harness.hpp"
+
+using nlohmann::json;
+using svctest::eventually;
+using svctest::python;
+using svctest::run_line;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::size_t max_line = (1U << 20) + (64U << 10);
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+std::string message_of(const json& answer) {
+  if (answer.contains("error")) return answer["error"].value("message", "");
+  if (answer.contains("result")) return answer["result"].value("message", "");
+  return {};
+}
+
+std::vector<std::string> with_flags(std::vector<std::string> args, const fs::path& state) {
+  auto f = svctest::store_flags(state);
+  args.insert(args.end(), f.begin(), f.end());
+  return args;
+}
+
+}  // namespace
+
+TEST_CASE("a run over the socket is answered with its id; the socket is mode 0660", "[service]") {
+  svctest::daemon d;
+  struct stat st {};
+  REQUIRE(::lstat(d.socket().c_str(), &st) == 0);
+  CHECK(S_ISSOCK(st.st_mode));
+  CHECK((st.st_mode & 07777) == 0660);
+  CHECK(st.st_uid == ::geteuid());
+
+  svctest::client c(d.socket());
+  c.send(run_line("first", python("print(6 * 7)")));
+  auto a = c.answer();
+  INFO(a.dump());
+  CHECK(a.size() == 2);
+  CHECK(a["id"] == "first");
+  REQUIRE(a.contains("result"));
+  CHECK(a["result"]["code"] == "ok");
+  CHECK(a["result"]["exit_code"] == 0);
+  CHECK(a["result"]["stdout"]["summary"] == "42\n");
+  CHECK(a["result"]["isolation"] == "process");
+}
+
+TEST_CASE("malformed lines are answered invalid_request and the daemon keeps serving",
+          "[service]") {
+  svctest::daemon d;
+  svctest::client c(d.socket());
+  auto expect_error = [&](const std::string& line, const json& id, const std::string& part) {
+    c.send(line);
+    auto a = c.answer();
+    INFO("line: " << line.substr(0, 160) << "\nanswer: " << a.dump().substr(0, 400));
+    CHECK(a["id"] == id);
+    REQUIRE(a.contains("error"));
+    CHECK(a["error"]["code"] == "invalid_request");
+    CHECK(contains(message_of(a), part));
+  };
+  expect_error("{not json\n", nullptr, "malformed JSON");
+  expect_error("[1,2]\n", nullptr, "expected a JSON object");
+  expect_error("{\"id\":\"a\"}\x01\n", nullptr, "malformed JSON");
+  expect_error(R"({"ticket":{},"request":{}})"
+               "\n",
+               nullptr, "id: required field is missing");
+  expect_error(R"({"id":7,"ticket":{},"request":{}})"
+               "\n",
+               nullptr, "id: expected a string");
+  expect_error(R"({"id":"","ticket":{},"request":{}})"
+               "\n",
+               nullptr, "id: expected 1 to 128");
+  expect_error(json{{"id", std::string(129, 'x')}, {"ticket", {}}, {"request", {}}}.dump() + "\n",
+               nullptr, "id: expected 1 to 128");
+  expect_error(R"({"id":"d","id":"e","ticket":{},"request":{}})"
+               "\n",
+               nullptr, "duplicate field");
+  expect_error(R"({"id":"u","ticket":{},"request":{},"extra":1})"
+               "\n",
+               "u", "unknown field 'extra'");
+  expect_error(R"({"id":"m","ticket":{}})"
+               "\n",
+               "m", "request: required field is missing");
+  expect_error(R"({"id":"b","blob_put":{"tenant":"acme","data_b64":"!!!!"}})"
+               "\n",
+               "b", "not valid base64");
+  expect_error(R"({"id":"b","blob_put":{"tenant":"../x","data_b64":""}})"
+               "\n",
+               "b", "invalid tenant");
+  expect_error(R"({"id":"g","blob_get":{"tenant":"acme","blob":"sha256:12"}})"
+               "\n",
+               "g", "blob_get.blob");
+  expect_error(R"({"id":"g","blob_get":{"tenant":"acme","blob":"x"},"request":{}})"
+               "\n",
+               "g", "unknown field 'request'");
+
+  // An over-long line, sent whole: refused by its length, never parsed or buffered whole.
+  std::string big = R"({"id":"big","request":")" + std::string(max_line, 'a') + "\"}\n";
+  expect_error(big, nullptr, "longer than " + std::to_string(max_line) + " bytes");
+  // One that streams in for 3 MiB before its newline: one answer, at the newline.
+  c.send(std::string(3U << 20, '{'));
+  c.send("\n");
+  auto a = c.answer();
+  CHECK(a["id"] == nullptr);
+  CHECK(contains(message_of(a), "longer than"));
+
+  // The documents inside are decoded as `sandboxctl run` does: a run_result with the code.
+  c.send(run_line("r1", {{"runtime", "python3"}, {"source", "x"}, {"bogus", 1}}));
+  a = c.answer();
+  CHECK(a["id"] == "r1");
+  CHECK(a["result"]["code"] == "invalid_request");
+  CHECK(contains(message_of(a), "request: unknown field 'bogus'"));
+  c.send(
+      json{{"id", "t1"}, {"ticket", {{"tenant", "acme"}}}, {"request", python("print(1)")}}.dump() +
+      "\n");
+  a = c.answer();
+  CHECK(a["id"] == "t1");
+  CHECK(a["result"]["code"] == "invalid_request");
+  CHECK(contains(message_of(a), "ticket: "));
+  c.send(run_line("big-source", python(std::string(40000, '#'))));
+  a = c.answer();
+  CHECK(a["result"]["code"] == "source_too_large");
+
+  // Blob requests: another tenant's blob is not found, like an absent one.
+  c.send(json{{"id", "p"}, {"blob_put", {{"tenant", "acme"}, {"data_b64", svctest::base64("hi")}}}}
+             .dump() +
+         "\n");
+  a = c.answer();
+  REQUIRE(a.contains("blob"));
+  const std::string blob = a["blob"];
+  c.send(json{{"id", "q"}, {"blob_get", {{"tenant", "other"}, {"blob", blob}}}}.dump() + "\n");
+  a = c.answer();
+  CHECK(a["error"]["code"] == "blob_not_found");
+  c.send(json{{"id", "r"}, {"blob_get", {{"tenant", "acme"}, {"blob", blob}}}}.dump() + "\n");
+  a = c.answer();
+  CHECK(a["data_b64"] == svctest::base64("hi"));
+
+  // An id still in flight cannot be reused.
+  c.send(run_line("dup", python("import time\ntime.sleep(1.5)\nprint('dup')")));
+  c.send(run_line("dup", python("print(2)")));
+  a = c.answer();
+  CHECK(a["id"] == "dup");
+  CHECK(a["error"]["code"] == "invalid_request");
+  CHECK(contains(message_of(a), "still in flight"));
+  a = c.answer();
+  CHECK(a["id"] == "dup");
+  CHECK(a["result"]["stdout"]["summary"] == "dup\n");
+
+  // After all that, the same connection and a new one still run code.
+  c.send(run_line("after", python("print('still here')")));
+  a = c.answer();
+  CHECK(a["id"] == "after");
+  CHECK(a["result"]["code"] == "ok");
+  CHECK(a["result"]["stdout"]["summary"] == "still here\n");
+  svctest::client c2(d.socket());
+  c2.send(run_line("other", python("print('new connection')")));
+  CHECK(c2.answer()["result"]["stdout"]["summary"] == "new connection\n");
+}
+
+TEST_CASE("concurrent runs complete out of order, each answer with its own id", "[service]") {
+  svctest::daemon d;
+  svctest::client c(d.socket());
+  c.send(run_line("slow", python("import time\ntime.sleep(3)\nprint('slow')")));
+  for (int i = 1; i <= 3; ++i) {
+    const std::string id = "fast-" + std::to_string(i);
+    c.send(run_line(id, python("print('" + id + "')")));
+  }
+  std::vector<std::string> order;
+  std::map<std::string, json> results;
+  for (int i = 0; i < 4; ++i) {
+    auto a = c.answer();
+    REQUIRE(a.contains("result"));
+    order.push_back(a["id"]);
+    results[a["id"]] = a["result"];
+  }
+  INFO("completion order: " << json(order).dump());
+  CHECK(order.front() != "slow");
+  CHECK(order.back() == "slow");
+  REQUIRE(results.size() == 4);
+  for (const auto& [id, r] : results) {
+    INFO(id);
+    CHECK(r["code"] == "ok");
+    CHECK(r["stdout"]["summary"] == id + "\n");
+  }
+}
+
+TEST_CASE("two client processes share one daemon's caps", "[service]") {
+  svctest::daemon d({"--max-running", "1"});
+  // Each client process connects, says it is ready, waits for "go", then runs a snippet
+  // that prints when it started and ended (host clock) and prints its run_result.
+  const std::string script = R"py(
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from sandbox_client import SandboxClient
+sock, ready, go, ticket = sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
+src = "import time\ns = time.time()\ntime.sleep(1)\nprint(s, time.time())\n"
+with SandboxClient(sock) as sb:
+    open(ready, "w").close()
+    while not os.path.exists(go):
+        time.sleep(0.002)
+    print(json.dumps(sb.run(ticket, {"runtime": "python3", "source": src}, timeout=120)))
+)py";
+  const fs::path go = clitest::scratch() / "go";
+  std::vector<svctest::process> procs;
+  std::vector<fs::path> ready;
+  for (int i = 0; i < 2; ++i) {
+    ready.push_back(clitest::scratch() / ("ready-" + std::to_string(i)));
+    procs.push_back(svctest::spawn(
+        {"/usr/bin/python3", "-c", script, SANDBOX_SOURCE_DIR "/examples/python_client",
+         d.socket().string(), ready.back().string(), go.string(), svctest::ticket().dump()}));
+  }
+  REQUIRE(eventually([&] { return fs::exists(ready[0]) && fs::exists(ready[1]); }, 60s));
+  clitest::write_scratch("go", "");
+  std::vector<json> results;
+  for (const auto& p : procs) {
+    auto o = svctest::wait(p);
+    INFO("client stdout: " << o.out << "\nstderr: " << o.err);
+    REQUIRE(o.status == 0);
+    results.push_back(json::parse(o.out));
+  }
+  for (const auto& r : results) REQUIRE(r["code"] == "ok");
+  // With one slot host-wide, the second run waited for the whole first one: the runs do
+  // not overlap, and the second's queue wait covers the first's duration.
+  std::sort(results.begin(), results.end(), [](const json& a, const json& b) {
+    return a["queue_wait_ms"].get<std::int64_t>() < b["queue_wait_ms"].get<std::int64_t>();
+  });
+  const json& first = results[0];
+  const json& second = results[1];
+  INFO("first: " << first.dump().substr(0, 600) << "\nsecond: " << second.dump().substr(0, 600));
+  double s1 = 0, e1 = 0, s2 = 0, e2 = 0;
+  std::istringstream(first["stdout"]["summary"].get<std::string>()) >> s1 >> e1;
+  std::istringstream(second["stdout"]["summary"].get<std::string>()) >> s2 >> e2;
+  CHECK(s2 >= e1);
+  CHECK(second["queue_wait_ms"].get<std::int64_t>() >=
+        first["usage"]["wall_ms"].get<std::int64_t>());
+}
+
+TEST_CASE("a run queued past the daemon's queue deadline ends queue_timeout", "[service]") {
+  svctest::daemon d({"--max-running", "1", "--queue-deadline-ms", "300"});
+  const auto instances = d.instances();
+  REQUIRE_FALSE(instances.empty());
+  svctest::client a(d.socket());
+  a.send(run_line("long", python("import time\ntime.sleep(3)\nprint('long')")));
+  // Once the first run holds the only slot (its cgroup exists), the second must queue.
+  REQUIRE(eventually([&] { return !svctest::run_cgroups(instances).empty(); }, 30s));
+  svctest::client b(d.socket());
+  b.send(run_line("late", python("print('late')")));
+  auto late = b.answer();
+  INFO(late.dump());
+  CHECK(late["id"] == "late");
+  CHECK(late["result"]["code"] == "queue_timeout");
+  CHECK(late["result"]["queue"]["position"] == 1);
+  CHECK(contains(message_of(late), "waited 300 ms"));
+  auto first = a.answer();
+  CHECK(first["id"] == "long");
+  CHECK(first["result"]["code"] == "ok");
+}
+
+TEST_CASE("a client that disconnects has its runs killed", "[service]") {
+  svctest::daemon d;
+  const auto instances = d.instances();
+  REQUIRE_FALSE(instances.empty());
+  {
+    svctest::client c(d.socket());
+    c.send(run_line("long", python("import time\ntime.sleep(7)\nprint('too late')")));
+    REQUIRE(eventually([&] { return !svctest::run_processes(instances).empty(); }, 30s));
+    CHECK_FALSE(svctest::run_cgroups(instances).empty());
+  }  // disconnects
+  // The sandboxed processes are gone and the run's cgroups removed, well before the
+  // snippet's own end.
+  CHECK(eventually(
+      [&] {
+        return svctest::run_processes(instances).empty() && svctest::run_cgroups(instances).empty();
+      },
+      5s));
+  CHECK(eventually([&] { return contains(d.log(), "cancelling 1 run(s)"); }, 5s));
+
+  // A client that only closes its sending side still gets its answers, then EOF.
+  svctest::client c(d.socket());
+  c.send(run_line("half", python("import time\ntime.sleep(0.5)\nprint('half-closed')")));
+  c.shutdown_write();
+  auto a = c.answer();
+  CHECK(a["id"] == "half");
+  CHECK(a["result"]["code"] == "ok");
+  CHECK(a["result"]["stdout"]["summary"] == "half-closed\n");
+  CHECK(c.closed_by_peer());
+}
+
+TEST_CASE("a client at its in-flight cap is not read, yet its hang-up still cancels its runs",
+          "[service]") {
+  // One slot: the first run holds it, the other 63 queue; with 64 in flight the daemon reads
+  // nothing more from this client and has nothing to write to it.
+  svctest::daemon d({"--max-running", "1", "--queue-deadline-ms", "60000"});
+  const auto instances = d.instances();
+  REQUIRE_FALSE(instances.empty());
+  {
+    svctest::client c(d.socket());
+    std::string lines;
+    for (int i = 0; i < 70; ++i) {
+      lines += run_line("r" + std::to_string(i), python("import time\ntime.sleep(7)"));
+    }
+    c.send(lines);
+    REQUIRE(eventually([&] { return !svctest::run_processes(instances).empty(); }, 30s));
+    svctest::sleep_ms(300);
+    CHECK_FALSE(c.read_line(200ms).has_value());  // nothing answered: all in flight or unread
+  }
+  CHECK(eventually(
+      [&] {
+        return svctest::run_processes(instances).empty() && svctest::run_cgroups(instances).empty();
+      },
+      5s));
+  CHECK(eventually([&] { return contains(d.log(), "cancelling 64 run(s)"); }, 5s));
+  // The daemon serves the next client at once (the queue was emptied).
+  svctest::client c(d.socket());
+  c.send(run_line("next", python("print('next')")));
+  auto a = c.answer();
+  CHECK(a["result"]["stdout"]["summary"] == "next\n");
+}
+
+TEST_CASE("a client that stops reading is read no further; its answers all arrive later",
+          "[service]") {
+  svctest::daemon d;
+  svctest::client c(d.socket());
+  std::string data(700U << 10, '\0');
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 7919) >> 3);
+  const std::string b64 = svctest::base64(data);
+  c.send(json{{"id", "put"}, {"blob_put", {{"tenant", "acme"}, {"data_b64", b64}}}}.dump() + "\n");
+  auto put = c.answer();
+  REQUIRE(put.contains("blob"));
+  const std::string blob = put["blob"];
+
+  // 60 answers of ~0.9 MiB each would be 56 MiB if the daemon queued them all for a client
+  // that does not read; it stops reading this client's lines instead.
+  constexpr int n = 60;
+  std::string lines;
+  for (int i = 0; i < n; ++i) {
+    lines +=
+        json{{"id", "g" + std::to_string(i)}, {"blob_get", {{"tenant", "acme"}, {"blob", blob}}}}
+            .dump() +
+        "\n";
+  }
+  const std::uint64_t before = d.rss_bytes();
+  REQUIRE(before > 0);
+  c.send(lines);
+  svctest::sleep_ms(1500);  // time to queue them all, were it unbounded
+  const std::uint64_t during = d.rss_bytes();
+  INFO("daemon RSS before " << before << ", while the client does not read " << during);
+  CHECK(during < before + (24U << 20));
+  for (int i = 0; i < n; ++i) {
+    auto a = c.answer();
+    CHECK(a["id"] == "g" + std::to_string(i));
+    CHECK(a.value("data_b64", "") == b64);
+  }
+}
+
+TEST_CASE("the socket path: a non-socket is refused, a live socket too, a stale one replaced",
+          "[service]") {
+  const fs::path state = clitest::scratch() / "state-path";
+  auto file = clitest::write_scratch("not-a-socket", "keep me");
+  auto o = clitest::sandboxctl(with_flags({"serve", "--socket", file.string()}, state), {}, 60s);
+  INFO(o.err);
+  CHECK(o.status == 1);
+  CHECK(contains(o.err, "is not a socket"));
+  CHECK(clitest::read_file(file) == "keep me");
+
+  // Usage errors.
+  CHECK(clitest::sandboxctl({"serve"}).status == 2);
+  CHECK(clitest::sandboxctl({"serve", "--stdio", "--socket", file.string()}).status == 2);
+  CHECK(clitest::sandboxctl({"serve", "--stdio", "--max-running", "x"}).status == 2);
+
+  // A stale socket (nobody listening) is replaced.
+  const fs::path stale = clitest::scratch() / "stale.sock";
+  {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, stale.c_str(), sizeof addr.sun_path - 1);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    ::close(fd);
+  }
+  svctest::daemon d({}, stale);
+  svctest::client c(d.socket());
+  c.send(run_line("x", python("print('replaced')")));
+  CHECK(c.answer()["result"]["stdout"]["summary"] == "replaced\n");
+
+  // A socket someone listens on is not taken over.
+  o = clitest::sandboxctl(with_flags({"serve", "--socket", stale.string()}, state), {}, 60s);
+  CHECK(o.status == 1);
+  CHECK(contains(o.err, "another server is listening"));
+  c.send(run_line("y", python("print('still mine')")));
+  CHECK(c.answer()["result"]["stdout"]["summary"] == "still mine\n");
+}
+
+TEST_CASE("SIGTERM cancels the runs, answers them, removes the socket and exits 0", "[service]") {
+  svctest::daemon d;
+  const auto instances = d.instances();
+  REQUIRE_FALSE(instances.empty());
+  svctest::client c(d.socket());
+  c.send(run_line("long", python("import time\ntime.sleep(7)")));
+  REQUIRE(eventually([&] { return !svctest::run_processes(instances).empty(); }, 30s));
+  const int status = d.signal_and_wait(SIGTERM, 20s);
+  INFO(d.log());
+  CHECK(status == 0);
+  CHECK_FALSE(fs::exists(d.socket()));
+  CHECK(svctest::run_processes(instances).empty());
+  CHECK(svctest::run_cgroups(instances).empty());
+  // The client was told its run was cancelled, then the connection closed.
+  auto line = c.read_line(5s);
+  REQUIRE(line.has_value());
+  auto a = json::parse(*line);
+  CHECK(a["id"] == "long");
+  CHECK(a["result"]["code"] == "internal");
+  CHECK(contains(message_of(a), "cancelled"));
+  CHECK(c.closed_by_peer());
+}
+
+TEST_CASE("stdio mode: lines on stdin, answers on stdout, exit 0 at the end of input",
+          "[service]") {
+  const fs::path state = clitest::scratch() / "state-stdio";
+  std::string input =
+      run_line("s1", python("import time\ntime.sleep(1)\nprint('one')")) +
+      run_line("s2", python("print('two')")) + "not json\n" +
+      json{{"id", "p"}, {"blob_put", {{"tenant", "acme"}, {"data_b64", svctest::base64("x")}}}}
+          .dump() +
+      "\n" + run_line("s3", python("print('three')"));
+  input.pop_back();  // the last line without its newline still counts
+  auto o = clitest::sandboxctl(with_flags({"serve", "--stdio"}, state), input, 120s);
+  INFO("stdout: " << o.out << "\nstderr: " << o.err);
+  CHECK(o.status == 0);
+  std::map<std::string, json> answers;
+  std::vector<json> errors;
+  std::istringstream lines(o.out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    auto a = json::parse(line);
+    if (a["id"].is_null()) {
+      errors.push_back(a);
+    } else {
+      answers[a["id"]] = a;
+    }
+  }
+  REQUIRE(answers.size() == 4);
+  CHECK(answers["s1"]["result"]["stdout"]["summary"] == "one\n");
+  CHECK(answers["s2"]["result"]["stdout"]["summary"] == "two\n");
+  CHECK(answers["s3"]["result"]["stdout"]["summary"] == "three\n");
+  CHECK(answers["p"]["blob"].get<std::string>().rfind("sha256:", 0) == 0);
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0]["error"]["code"] == "invalid_request");
+}
+
+TEST_CASE("the Python client example runs the freight walkthrough through the daemon",
+          "[service]") {
+  svctest::daemon d;
+  auto p = svctest::spawn({"/usr/bin/python3",
+                           SANDBOX_SOURCE_DIR "/examples/python_client/freight_via_daemon.py",
+                           "--socket", d.socket().string()});
+  auto o = svctest::wait(p);
+  INFO("stdout: " << o.out << "\nstderr: " << o.err << "\ndaemon: " << d.log());
+  CHECK(o.status == 0);
+  CHECK(contains(o.out, "code:      ok"));
+  CHECK(contains(o.out, "\"total_usd\": \"3541.44\""));
+  CHECK(contains(o.out, "code:      network_disabled"));
+  CHECK(contains(o.out, "dns api.freight-rates.example port 53, refused"));
+}
