@@ -98,27 +98,45 @@ struct destination {
   std::size_t len = 0;
 };
 
-// Destinations named by the call (empty when it names none, e.g. a connected socket).
+// Destinations named by the call (empty when it names none, e.g. a connected socket), read
+// the way the kernel reads them — the host's view must be the kernel's, or an attempt goes
+// unrecorded:
+//  - connect's and sendto's address length is an `int` in the kernel (the register's upper
+//    half is ignored); negative or over sizeof(sockaddr_storage) is EINVAL. msg_namelen is an
+//    `int` too, and one over sizeof(sockaddr_storage) is cut to it.
+//  - the kernel's UDP send path takes an AF_UNSPEC destination as AF_INET (udp_sendmsg); on
+//    connect, AF_UNSPEC disconnects.
 std::vector<destination> destinations(int mem_fd, const seccomp_data& d) {
   std::vector<destination> out;
-  auto read_sockaddr = [&](std::uint64_t addr, std::uint64_t len) {
+  const bool is_send = d.nr != __NR_connect;
+  auto read_sockaddr = [&](std::uint64_t addr, std::int32_t len) {
+    if (len < 0) return;  // EINVAL
     destination dst;
-    dst.len = std::min<std::uint64_t>(len, sizeof dst.addr);
+    dst.len = std::min<std::size_t>(static_cast<std::size_t>(len), sizeof dst.addr);
     if (dst.len >= sizeof(sa_family_t) && read_memory(mem_fd, addr, &dst.addr, dst.len)) {
+      if (is_send && dst.addr.ss_family == AF_UNSPEC && dst.len >= sizeof(sockaddr_in)) {
+        dst.addr.ss_family = AF_INET;
+      }
       out.push_back(dst);
     }
   };
+  // connect/sendto: the length register as the kernel's int; over the storage size: EINVAL.
+  auto register_len = [](std::uint64_t reg) {
+    auto len = static_cast<std::int32_t>(static_cast<std::uint32_t>(reg));
+    return len > static_cast<std::int32_t>(sizeof(sockaddr_storage)) ? -1 : len;
+  };
   switch (d.nr) {
     case __NR_connect:
-      read_sockaddr(d.args[1], d.args[2]);
+      read_sockaddr(d.args[1], register_len(d.args[2]));
       break;
     case __NR_sendto:
-      read_sockaddr(d.args[4], d.args[5]);
+      read_sockaddr(d.args[4], register_len(d.args[5]));
       break;
     case __NR_sendmsg: {
       msghdr m{};
       if (read_memory(mem_fd, d.args[1], &m, sizeof m) && m.msg_name != nullptr) {
-        read_sockaddr(reinterpret_cast<std::uint64_t>(m.msg_name), m.msg_namelen);
+        read_sockaddr(reinterpret_cast<std::uint64_t>(m.msg_name),
+                      static_cast<std::int32_t>(m.msg_namelen));
       }
       break;
     }
@@ -129,7 +147,7 @@ std::vector<destination> destinations(int mem_fd, const seccomp_data& d) {
         if (!read_memory(mem_fd, d.args[1] + i * sizeof(mmsghdr), &m, sizeof m)) break;
         if (m.msg_hdr.msg_name != nullptr) {
           read_sockaddr(reinterpret_cast<std::uint64_t>(m.msg_hdr.msg_name),
-                        m.msg_hdr.msg_namelen);
+                        static_cast<std::int32_t>(m.msg_hdr.msg_namelen));
         }
       }
       break;
@@ -174,9 +192,11 @@ bool is_local_destination(const void* sa, std::size_t len) noexcept {
     return (a >> 24) == 127 || a == 0;
   }
   if (fam == AF_INET6) {
-    if (len < sizeof(sockaddr_in6)) return true;
-    sockaddr_in6 in6;
-    std::memcpy(&in6, sa, sizeof in6);
+    // The kernel takes IPv6 addresses from 24 bytes on (SIN6_LEN_RFC2133: no scope id).
+    constexpr std::size_t rfc2133_len = 24;
+    if (len < rfc2133_len) return true;  // the kernel rejects it (EINVAL)
+    sockaddr_in6 in6{};
+    std::memcpy(&in6, sa, std::min(len, sizeof in6));
     const auto& b = in6.sin6_addr.s6_addr;
     if (IN6_IS_ADDR_LOOPBACK(&in6.sin6_addr) || IN6_IS_ADDR_UNSPECIFIED(&in6.sin6_addr)) {
       return true;

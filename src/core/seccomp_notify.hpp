@@ -58,7 +58,9 @@ class notify_mem_cache {
 std::optional<notify_event> handle_notification(int listener_fd, notify_mem_cache& mem);
 
 /// True for addresses that stay inside the run's own network namespace: 127.0.0.0/8,
-/// 0.0.0.0, ::1, ::, and their IPv4-mapped forms. `sa` points at `len` bytes of a sockaddr.
+/// 0.0.0.0, ::1, ::, and their IPv4-mapped forms. `sa` points at `len` bytes of a sockaddr;
+/// lengths the kernel would reject (under 16 bytes for IPv4, under 24 for IPv6) are local
+/// (nothing is sent).
 bool is_local_destination(const void* sa, std::size_t len) noexcept;
 
 }  // namespace sandbox::detail

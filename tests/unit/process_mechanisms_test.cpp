@@ -155,6 +155,11 @@ TEST_CASE("egress: loopback, unspecified and unix destinations stay local", "[eg
   sockaddr_un un{};
   un.sun_family = AF_UNIX;
   CHECK(is_local_destination(&un, sizeof un));
+  // The kernel accepts IPv6 destinations of 24 bytes (RFC 2133, no scope id): so do we.
+  CHECK_FALSE(is_local_destination(&in6, 24));
+  CHECK(is_local_destination(&in6, 23));  // EINVAL in the kernel: nothing is sent
+  inet_pton(AF_INET6, "::1", &in6.sin6_addr);
+  CHECK(is_local_destination(&in6, 24));
 }
 
 TEST_CASE("uid pool: distinct uids, exhaustion, release, and a second process's locks",

@@ -476,6 +476,83 @@ print(json.dumps(RESULTS))
 }
 
 TEST_CASE(
+    "exfiltration: destinations in the kernel's odd encodings are refused and recorded "
+    "too",
+    "[exfil][core]") {
+  CONFORMANCE_BACKEND(b);
+  // Whatever the kernel accepts as a destination must be judged as the kernel reads it: a
+  // 24-byte IPv6 sockaddr (RFC 2133, no scope id), AF_UNSPEC on a UDP send (taken as IPv4),
+  // an address length with the register's upper half set (the kernel reads an int) and the
+  // address at the very end of mapped memory, several destinations in one sendmmsg.
+  auto r = b.run(py(R"PY(
+import ctypes, socket, struct, errno, json
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+out = {}
+def e(rc):
+    return 'OK' if rc >= 0 else errno.errorcode.get(ctypes.get_errno(), '?')
+def in6(addr, port):
+    return struct.pack('<HHI16s', socket.AF_INET6, socket.htons(port), 0, socket.inet_pton(socket.AF_INET6, addr))
+def in4(addr, port, family=socket.AF_INET):
+    return struct.pack('<HH4s8x', family, socket.htons(port), socket.inet_aton(addr))
+s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+out['tcp 2606:4700:4700::1111 443'] = e(libc.connect(s.fileno(), in6('2606:4700:4700::1111', 443), 24))
+u6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+out['udp 2001:4860:4860::8844 53'] = e(libc.sendto(u6.fileno(), b'x', 1, 0, in6('2001:4860:4860::8844', 53), 24))
+u4 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+out['udp 8.8.8.8 53'] = e(libc.sendto(u4.fileno(), b'x', 1, 0, in4('8.8.8.8', 53, 0), 16))
+# The sockaddr ends exactly where mapped memory ends; the length register says 16 to the
+# kernel and 4 GiB + 16 to anyone reading all 64 bits.
+page = libc.mmap(None, 8192, 3, 0x22, -1, 0)
+libc.munmap(page + 4096, 4096)
+ctypes.memmove(page + 4096 - 16, in4('1.0.0.1', 80), 16)
+t = socket.socket()
+out['tcp 1.0.0.1 80'] = e(libc.syscall(ctypes.c_long(42), ctypes.c_long(t.fileno()),
+                                       ctypes.c_void_p(page + 4096 - 16), ctypes.c_long((1 << 32) | 16)))
+# sendmmsg: a local destination first, then an outside one.
+class iovec(ctypes.Structure):
+    _fields_ = [('base', ctypes.c_void_p), ('len', ctypes.c_size_t)]
+class msghdr(ctypes.Structure):
+    _fields_ = [('name', ctypes.c_void_p), ('namelen', ctypes.c_uint32), ('iov', ctypes.POINTER(iovec)),
+                ('iovlen', ctypes.c_size_t), ('control', ctypes.c_void_p), ('controllen', ctypes.c_size_t),
+                ('flags', ctypes.c_int)]
+class mmsghdr(ctypes.Structure):
+    _fields_ = [('hdr', msghdr), ('len', ctypes.c_uint32)]
+payload = ctypes.create_string_buffer(b'x')
+iov = iovec(ctypes.cast(payload, ctypes.c_void_p), 1)
+names = [ctypes.create_string_buffer(in4('127.0.0.1', 9), 16),
+         ctypes.create_string_buffer(in4('9.9.9.9', 53), 16)]
+msgs = (mmsghdr * 2)()
+for i, n in enumerate(names):
+    msgs[i].hdr.name = ctypes.cast(n, ctypes.c_void_p)
+    msgs[i].hdr.namelen = 16
+    msgs[i].hdr.iov = ctypes.pointer(iov)
+    msgs[i].hdr.iovlen = 1
+um = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+rc = libc.sendmmsg(um.fileno(), msgs, 2, 0)
+out['udp 9.9.9.9 53'] = 'OK' if rc == 2 else e(rc) if rc < 0 else 'partial %d' % rc
+print(json.dumps(out))
+)PY"));
+  INFO("attempts recorded:\n" << list_attempts(r));
+  CHECK(r.code == code::network_disabled);
+  REQUIRE(r.exit_code == 0);
+  auto j = json::parse(b.blob(r.std_out.blob));
+  INFO("inside: " << j.dump());
+  CHECK(j.size() == 5);
+  for (auto& [label, result] : j.items()) {
+    INFO(label << " -> " << result);
+    CHECK(result != "OK");
+    std::istringstream in(label);
+    std::string proto, addr;
+    int port = 0;
+    in >> proto >> addr >> port;
+    CHECK(has_attempt(r, proto, addr, static_cast<std::uint16_t>(port)));
+  }
+}
+
+TEST_CASE(
     "exfiltration: DNS reaches no resolver; lookups fail and are recorded; resolv.conf "
     "is harmless (Python)",
     "[exfil][dns][core]") {
