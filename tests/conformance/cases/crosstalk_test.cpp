@@ -77,9 +77,12 @@ def fetch(fam, addr):
             data += b
     finally:
         s.close()
+# Ports below the ephemeral range (32768-60999): a probe's own connect could otherwise be
+# given the target port as its source and connect to itself (TCP simultaneous open), leaving
+# the port in TIME_WAIT.
 listeners = {'abstract': (socket.AF_UNIX, '\0crosstalk-abstract'),
              'pathname': (socket.AF_UNIX, '/tmp/crosstalk.sock'),
-             'tcp': (socket.AF_INET, ('127.0.0.1', 47000))}
+             'tcp': (socket.AF_INET, ('127.0.0.1', 24700))}
 for name, (fam, addr) in list(listeners.items()):
     try: foreign(name + ' answered before bind', fetch(fam, addr))
     except OSError: pass
@@ -90,7 +93,7 @@ for name, (fam, addr) in list(listeners.items()):
     s.listen(64)
     threading.Thread(target=serve, args=(s,), daemon=True).start()
 udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-try: udp.bind(('127.0.0.1', 47001))
+try: udp.bind(('127.0.0.1', 24701))
 except OSError as e: foreign('udp bind', e)
 
 # 3. SysV IPC with a fixed key: the key is free in every run.
