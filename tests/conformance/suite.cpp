@@ -115,9 +115,10 @@ const std::string& canary_secret() {
 
 const std::vector<fs::path>& canary_files() {
   static const std::vector<fs::path> files = [] {
-    std::vector<fs::path> out = {fs::path("/tmp") / ("conformance-canary-" +
-                                                     std::to_string(::getpid()) + ".txt")};
-    if (geteuid() == 0) out.emplace_back("/root/conformance-canary.txt");
+    // Named per process: several suites may run on one host at once.
+    const std::string name = "conformance-canary-" + std::to_string(::getpid()) + ".txt";
+    std::vector<fs::path> out = {fs::path("/tmp") / name};
+    if (geteuid() == 0) out.emplace_back(fs::path("/root") / name);
     for (const auto& p : out) {
       std::ofstream(p) << canary_secret() << "\n";
       ::chmod(p.c_str(), 0600);
@@ -207,27 +208,49 @@ std::string backend::put(const std::string& bytes, const std::string& tenant) {
 host_snapshot take_snapshot() {
   host_snapshot s;
   const std::string parent = cgroup_parent();
+  // Run cgroups are `r-<instance>-<run>`. Only instances of this process's runtimes (their
+  // locks under our state dirs) are ours: another suite or agent on this host runs its own.
+  std::set<std::string> own_instances;
+  for (const auto& st : list_dir(state_root())) {
+    for (const auto& f : list_dir(state_root() / st / "instances")) {
+      if (f.size() > 5 && f.ends_with(".lock")) own_instances.insert(f.substr(0, f.size() - 5));
+    }
+  }
+  auto is_own_run = [&](std::string_view name) {  // name: "r-<instance>-<run>[/...]"
+    const auto dash = name.find('-', 2);
+    return dash != std::string_view::npos &&
+           own_instances.count(std::string(name.substr(2, dash - 2))) != 0;
+  };
   if (!parent.empty()) {
     for (const auto& h : list_dir("/sys/fs/cgroup")) {
       fs::path dir = fs::path("/sys/fs/cgroup") / h / parent.substr(1);
       for (const auto& n : list_dir(dir)) {
-        if (n.rfind("r-", 0) == 0) s.run_cgroups.insert(h + ":" + n);
+        if (n.rfind("r-", 0) == 0 && is_own_run(n)) s.run_cgroups.insert(h + ":" + n);
       }
     }
     for (const auto& n : list_dir(fs::path("/sys/fs/cgroup") / parent.substr(1))) {
-      if (n.rfind("r-", 0) == 0) s.run_cgroups.insert("v2:" + n);
+      if (n.rfind("r-", 0) == 0 && is_own_run(n)) s.run_cgroups.insert("v2:" + n);
     }
   }
   for (const auto& p : list_dir("/proc")) {
     if (p.empty() || p.find_first_not_of("0123456789") != std::string::npos) continue;
+    // A process in one of our runs' cgroups; or one with a sandbox uid outside every run
+    // cgroup (escaped). Processes of idle pool instances and of other hosts' runs (under any
+    // parent) are not.
+    bool in_run_cgroup = false;
+    bool ours = false;
+    std::ifstream cg("/proc/" + p + "/cgroup");
+    std::string line;
+    while (std::getline(cg, line)) {
+      if (line.find("/r-") != std::string::npos) in_run_cgroup = true;
+      auto at = parent.empty() ? std::string::npos : line.find(parent + "/r-");
+      if (at == std::string::npos) continue;
+      if (is_own_run(std::string_view(line).substr(at + parent.size() + 1))) ours = true;
+    }
     struct stat sb{};
-    bool ours = stat(("/proc/" + p).c_str(), &sb) == 0 && sb.st_uid >= 2'100'000'000u;
-    if (!ours && !parent.empty()) {
-      std::ifstream cg("/proc/" + p + "/cgroup");
-      std::string line;
-      while (std::getline(cg, line)) {
-        if (line.find(parent + "/r-") != std::string::npos) ours = true;
-      }
+    if (!in_run_cgroup && stat(("/proc/" + p).c_str(), &sb) == 0 &&
+        sb.st_uid >= 2'100'000'000u) {
+      ours = true;
     }
     if (ours) s.sandbox_processes.insert(std::stoi(p));
   }
