@@ -98,7 +98,9 @@ enum class drop_reason : std::uint8_t {
 std::string_view to_string(drop_reason r) noexcept;
 
 /// An output entry that was not returned, with a display form of its name that is always
-/// valid UTF-8 without control characters (bytes that are not are escaped as `\xNN`).
+/// valid UTF-8 without control characters (`escape_name_for_display`: the name itself when it
+/// is valid UTF-8 without control characters; else invalid bytes, control characters and
+/// backslashes escaped as `\xNN`, so that distinct names never share a display form).
 struct dropped_file {
   std::string name_display;
   drop_reason reason = drop_reason::not_regular_file;
@@ -206,9 +208,17 @@ constexpr bool is_valid_blob_id(std::string_view id) noexcept {
 std::string check_file_name(std::string_view name);
 
 /// Escapes `bytes` for display: valid UTF-8 without control characters passes unchanged;
-/// invalid bytes and control characters become `\xNN`. Used for `name_display` and
-/// summaries.
+/// invalid bytes and control characters become `\xNN`. Used for summaries and messages
+/// (file names: `escape_name_for_display`).
 std::string escape_for_display(std::string_view bytes);
+
+/// The display form of a file name (`dropped_file::name_display`): `name` unchanged when it
+/// is valid UTF-8 without control characters (such names are unique as they are); otherwise
+/// `escape_for_display` with each backslash also escaped as `\x5c`, so that the form reads
+/// back as exactly one name (`\xNN` is byte NN, every other character stands for itself)
+/// and two distinct names never display alike. E.g. "a\nb" → `a\x0ab`, "a\\x0a\n" →
+/// `a\x5cx0a\x0a`.
+std::string escape_name_for_display(std::string_view name);
 
 /// True when `bytes` is well-formed UTF-8 (no overlongs, no surrogates, max U+10FFFF).
 bool is_valid_utf8(std::string_view bytes) noexcept;

@@ -64,7 +64,7 @@ struct collector {
     if (log) log(level, "collect: " + line);
   }
   void drop(std::string_view name, drop_reason reason) {
-    out.dropped.push_back({.name_display = escape_for_display(name), .reason = reason});
+    out.dropped.push_back({.name_display = escape_name_for_display(name), .reason = reason});
   }
 
   /// Gives the owner read and search permission on the output directory back (see the top

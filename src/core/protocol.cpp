@@ -184,6 +184,23 @@ std::string escape_for_display(std::string_view bytes) {
   return out;
 }
 
+std::string escape_name_for_display(std::string_view name) {
+  std::string escaped = escape_for_display(name);
+  if (escaped == name) return escaped;
+  // 0x5C is never part of a multi-byte sequence, so escaping around it leaves every other
+  // byte's treatment as it was.
+  std::string out;
+  out.reserve(escaped.size() + 8);
+  for (std::size_t start = 0;;) {
+    const std::size_t bs = name.find('\\', start);
+    out += escape_for_display(name.substr(start, bs - start));
+    if (bs == std::string_view::npos) break;
+    detail::append_hex_escape(out, '\\');
+    start = bs + 1;
+  }
+  return out;
+}
+
 std::string check_file_name(std::string_view name) {
   // Kinds are checked in a fixed order, so every name with the same fault gets the same
   // reason, wherever in the name the fault is.

@@ -175,7 +175,7 @@ run_result build_result(const run_job& job, scripted_run run) {
   const output_limits& lim = job.admitted.request.files_out;
   std::uint64_t total = 0;
   for (auto& [name, content] : run.files_out) {
-    dropped_file d{.name_display = escape_for_display(name), .reason = drop_reason::bad_name};
+    dropped_file d{.name_display = escape_name_for_display(name), .reason = drop_reason::bad_name};
     if (!check_file_name(name).empty()) {
       r.files_dropped.push_back(std::move(d));
       continue;

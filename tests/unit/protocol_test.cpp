@@ -299,3 +299,48 @@ TEST_CASE("the sandbox error category names every errc", "[protocol][error]") {
   CHECK(std::string(cat.message(2, buffer, sizeof buffer)) == "not found");
   CHECK_FALSE(sandbox::make_error_code(errc::success).failed());
 }
+
+TEST_CASE("escape_name_for_display: good names unchanged, bad ones read back as exactly one name",
+          "[protocol][escape]") {
+  using sandbox::escape_name_for_display;
+  CHECK(escape_name_for_display("report.csv") == "report.csv");
+  CHECK(escape_name_for_display("a\\x01") == "a\\x01");  // a good name: shown as written
+  CHECK(escape_name_for_display("a\nb") == "a\\x0ab");
+  CHECK(escape_name_for_display("\\x01\x02") == "\\x5cx01\\x02");
+  CHECK(escape_name_for_display("\x01\x02") == "\\x01\\x02");
+  CHECK(escape_name_for_display("\\\xff\\") == "\\x5c\\xff\\x5c");
+  CHECK(escape_name_for_display("\xc3\\") == "\\xc3\\x5c");  // a cut sequence, then '\'
+  // Reading a display form back (\xNN is byte NN, anything else itself) gives the name, so
+  // no two names share a form: every pair of bytes from a small alphabet, and more.
+  auto undisplay = [](const std::string& d) {
+    std::string out;
+    for (std::size_t i = 0; i < d.size(); ++i) {
+      if (d[i] == '\\' && i + 3 < d.size() && d[i + 1] == 'x') {
+        out.push_back(static_cast<char>(std::stoi(d.substr(i + 2, 2), nullptr, 16)));
+        i += 3;
+      } else {
+        out.push_back(d[i]);
+      }
+    }
+    return out;
+  };
+  const std::string alphabet = "\\x0a1\n\x01\xc3\xa9\xff";
+  std::set<std::string> forms;
+  std::size_t bad = 0;
+  for (char a : alphabet) {
+    for (char b : alphabet) {
+      for (char c : alphabet) {
+        for (char d : alphabet) {
+          const std::string name{a, b, c, d};
+          const std::string shown = escape_name_for_display(name);
+          CHECK(is_valid_utf8(shown));
+          if (shown == name) continue;  // good names are unique as they are
+          ++bad;
+          CHECK(undisplay(shown) == name);
+          forms.insert(shown);
+        }
+      }
+    }
+  }
+  CHECK(forms.size() == bad);
+}
