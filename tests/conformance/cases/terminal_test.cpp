@@ -260,7 +260,15 @@ except OSError as e:
 stat = open('/proc/self/stat').read().rsplit(')', 1)[1].split()
 print(json.dumps({'ioctl': res, 'opened': opened, 'ttyname': ttynames, 'dev_tty': ctty,
                   'tty_nr': int(stat[4]), 'isatty': [os.isatty(i) for i in (0, 1, 2)],
-                  'sid_is_self': os.getsid(0) == os.getpid()}))
+                  'sid_is_self': os.getsid(0) == os.getpid()}), flush=True)
+# Output that a terminal would act on: set the title then ask for it back (answered as typed
+# input by some terminals), device status report, clipboard write, DCS, and the C1 forms.
+import sys
+payload = ('\x1b]2;;echo INJECTED\x07\x1b[21t\x1b[6n\x1b]52;c;ZWNobyBJTkpFQ1RFRA==\x07'
+           '\x1bP+q544e\x1b\\\u009b6n\u009d0;x\u009c\r\x08\x7f')
+sys.stdout.write(payload); sys.stdout.flush()
+sys.stderr.write(payload); sys.stderr.flush()
+os.write(1, b'\x9b6n\x1b[6n\n')
 )PY";
 
 void check_no_terminal(const json& j) {
@@ -307,7 +315,13 @@ TEST_CASE(
   REQUIRE(o.started);
   CHECK(o.status == 0);  // `ok`
   CHECK(o.injected == "");
-  CHECK(o.output.find("INJECTED") == std::string::npos);
+  // The program's control sequences reach the operator's terminal only escaped: no ESC, BEL,
+  // backspace, DEL or C1 control (raw or UTF-8 encoded) from it comes out.
+  for (const std::string bad : {"\x1b", "\x07", "\x08", "\x7f", "\xc2\x9b", "\xc2\x9d", "\x9b"}) {
+    INFO("control bytes " << sandbox::escape_for_display(bad));
+    CHECK(o.output.find(bad) == std::string::npos);
+  }
+  CHECK(o.output.find("\\x1b]2;;echo INJECTED") != std::string::npos);  // shown, escaped
   check_no_terminal(find_report(o.output));
 }
 
