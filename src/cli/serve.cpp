@@ -1103,7 +1103,7 @@ int serve(const serve_options& options) {
   // Destruction order matters: the service (connections, acceptor) and the runtime go
   // before the io_context their I/O objects and handlers belong to.
   asio::io_context io;
-  asio::thread_pool blob_pool(2);
+  std::optional<asio::thread_pool> blob_pool;  // started once the runtime is up (below)
   std::optional<sandbox::runtime> rt;
   std::optional<service> svc;
   {
@@ -1128,7 +1128,10 @@ int serve(const serve_options& options) {
     log(sandbox::log_level::warning,
         "serve: no backend registered; runs answer runtime_unavailable");
   }
-  svc.emplace(io, *rt, blob_pool, options);
+  // Threads start only now: the runtime's start-up (its self-test starts a sandbox) runs
+  // while this process is still single-threaded.
+  blob_pool.emplace(2);
+  svc.emplace(io, *rt, *blob_pool, options);
 
   int stdio_in = -1, stdio_out = -1;
   std::future<void> out_pump_done;
@@ -1216,8 +1219,8 @@ int serve(const serve_options& options) {
       ::unlink(options.socket_path.c_str());
     }
   }
-  blob_pool.stop();
-  blob_pool.join();
+  blob_pool->stop();
+  blob_pool->join();
   svc.reset();
   rt.reset();  // kills whatever is still running (after a cut-short shutdown) and waits
   if (out_pump_done.valid()) {

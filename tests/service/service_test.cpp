@@ -276,7 +276,7 @@ TEST_CASE("a run queued past the daemon's queue deadline ends queue_timeout", "[
   CHECK(late["id"] == "late");
   CHECK(late["result"]["code"] == "queue_timeout");
   CHECK(late["result"]["queue"]["position"] == 1);
-  CHECK(contains(message_of(late), "waited 300 ms"));
+  CHECK(contains(message_of(late), "in the queue without a free slot"));
   auto first = a.answer();
   CHECK(first["id"] == "long");
   CHECK(first["result"]["code"] == "ok");
