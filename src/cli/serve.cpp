@@ -715,19 +715,26 @@ void connection::start_run(std::string id, const json& doc) {
   auto& entry = runs_[seq];
   entry.id = id;
   entry.cancel = std::make_unique<asio::cancellation_signal>();
-  ids_.insert(std::move(id));
+  ids_.insert(id);
   // The completion is re-posted to the strand, so that it never runs inside an `emit`
   // below (which would erase the signal being emitted).
-  svc_.rt().async_run(
-      std::move(*request), std::move(*ticket),
-      asio::bind_cancellation_slot(
-          entry.cancel->slot(),
-          asio::bind_executor(strand_, [self = shared_from_this(), seq](
-                                           error_code ec, sandbox::run_result r) mutable {
-            asio::post(self->strand_, [self, seq, ec, r = std::move(r)]() mutable {
-              self->on_run_done(seq, ec, std::move(r));
-            });
-          })));
+  try {
+    svc_.rt().async_run(
+        std::move(*request), std::move(*ticket),
+        asio::bind_cancellation_slot(
+            entry.cancel->slot(),
+            asio::bind_executor(strand_, [self = shared_from_this(), seq](
+                                             error_code ec, sandbox::run_result r) mutable {
+              asio::post(self->strand_, [self, seq, ec, r = std::move(r)]() mutable {
+                self->on_run_done(seq, ec, std::move(r));
+              });
+            })));
+  } catch (...) {
+    // Not started (out of memory): forget it, so the connection can still finish.
+    runs_.erase(seq);
+    ids_.erase(id);
+    throw;
+  }
 }
 
 void connection::on_run_done(std::uint64_t seq, error_code ec, sandbox::run_result r) {
