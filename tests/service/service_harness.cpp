@@ -56,7 +56,9 @@ std::vector<std::string> list_dir(const fs::path& dir) {
 
 // A small fixed environment (plus what sanitizer builds need).
 std::vector<std::string> child_env() {
-  std::vector<std::string> env{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"};
+  // No __pycache__ in the source tree from the Python clients.
+  std::vector<std::string> env{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8",
+                               "PYTHONDONTWRITEBYTECODE=1"};
   for (const char* keep : {"ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS", "LSAN_OPTIONS"}) {
     if (const char* v = std::getenv(keep)) env.push_back(std::string(keep) + "=" + v);
   }
