@@ -209,8 +209,11 @@ bool is_local_destination(const void* sa, std::size_t len) noexcept {
   return true;
 }
 
-notify_mem_cache::~notify_mem_cache() {
+notify_mem_cache::~notify_mem_cache() { clear(); }
+
+void notify_mem_cache::clear() noexcept {
   for (auto& e : entries_) close(e.fd);
+  entries_.clear();
 }
 
 int notify_mem_cache::get(std::uint32_t pid, bool reopen) {

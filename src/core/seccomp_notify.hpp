@@ -42,6 +42,8 @@ class notify_mem_cache {
   ~notify_mem_cache();
   /// The descriptor for `pid`, opening it if needed (or reopening when `reopen`); -1 on error.
   int get(std::uint32_t pid, bool reopen = false);
+  /// Closes every descriptor (the run is over).
+  void clear() noexcept;
 
  private:
   struct entry {

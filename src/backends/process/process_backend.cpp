@@ -900,6 +900,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
     drain(stderr_, err_);
     boost::system::error_code ignored;
     for (auto* d : {&ctl_, &stdout_, &stderr_, &listener_, &dns_, &oom_}) d->close(ignored);
+    mem_cache_.clear();  // the run's /proc/<pid>/mem descriptors: gone before the result
     // sandbox-init is reaped by now (poll_dead), unless the teardown budget ran out.
     reap_helper();
     pidfd_desc_.close(ignored);
