@@ -21,6 +21,7 @@ trap 'rm -rf "$UNPRIV_TMP"' EXIT
 "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/sandbox_process_tests"
 "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/sandbox_conformance" "[core]"
 "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/cli/sandbox_cli_tests" --needs-backend "[backend]"
+"$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/service/sandbox_service_tests"
 "$ROOT/tools/run-unprivileged.sh" "$BUILD/bin/freight_quote" --blob-dir "$UNPRIV_TMP/blobs" \
   --state-dir "$UNPRIV_TMP/state"
 echo "==> all tests passed" >&2

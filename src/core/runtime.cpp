@@ -777,6 +777,7 @@ void run_op::start_impl() {
       rejection rej = o.rejected.value_or(rejection{code::internal, "internal error"});
       run_result r = rejected_result(rej, self->run_id_);
       r.queue = o.queue;
+      r.queue_wait = o.waited;
       {
         std::lock_guard lk3(self->mu_);
         self->fill_known(r);

@@ -260,8 +260,8 @@ void scheduler::on_timer() {
       std::string message = "waited " + std::to_string(waited.count()) +
                             " ms in the queue without a free slot (position " +
                             std::to_string(position) + " of its tenant's runs)";
-      out.push_back([done = std::move(w.done), message = std::move(message), qi] {
-        done({.rejected = rejection{code::queue_timeout, message}, .queue = qi});
+      out.push_back([done = std::move(w.done), message = std::move(message), qi, waited] {
+        done({.rejected = rejection{code::queue_timeout, message}, .queue = qi, .waited = waited});
       });
     }
     arm_timer_locked();

@@ -58,6 +58,7 @@ class scheduler : public std::enable_shared_from_this<scheduler> {
     std::shared_ptr<slot> granted;
     std::optional<rejection> rejected;
     std::optional<queue_info> queue;
+    std::chrono::milliseconds waited{0};  ///< time spent queued (rejections; slots carry their own)
   };
   using done_fn = std::function<void(outcome)>;
 

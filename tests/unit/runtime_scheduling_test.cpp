@@ -78,6 +78,7 @@ TEST_CASE("runtime scheduling: past the tenant's deadline → queue_timeout with
   REQUIRE(r2.queue);
   CHECK(r2.queue->position == 1);
   CHECK(r2.message.find("waited") != std::string::npos);
+  CHECK(r2.queue_wait >= 50ms);
   CHECK(first.get().second.code == code::ok);
   CHECK(fake->requests().size() == 1);  // the timed-out run never reached the backend
 }
