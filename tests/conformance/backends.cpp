@@ -10,9 +10,11 @@
 namespace conformance {
 namespace {
 
-std::unique_ptr<sandbox::runtime> make_process(std::string* why) {
+std::unique_ptr<sandbox::runtime> make_process_with(std::string* why, const char* state,
+                                                    std::vector<sandbox::warm_pool_class> pool) {
   auto opts = sandbox::default_runtime_options();
-  opts.state_dir = state_root() / "process";
+  opts.state_dir = state_root() / state;
+  opts.process.warm_pool = std::move(pool);
   if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
   if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
   opts.blobs = sandbox::make_memory_blob_store(1ULL << 30);
@@ -45,6 +47,17 @@ std::unique_ptr<sandbox::runtime> make_process(std::string* why) {
   return std::make_unique<sandbox::runtime>(std::move(*rt));
 }
 
+std::unique_ptr<sandbox::runtime> make_process(std::string* why) {
+  return make_process_with(why, "process", {});
+}
+
+// The same backend serving requests from warm pools (default limits classes): every case
+// whose request keeps the default memory and output limits runs on a pooled instance.
+std::unique_ptr<sandbox::runtime> make_process_pooled(std::string* why) {
+  return make_process_with(why, "process-pooled",
+                           {{.runtime = "python3", .size = 2}, {.runtime = "node", .size = 1}});
+}
+
 }  // namespace
 
 const std::vector<backend_profile>& profiles() {
@@ -54,6 +67,12 @@ const std::vector<backend_profile>& profiles() {
     v.push_back({.name = root ? "process" : "process (unprivileged)",
                  .level = sandbox::isolation::process,
                  .make = make_process,
+                 .expect = {.host_kernel = true, .distinct_uids = root,
+                            .syscall_abi_on_host = true},
+                 .ci_budget = std::chrono::seconds(600)});
+    v.push_back({.name = root ? "process (warm pool)" : "process (warm pool, unprivileged)",
+                 .level = sandbox::isolation::process,
+                 .make = make_process_pooled,
                  .expect = {.host_kernel = true, .distinct_uids = root,
                             .syscall_abi_on_host = true},
                  .ci_budget = std::chrono::seconds(600)});

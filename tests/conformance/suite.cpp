@@ -14,6 +14,7 @@
 #include <mutex>
 #include <openssl/evp.h>
 #include <sstream>
+#include <thread>
 
 namespace conformance {
 namespace fs = std::filesystem;
@@ -54,6 +55,14 @@ std::string sha256_file(const fs::path& p) {
     hex.push_back(d[md[i] & 15]);
   }
   return hex;
+}
+
+// Idle warm-pool instances (cgroups r-<instance>-w<hex>, work dirs w<hex>) come and go as
+// pools refill: they are the pool's, not a run's, and are excluded from run snapshots.
+bool is_pool_instance(std::string_view cgroup_name) {
+  auto dash = cgroup_name.find('-', 2);
+  return dash != std::string_view::npos && dash + 1 < cgroup_name.size() &&
+         cgroup_name[dash + 1] == 'w';
 }
 
 std::string cgroup_parent() {
@@ -218,7 +227,7 @@ host_snapshot take_snapshot() {
   }
   auto is_own_run = [&](std::string_view name) {  // name: "r-<instance>-<run>[/...]"
     const auto dash = name.find('-', 2);
-    return dash != std::string_view::npos &&
+    return dash != std::string_view::npos && !is_pool_instance(name) &&
            own_instances.count(std::string(name.substr(2, dash - 2))) != 0;
   };
   if (!parent.empty()) {
@@ -266,7 +275,9 @@ host_snapshot take_snapshot() {
   for (const auto& st : list_dir(state_root())) {
     fs::path runs = state_root() / st / "runs";
     for (const auto& inst : list_dir(runs)) {
-      for (const auto& r : list_dir(runs / inst)) s.work_dirs.insert(inst + "/" + r);
+      for (const auto& r : list_dir(runs / inst)) {
+        if (r.rfind('w', 0) != 0) s.work_dirs.insert(inst + "/" + r);
+      }
     }
   }
   s.fds = static_cast<int>(list_dir("/proc/self/fd").size());
@@ -344,10 +355,22 @@ backend* acquire(std::size_t index) {
   return nullptr;
 }
 
+// Waits (bounded) until every warm pool of the backend is full and idle, so that the
+// supervisor's descriptors and the pool's instances are the same before and after a case.
+void settle(backend& b) {
+  for (int i = 0; i < 500; ++i) {
+    bool full = true;
+    for (const auto& p : b.rt().warm_pool_stats()) full = full && p.ready == p.size && p.starting == 0;
+    if (full) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 case_guard::case_guard(backend* b)
-    : b_(b), before_(take_snapshot()), start_(std::chrono::steady_clock::now()) {}
+    : b_(b), before_((settle(*b), take_snapshot())), start_(std::chrono::steady_clock::now()) {}
 
 case_guard::~case_guard() {
+  settle(*b_);
   // Let a run's last teardown settle (everything is confirmed dead before a result returns,
   // so this only covers reaping by the kernel of processes outside any run).
   check_unchanged(before_, take_snapshot());
