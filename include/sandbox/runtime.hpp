@@ -19,12 +19,14 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/system/error_code.hpp>
+#include <boost/system/result.hpp>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sandbox/admission.hpp"
@@ -107,6 +109,24 @@ struct runtime_options {
 
 /// Defaults resolved for the current user (the paths above).
 runtime_options default_runtime_options();
+
+/**
+ * Applies a host configuration document to `options` (JSON; docs/operations.md,
+ * "Configuration"): `scheduler` (caps, queue limits, tenant classes with weights and queue
+ * deadlines, tenant → class), `warm_pool` (pool classes), `policy` (ceilings and per-run
+ * limits). For example:
+ *
+ *   {"v": 1,
+ *    "scheduler": {"max_running": 16, "classes": {"gold": {"max_running": 8, "weight": 3}},
+ *                  "tenant_classes": {"acme": "gold"}},
+ *    "warm_pool": [{"runtime": "python3", "size": 4}],
+ *    "policy": {"max_timeout_ms": 8000, "allowed_env": ["TZ"]}}
+ *
+ * Strict like the protocol: unknown fields, wrong types and out-of-range values give an
+ * `invalid_request` rejection naming the field, and then nothing is applied.
+ */
+boost::system::result<void, rejection> apply_config(std::string_view json,
+                                                    runtime_options& options);
 
 /// Why a backend is or is not available on this host.
 struct backend_status {

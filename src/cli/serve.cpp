@@ -48,6 +48,7 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -1239,7 +1240,7 @@ int serve(const serve_options& options) {
 }
 
 int cmd_serve(const std::vector<std::string>& args) {
-  std::string socket, state_dir, image_dir, blob_dir, cgroup_parent;
+  std::string socket, state_dir, image_dir, blob_dir, cgroup_parent, config_path;
   bool stdio = false, verbose = false, help = false;
   std::uint32_t max_running = 0, max_queued = 0, tenant_max_running = 0, tenant_max_queued = 0;
   std::int64_t queue_deadline_ms = 0;
@@ -1250,6 +1251,9 @@ int cmd_serve(const std::vector<std::string>& args) {
       "image-dir", po::value(&image_dir), "image store directory")("blob-dir", po::value(&blob_dir),
                                                                    "blob store directory")(
       "cgroup-parent", po::value(&cgroup_parent), "parent cgroup of runs")(
+      "config", po::value(&config_path),
+      "host configuration JSON: scheduler classes, warm pools, policy (docs/operations.md); "
+      "the flags below override it")(
       "max-running", po::value(&max_running), "runs starting or running at once, host-wide")(
       "max-queued", po::value(&max_queued), "runs queued at once, host-wide")(
       "tenant-max-running", po::value(&tenant_max_running), "runs of one tenant at once")(
@@ -1296,6 +1300,14 @@ int cmd_serve(const std::vector<std::string>& args) {
   if (!cgroup_parent.empty()) o.runtime.process.cgroup_parent = cgroup_parent;
   o.runtime.log = sandbox::make_stderr_log_sink(verbose ? sandbox::log_level::debug
                                                         : sandbox::log_level::warning);
+  if (!config_path.empty()) {
+    std::ifstream in(config_path, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) return usage("cannot read --config '" + config_path + "'");
+    if (auto applied = sandbox::apply_config(text, o.runtime); !applied) {
+      return usage("--config: " + applied.error().message);
+    }
+  }
   auto& s = o.runtime.scheduler;
   if (vm.count("max-running") != 0) s.max_running = max_running;
   if (vm.count("max-queued") != 0) s.max_queued = max_queued;

@@ -1,0 +1,196 @@
+// Host configuration documents (docs/operations.md, "Configuration"): scheduler caps and
+// tenant classes, warm pools, policy. Strict like the protocol: unknown fields, wrong types
+// and out-of-range values are refused with a message naming the field, and nothing is applied.
+#include <string>
+
+#include "core/json_strict.hpp"
+#include "sandbox/runtime.hpp"
+
+namespace sandbox {
+namespace {
+
+using detail::as_array;
+using detail::as_bool;
+using detail::as_object;
+using detail::as_string;
+using detail::as_unsigned;
+using detail::check_known_fields;
+using detail::fail;
+using detail::find_member;
+using detail::index_path;
+using detail::member_path;
+using json = nlohmann::json;
+
+constexpr std::uint64_t u32_max = 0xFFFFFFFFu;
+constexpr std::uint64_t ms_max = 7ULL * 24 * 3600 * 1000;  // a week: anything longer is a typo
+
+template <class F>
+void optional_field(const json& o, const std::string& path, std::string_view key, F f) {
+  if (const json* v = find_member(o, key)) f(*v, member_path(path, key));
+}
+
+tenant_class_limits decode_class(const json& v, const std::string& path, tenant_class_limits c) {
+  const json& o = as_object(v, path);
+  check_known_fields(o, path, {"max_running", "max_queued", "weight", "queue_deadline_ms"});
+  optional_field(o, path, "max_running", [&](const json& x, const std::string& p) {
+    c.max_running = static_cast<std::uint32_t>(as_unsigned(x, p, u32_max));
+    if (c.max_running == 0) fail(p, "must be at least 1");
+  });
+  optional_field(o, path, "max_queued", [&](const json& x, const std::string& p) {
+    c.max_queued = static_cast<std::uint32_t>(as_unsigned(x, p, u32_max));
+  });
+  optional_field(o, path, "weight", [&](const json& x, const std::string& p) {
+    c.weight = static_cast<std::uint32_t>(as_unsigned(x, p, 1000));
+    if (c.weight == 0) fail(p, "must be at least 1");
+  });
+  optional_field(o, path, "queue_deadline_ms", [&](const json& x, const std::string& p) {
+    auto ms = as_unsigned(x, p, ms_max);
+    if (ms == 0) fail(p, "must be positive");
+    c.queue_deadline = std::chrono::milliseconds(ms);
+  });
+  return c;
+}
+
+void decode_scheduler(const json& v, const std::string& path, scheduler_options& s) {
+  const json& o = as_object(v, path);
+  check_known_fields(o, path,
+                     {"max_running", "max_queued", "default_class", "classes", "tenant_classes"});
+  optional_field(o, path, "max_running", [&](const json& x, const std::string& p) {
+    s.max_running = static_cast<std::uint32_t>(as_unsigned(x, p, u32_max));
+  });
+  optional_field(o, path, "max_queued", [&](const json& x, const std::string& p) {
+    s.max_queued = static_cast<std::uint32_t>(as_unsigned(x, p, u32_max));
+  });
+  optional_field(o, path, "default_class", [&](const json& x, const std::string& p) {
+    s.default_class = decode_class(x, p, s.default_class);
+  });
+  optional_field(o, path, "classes", [&](const json& x, const std::string& p) {
+    for (const auto& [name, c] : as_object(x, p).items()) {
+      if (name.empty() || name.size() > 64) fail(p, "class names are 1..64 bytes");
+      s.classes[name] = decode_class(c, member_path(p, name), tenant_class_limits{});
+    }
+  });
+  optional_field(o, path, "tenant_classes", [&](const json& x, const std::string& p) {
+    for (const auto& [tenant, c] : as_object(x, p).items()) {
+      std::string q = member_path(p, tenant);
+      if (!is_valid_tenant(tenant)) fail(q, "not a valid tenant name");
+      std::string cls = as_string(c, q);
+      if (!s.classes.contains(cls)) fail(q, "unknown class '" + cls + "'");
+      s.tenant_classes[tenant] = cls;
+    }
+  });
+}
+
+void decode_pool(const json& v, const std::string& path, std::vector<warm_pool_class>& out) {
+  const json& a = as_array(v, path);
+  if (a.size() > 64) fail(path, "at most 64 pool classes");
+  out.clear();
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    std::string p = index_path(path, i);
+    const json& o = as_object(a[i], p);
+    check_known_fields(o, p, {"runtime", "size", "memory_limit_bytes", "files_out"});
+    warm_pool_class c;
+    optional_field(o, p, "runtime", [&](const json& x, const std::string& q) {
+      c.runtime = as_string(x, q);
+      if (c.runtime.empty()) fail(q, "must not be empty");
+    });
+    optional_field(o, p, "size", [&](const json& x, const std::string& q) {
+      c.size = static_cast<std::uint32_t>(as_unsigned(x, q, 1024));
+    });
+    optional_field(o, p, "memory_limit_bytes", [&](const json& x, const std::string& q) {
+      c.memory_limit_bytes = as_unsigned(x, q);
+    });
+    optional_field(o, p, "files_out", [&](const json& x, const std::string& q) {
+      const json& f = as_object(x, q);
+      check_known_fields(f, q, {"max_files", "max_bytes"});
+      optional_field(f, q, "max_files", [&](const json& y, const std::string& r) {
+        c.files_out.max_files = static_cast<std::uint32_t>(as_unsigned(y, r, u32_max));
+      });
+      optional_field(f, q, "max_bytes", [&](const json& y, const std::string& r) {
+        c.files_out.max_bytes = as_unsigned(y, r);
+      });
+    });
+    out.push_back(c);
+  }
+}
+
+void decode_policy(const json& v, const std::string& path, policy& p) {
+  const json& o = as_object(v, path);
+  check_known_fields(o, path,
+                     {"max_source_bytes", "max_timeout_ms", "max_memory_bytes", "min_memory_bytes",
+                      "max_input_files", "max_input_bytes", "max_output_files", "max_output_bytes",
+                      "allowed_env", "stream_capture_bytes", "max_pids", "cpu_quota_millicores",
+                      "max_open_files", "tmp_bytes", "home_bytes", "shm_bytes", "exit_grace_ms"});
+  auto u64 = [&](std::string_view key, std::uint64_t& out, std::uint64_t min = 0,
+                 std::uint64_t max = std::numeric_limits<std::uint64_t>::max()) {
+    optional_field(o, path, key, [&](const json& x, const std::string& q) {
+      out = as_unsigned(x, q, max);
+      if (out < min) fail(q, "must be at least " + std::to_string(min));
+    });
+  };
+  auto u32 = [&](std::string_view key, std::uint32_t& out, std::uint32_t min) {
+    std::uint64_t t = out;
+    u64(key, t, min, u32_max);
+    out = static_cast<std::uint32_t>(t);
+  };
+  auto ms = [&](std::string_view key, std::chrono::milliseconds& out, std::uint64_t min) {
+    std::uint64_t t = static_cast<std::uint64_t>(out.count());
+    u64(key, t, min, ms_max);
+    out = std::chrono::milliseconds(t);
+  };
+  u64("max_source_bytes", p.max_source_bytes, 1);
+  ms("max_timeout_ms", p.max_timeout, 1);
+  u64("max_memory_bytes", p.max_memory_bytes, 16ULL << 20);
+  u64("min_memory_bytes", p.min_memory_bytes, 16ULL << 20);
+  u32("max_input_files", p.max_input_files, 0);
+  u64("max_input_bytes", p.max_input_bytes, 0);
+  u32("max_output_files", p.max_output_files, 0);
+  u64("max_output_bytes", p.max_output_bytes, 0);
+  u64("stream_capture_bytes", p.stream_capture_bytes, 0);
+  u32("max_pids", p.max_pids, 8);
+  u32("cpu_quota_millicores", p.cpu_quota_millicores, 0);
+  u32("max_open_files", p.max_open_files, 16);
+  u64("tmp_bytes", p.tmp_bytes, 64 * 1024);
+  u64("home_bytes", p.home_bytes, 64 * 1024);
+  u64("shm_bytes", p.shm_bytes, 64 * 1024);
+  ms("exit_grace_ms", p.exit_grace, 0);
+  optional_field(o, path, "allowed_env", [&](const json& x, const std::string& q) {
+    p.allowed_env.clear();
+    const json& a = as_array(x, q);
+    for (std::size_t i = 0; i < a.size(); ++i) p.allowed_env.insert(as_string(a[i], index_path(q, i)));
+  });
+  if (p.min_memory_bytes > p.max_memory_bytes) {
+    fail(member_path(path, "min_memory_bytes"), "above max_memory_bytes");
+  }
+}
+
+}  // namespace
+
+boost::system::result<void, rejection> apply_config(std::string_view text,
+                                                    runtime_options& options) {
+  try {
+    json doc;
+    if (auto err = detail::parse_strict(text, decode_options{.max_document_bytes = 1 << 20}, doc)) {
+      return rejection{code::invalid_request, *err};
+    }
+    const json& o = as_object(doc, "");
+    detail::check_version(o);
+    check_known_fields(o, "", {"v", "scheduler", "warm_pool", "policy"});
+    runtime_options next = options;  // applied only when everything decodes
+    optional_field(o, "", "scheduler",
+                   [&](const json& x, const std::string& p) { decode_scheduler(x, p, next.scheduler); });
+    optional_field(o, "", "warm_pool", [&](const json& x, const std::string& p) {
+      decode_pool(x, p, next.process.warm_pool);
+    });
+    optional_field(o, "", "policy",
+                   [&](const json& x, const std::string& p) { decode_policy(x, p, next.policy); });
+    options = std::move(next);
+    return {};
+  } catch (const detail::decode_error& e) {
+    return rejection{code::invalid_request, e.what()};
+  } catch (const std::exception&) {
+    return rejection{code::invalid_request, "configuration could not be decoded"};
+  }
+}
+
+}  // namespace sandbox

@@ -1,0 +1,62 @@
+// Host configuration documents: applied whole or not at all; every fault names its field.
+#include <catch2/catch.hpp>
+
+#include "sandbox/runtime.hpp"
+
+using namespace std::chrono_literals;
+
+TEST_CASE("config: scheduler classes, warm pools and policy are applied", "[config]") {
+  sandbox::runtime_options o;
+  auto r = sandbox::apply_config(R"({"v":1,
+    "scheduler": {"max_running": 12, "max_queued": 500,
+                  "default_class": {"max_running": 2, "queue_deadline_ms": 3000},
+                  "classes": {"gold": {"max_running": 8, "weight": 3, "max_queued": 100}},
+                  "tenant_classes": {"acme": "gold"}},
+    "warm_pool": [{"runtime": "python3", "size": 4, "memory_limit_bytes": 134217728,
+                   "files_out": {"max_files": 4}}],
+    "policy": {"max_timeout_ms": 5000, "allowed_env": ["TZ", "LC_ALL"], "max_pids": 32}})",
+                                 o);
+  REQUIRE(r.has_value());
+  CHECK(o.scheduler.max_running == 12);
+  CHECK(o.scheduler.max_queued == 500);
+  CHECK(o.scheduler.default_class.max_running == 2);
+  CHECK(o.scheduler.default_class.queue_deadline == 3000ms);
+  CHECK(o.scheduler.classes.at("gold").weight == 3);
+  CHECK(o.scheduler.classes.at("gold").max_running == 8);
+  CHECK(o.scheduler.tenant_classes.at("acme") == "gold");
+  REQUIRE(o.process.warm_pool.size() == 1);
+  CHECK(o.process.warm_pool[0].size == 4);
+  CHECK(o.process.warm_pool[0].memory_limit_bytes == 134217728);
+  CHECK(o.process.warm_pool[0].files_out.max_files == 4);
+  CHECK(o.process.warm_pool[0].files_out.max_bytes == 8ULL << 20);
+  CHECK(o.policy.max_timeout == 5000ms);
+  CHECK(o.policy.allowed_env == std::set<std::string>{"LC_ALL", "TZ"});
+  CHECK(o.policy.max_pids == 32);
+}
+
+TEST_CASE("config: faults name their field and nothing is applied", "[config]") {
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"scheduler": {"max_runing": 3}})", "scheduler: unknown field 'max_runing'"},
+      {R"({"scheduler": {"tenant_classes": {"acme": "gold"}}})", "scheduler.tenant_classes.acme: unknown class 'gold'"},
+      {R"({"scheduler": {"classes": {"g": {"weight": 0}}}})", "scheduler.classes.g.weight: must be at least 1"},
+      {R"({"scheduler": {"default_class": {"queue_deadline_ms": 0}}})", "scheduler.default_class.queue_deadline_ms: must be positive"},
+      {R"({"warm_pool": [{"runtime": "python3", "size": "2"}]})", "warm_pool[0].size"},
+      {R"({"policy": {"max_pids": 1}})", "policy.max_pids: must be at least 8"},
+      {R"({"policy": {"tmp_bytes": 0}})", "policy.tmp_bytes"},
+      {R"({"policy": {"min_memory_bytes": 2147483648, "max_memory_bytes": 1073741824}})", "policy.min_memory_bytes"},
+      {R"({"v": 2})", "unsupported protocol version"},
+      {R"({"scheduler": {}, "scheduler": {}})", "duplicate"},
+      {R"({"extra": 1})", "unknown field 'extra'"},
+      {"not json", "malformed JSON"},
+  };
+  for (const auto& [doc, msg] : bad) {
+    INFO(doc);
+    sandbox::runtime_options o;
+    const auto before = o.scheduler;
+    auto r = sandbox::apply_config(doc, o);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == sandbox::code::invalid_request);
+    CHECK(r.error().message.find(msg) != std::string::npos);
+    CHECK(o.scheduler == before);
+  }
+}
