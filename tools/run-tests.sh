@@ -14,6 +14,12 @@ export SANDBOX_MUST_WORK=1
 echo "==> ctest (as root)" >&2
 ctest --preset "$PRESET" --output-on-failure
 
+echo "==> scheduler and runtime under ThreadSanitizer (preset tsan)" >&2
+cmake --preset tsan -S "$ROOT" >/dev/null
+cmake --build --preset tsan --target sandbox_unit_tests
+TSAN_OPTIONS="halt_on_error=1 die_after_fork=0" \
+  "$ROOT/build/tsan/tests/sandbox_unit_tests" "[scheduler],[runtime],[fake]"
+
 echo "==> integration tests as an unprivileged user" >&2
 UNPRIV_TMP=$(mktemp -d /tmp/sandbox-unpriv-XXXXXX)
 chmod 0777 "$UNPRIV_TMP"
