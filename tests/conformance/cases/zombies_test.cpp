@@ -109,19 +109,34 @@ TEST_CASE("zombies: bursts of orphans alive at the same time stay within the pid
           "[zombies][core]") {
   CONFORMANCE_BACKEND(b);
   // 100 bursts of 20 orphans that live a few milliseconds each, so that up to 40 processes of
-  // the run exist at once (well under the limit) — as long as PID 1 keeps reaping while the
-  // next burst starts.
+  // the run exist at once (well under the limit). Each burst's orphans hold a pipe's write end,
+  // so the main process knows when they have all exited (not when they are reaped: that is PID
+  // 1's job) and only then starts the next burst: what could exhaust the pids limit is only
+  // zombies PID 1 failed to reap.
   auto r = b.run(py(std::string(R"PY(
 import os, time
-report = {'eagain': 0, 'orphans': 0}
+report = {'eagain': 0, 'orphans': 0, 'at_eagain': []}
+def census():  # (zombies, others) visible now: for the failure message
+    z = a = 0
+    for p in os.listdir('/proc'):
+        if not p.isdigit(): continue
+        try: st = open(f'/proc/{p}/stat').read()
+        except OSError: continue
+        if st[st.rindex(')') + 2] == 'Z': z += 1
+        else: a += 1
+    return [z, a]
 for burst in range(100):
+    r, w = os.pipe()
     mids = []
     for i in range(20):
         try:
             pid = os.fork()
         except BlockingIOError:
-            report['eagain'] += 1; continue
+            report['eagain'] += 1
+            if len(report['at_eagain']) < 5: report['at_eagain'].append([burst, i] + census())
+            continue
         if pid == 0:
+            os.close(r)
             try:
                 if os.fork() == 0:
                     time.sleep(0.002); os._exit(0)
@@ -129,10 +144,13 @@ for burst in range(100):
                 os._exit(1)
             os._exit(0)
         mids.append(pid)
+    os.close(w)
     for pid in mids:
         _, st = os.waitpid(pid, 0)
         if os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0: report['orphans'] += 1
         else: report['eagain'] += 1
+    while os.read(r, 1): pass   # EOF: every orphan of this burst has exited
+    os.close(r)
 )PY") + budget_probe,
                     std::chrono::milliseconds(8000)));
   check_report(b, r, 2000);
@@ -141,12 +159,14 @@ for burst in range(100):
 TEST_CASE("zombies: orphans left by shells (background jobs) are reaped", "[zombies][core]") {
   CONFORMANCE_BACKEND(b);
   // The way real code makes orphans: a shell that starts background jobs and exits at once.
+  // The jobs inherit the captured stdout, so each iteration ends once they have exited (and
+  // left PID 1 zombies to reap), never with live jobs piling up across iterations.
   auto r = b.run(py(std::string(R"PY(
 import subprocess
 report = {'eagain': 0, 'orphans': 0}
 for i in range(300):
     p = subprocess.run(['/bin/sh', '-c', 'true & true & true & exit 0'],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     if p.returncode == 0 and not p.stderr: report['orphans'] += 3
     else: report['eagain'] += 1
 )PY") + budget_probe,
@@ -156,7 +176,8 @@ for i in range(300):
 
 TEST_CASE("zombies: node's child_process orphans are reaped", "[zombies][core][node]") {
   CONFORMANCE_BACKEND(b);
-  // libuv reaps only its own children; the shells' background jobs are PID 1's to reap.
+  // libuv reaps only its own children; the shells' background jobs are PID 1's to reap
+  // (spawnSync reads the shell's stdout to EOF, so each iteration waits for its jobs to exit).
   auto r = b.run(js(R"JS(
 const cp = require('child_process');
 let eagain = 0, orphans = 0;
