@@ -113,8 +113,14 @@ struct host_snapshot {
   int fds = 0;                          ///< our open descriptors
   int threads = 0;                      ///< our threads
   std::map<std::string, std::string> canaries;  ///< host canary files: path → stat + content
+  bool operator==(const host_snapshot&) const = default;
 };
 host_snapshot take_snapshot();
+/// A snapshot once the host has settled: until two taken 20 ms apart agree (at most 2 s). A
+/// run's v1 cgroup the kernel still reported busy at its result is removed just after it.
+host_snapshot settled_snapshot();
+/// A snapshot once the host is back to `before`, or after 2 s of waiting for it to be.
+host_snapshot snapshot_back_to(const host_snapshot& before);
 /// CHECKs `now` against `before` (everything equal); lists differences in the failure.
 void check_unchanged(const host_snapshot& before, const host_snapshot& now);
 

@@ -50,8 +50,8 @@ struct host_snapshot {
   int fds = 0;
 };
 host_snapshot snapshot();
-/// Fails the current test (Catch) when `now` differs from `before` in anything but fds
-/// (compared exactly too).
+/// Fails the current test (Catch) when the host still differs from `before` (cgroups, work
+/// dirs, sandbox processes, mounts, our descriptors) after a bounded 2 s wait.
 void check_host_unchanged(const host_snapshot& before);
 
 /// Counts: lines of /proc/self/fd.

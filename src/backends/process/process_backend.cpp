@@ -36,6 +36,7 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <thread>
 #include <boost/asio/strand.hpp>
 #include <algorithm>
 #include <chrono>
@@ -196,7 +197,9 @@ class process_run : public std::enable_shared_from_this<process_run> {
         deadline_(strand_),
         grace_(strand_),
         teardown_timer_(strand_),
-        sample_timer_(strand_) {}
+        sample_timer_(strand_),
+        stdout_park_(strand_),
+        stderr_park_(strand_) {}
 
   ~process_run() {
     close_fd(stdout_parked_);
@@ -401,13 +404,11 @@ class process_run : public std::enable_shared_from_this<process_run> {
                            [self](boost::system::error_code ec) {
                              if (ec) return;
                              self->helper_exited_ = true;
-                             if (!self->finishing_) {
-                               if (!self->started_) {
-                                 self->fail_setup("sandbox-init exited during setup");
-                               } else {
-                                 self->finish();
-                               }
-                             }
+                             // Killing: sandbox-init (PID 1 of the run) exits last, so this
+                             // is the moment to confirm, rather than the next poll.
+                             if (self->finishing_) return self->poll_dead();
+                             if (!self->started_) return self->fail_setup("sandbox-init exited during setup");
+                             self->finish();
                            });
     if (int fd = cgroup_->oom_event_fd(); fd >= 0) {
       oom_.assign(::dup(fd));
@@ -491,6 +492,20 @@ class process_run : public std::enable_shared_from_this<process_run> {
     for (auto [k, v] : ip::parse_config(init_times)) line += fmt::format(" {}={}", k, v);
     line += fmt::format(" started={}", us(started_at_));
     shared_->ctx.log(log_level::debug, line);
+  }
+
+  // Host log (debug): where the time between the program's exit and the result went.
+  void log_teardown_breakdown(bool removed) {
+    if (!shared_->ctx.log || !started_) return;
+    auto us = [](clock::time_point t) {
+      return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+    };
+    auto exited = main_status_ ? main_exit_at_ : ended_at_;
+    shared_->ctx.log(log_level::debug,
+                     fmt::format("teardown breakdown us: exited={} finish={} dead={} collected={} "
+                                 "destroyed={} delivered={} cgroup_busy={}",
+                                 us(exited), us(ended_at_), us(t_dead_), us(t_collected_),
+                                 us(t_destroyed_), us(clock::now()), removed ? 0 : 1));
   }
 
   void arm_setup_timer() {
@@ -639,6 +654,10 @@ class process_run : public std::enable_shared_from_this<process_run> {
       case ip::msg::exited:
         main_status_ = static_cast<int>(h.a);
         main_exit_at_ = clock::now();
+        // A parked pipe goes back to reading now (its timer's handler runs at once): the
+        // end of output is what the result waits for.
+        stdout_park_.cancel();
+        stderr_park_.cancel();
         maybe_end_after_exit();
         break;
       case ip::msg::failed:
@@ -671,10 +690,14 @@ class process_run : public std::enable_shared_from_this<process_run> {
       // of waking the host for every write. The descriptor is taken out of the reactor
       // meanwhile (an edge-triggered epoll would otherwise wake on every write); the writer
       // only blocks if the pipe fills.
-      int& parked = &d == &self->stdout_ ? self->stdout_parked_ : self->stderr_parked_;
+      // Once the program has exited there is no trickle to wait for: read on at once.
+      if (self->main_status_) return self->read_stream(d, cap, open);
+      const bool is_out = &d == &self->stdout_;
+      int& parked = is_out ? self->stdout_parked_ : self->stderr_parked_;
+      auto& t = is_out ? self->stdout_park_ : self->stderr_park_;
       parked = d.release();
-      auto t = std::make_shared<asio::steady_timer>(self->strand_, std::chrono::milliseconds(2));
-      t->async_wait([self, t, &d, &cap, &open, &parked](boost::system::error_code) {
+      t.expires_after(std::chrono::milliseconds(2));
+      t.async_wait([self, &d, &cap, &open, &parked](boost::system::error_code) {
         if (parked < 0) return;  // teardown took it back
         d.assign(parked);
         parked = -1;
@@ -859,13 +882,18 @@ class process_run : public std::enable_shared_from_this<process_run> {
   }
 
   void poll_dead() {
+    if (dead_confirmed_) return;
     bool empty = true;
     if (cgroup_) {
       auto e = cgroup_->is_empty();
       empty = e && *e;
     }
-    if (empty && reap_helper()) return teardown();
+    if (empty && reap_helper()) {
+      dead_confirmed_ = true;
+      return teardown();
+    }
     if (clock::now() >= teardown_deadline_) {
+      dead_confirmed_ = true;
       teardown_failed_ = true;
       log(log_level::error, "processes of the run survived the kill past the teardown budget");
       return teardown();
@@ -874,7 +902,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
     teardown_timer_.expires_after(teardown_delay_);
     teardown_delay_ = std::min(teardown_delay_ * 2, std::chrono::milliseconds(50));
     teardown_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
-      if (!ec || ec == asio::error::operation_aborted) self->poll_dead();
+      if (!ec) self->poll_dead();  // aborted: a later poll re-armed it (or it is done)
     });
   }
 
@@ -889,6 +917,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
   }
 
   void teardown() {
+    t_dead_ = clock::now();
     // Everything is dead: what is left in the pipes is final.
     for (auto [d, parked] : {std::pair{&stdout_, &stdout_parked_}, {&stderr_, &stderr_parked_}}) {
       if (*parked >= 0) {
@@ -943,13 +972,23 @@ class process_run : public std::enable_shared_from_this<process_run> {
       r.message += (r.message.empty() ? "" : "; ") + unstored_ +
                    " could not be stored (blob store quota or error)";
     }
-    destroy();
+    t_collected_ = clock::now();
     torn_down_ = true;
     if (done_) {
+      // Removed before the result: the workspace, the uid and the cgroup — unless the kernel
+      // still reports the (empty) cgroup busy; that one is retried after the result rather
+      // than holding it back.
+      const bool removed = destroy_once();
+      t_destroyed_ = clock::now();
       auto done = std::move(done_);
       done_ = nullptr;
       done(std::move(r), std::move(detail_));
-    } else if (on_prepared_) {  // a pool instance that never became ready
+      log_teardown_breakdown(removed);
+      if (!removed) destroy_after_result(1);
+      return;
+    }
+    destroy();
+    if (on_prepared_) {  // a pool instance that never became ready
       auto f = std::move(on_prepared_);
       on_prepared_ = nullptr;
       f(false);
@@ -1048,21 +1087,11 @@ class process_run : public std::enable_shared_from_this<process_run> {
     }
   }
 
-  // Removes the cgroup, the workspace and the uid reservation (cgroup only when confirmed
-  // empty: a live process must not lose its limits).
-  void destroy() noexcept {
+  // Removes the workspace and the uid reservation, and the cgroup when it is confirmed empty
+  // (a live process must not lose its limits). False while the kernel still reports the
+  // empty cgroup busy (v1, for a moment after its last task is released): call again later.
+  bool destroy_once() noexcept {
     std::lock_guard lock(kill_mu_);
-    if (cgroup_ && !teardown_failed_) {
-      // An empty cgroup can still be busy for a moment on v1 while the kernel finishes
-      // releasing the last task; retry briefly before leaving it to the next start's reclaim.
-      auto rm = cgroup_->remove();
-      for (int i = 0; !rm && rm.error() == make_error_code(errc::busy) && i < 50; ++i) {
-        ::usleep(2000);
-        rm = cgroup_->remove();
-      }
-      if (!rm) log(log_level::warning, "removing the run cgroup failed: " + rm.error().message());
-      cgroup_.reset();
-    }
     if (have_ws_) {
       remove_tree(ws_.dir);
       have_ws_ = false;
@@ -1071,6 +1100,43 @@ class process_run : public std::enable_shared_from_this<process_run> {
       shared_->uids->release(uid_);
       have_uid_ = false;
     }
+    if (cgroup_ && !teardown_failed_) {
+      auto rm = cgroup_->remove();
+      if (!rm && rm.error() == make_error_code(errc::busy)) return false;
+      if (!rm) log(log_level::warning, "removing the run cgroup failed: " + rm.error().message());
+      cgroup_.reset();
+    }
+    return true;
+  }
+
+  // A cgroup still busy after the retries is left to the next start's orphan reclaim.
+  void give_up_cgroup() noexcept {
+    std::lock_guard lock(kill_mu_);
+    if (!cgroup_) return;
+    log(log_level::warning, "removing the run cgroup failed: still busy; left for reclaim");
+    cgroup_.reset();
+  }
+
+  static constexpr int destroy_retries = 50;
+  static constexpr auto destroy_retry_delay = std::chrono::milliseconds(2);
+
+  // Synchronous removal (pool instances, emergency cleanup).
+  void destroy() noexcept {
+    for (int i = 0; !destroy_once(); ++i) {
+      if (i >= destroy_retries) return give_up_cgroup();
+      std::this_thread::sleep_for(destroy_retry_delay);
+    }
+  }
+
+  // Removal of a cgroup still busy when the result went out (every process is confirmed
+  // dead already): retried on a timer rather than by blocking an executor thread.
+  void destroy_after_result(int attempt) {
+    if (destroy_once()) return;
+    if (attempt >= destroy_retries) return give_up_cgroup();
+    teardown_timer_.expires_after(destroy_retry_delay);
+    teardown_timer_.async_wait([self = shared_from_this(), attempt](boost::system::error_code) {
+      self->destroy_after_result(attempt + 1);
+    });
   }
 
   // The io_context went away with the run still in flight: kill and clean up synchronously.
@@ -1123,8 +1189,11 @@ class process_run : public std::enable_shared_from_this<process_run> {
   std::chrono::milliseconds teardown_delay_{1};
   bool started_ = false, finishing_ = false, grace_armed_ = false, control_closed_ = false;
   bool helper_exited_ = false;
+  bool dead_confirmed_ = false;  ///< poll_dead found everything dead (or gave up): torn down
   bool stdout_open_ = true, stderr_open_ = true;
   int stdout_parked_ = -1, stderr_parked_ = -1;  ///< pipe fds out of the reactor for a moment
+  asio::steady_timer stdout_park_, stderr_park_;  ///< when a parked pipe goes back (cancel: now)
+  clock::time_point t_dead_, t_collected_, t_destroyed_;  ///< teardown breakdown (debug log)
   bool timed_out_ = false, oom_triggered_ = false, cancelled_ = false, teardown_failed_ = false;
   std::optional<int> main_status_;
   std::optional<std::string> violation_;

@@ -278,7 +278,7 @@ int run_round(conformance::backend& b, int round, std::mt19937_64& rng) {
 void crosstalk(conformance::backend& b, int rounds) {
   // The explicit before-the-whole-case snapshot (the case guard compares per case too).
   settle_pools(b);
-  const auto before = conformance::take_snapshot();
+  const auto before = conformance::settled_snapshot();
   std::mt19937_64 rng(std::random_device{}());
   for (int round = 0; round < rounds; ++round) {
     const int overlapping = run_round(b, round, rng);
@@ -290,7 +290,7 @@ void crosstalk(conformance::backend& b, int rounds) {
     CHECK(overlapping > 0);
     INFO("after round " << round);
     settle_pools(b);
-    conformance::check_unchanged(before, conformance::take_snapshot());
+    conformance::check_unchanged(before, conformance::snapshot_back_to(before));
   }
 }
 

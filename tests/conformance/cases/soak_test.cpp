@@ -136,14 +136,14 @@ void soak(conformance::backend& b, int runs) {
   // the runtime's threads, lazily created descriptors) is in the baseline.
   batch(0, 5);
   settle_pools(b);
-  const auto before = conformance::take_snapshot();
+  const auto before = conformance::settled_snapshot();
   const std::uint64_t rss_before = conformance::self_rss_bytes();
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < runs; i += parallel) batch(5 + i, std::min(parallel, runs - i));
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   settle_pools(b);
-  const auto after = conformance::take_snapshot();
+  const auto after = conformance::snapshot_back_to(before);
   const std::uint64_t rss_after = conformance::self_rss_bytes();
   std::fprintf(stderr,
                "conformance: soak (%s): %d mixed runs in %.1f s; supervisor RSS %.1f MiB before, "
