@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -167,14 +168,21 @@ void section_cold(int runs) {
     spawn_ms(bare_py);
     run_ms(*rt, "python3-S");
   }
-  for (int i = 0; i < runs; ++i) {
-    bare.push_back(spawn_ms(bare_py));
-    if (unshare_ok) uns.push_back(spawn_ms(unshare_py));
-    if (bwrap_ok) bw.push_back(spawn_ms(bwrap_py));
+  // The order rotates every round: a namespace's teardown finishes in the kernel after its
+  // last process is gone (network namespaces especially), and slows whatever creates the
+  // next ones, so no contender may always follow the same one.
+  std::vector<std::function<void()>> contenders;
+  contenders.push_back([&] { bare.push_back(spawn_ms(bare_py)); });
+  if (unshare_ok) contenders.push_back([&] { uns.push_back(spawn_ms(unshare_py)); });
+  if (bwrap_ok) contenders.push_back([&] { bw.push_back(spawn_ms(bwrap_py)); });
+  contenders.push_back([&] {
     sandbox::run_result r;
     ours_s.push_back(run_ms(*rt, "python3-S", &r));
     setup.push_back(static_cast<double>(r.usage.setup.count()));
-    ours_i.push_back(run_ms(*rt, "python3"));
+  });
+  contenders.push_back([&] { ours_i.push_back(run_ms(*rt, "python3")); });
+  for (int i = 0; i < runs; ++i) {
+    for (std::size_t k = 0; k < contenders.size(); ++k) contenders[(i + k) % contenders.size()]();
   }
   auto b = percentiles(bare);
   row("bare python3 -I -S -c 'print(1)'", b, b.p50);
@@ -328,19 +336,22 @@ void section_scheduler() {
 void section_breakdown(int runs) {
   std::printf("\n== cold-path breakdown: %d runs, median µs per phase\n", runs);
   std::mutex mu;
-  std::vector<std::map<std::string, long long>> samples;
+  std::vector<std::map<std::string, long long>> samples, post;
   auto log = [&](sandbox::log_level, std::string_view line) {
-    auto at = line.find("setup breakdown us:");
-    if (at == std::string_view::npos) return;
+    constexpr std::string_view setup_tag = "setup breakdown us:", post_tag = "teardown breakdown us:";
+    auto at = line.find(setup_tag);
+    auto pt = line.find(post_tag);
+    if (at == std::string_view::npos && pt == std::string_view::npos) return;
     std::map<std::string, long long> m;
-    std::istringstream in(std::string(line.substr(at + 19)));
+    std::istringstream in(std::string(
+        at != std::string_view::npos ? line.substr(at + setup_tag.size()) : line.substr(pt + post_tag.size())));
     std::string kv;
     while (in >> kv) {
       auto eq = kv.find('=');
       if (eq != std::string::npos) m[kv.substr(0, eq)] = std::stoll(kv.substr(eq + 1));
     }
     std::lock_guard lock(mu);
-    samples.push_back(std::move(m));
+    (at != std::string_view::npos ? samples : post).push_back(std::move(m));
   };
   auto rt = make_runtime({}, log);
   std::vector<double> wall, total;
@@ -379,7 +390,25 @@ void section_breakdown(int runs) {
   }
   std::printf("  %-52s %10.0f\n", "interpreter: python3 -I -S print(1) (wall_ms × 1000)",
               percentiles(wall).p50 * 1000);
+  const phase post_phases[] = {
+      {"host: exit → end of output seen", "exited", "finish"},
+      {"teardown: kill, confirm the cgroup empty, reap", "finish", "dead"},
+      {"teardown: store streams, collect files_out, stats", "dead", "collected"},
+      {"teardown: remove cgroup, workspace (before result)", "collected", "destroyed"},
+      {"teardown: hand the result over", "destroyed", "delivered"},
+  };
+  for (const auto& p : post_phases) {
+    std::vector<double> v;
+    for (auto& m : post) {
+      if (m.count(p.from) && m.count(p.to)) v.push_back(static_cast<double>(m[p.to] - m[p.from]));
+    }
+    std::printf("  %-52s %10.0f\n", p.name, percentiles(v).p50);
+  }
+  std::size_t busy = 0;
+  for (auto& m : post) busy += m.count("cgroup_busy") && m["cgroup_busy"] != 0 ? 1 : 0;
   std::printf("  %-52s %10.0f\n", "total, call to result", percentiles(total).p50 * 1000);
+  std::printf("  (%zu of %zu runs found their empty cgroup still busy and removed it after the result)\n",
+              busy, post.size());
 }
 
 }  // namespace
