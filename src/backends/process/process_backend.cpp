@@ -232,11 +232,15 @@ class process_run : public std::enable_shared_from_this<process_run> {
   /// Hands a prepared instance its run (same limits class as the template): stages inputs and
   /// source into the already-bound workspace, then sends the program. From here on the run is
   /// exactly a cold run.
-  void activate(run_job job, done_fn done) {
-    asio::dispatch(strand_, [self = shared_from_this(), job = std::move(job),
-                             done = std::move(done)]() mutable {
+  /// `on_started` (optional) is called once, on the strand, when the program has started or
+  /// when the run ends without starting — the pool refills then, so that preparing the next
+  /// instance does not compete with this run's hand-out for the executor and the cores.
+  void activate(run_job job, done_fn done, std::function<void()> on_started = {}) {
+    asio::dispatch(strand_, [self = shared_from_this(), job = std::move(job), done = std::move(done),
+                             on_started = std::move(on_started)]() mutable {
       self->t0_ = clock::now();  // a pooled run's setup starts at hand-out
       self->on_lost_ = nullptr;
+      self->on_started_ = std::move(on_started);
       self->activate_on_strand(std::move(job), std::move(done));
     });
   }
@@ -639,6 +643,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
         started_ = true;
         started_at_ = clock::now();
         log_setup_breakdown(payload);
+        fire_on_started();
         setup_timer_.cancel();
         watch_notifications();
         auto self = shared_from_this();
@@ -916,8 +921,16 @@ class process_run : public std::enable_shared_from_this<process_run> {
     }
   }
 
+  void fire_on_started() {
+    if (!on_started_) return;
+    auto f = std::move(on_started_);
+    on_started_ = nullptr;
+    f();
+  }
+
   void teardown() {
     t_dead_ = clock::now();
+    fire_on_started();  // never started: whoever waited for the start must not wait forever
     // Everything is dead: what is left in the pipes is final.
     for (auto [d, parked] : {std::pair{&stdout_, &stdout_parked_}, {&stderr_, &stderr_parked_}}) {
       if (*parked >= 0) {
@@ -1183,6 +1196,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
   bool torn_down_ = false;              ///< teardown finished (strand only)
   std::function<void(bool)> on_prepared_;
   std::function<void()> on_lost_;
+  std::function<void()> on_started_;  ///< see activate()
 
   clock::time_point t0_, started_at_, main_exit_at_, ended_at_, teardown_deadline_;
   clock::time_point t_cgroup_, t_workspace_, t_spawned_, t_config_sent_;
@@ -1396,8 +1410,10 @@ class process_backend final : public backend,
     }
   }
 
-  // A ready, healthy instance of a matching pool (one-shot: it leaves the pool for good).
-  std::shared_ptr<process_run> take_pooled(const run_job& job) {
+  // A ready, healthy instance of a matching pool (one-shot: it leaves the pool for good), and
+  // in `from` its pool, which the caller refills once the run has started. Without one, the
+  // matching pool refills now.
+  std::shared_ptr<process_run> take_pooled(const run_job& job, pool_state*& from) {
     std::lock_guard lock(mu_);
     for (auto& p : pools_) {
       if (!matches(*p, job)) continue;
@@ -1413,7 +1429,11 @@ class process_backend final : public backend,
           c->cancel();
         }
       }
-      refill_locked(*p);
+      if (got) {
+        from = p.get();
+      } else {
+        refill_locked(*p);
+      }
       return got;
     }
     return nullptr;
@@ -1421,7 +1441,8 @@ class process_backend final : public backend,
 
   void do_execute(run_job job, handler_type handler) override {
     auto ex = job.executor ? job.executor : shared_->ctx.executor;
-    std::shared_ptr<process_run> run = take_pooled(job);
+    pool_state* from = nullptr;
+    std::shared_ptr<process_run> run = take_pooled(job, from);
     const bool pooled = run != nullptr;
     if (!pooled) {
       run = std::make_shared<process_run>(shared_, ex, job, false);
@@ -1447,7 +1468,12 @@ class process_backend final : public backend,
       asio::dispatch(ex, [h, ec, r = std::move(r)]() mutable { std::move(*h)(ec, std::move(r)); });
     };
     if (pooled) {
-      run->activate(std::move(job), std::move(done));
+      run->activate(std::move(job), std::move(done), [weak = weak_from_this(), from] {
+        auto self = weak.lock();
+        if (!self) return;
+        std::lock_guard lock(self->mu_);
+        self->refill_locked(*from);
+      });
     } else {
       run->start(std::move(done));
     }
