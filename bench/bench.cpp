@@ -23,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <span>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -407,14 +408,18 @@ void section_breakdown(int runs) {
       {"init: fork, privileges, seccomp, exec", "go_received", "program_execed"},
       {"host: 'started' received", "program_execed", "started"},
   };
-  std::printf("  %-52s %10s\n", "phase", "median µs");
-  for (const auto& p : phases) {
-    std::vector<double> v;
-    for (auto& m : samples) {
-      if (m.count(p.from) && m.count(p.to)) v.push_back(static_cast<double>(m[p.to] - m[p.from]));
+  // One row per phase: the median of (to - from) over the log lines that have both.
+  auto print_phases = [](std::span<const phase> list, std::vector<std::map<std::string, long long>>& logged) {
+    for (const auto& p : list) {
+      std::vector<double> v;
+      for (auto& m : logged) {
+        if (m.count(p.from) && m.count(p.to)) v.push_back(static_cast<double>(m[p.to] - m[p.from]));
+      }
+      std::printf("  %-52s %10.0f\n", p.name, percentiles(v).p50);
     }
-    std::printf("  %-52s %10.0f\n", p.name, percentiles(v).p50);
-  }
+  };
+  std::printf("  %-52s %10s\n", "phase", "median µs");
+  print_phases(phases, samples);
   std::printf("  %-52s %10.0f\n", "interpreter: python3 -I -S print(1) (wall_ms × 1000)",
               percentiles(wall).p50 * 1000);
   const phase post_phases[] = {
@@ -424,13 +429,7 @@ void section_breakdown(int runs) {
       {"teardown: remove cgroup, workspace (before result)", "collected", "destroyed"},
       {"teardown: hand the result over", "destroyed", "delivered"},
   };
-  for (const auto& p : post_phases) {
-    std::vector<double> v;
-    for (auto& m : post) {
-      if (m.count(p.from) && m.count(p.to)) v.push_back(static_cast<double>(m[p.to] - m[p.from]));
-    }
-    std::printf("  %-52s %10.0f\n", p.name, percentiles(v).p50);
-  }
+  print_phases(post_phases, post);
   std::size_t busy = 0;
   for (auto& m : post) busy += m.count("cgroup_busy") && m["cgroup_busy"] != 0 ? 1 : 0;
   std::printf("  %-52s %10.0f\n", "total, call to result", percentiles(total).p50 * 1000);
