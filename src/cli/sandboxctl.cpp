@@ -26,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include "cli_util.hpp"
 #include "sandbox/sandbox.hpp"
 #include "serve.hpp"
 
@@ -37,9 +38,10 @@ constexpr int exit_ok = 0;
 constexpr int exit_fail = 1;
 constexpr int exit_usage = 2;
 
-struct usage_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using sandboxctl::display_name;
+using sandboxctl::parse_number;
+using sandboxctl::quote_name;
+using sandboxctl::usage_error;
 
 const char* top_usage =
     "usage: sandboxctl <command> [options]\n"
@@ -85,7 +87,7 @@ const char* top_usage =
 // "too large" without ever holding more (a request naming /dev/zero must not eat the host).
 std::string read_file(const std::string& path, std::size_t max_bytes) {
   int fd = path == "-" ? ::dup(0) : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw usage_error(fmt::format("cannot read '{}'", path));
+  if (fd < 0) throw usage_error(fmt::format("cannot read {}", quote_name(path)));
   std::string out;
   char buf[65536];
   while (out.size() <= max_bytes) {
@@ -93,13 +95,32 @@ std::string read_file(const std::string& path, std::size_t max_bytes) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       ::close(fd);
-      throw usage_error(fmt::format("cannot read '{}'", path));
+      throw usage_error(fmt::format("cannot read {}", quote_name(path)));
     }
     if (n == 0) break;
     out.append(buf, static_cast<std::size_t>(n));
   }
   ::close(fd);
   return out;
+}
+
+// Opens an input file the caller named (`--file NAME=PATH`, `blob put FILE`) for reading.
+// A directory, or a path that cannot be opened, is a usage error with a plain reason —
+// never the blob store's own complaint about a failed read.
+int open_input(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    throw usage_error(fmt::format("cannot read {}: {}", quote_name(path), std::strerror(errno)));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    throw usage_error(fmt::format("{} is a directory", quote_name(path)));
+  }
+  // Blocking reads from here on (O_NONBLOCK only kept open() from hanging on a FIFO
+  // without a writer).
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
 }
 
 constexpr std::size_t max_ticket_file = 64 * 1024;
@@ -147,7 +168,7 @@ po::variables_map parse(const std::vector<std::string>& args, const po::options_
 boost::system::result<sandbox::ticket, sandbox::rejection> load_ticket(const std::string& path) {
   sandbox::ticket_issuer issuer;
   auto text = read_file(path, max_ticket_file);
-  if (text.size() > max_ticket_file) throw usage_error(fmt::format("ticket file '{}' is too large", path));
+  if (text.size() > max_ticket_file) throw usage_error(fmt::format("ticket file {} is too large", quote_name(path)));
   auto r = issuer.decode(text);
   if (!r) {
     auto rej = r.error();
@@ -167,7 +188,7 @@ std::string tenant_of(const common& c) {
     return t->tenant();
   }
   std::string t = c.tenant.empty() ? "default" : c.tenant;
-  if (!sandbox::is_valid_tenant(t)) throw usage_error(fmt::format("invalid tenant name '{}'", t));
+  if (!sandbox::is_valid_tenant(t)) throw usage_error(fmt::format("invalid tenant name {}", quote_name(t)));
   return t;
 }
 
@@ -202,8 +223,8 @@ int cmd_blob(const std::vector<std::string>& args) {
   auto blobs = open_blobs(c);
   if (verb == "put") {
     if (arg.empty()) throw usage_error("blob put: FILE missing");
-    int fd = arg == "-" ? dup(0) : ::open(arg.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw usage_error(fmt::format("cannot read '{}'", arg));
+    int fd = arg == "-" ? dup(0) : open_input(arg);
+    if (fd < 0) throw usage_error(fmt::format("cannot read stdin: {}", std::strerror(errno)));
     auto id = blobs->put_fd(tenant, fd, 1ULL << 40);
     ::close(fd);
     if (!id) {
@@ -225,7 +246,7 @@ int cmd_blob(const std::vector<std::string>& args) {
     } else {
       std::ofstream f(out, std::ios::binary);
       f.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
-      if (!f) throw usage_error(fmt::format("cannot write '{}'", out));
+      if (!f) throw usage_error(fmt::format("cannot write {}", quote_name(out)));
     }
     return exit_ok;
   }
@@ -361,23 +382,44 @@ std::string terminal_safe(std::string_view in) {
   return out;
 }
 
-// Writes the output files into `dir` without following links, never replacing an existing
-// entry (unless `force`: then a new file is renamed over it), never blocking on a FIFO.
-// Returns false if any file could not be written (each is reported on stderr).
-bool write_outputs(const sandbox::run_result& r, const std::string& dir, bool force,
-                   const sandbox::blob_store& blobs, const std::string& tenant) {
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) {
-    std::cerr << fmt::format("sandboxctl: cannot open --out-dir '{}'\n", dir);
-    return false;
+// Opens --out-dir for writing the outputs into: a directory, never through a link (a
+// symlink in its place is refused rather than followed, so outputs land nowhere but in the
+// directory the operator named). Returns the descriptor; throws usage_error.
+int open_out_dir(std::string dir) {
+  // "od/" would resolve a symlink "od" despite O_NOFOLLOW: drop trailing slashes.
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd >= 0) return dfd;
+  const int err = errno;
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    throw usage_error(fmt::format("--out-dir {} is a symbolic link (outputs are never written "
+                                  "through a link)", quote_name(dir)));
   }
+  if (err == ENOTDIR || err == ELOOP) {
+    throw usage_error(fmt::format("--out-dir {} is not a directory", quote_name(dir)));
+  }
+  throw usage_error(fmt::format("--out-dir {}: {}", quote_name(dir), std::strerror(err)));
+}
+
+// Writes the output files into the directory `dfd` without following links, never replacing
+// an existing entry (unless `force`: then a new file is renamed over it, which replaces a
+// link rather than writing through it), never blocking on a FIFO. Returns false if any file
+// could not be written (each is reported on stderr).
+bool write_outputs(const sandbox::run_result& r, int dfd, bool force,
+                   const sandbox::blob_store& blobs, const std::string& tenant) {
   bool ok = true;
   for (const auto& f : r.files_out) {
     auto fail = [&](const char* why) {
-      std::cerr << fmt::format("sandboxctl: output '{}' not written: {}\n",
-                               sandbox::escape_for_display(f.name), why);
+      std::cerr << fmt::format("sandboxctl: output {} not written: {}\n", quote_name(f.name), why);
       ok = false;
     };
+    // The library checked the name; check again before it becomes a path here.
+    if (f.name.empty() || f.name == "." || f.name == ".." ||
+        f.name.find_first_of(std::string_view("/\0", 2)) != std::string::npos) {
+      fail("not a valid file name");
+      continue;
+    }
     auto bytes = blobs.get(tenant, f.blob);
     if (!bytes) {
       fail("blob unavailable");
@@ -405,18 +447,34 @@ bool write_outputs(const sandbox::run_result& r, const std::string& dir, bool fo
       continue;
     }
     if (force && ::renameat(dfd, tmp.c_str(), dfd, f.name.c_str()) < 0) {
+      const int err = errno;
       ::unlinkat(dfd, tmp.c_str(), 0);
-      fail(std::strerror(errno));
+      fail(std::strerror(err));
     }
   }
-  ::close(dfd);
   return ok;
+}
+
+// One stderr line per output entry the run did not return (human form: the JSON carries
+// them as `files_dropped`), and per output file that goes nowhere (no --out-dir).
+void report_outputs(const sandbox::run_result& r, bool have_out_dir) {
+  for (const auto& d : r.files_dropped) {
+    std::cerr << fmt::format("sandboxctl: output '{}' dropped: {}\n",
+                             sandboxctl::escape_format_chars(d.name_display),
+                             to_string(d.reason));
+  }
+  if (!have_out_dir) {
+    for (const auto& f : r.files_out) {
+      std::cerr << fmt::format("sandboxctl: output {} not written: no --out-dir given\n",
+                               quote_name(f.name));
+    }
+  }
 }
 
 // Prints the result: JSON, or (human form, with `blobs`) the program's stdout and stderr
 // followed by a status line.
 int print_result(const sandbox::run_result& r, bool json, const sandbox::blob_store* blobs,
-                 const std::string& tenant) {
+                 const std::string& tenant, bool have_out_dir = false) {
   if (json || blobs == nullptr) {
     std::cout << sandbox::encode(r) << "\n";
   } else {
@@ -433,6 +491,7 @@ int print_result(const sandbox::run_result& r, bool json, const sandbox::blob_st
     auto err = emit(r.std_err, 2, std::cerr);
     // The status line always starts on a line of its own.
     if (!err.empty() && err.back() != '\n') std::cerr << "\n";
+    report_outputs(r, have_out_dir);
     std::cerr << fmt::format("sandboxctl: {}{}{} (wall {} ms, cpu {} ms){}\n", to_string(r.code),
                              r.exit_code ? fmt::format(", exit {}", *r.exit_code) : "",
                              r.signal ? fmt::format(", signal {}", *r.signal) : "",
@@ -478,16 +537,15 @@ int cmd_run(const std::vector<std::string>& args) {
   common c;
   std::string request_path, runtime, out_dir, script;
   std::vector<std::string> files, env, allow_env;
-  std::int64_t timeout_ms = 0;
-  std::uint64_t memory = 0;
+  std::string timeout_text, memory_text;
   bool json = false, force = false;
   auto d = common_options(c);
   d.add_options()("request", po::value(&request_path), "request JSON file ('-' = stdin)")(
       "ticket", po::value(&c.ticket_path), "ticket JSON file")(
       "file", po::value(&files), "input NAME=PATH (repeatable)")(
-      "timeout-ms", po::value(&timeout_ms), "timeout")(
+      "timeout-ms", po::value(&timeout_text), "timeout")(
       "runtime", po::value(&runtime), "runtime name (default: from the extension, else python3)")(
-      "memory-bytes", po::value(&memory), "memory limit")(
+      "memory-bytes", po::value(&memory_text), "memory limit")(
       "env", po::value(&env), "environment NAME=VALUE for the program (repeatable)")(
       "allow-env", po::value(&allow_env), "let requests set NAME (policy; repeatable)")(
       "out-dir", po::value(&out_dir), "write output files here")(
@@ -495,17 +553,31 @@ int cmd_run(const std::vector<std::string>& args) {
       "json", po::bool_switch(&json), "print the result JSON")("script", po::value(&script));
   po::positional_options_description pos;
   pos.add("script", 1);
-  parse(args, d, pos);
+  auto vm = parse(args, d, pos);
   if (c.ticket_path.empty()) throw usage_error("run: --ticket is required");
+  // Numbers are checked here, strictly: "-1" must not wrap to 2^64-1, and 0 is refused as
+  // the protocol refuses timeout_ms <= 0 (no silent default).
+  std::optional<std::int64_t> timeout_ms;
+  std::optional<std::uint64_t> memory;
+  if (!timeout_text.empty() || vm.count("timeout-ms") != 0) {
+    timeout_ms = parse_number<std::int64_t>("timeout-ms", timeout_text, 1,
+                                            sandboxctl::max_duration_ms);
+  }
+  if (!memory_text.empty() || vm.count("memory-bytes") != 0) {
+    memory = parse_number<std::uint64_t>("memory-bytes", memory_text, 1,
+                                         std::numeric_limits<std::uint64_t>::max());
+  }
   if (request_path.empty() == script.empty()) {
     throw usage_error("run: give either --request REQ.json or a SCRIPT");
   }
-  if (!out_dir.empty()) {
-    struct stat st{};
-    if (::stat(out_dir.c_str(), &st) < 0 || !S_ISDIR(st.st_mode)) {
-      throw usage_error(fmt::format("--out-dir '{}' is not a directory", out_dir));
+  // Opened now, and kept: the directory checked is the one written into.
+  struct fd_guard {
+    int fd = -1;
+    ~fd_guard() {
+      if (fd >= 0) ::close(fd);
     }
-  }
+  } out_dfd;
+  if (!out_dir.empty()) out_dfd.fd = open_out_dir(out_dir);
   auto ticket = load_ticket(c.ticket_path);
   if (!ticket) return print_result(sandbox::rejected_result(ticket.error()), true, nullptr, {});
 
@@ -525,12 +597,12 @@ int cmd_run(const std::vector<std::string>& args) {
     req.runtime = runtime;
     // One byte over the policy cap is enough for admission to answer source_too_large.
     req.source = read_file(script, opts.policy.max_source_bytes);
-    if (timeout_ms != 0) req.timeout = std::chrono::milliseconds(timeout_ms);
-    if (memory != 0) req.memory_limit_bytes = memory;
+    if (timeout_ms) req.timeout = std::chrono::milliseconds(*timeout_ms);
+    if (memory) req.memory_limit_bytes = *memory;
     for (const auto& e : env) {
       auto eq = e.find('=');
       if (eq == std::string::npos || eq == 0) {
-        throw usage_error(fmt::format("--env '{}': expected NAME=VALUE", e));
+        throw usage_error(fmt::format("--env {}: expected NAME=VALUE", quote_name(e)));
       }
       req.env[e.substr(0, eq)] = e.substr(eq + 1);
     }
@@ -543,11 +615,10 @@ int cmd_run(const std::vector<std::string>& args) {
   for (const auto& f : files) {
     auto eq = f.find('=');
     if (eq == std::string::npos || eq == 0) {
-      throw usage_error(fmt::format("--file '{}': expected NAME=PATH", f));
+      throw usage_error(fmt::format("--file {}: expected NAME=PATH", quote_name(f)));
     }
     std::string path = f.substr(eq + 1);
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw usage_error(fmt::format("cannot read '{}'", path));
+    int fd = open_input(path);
     auto id = blobs->put_fd(ticket->tenant(), fd, opts.policy.max_input_bytes);
     ::close(fd);
     if (!id) {
@@ -559,8 +630,8 @@ int cmd_run(const std::vector<std::string>& args) {
   sandbox::run_result result;
   int interrupted = run_with_signals(opts, std::move(req), *ticket, &result);
   if (interrupted >= 0) return interrupted;
-  int rc = print_result(result, json, blobs.get(), ticket->tenant());
-  if (!out_dir.empty() && !write_outputs(result, out_dir, force, *blobs, ticket->tenant())) {
+  int rc = print_result(result, json, blobs.get(), ticket->tenant(), !out_dir.empty());
+  if (out_dfd.fd >= 0 && !write_outputs(result, out_dfd.fd, force, *blobs, ticket->tenant())) {
     rc = exit_fail;
   }
   return rc;
@@ -622,7 +693,7 @@ int main(int argc, char** argv) {
     if (cmd == "image") return cmd_image(args);
     if (cmd == "doctor") return cmd_doctor(args);
     if (cmd == "serve") return sandboxctl::cmd_serve(args);
-    throw usage_error(fmt::format("unknown command '{}'", cmd));
+    throw usage_error(fmt::format("unknown command {}", quote_name(cmd)));
   } catch (const usage_error& e) {
     std::cerr << "sandboxctl: " << e.what() << "\n(see sandboxctl --help)\n";
     return exit_usage;

@@ -60,6 +60,7 @@
 #include <thread>
 #include <utility>
 
+#include "cli_util.hpp"
 #include "core/json_strict.hpp"
 #include "sandbox/sandbox.hpp"
 
@@ -1239,11 +1240,46 @@ int serve(const serve_options& options) {
   return exit_ok;
 }
 
+namespace {
+
+/// The host configuration file at `path` into `text`; returns why not, or "".
+std::string read_config(const std::string& path, std::string& text) {
+  constexpr std::size_t max_config_bytes = 1U << 20;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return fmt::format("cannot read {}: {}", quote_name(path), std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const bool dir = S_ISDIR(st.st_mode);
+    ::close(fd);
+    return fmt::format("{} is {}", quote_name(path), dir ? "a directory" : "not a regular file");
+  }
+  std::array<char, 65536> buf{};
+  for (;;) {
+    ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return fmt::format("cannot read {}: {}", quote_name(path), std::strerror(err));
+    }
+    if (n == 0) break;
+    text.append(buf.data(), static_cast<std::size_t>(n));
+    if (text.size() > max_config_bytes) {
+      ::close(fd);
+      return fmt::format("{} is larger than {} bytes", quote_name(path), max_config_bytes);
+    }
+  }
+  ::close(fd);
+  return {};
+}
+
+}  // namespace
+
 int cmd_serve(const std::vector<std::string>& args) {
   std::string socket, state_dir, image_dir, blob_dir, cgroup_parent, config_path;
   bool stdio = false, verbose = false, help = false;
-  std::uint32_t max_running = 0, max_queued = 0, tenant_max_running = 0, tenant_max_queued = 0;
-  std::int64_t queue_deadline_ms = 0;
+  // Numbers are read as text and checked strictly below: "-1" must not wrap to 2^32-1.
+  std::string max_running, max_queued, tenant_max_running, tenant_max_queued, queue_deadline_ms;
   po::options_description d("serve options");
   d.add_options()("socket", po::value(&socket), "listen on this unix socket (mode 0660)")(
       "stdio", po::bool_switch(&stdio), "serve one client on stdin/stdout")(
@@ -1283,11 +1319,32 @@ int cmd_serve(const std::vector<std::string>& args) {
     return exit_usage;
   };
   if (stdio == !socket.empty()) return usage("give either --socket PATH or --stdio");
-  if (vm.count("queue-deadline-ms") != 0 && queue_deadline_ms <= 0) {
-    return usage("--queue-deadline-ms must be positive");
-  }
-  if (vm.count("tenant-max-running") != 0 && tenant_max_running == 0) {
-    return usage("--tenant-max-running must be positive");
+  constexpr std::uint32_t u32_max = std::numeric_limits<std::uint32_t>::max();
+  // The same ranges as the configuration file's fields (docs/operations.md).
+  std::optional<std::uint32_t> max_running_n, max_queued_n, tenant_max_running_n,
+      tenant_max_queued_n;
+  std::optional<std::int64_t> queue_deadline_n;
+  try {
+    if (vm.count("max-running") != 0) {
+      max_running_n = parse_number<std::uint32_t>("max-running", max_running, 0, u32_max);
+    }
+    if (vm.count("max-queued") != 0) {
+      max_queued_n = parse_number<std::uint32_t>("max-queued", max_queued, 0, u32_max);
+    }
+    if (vm.count("tenant-max-running") != 0) {
+      tenant_max_running_n =
+          parse_number<std::uint32_t>("tenant-max-running", tenant_max_running, 1, u32_max);
+    }
+    if (vm.count("tenant-max-queued") != 0) {
+      tenant_max_queued_n =
+          parse_number<std::uint32_t>("tenant-max-queued", tenant_max_queued, 0, u32_max);
+    }
+    if (vm.count("queue-deadline-ms") != 0) {
+      queue_deadline_n =
+          parse_number<std::int64_t>("queue-deadline-ms", queue_deadline_ms, 1, max_duration_ms);
+    }
+  } catch (const usage_error& e) {
+    return usage(e.what());
   }
 
   serve_options o;
@@ -1301,21 +1358,24 @@ int cmd_serve(const std::vector<std::string>& args) {
   o.runtime.log = sandbox::make_stderr_log_sink(verbose ? sandbox::log_level::debug
                                                         : sandbox::log_level::warning);
   if (!config_path.empty()) {
-    std::ifstream in(config_path, std::ios::binary);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (!in.good() && !in.eof()) return usage("cannot read --config '" + config_path + "'");
+    // A bad configuration is not a bad command line: exit 2 as documented, but without the
+    // pointer to --help, and with a plain reason instead of the stream library's text.
+    auto bad_config = [](const std::string& m) {
+      std::cerr << "sandboxctl: serve: --config: " << m << "\n";
+      return exit_usage;
+    };
+    std::string text;
+    if (auto why = read_config(config_path, text); !why.empty()) return bad_config(why);
     if (auto applied = sandbox::apply_config(text, o.runtime); !applied) {
-      return usage("--config: " + applied.error().message);
+      return bad_config(applied.error().message);
     }
   }
   auto& s = o.runtime.scheduler;
-  if (vm.count("max-running") != 0) s.max_running = max_running;
-  if (vm.count("max-queued") != 0) s.max_queued = max_queued;
-  if (vm.count("tenant-max-running") != 0) s.default_class.max_running = tenant_max_running;
-  if (vm.count("tenant-max-queued") != 0) s.default_class.max_queued = tenant_max_queued;
-  if (vm.count("queue-deadline-ms") != 0) {
-    s.default_class.queue_deadline = std::chrono::milliseconds(queue_deadline_ms);
-  }
+  if (max_running_n) s.max_running = *max_running_n;
+  if (max_queued_n) s.max_queued = *max_queued_n;
+  if (tenant_max_running_n) s.default_class.max_running = *tenant_max_running_n;
+  if (tenant_max_queued_n) s.default_class.max_queued = *tenant_max_queued_n;
+  if (queue_deadline_n) s.default_class.queue_deadline = std::chrono::milliseconds(*queue_deadline_n);
   return serve(o);
 }
 

@@ -427,3 +427,166 @@ TEST_CASE("image ls lists the installed python3 image", "[backend]") {
   }
   CHECK(found);
 }
+
+// --- numeric options, input files, --out-dir, --config (usage errors, no backend) ---------
+
+TEST_CASE("every numeric option refuses negative, zero-where-invalid and out-of-range values",
+          "[input]") {
+  auto script = clitest::write_scratch("num.py", "print(1)\n");
+  const std::vector<std::string> run = {"run", "--ticket", ticket_file()};
+  struct bad {
+    std::string option, value;
+  };
+  // run: --timeout-ms 0 is refused as the protocol refuses timeout_ms <= 0 (no silent
+  // default); values past a week would overflow deadlines.
+  for (const auto& b : std::vector<bad>{{"--timeout-ms", "0"},
+                                        {"--timeout-ms", "-1"},
+                                        {"--timeout-ms", "9300000000000"},
+                                        {"--timeout-ms", "9223372036854775807"},
+                                        {"--timeout-ms", "1e3"},
+                                        {"--timeout-ms", " 5"},
+                                        {"--memory-bytes", "-1"},
+                                        {"--memory-bytes", "0"},
+                                        {"--memory-bytes", "18446744073709551616"},
+                                        {"--memory-bytes", "64M"}}) {
+    INFO(b.option << " " << b.value);
+    auto o = sandboxctl(with(with(run, {b.option, b.value, script.string()}),
+                             clitest::private_store_flags()));
+    usage_error(o, b.option.substr(0, b.option.size()) + ": expected an integer");
+  }
+  // serve: checked before anything starts; the same ranges as the configuration file.
+  for (const auto& b : std::vector<bad>{{"--max-running", "-1"},
+                                        {"--max-running", "4294967296"},
+                                        {"--max-queued", "-1"},
+                                        {"--tenant-max-running", "-1"},
+                                        {"--tenant-max-running", "0"},
+                                        {"--tenant-max-queued", "-1"},
+                                        {"--tenant-max-queued", "99999999999"},
+                                        {"--queue-deadline-ms", "0"},
+                                        {"--queue-deadline-ms", "-5"},
+                                        {"--queue-deadline-ms", "9300000000000"},
+                                        {"--queue-deadline-ms", "9223372036854775807"},
+                                        {"--queue-deadline-ms", "604800001"}}) {
+    INFO(b.option << " " << b.value);
+    auto o = sandboxctl(with({"serve", "--stdio", b.option, b.value},
+                             clitest::private_store_flags()));
+    usage_error(o, b.option + ": expected an integer");
+  }
+}
+
+TEST_CASE("run --file: a directory or a missing file is a plain usage error", "[input]") {
+  auto script = clitest::write_scratch("f.py", "print(1)\n");
+  auto dir = clitest::scratch() / "a-dir";
+  std::filesystem::create_directories(dir);
+  auto o = sandboxctl(with({"run", "--ticket", ticket_file(), "--file", "x=" + dir.string(),
+                            script.string()},
+                           clitest::private_store_flags()));
+  usage_error(o, "'" + dir.string() + "' is a directory");
+  CHECK_FALSE(contains(o.err, "blob"));
+  CHECK_FALSE(contains(o.err, "input/output error"));
+  auto missing = (clitest::scratch() / "missing.csv").string();
+  o = sandboxctl(with({"run", "--ticket", ticket_file(), "--file", "x=" + missing, script.string()},
+                      clitest::private_store_flags()));
+  usage_error(o, "cannot read '" + missing + "': No such file or directory");
+  o = sandboxctl(with({"blob", "put", dir.string()}, clitest::private_store_flags()));
+  usage_error(o, "is a directory");
+}
+
+TEST_CASE("run --out-dir: a symbolic link is refused, never followed", "[input]") {
+  auto script = clitest::write_scratch("o.py", "print(1)\n");
+  auto target = clitest::scratch() / "link-target";
+  std::filesystem::create_directories(target);
+  auto link = clitest::scratch() / "od-link";
+  std::filesystem::remove(link);
+  std::filesystem::create_directory_symlink(target, link);
+  for (const auto& dir : {link.string(), link.string() + "/", link.string() + "//"}) {
+    INFO("--out-dir " << dir);
+    auto o = sandboxctl(with({"run", "--ticket", ticket_file(), "--out-dir", dir, script.string()},
+                             clitest::private_store_flags()));
+    usage_error(o, "is a symbolic link");
+  }
+  auto file = clitest::write_scratch("not-a-dir", "x");
+  usage_error(sandboxctl(with({"run", "--ticket", ticket_file(), "--out-dir", file.string(),
+                               script.string()},
+                              clitest::private_store_flags())),
+              "is not a directory");
+  CHECK(std::filesystem::is_empty(target));
+}
+
+TEST_CASE("serve --config: a directory, a missing file, bad content: a plain reason", "[input]") {
+  auto dir = clitest::scratch() / "config-dir";
+  std::filesystem::create_directories(dir);
+  auto o = sandboxctl(with({"serve", "--stdio", "--config", dir.string()},
+                           clitest::private_store_flags()));
+  usage_error(o, "--config: '" + dir.string() + "' is a directory");
+  CHECK_FALSE(contains(o.err, "basic_filebuf"));
+  CHECK_FALSE(contains(o.err, "--help"));
+  o = sandboxctl(with({"serve", "--stdio", "--config", (dir / "absent.json").string()},
+                      clitest::private_store_flags()));
+  usage_error(o, "No such file or directory");
+  CHECK_FALSE(contains(o.err, "--help"));
+  auto bad = clitest::write_scratch("bad-config.json", R"({"scheduler":{"max_running":-1}})");
+  o = sandboxctl(with({"serve", "--stdio", "--config", bad.string()},
+                      clitest::private_store_flags()));
+  usage_error(o, "--config: scheduler.max_running: ");
+  CHECK_FALSE(contains(o.err, "--help"));
+}
+
+// --- run: what becomes of the outputs ([backend]) ----------------------------------------
+
+namespace {
+
+// Writes `name` (with bidi controls), plants a symlink and a FIFO, writes "victim.txt".
+constexpr const char* planting_script =
+    "import os\n"
+    "d = os.environ['SANDBOX_OUTPUT_DIR']\n"
+    "open(os.path.join(d, '\\u202egnp.exe'), 'w').write('spoof')\n"
+    "open(os.path.join(d, 'victim.txt'), 'w').write('new')\n"
+    "os.symlink('/etc/passwd', os.path.join(d, 'link\\u2066'))\n"
+    "os.mkfifo(os.path.join(d, 'fifo'))\n";
+
+}  // namespace
+
+TEST_CASE("run: dropped and unwritten outputs are reported on stderr, names escaped",
+          "[backend]") {
+  const auto flags = clitest::backend_store_flags();
+  auto script = clitest::write_scratch("plant.py", planting_script);
+  const std::string rlo = "\xe2\x80\xae";  // U+202E, raw
+  const std::string lri = "\xe2\x81\xa6";  // U+2066, raw
+  SECTION("without --out-dir") {
+    auto o = sandboxctl(with({"run", "--ticket", ticket_file(), script.string()}, flags));
+    INFO("stderr: " << o.err);
+    CHECK(o.status == 0);
+    CHECK(contains(o.err, "output 'link\\u2066' dropped: not_regular_file\n"));
+    CHECK(contains(o.err, "output 'fifo' dropped: not_regular_file\n"));
+    CHECK(contains(o.err, "output '\\u202egnp.exe' not written: no --out-dir given\n"));
+    CHECK(contains(o.err, "output 'victim.txt' not written"));
+    CHECK_FALSE(contains(o.err, rlo));
+    CHECK_FALSE(contains(o.err, lri));
+  }
+  SECTION("with --out-dir, an entry planted there is never written through") {
+    auto dir = clitest::scratch() / "planted";
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    auto outside = clitest::write_scratch("outside.txt", "keep");
+    std::filesystem::create_symlink(outside, dir / "victim.txt");
+    auto o = sandboxctl(
+        with({"run", "--ticket", ticket_file(), "--out-dir", dir.string(), script.string()}, flags));
+    INFO("stderr: " << o.err);
+    CHECK(o.status == 1);  // an output could not be written
+    CHECK(contains(o.err, "output 'victim.txt' not written: an entry of that name exists"));
+    CHECK(contains(o.err, "output 'link\\u2066' dropped: not_regular_file\n"));
+    CHECK_FALSE(contains(o.err, rlo));
+    CHECK(clitest::read_file(outside) == "keep");
+    CHECK(clitest::read_file(dir / (rlo + "gnp.exe")) == "spoof");
+    // --force replaces the link itself; the file it pointed to is untouched.
+    o = sandboxctl(with(
+        {"run", "--ticket", ticket_file(), "--out-dir", dir.string(), "--force", script.string()},
+        flags));
+    INFO("stderr: " << o.err);
+    CHECK(o.status == 0);
+    CHECK(clitest::read_file(outside) == "keep");
+    CHECK_FALSE(std::filesystem::is_symlink(dir / "victim.txt"));
+    CHECK(clitest::read_file(dir / "victim.txt") == "new");
+  }
+}
