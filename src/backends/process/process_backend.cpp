@@ -220,8 +220,10 @@ class process_run : public std::enable_shared_from_this<process_run> {
   /// prepared now from the template job; `on_prepared(true)` once sandbox-init is ready and
   /// waiting for its program, `(false)` if preparing failed (the instance is then destroyed).
   /// `on_lost` is called if an idle ready instance dies before it is handed out.
+  /// Always posted, never run inline: the pool calls this holding its lock, and a preparation
+  /// that fails at once calls `on_prepared(false)`, which takes that lock.
   void prepare_pooled(std::function<void(bool)> on_prepared, std::function<void()> on_lost) {
-    asio::dispatch(strand_, [self = shared_from_this(), on_prepared = std::move(on_prepared),
+    asio::post(strand_, [self = shared_from_this(), on_prepared = std::move(on_prepared),
                              on_lost = std::move(on_lost)]() mutable {
       self->on_prepared_ = std::move(on_prepared);
       self->on_lost_ = std::move(on_lost);
@@ -1228,11 +1230,21 @@ class process_backend final : public backend,
   explicit process_backend(std::shared_ptr<backend_shared> shared) : shared_(std::move(shared)) {}
 
   /// Creates the configured warm pools and starts filling them (asynchronously, on the
-  /// runtime's executor). Classes whose runtime is unavailable are logged and skipped.
+  /// runtime's executor). Classes whose runtime is unavailable, or whose limits no request
+  /// could have under the policy, are logged and skipped.
   void start_pools() {
     std::lock_guard lock(mu_);
+    const policy& pol = shared_->ctx.policy;
     for (const auto& cls : shared_->ctx.options.warm_pool) {
       if (cls.size == 0) continue;
+      if (cls.memory_limit_bytes < pol.min_memory_bytes || cls.memory_limit_bytes > pol.max_memory_bytes ||
+          cls.files_out.max_files > pol.max_output_files || cls.files_out.max_bytes > pol.max_output_bytes) {
+        if (shared_->ctx.log) {
+          shared_->ctx.log(log_level::warning, "warm pool for runtime '" + cls.runtime +
+                                                   "' skipped: its limits are outside the policy");
+        }
+        continue;
+      }
       auto resolved = shared_->ctx.resolve_runtime ? shared_->ctx.resolve_runtime(cls.runtime)
                                                    : std::nullopt;
       if (!resolved) {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
@@ -22,7 +23,8 @@ namespace {
 struct pooled_runtime {
   std::string state;
   std::unique_ptr<sandbox::runtime> rt;
-  explicit pooled_runtime(std::vector<sandbox::warm_pool_class> classes) {
+  explicit pooled_runtime(std::vector<sandbox::warm_pool_class> classes,
+                          std::function<void(sandbox::runtime_options&)> tweak = {}) {
     char tmpl[] = "/tmp/sandbox-pool-XXXXXX";
     state = mkdtemp(tmpl);
     auto opts = sandbox::default_runtime_options();
@@ -32,6 +34,7 @@ struct pooled_runtime {
     opts.blobs = sandbox::make_memory_blob_store();
     opts.process.warm_pool = std::move(classes);
     opts.log = sandbox::make_stderr_log_sink(sandbox::log_level::error);
+    if (tweak) tweak(opts);
     auto made = sandbox::runtime::create(opts);
     REQUIRE(made.has_value());
     rt = std::make_unique<sandbox::runtime>(std::move(*made));
@@ -141,6 +144,31 @@ TEST_CASE("pool: a pooled run is indistinguishable from a cold one", "[pool]") {
   auto jw = nlohmann::json::parse(*p.rt->blobs()->get("itest", warm.std_out.blob));
   CHECK(jc["input_name_ok"] == true);
   CHECK(jc.dump() == jw.dump());
+}
+
+TEST_CASE("pool: instances that fail to prepare at once are counted, never block runs or shutdown",
+          "[pool]") {
+  // A limit of 0 bytes passes a policy whose minimum is 0 but is refused by the cgroup write,
+  // so every instance fails synchronously inside the refill (which holds the pool's lock).
+  auto before = itest::snapshot();
+  {
+    pooled_runtime p({{.runtime = "python3", .size = 2, .memory_limit_bytes = 0}},
+                     [](sandbox::runtime_options& o) { o.policy.min_memory_bytes = 0; });
+    for (int n = 0; n < 250 && p.stats().failed < 3; ++n) std::this_thread::sleep_for(20ms);
+    CHECK(p.stats().failed >= 3);  // then it backs off instead of spinning
+    CHECK(p.stats().ready == 0);
+    auto r = p.rt->run({.runtime = "python3", .source = "print('cold')"}, itest::ticket());
+    CHECK(r.code == code::ok);
+    CHECK(r.std_out.summary == "cold\n");
+  }  // destroying the runtime must not hang
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("pool: a class whose limits are outside the policy is skipped", "[pool]") {
+  pooled_runtime p({{.runtime = "python3", .size = 1, .memory_limit_bytes = 1}});
+  CHECK(p.rt->warm_pool_stats().empty());
+  auto r = p.rt->run({.runtime = "python3", .source = "print(1)"}, itest::ticket());
+  CHECK(r.code == code::ok);
 }
 
 TEST_CASE("pool: an instance that dies idle is never handed out", "[pool]") {
