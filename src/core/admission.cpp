@@ -12,35 +12,19 @@
 #include <optional>
 
 #include "core/json_strict.hpp"
+#include "core/env_rules.hpp"
 #include "core/text_util.hpp"
 
 namespace sandbox {
 namespace {
 
+using detail::is_env_name;
+using detail::is_reserved_env;
+using detail::max_env_name_bytes;
 using detail::quote_for_message;
-
-constexpr std::size_t max_env_name_bytes = 128;
 
 rejection invalid(std::string message) {
   return rejection{code::invalid_request, std::move(message)};
-}
-
-bool is_env_name(std::string_view name) noexcept {
-  if (name.empty()) return false;
-  auto alpha = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; };
-  if (!alpha(name.front())) return false;
-  return std::all_of(name.begin(), name.end(),
-                     [&](char c) { return alpha(c) || (c >= '0' && c <= '9'); });
-}
-
-/// Names the sandbox sets itself or that steer the dynamic loader: refused even when the
-/// policy lists them (policy.hpp, `allowed_env`).
-bool is_reserved_env(std::string_view name) noexcept {
-  static constexpr std::array<std::string_view, 11> exact{
-      "PATH",       "HOME",        "LANG",      "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
-      "NO_PROXY",   "http_proxy",  "https_proxy", "all_proxy", "no_proxy"};
-  if (std::find(exact.begin(), exact.end(), name) != exact.end()) return true;
-  return name.starts_with("SANDBOX_") || name.starts_with("LD_");
 }
 
 std::optional<rejection> check_files_in(const run_request& r, const policy& p) {

@@ -3,6 +3,7 @@
 // and out-of-range values are refused with a message naming the field, and nothing is applied.
 #include <string>
 
+#include "core/env_rules.hpp"
 #include "core/json_strict.hpp"
 #include "sandbox/runtime.hpp"
 
@@ -90,10 +91,10 @@ void decode_pool(const json& v, const std::string& path, std::vector<warm_pool_c
     const json& o = as_object(a[i], p);
     check_known_fields(o, p, {"runtime", "size", "memory_limit_bytes", "files_out"});
     warm_pool_class c;
-    optional_field(o, p, "runtime", [&](const json& x, const std::string& q) {
-      c.runtime = as_string(x, q);
-      if (c.runtime.empty()) fail(q, "must not be empty");
-    });
+    const json* rt = find_member(o, "runtime");
+    if (rt == nullptr) fail(member_path(p, "runtime"), "required");
+    c.runtime = as_string(*rt, member_path(p, "runtime"));
+    if (c.runtime.empty()) fail(member_path(p, "runtime"), "must not be empty");
     optional_field(o, p, "size", [&](const json& x, const std::string& q) {
       c.size = static_cast<std::uint32_t>(as_unsigned(x, q, 1024));
     });
@@ -157,7 +158,13 @@ void decode_policy(const json& v, const std::string& path, policy& p) {
   optional_field(o, path, "allowed_env", [&](const json& x, const std::string& q) {
     p.allowed_env.clear();
     const json& a = as_array(x, q);
-    for (std::size_t i = 0; i < a.size(); ++i) p.allowed_env.insert(as_string(a[i], index_path(q, i)));
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const std::string r = index_path(q, i);
+      std::string name = as_string(a[i], r);
+      if (!detail::is_env_name(name)) fail(r, "not a portable variable name ([A-Za-z_][A-Za-z0-9_]*, at most 128 bytes)");
+      if (detail::is_reserved_env(name)) fail(r, "reserved name, set by the sandbox or steering the loader or proxies");
+      p.allowed_env.insert(std::move(name));
+    }
   });
   if (p.min_memory_bytes > p.max_memory_bytes) {
     fail(member_path(path, "min_memory_bytes"), "above max_memory_bytes");
@@ -184,6 +191,24 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
     });
     optional_field(o, "", "policy",
                    [&](const json& x, const std::string& p) { decode_policy(x, p, next.policy); });
+    // A pool class must be one a request can be: its limits within the policy in force.
+    for (std::size_t i = 0; i < next.process.warm_pool.size(); ++i) {
+      const auto& c = next.process.warm_pool[i];
+      const std::string p = member_path(index_path("warm_pool", i), "memory_limit_bytes");
+      if (c.memory_limit_bytes < next.policy.min_memory_bytes) {
+        fail(p, "below the policy's min_memory_bytes (" + std::to_string(next.policy.min_memory_bytes) + ")");
+      }
+      if (c.memory_limit_bytes > next.policy.max_memory_bytes) {
+        fail(p, "above the policy's max_memory_bytes (" + std::to_string(next.policy.max_memory_bytes) + ")");
+      }
+      const std::string f = member_path(index_path("warm_pool", i), "files_out");
+      if (c.files_out.max_files > next.policy.max_output_files) {
+        fail(member_path(f, "max_files"), "above the policy's max_output_files");
+      }
+      if (c.files_out.max_bytes > next.policy.max_output_bytes) {
+        fail(member_path(f, "max_bytes"), "above the policy's max_output_bytes");
+      }
+    }
     options = std::move(next);
     return {};
   } catch (const detail::decode_error& e) {

@@ -44,6 +44,20 @@ TEST_CASE("config: faults name their field and nothing is applied", "[config]") 
       {R"({"policy": {"max_pids": 1}})", "policy.max_pids: must be at least 8"},
       {R"({"policy": {"tmp_bytes": 0}})", "policy.tmp_bytes"},
       {R"({"policy": {"min_memory_bytes": 2147483648, "max_memory_bytes": 1073741824}})", "policy.min_memory_bytes"},
+      // A pool class no request could match, or one whose instances could never be made.
+      {R"({"warm_pool": [{"size": 1}]})", "warm_pool[0].runtime: required"},
+      {R"({"warm_pool": [{"runtime": "python3", "memory_limit_bytes": 0}]})", "warm_pool[0].memory_limit_bytes: below"},
+      {R"({"warm_pool": [{"runtime": "python3", "memory_limit_bytes": 33554431}]})", "warm_pool[0].memory_limit_bytes: below"},
+      {R"({"warm_pool": [{"runtime": "python3", "memory_limit_bytes": 18446744073709551615}]})", "warm_pool[0].memory_limit_bytes: above"},
+      // ... judged against the policy of the same document, wherever it appears in it.
+      {R"({"warm_pool": [{"runtime": "python3", "memory_limit_bytes": 536870912}], "policy": {"max_memory_bytes": 268435456}})", "warm_pool[0].memory_limit_bytes: above"},
+      {R"({"warm_pool": [{"runtime": "python3", "files_out": {"max_files": 257}}]})", "warm_pool[0].files_out.max_files: above"},
+      // Names admission would refuse anyway are refused here, where the operator sees them.
+      {R"({"policy": {"allowed_env": [""]}})", "policy.allowed_env[0]: not a portable variable name"},
+      {R"({"policy": {"allowed_env": ["TZ", "A-B"]}})", "policy.allowed_env[1]: not a portable"},
+      {R"({"policy": {"allowed_env": ["LD_PRELOAD"]}})", "policy.allowed_env[0]: reserved"},
+      {R"({"policy": {"allowed_env": ["PATH"]}})", "policy.allowed_env[0]: reserved"},
+      {R"({"policy": {"allowed_env": ["SANDBOX_X"]}})", "policy.allowed_env[0]: reserved"},
       {R"({"v": 2})", "unsupported protocol version"},
       {R"({"scheduler": {}, "scheduler": {}})", "duplicate"},
       {R"({"extra": 1})", "unknown field 'extra'"},
@@ -58,5 +72,7 @@ TEST_CASE("config: faults name their field and nothing is applied", "[config]") 
     CHECK(r.error().code == sandbox::code::invalid_request);
     CHECK(r.error().message.find(msg) != std::string::npos);
     CHECK(o.scheduler == before);
+    CHECK(o.process.warm_pool.empty());
+    CHECK(o.policy.allowed_env.empty());
   }
 }
