@@ -73,13 +73,14 @@ std::uint64_t scheduler::submit(const std::string& tenant, done_fn done) {
       ++stats_.dispatched;
       auto s = std::shared_ptr<slot>(new slot(weak_from_this(), tenant, clock::now(), {}));
       out.push_back([done = std::move(done), s] { done({.granted = s}); });
-    } else if (waiters_.size() >= options_.max_queued) {
+    } else if (!can_start_now_locked(tenant, lim) && waiters_.size() >= options_.max_queued) {
+      // (A run that starts at once takes no queue space: queue caps apply to waiting runs.)
       reject("host at capacity: " + std::to_string(waiters_.size()) + " runs queued (limit " +
              std::to_string(options_.max_queued) + ")");
-    } else if (auto it = tenants_.find(tenant);
-               it != tenants_.end() && it->second.queue.size() >= lim.max_queued) {
-      reject("tenant queue full: " + std::to_string(it->second.queue.size()) +
-             " runs of this tenant queued (limit " + std::to_string(lim.max_queued) + ")");
+    } else if (const std::size_t queued = queued_of_locked(tenant);
+               !can_start_now_locked(tenant, lim) && queued >= lim.max_queued) {
+      reject("tenant queue full: " + std::to_string(queued) + " runs of this tenant queued (limit " +
+             std::to_string(lim.max_queued) + ")");
     } else {
       auto now = clock::now();
       tenant_state& t = tenants_[tenant];
@@ -100,6 +101,21 @@ std::uint64_t scheduler::submit(const std::string& tenant, done_fn done) {
   }
   post_all(out);
   return id;
+}
+
+// True when a new run of `tenant` would be dispatched the moment it is queued: a host slot
+// and a tenant slot are free and none of the tenant's runs wait ahead of it. (With a free host
+// slot no other tenant can be waiting for one: dispatch would have granted it already.)
+std::size_t scheduler::queued_of_locked(const std::string& tenant) const {
+  auto it = tenants_.find(tenant);
+  return it == tenants_.end() ? 0 : it->second.queue.size();
+}
+
+bool scheduler::can_start_now_locked(const std::string& tenant, const tenant_class_limits& lim) const {
+  if (running_ >= options_.max_running) return false;
+  auto it = tenants_.find(tenant);
+  if (it == tenants_.end()) return lim.max_running > 0;
+  return it->second.running < lim.max_running && it->second.queue.empty();
 }
 
 void scheduler::enter_ring_locked(tenant_state& t) {

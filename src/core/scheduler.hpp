@@ -108,6 +108,8 @@ class scheduler : public std::enable_shared_from_this<scheduler> {
   using completion = std::function<void()>;
   void dispatch_locked(std::vector<completion>& out);
   void enter_ring_locked(tenant_state& t);
+  bool can_start_now_locked(const std::string& tenant, const tenant_class_limits& lim) const;
+  std::size_t queued_of_locked(const std::string& tenant) const;
   void arm_timer_locked();
   void on_timer();
   void forget_if_idle_locked(const std::string& tenant);

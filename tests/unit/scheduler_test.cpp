@@ -169,6 +169,41 @@ TEST_CASE("scheduler: a full queue rejects at once with capacity and a retry hin
   CHECK(s->stats().rejected == 2);
 }
 
+TEST_CASE("scheduler: queue caps apply to waiting runs only; a run that can start needs no queue space",
+          "[scheduler]") {
+  boost::asio::io_context io;
+  sandbox::scheduler_options opts;
+  opts.max_running = 2;
+  opts.default_class.max_running = 1;
+  for (auto [host_q, tenant_q] : {std::pair{0u, 5u}, std::pair{5u, 0u}, std::pair{0u, 0u}}) {
+    INFO("max_queued " << host_q << ", tenant max_queued " << tenant_q);
+    opts.max_queued = host_q;
+    opts.default_class.max_queued = tenant_q;
+    auto s = scheduler::create(io.get_executor(), opts);
+    recorder rec;
+    s->submit("a", rec.for_tenant("a"));  // idle host: starts
+    s->submit("b", rec.for_tenant("b"));  // a free host slot and tenant slot: starts
+    s->submit("a", rec.for_tenant("a"));  // a's bulkhead is full: it would wait → capacity
+    s->submit("c", rec.for_tenant("c"));  // the host is full: it would wait → capacity
+    io.poll();
+    CHECK(rec.order == std::vector<std::string>{"a", "b"});
+    REQUIRE(rec.rejected.size() == 2);
+    CHECK(rec.rejected[0].rejected->code == code::capacity);
+    CHECK(rec.rejected[1].rejected->code == code::capacity);
+    rec.held.clear();  // both finish: the host is idle again
+    io.restart();
+    io.poll();
+    s->submit("c", rec.for_tenant("c"));
+    io.restart();
+    io.poll();
+    CHECK(rec.order.back() == "c");
+    rec.held.clear();
+    io.restart();
+    io.poll();
+    io.restart();
+  }
+}
+
 TEST_CASE("scheduler: cancelling a queued run frees its place at once", "[scheduler]") {
   boost::asio::io_context io;
   sandbox::scheduler_options opts;
