@@ -155,6 +155,41 @@ std::optional<std::string> base64_decode(std::string_view in) {
 
 // --- answer lines --------------------------------------------------------------------------
 
+/**
+ * The id of a line that could not be parsed (malformed JSON, too deep, too long, ...), when
+ * it can be read without parsing: the line starts, after optional whitespace, with
+ * `{"id":"<id>"` (JSON whitespace allowed between the tokens), and <id> is a valid id
+ * (1..max_id_bytes bytes of valid UTF-8) written without escapes or control characters. Its
+ * error answer then carries that id (docs/protocol.md, "Service mode"), so a client that
+ * matches answers by id learns which request failed.
+ */
+std::optional<std::string> leading_id(std::string_view line, std::size_t max_id_bytes = 128) {
+  std::size_t i = 0;
+  auto skip_ws = [&] {
+    while (i < line.size() &&
+           (line[i] == ' ' || line[i] == '\t' || line[i] == '\r' || line[i] == '\n')) {
+      ++i;
+    }
+  };
+  auto expect = [&](std::string_view token) {
+    skip_ws();
+    if (line.substr(i, token.size()) != token) return false;
+    i += token.size();
+    return true;
+  };
+  if (!expect("{") || !expect("\"id\"") || !expect(":") || !expect("\"")) return std::nullopt;
+  const std::size_t start = i;
+  while (i < line.size() && line[i] != '"') {
+    const auto c = static_cast<unsigned char>(line[i]);
+    if (c == '\\' || c < 0x20 || i - start >= max_id_bytes) return std::nullopt;
+    ++i;
+  }
+  if (i >= line.size() || i == start) return std::nullopt;
+  std::string_view id = line.substr(start, i - start);
+  if (!sandbox::is_valid_utf8(id)) return std::nullopt;
+  return std::string(id);
+}
+
 std::string json_string(std::string_view s) {
   return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -242,6 +277,8 @@ class connection : public std::enable_shared_from_this<connection> {
   void on_eof();
   void process_lines();
   void handle_line(std::string_view line);
+  /// `id` for an answer to a line that was not parsed, or nullopt when it is in flight.
+  std::optional<std::string> echo_id(const std::optional<std::string>& id) const;
   void start_run(std::string id, const json& doc);
   void start_blob_put(std::string id, const json& op);
   void start_blob_get(std::string id, const json& op);
@@ -268,6 +305,7 @@ class connection : public std::enable_shared_from_this<connection> {
   std::size_t rpos_ = 0;     // start of the first unconsumed line
   std::size_t scan_ = 0;     // where the search for the next newline resumes
   bool discarding_ = false;  // inside an over-long line: dropping bytes up to its newline
+  std::optional<std::string> discard_id_;  // that line's leading id (`leading_id`), if any
   bool reading_ = false;
   bool eof_ = false;       // no more requests (end of input, or shutdown)
   bool stopping_ = false;  // daemon shutdown
@@ -587,14 +625,17 @@ void connection::process_lines() {
       }
       rpos_ = scan_ = nl + 1;
       discarding_ = false;
-      queue_answer(error_line(std::nullopt, "invalid_request",
+      queue_answer(error_line(echo_id(discard_id_), "invalid_request",
                               fmt::format("line is longer than {} bytes", max_line)));
+      discard_id_.reset();
       continue;
     }
     auto nl = rbuf_.find('\n', std::max(scan_, rpos_));
     if (nl == std::string::npos) {
       if (rbuf_.size() - rpos_ > max_line) {
-        // Never buffer an over-long line: drop what we have and the rest up to its newline.
+        // Never buffer an over-long line: drop what we have and the rest up to its newline
+        // (keeping only its leading id, for the answer).
+        discard_id_ = leading_id(std::string_view(rbuf_).substr(rpos_), limits().max_id_bytes);
         discarding_ = true;
         rbuf_.clear();
         rpos_ = scan_ = 0;
@@ -606,7 +647,7 @@ void connection::process_lines() {
     std::string_view line(rbuf_.data() + rpos_, nl - rpos_);
     rpos_ = scan_ = nl + 1;
     if (line.size() > max_line) {
-      queue_answer(error_line(std::nullopt, "invalid_request",
+      queue_answer(error_line(echo_id(leading_id(line, limits().max_id_bytes)), "invalid_request",
                               fmt::format("line is longer than {} bytes", max_line)));
       continue;
     }
@@ -618,6 +659,12 @@ void connection::process_lines() {
     scan_ = scan_ > rpos_ ? scan_ - rpos_ : 0;
     rpos_ = 0;
   }
+}
+
+std::optional<std::string> connection::echo_id(const std::optional<std::string>& id) const {
+  // An id in flight is not echoed: the error would be taken for that request's answer.
+  if (!id || ids_.count(*id) != 0) return std::nullopt;
+  return id;
 }
 
 void connection::handle_line(std::string_view line) {
@@ -637,7 +684,11 @@ void connection::handle_line(std::string_view line) {
     dopt.max_document_bytes = limits().max_line_bytes;
     dopt.max_depth = dopt.max_depth + 1;
     if (auto err = sandbox::detail::parse_strict(line, dopt, doc)) {
-      queue_answer(error_line(std::nullopt, "invalid_request", *err));
+      // Two ids: neither is the line's own.
+      const bool two_ids = *err == "duplicate field 'id'";
+      queue_answer(error_line(two_ids ? std::nullopt
+                                      : echo_id(leading_id(line, limits().max_id_bytes)),
+                              "invalid_request", *err));
       return;
     }
     if (!doc.is_object()) {
@@ -678,8 +729,12 @@ void connection::handle_line(std::string_view line) {
       return;
     }
     if (ids_.count(*id) != 0) {
-      queue_answer(
-          error_line(id, "invalid_request", "id: a request with this id is still in flight"));
+      // Answered with id null: under its own id, a client matching answers by id would hand
+      // this error to the request in flight, and then get a second answer it cannot place.
+      queue_answer(error_line(
+          std::nullopt, "invalid_request",
+          fmt::format("id: a request with id {} is still in flight",
+                      escape_format_chars(sandbox::detail::quote_for_message(*id, 64)))));
       return;
     }
     if (put) {

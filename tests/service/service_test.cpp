@@ -86,7 +86,7 @@ TEST_CASE("malformed lines are answered invalid_request and the daemon keeps ser
   };
   expect_error("{not json\n", nullptr, "malformed JSON");
   expect_error("[1,2]\n", nullptr, "expected a JSON object");
-  expect_error("{\"id\":\"a\"}\x01\n", nullptr, "malformed JSON");
+  expect_error("{\"id\":\"a\"}\x01\n", "a", "malformed JSON");
   expect_error(R"({"ticket":{},"request":{}})"
                "\n",
                nullptr, "id: required field is missing");
@@ -120,14 +120,36 @@ TEST_CASE("malformed lines are answered invalid_request and the daemon keeps ser
                "\n",
                "g", "unknown field 'request'");
 
+  // A line that does not parse but starts with a readable id ({"id":"<no escapes>"...) is
+  // answered under that id: NaN, too deep, invalid UTF-8, trailing garbage, too long.
+  expect_error("{\"id\":\"nan\",\"ticket\":{},\"request\":{\"timeout_ms\":NaN}}\n", "nan",
+               "malformed JSON");
+  expect_error("  { \"id\" : \"deep\", \"x\":" + std::string(30, '[') + std::string(30, ']') +
+                   "}\n",
+               "deep", "nesting deeper");
+  expect_error("{\"id\":\"utf\",\"x\":\"\xff\"}\n", "utf", "UTF-8");
+  expect_error("{\"id\":\"trail\"} x\n", "trail", "malformed JSON");
+  expect_error(R"({"id":"big-id","request":")" + std::string(max_line, 'a') + "\"}\n", "big-id",
+               "longer than");
+  // ... but only an id that the rules allow, written without escapes.
+  expect_error("{\"id\":\"a\\u0041\",x}\n", nullptr, "malformed JSON");
+  expect_error("{\"id\":\"" + std::string(129, 'x') + "\",x}\n", nullptr, "malformed JSON");
+  expect_error("{\"id\":\"\",x}\n", nullptr, "malformed JSON");
+  expect_error("{\"x\":1,\"id\":\"second\",x}\n", nullptr, "malformed JSON");
+
   // An over-long line, sent whole: refused by its length, never parsed or buffered whole.
   std::string big = R"({"id":"big","request":")" + std::string(max_line, 'a') + "\"}\n";
-  expect_error(big, nullptr, "longer than " + std::to_string(max_line) + " bytes");
+  expect_error(big, "big", "longer than " + std::to_string(max_line) + " bytes");
   // One that streams in for 3 MiB before its newline: one answer, at the newline.
   c.send(std::string(3U << 20, '{'));
   c.send("\n");
   auto a = c.answer();
   CHECK(a["id"] == nullptr);
+  CHECK(contains(message_of(a), "longer than"));
+  c.send("{\"id\":\"stream\",\"x\":\"" + std::string(3U << 20, 'a'));
+  c.send("\"}\n");
+  a = c.answer();
+  CHECK(a["id"] == "stream");
   CHECK(contains(message_of(a), "longer than"));
 
   // The documents inside are decoded as `sandboxctl run` does: a run_result with the code.
@@ -161,16 +183,39 @@ TEST_CASE("malformed lines are answered invalid_request and the daemon keeps ser
   a = c.answer();
   CHECK(a["data_b64"] == svctest::base64("hi"));
 
-  // An id still in flight cannot be reused.
+  // An id still in flight cannot be reused; the refusal is answered with id null (under
+  // "dup", a client would take it for the first request's answer), naming the id.
   c.send(run_line("dup", python("import time\ntime.sleep(1.5)\nprint('dup')")));
   c.send(run_line("dup", python("print(2)")));
   a = c.answer();
-  CHECK(a["id"] == "dup");
+  CHECK(a["id"] == nullptr);
   CHECK(a["error"]["code"] == "invalid_request");
-  CHECK(contains(message_of(a), "still in flight"));
+  CHECK(contains(message_of(a), "id 'dup' is still in flight"));
+  // A line that does not parse but starts with that id is not answered under it either.
+  c.send("{\"id\":\"dup\",\"x\":NaN}\n");
+  a = c.answer();
+  CHECK(a["id"] == nullptr);
+  CHECK(a["error"]["code"] == "invalid_request");
   a = c.answer();
   CHECK(a["id"] == "dup");
   CHECK(a["result"]["stdout"]["summary"] == "dup\n");
+  // Every id is shown escaped in the message.
+  c.send(run_line("sl", python("import time\ntime.sleep(1.5)")));
+  c.send(run_line("sl", python("print(2)")));
+  c.send(run_line("e\u202e\x01", python("import time\ntime.sleep(1.5)")));
+  c.send(run_line("e\u202e\x01", python("print(2)")));
+  std::vector<json> got;
+  for (int i = 0; i < 4; ++i) got.push_back(c.answer());
+  int refusals = 0;
+  for (const auto& g : got) {
+    if (!g.contains("error")) continue;
+    ++refusals;
+    CHECK(g["id"] == nullptr);
+    const std::string m = message_of(g);
+    CHECK((contains(m, "id 'sl' is") || contains(m, "id 'e\\u202e\\x01' is")));
+    CHECK_FALSE(contains(m, "\u202e"));
+  }
+  CHECK(refusals == 2);
 
   // After all that, the same connection and a new one still run code.
   c.send(run_line("after", python("print('still here')")));
