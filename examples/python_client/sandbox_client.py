@@ -45,8 +45,13 @@ class SandboxClient:
     daemon kills them.
     """
 
-    def __init__(self, socket_path, connect_timeout=10.0):
+    #: The daemon's longest request line in bytes, without its newline (docs/protocol.md,
+    #: "Service mode": 1 MiB + 64 KiB). Longer lines are refused here, before sending.
+    MAX_LINE_BYTES = (1 << 20) + (64 << 10)
+
+    def __init__(self, socket_path, connect_timeout=10.0, max_line_bytes=None):
         """Connects to the daemon's unix socket at `socket_path` (a str or path)."""
+        self.max_line_bytes = max_line_bytes or self.MAX_LINE_BYTES
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(connect_timeout)
         self._sock.connect(str(socket_path))
@@ -112,6 +117,18 @@ class SandboxClient:
 
     def _send(self, body, request_id, unwrap):
         request_id = request_id or f"r{next(self._ids)}"
+        # Encoded before anything is registered, so that a request that cannot be sent never
+        # waits for an answer: NaN and infinities are not JSON (allow_nan=False raises
+        # ValueError), a lone surrogate is not UTF-8 (UnicodeEncodeError), and a line the
+        # daemon would refuse by its length alone is refused here. The id goes first: when the
+        # daemon cannot parse a line (too deep, say) it still answers under that leading id,
+        # so the error reaches this request's future instead of `unmatched`.
+        line = json.dumps({"id": request_id, **body}, ensure_ascii=False,
+                          allow_nan=False).encode("utf-8")
+        if len(line) > self.max_line_bytes:
+            raise ValueError(f"the request line is {len(line)} bytes; the sandbox daemon "
+                             f"accepts at most {self.max_line_bytes}")
+        line += b"\n"
         future = concurrent.futures.Future()
         future.unwrap = unwrap
         with self._lock:
@@ -120,14 +137,15 @@ class SandboxClient:
             if request_id in self._pending:
                 raise ValueError(f"id {request_id!r} is already in flight")
             self._pending[request_id] = future
-        line = json.dumps({"id": request_id, **body}, ensure_ascii=False).encode("utf-8") + b"\n"
         try:
             with self._send_lock:
                 self._sock.sendall(line)
-        except OSError as e:
+        except BaseException as e:
             with self._lock:
                 self._pending.pop(request_id, None)
-            raise ConnectionError(f"sending to the sandbox daemon failed: {e}") from e
+            if isinstance(e, OSError):
+                raise ConnectionError(f"sending to the sandbox daemon failed: {e}") from e
+            raise
         return future
 
     def _read_answers(self):

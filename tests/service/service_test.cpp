@@ -533,3 +533,17 @@ TEST_CASE("the Python client example runs the freight walkthrough through the da
   CHECK(contains(o.out, "code:      network_disabled"));
   CHECK(contains(o.out, "dns api.freight-rates.example port 53, refused"));
 }
+
+TEST_CASE("the Python client never waits forever: unsendable lines fail at once, unparsable "
+          "ones under their id",
+          "[service]") {
+  svctest::daemon d;
+  auto p = svctest::spawn({"/usr/bin/python3",
+                           SANDBOX_SOURCE_DIR "/examples/python_client/client_limits_test.py",
+                           "--socket", d.socket().string()});
+  auto o = svctest::wait(p);
+  INFO("stdout: " << o.out << "\nstderr: " << o.err << "\ndaemon: " << d.log());
+  CHECK(o.status == 0);
+  CHECK_FALSE(contains(o.out, "FAIL"));
+  CHECK(contains(o.out, "ok   20-deep nesting"));
+}
