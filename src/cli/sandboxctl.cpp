@@ -497,7 +497,8 @@ int print_result(const sandbox::run_result& r, bool json, const sandbox::blob_st
                              r.exit_code ? fmt::format(", exit {}", *r.exit_code) : "",
                              r.signal ? fmt::format(", signal {}", *r.signal) : "",
                              r.usage.wall.count(), r.usage.cpu.count(),
-                             r.message.empty() ? "" : ": " + r.message);
+                             // Messages quote names escaped, but not format characters.
+                             r.message.empty() ? "" : ": " + sandboxctl::escape_format_chars(r.message));
   }
   return r.code == sandbox::code::ok ? exit_ok : exit_fail;
 }

@@ -1040,10 +1040,10 @@ std::string clear_socket_path(const std::filesystem::path& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return {};
-    return fmt::format("cannot inspect '{}': {}", path.string(), std::strerror(errno));
+    return fmt::format("cannot inspect {}: {}", quote_name(path.string()), std::strerror(errno));
   }
   if (!S_ISSOCK(st.st_mode)) {
-    return fmt::format("'{}' exists and is not a socket; refusing to replace it", path.string());
+    return fmt::format("{} exists and is not a socket; refusing to replace it", quote_name(path.string()));
   }
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return fmt::format("socket: {}", std::strerror(errno));
@@ -1053,16 +1053,16 @@ std::string clear_socket_path(const std::filesystem::path& path) {
   int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
   int err = errno;
   ::close(fd);
-  if (rc == 0) return fmt::format("another server is listening on '{}'", path.string());
+  if (rc == 0) return fmt::format("another server is listening on {}", quote_name(path.string()));
   if (err != ECONNREFUSED) {
-    return fmt::format("'{}' is a socket that cannot be probed: {}", path.string(),
+    return fmt::format("{} is a socket that cannot be probed: {}", quote_name(path.string()),
                        std::strerror(err));
   }
   // Stale: nobody listens. Remove it, unless it was replaced meanwhile.
   struct stat again {};
   if (::lstat(path.c_str(), &again) == 0 && again.st_ino == st.st_ino &&
       again.st_dev == st.st_dev && ::unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return fmt::format("cannot remove the stale socket '{}': {}", path.string(),
+    return fmt::format("cannot remove the stale socket {}: {}", quote_name(path.string()),
                        std::strerror(errno));
   }
   return {};
@@ -1086,13 +1086,13 @@ int bind_socket(const std::filesystem::path& path, struct stat& st, std::string&
   int err = errno;
   ::umask(old);
   if (rc != 0) {
-    why = fmt::format("cannot bind '{}': {}", path.string(), std::strerror(err));
+    why = fmt::format("cannot bind {}: {}", quote_name(path.string()), std::strerror(err));
     ::close(fd);
     return -1;
   }
   if (::chmod(path.c_str(), 0660) != 0 || ::lstat(path.c_str(), &st) != 0 ||
       !S_ISSOCK(st.st_mode)) {
-    why = fmt::format("cannot set the mode of '{}': {}", path.string(), std::strerror(errno));
+    why = fmt::format("cannot set the mode of {}: {}", quote_name(path.string()), std::strerror(errno));
     ::unlink(path.c_str());
     ::close(fd);
     return -1;
@@ -1256,7 +1256,7 @@ int serve(const serve_options& options) {
   if (options.stdio) {
     log(sandbox::log_level::info, "serve: serving on stdin/stdout");
   } else {
-    std::cerr << "sandboxctl: serving on " << options.socket_path.string() << "\n";
+    std::cerr << "sandboxctl: serving on " << display_name(options.socket_path.string()) << "\n";
   }
 
   // Run the io_context; a handler that throws is logged and the loop goes on.

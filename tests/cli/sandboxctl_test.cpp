@@ -590,3 +590,27 @@ TEST_CASE("run: dropped and unwritten outputs are reported on stderr, names esca
     CHECK(clitest::read_file(dir / "victim.txt") == "new");
   }
 }
+
+TEST_CASE("names in the CLI's messages are escaped: no raw bidi or control characters",
+          "[input]") {
+  const std::string rlo = "\xe2\x80\xae";  // U+202E RIGHT-TO-LEFT OVERRIDE
+  auto script = clitest::write_scratch("esc.py", "print(1)\n");
+  auto o = sandboxctl(with({"run", "--ticket", ticket_file(), "--env", rlo + "gnp.exe\x1b[2J",
+                            script.string()},
+                           clitest::private_store_flags()));
+  usage_error(o, "--env '\\u202egnp.exe\\x1b[2J': expected NAME=VALUE");
+  CHECK_FALSE(contains(o.err, rlo));
+  auto missing = clitest::scratch() / (rlo + "in.csv");
+  o = sandboxctl(with({"run", "--ticket", ticket_file(), "--file", "x=" + missing.string(),
+                       script.string()},
+                      clitest::private_store_flags()));
+  usage_error(o, "\\u202ein.csv': No such file or directory");
+  CHECK_FALSE(contains(o.err, rlo));
+  // serve: a path that is not a socket is named escaped.
+  auto not_socket = clitest::write_scratch(rlo + "sock", "x");
+  o = sandboxctl(with({"serve", "--socket", not_socket.string()}, clitest::private_store_flags()));
+  INFO("stderr: " << o.err);
+  CHECK(o.status == 1);
+  CHECK(contains(o.err, "\\u202esock' exists and is not a socket"));
+  CHECK_FALSE(contains(o.err, rlo));
+}
