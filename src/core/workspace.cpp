@@ -96,7 +96,10 @@ result<void> stage_workspace(const run_workspace& ws, std::string_view source,
     }
     off += static_cast<std::size_t>(n);
   }
+  // Times are "now", not when the workspace was made: a warm-pool instance may have waited
+  // long, and how long must not be visible inside (nor when the pool's previous run was).
   fchmod(sfd, 0444);
+  futimens(sfd, nullptr);
   close(sfd);
   int dfd = open(ws.inputs.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0) return make_error_code(errc::io_error);
@@ -124,6 +127,7 @@ result<void> stage_workspace(const run_workspace& ws, std::string_view source,
     }
   }
   fchmod(dfd, 0555);
+  futimens(dfd, nullptr);
   close(dfd);
   return {};
 }

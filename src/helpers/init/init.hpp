@@ -48,6 +48,12 @@ struct failure {
 /// fills `*f` on failure. Steps are numbered in mounts.cpp.
 bool setup_sandbox(const config& cfg, int* out_fd, int* dns_fd, failure* f);
 
+/// At "go": sets the times of what sandbox-init made on its own file systems (root, /dev,
+/// /tmp, $HOME, the output dir) to now, so a warm-pool instance's idle time is not visible
+/// to its run. "/" and "/dev" are made writable for that moment and read-only again; false
+/// with `*f` filled only if making them read-only again fails.
+bool refresh_times(failure* f);
+
 /// Starts the user program as a child sharing init's descriptor table (so the seccomp
 /// listener it creates lands in init's table too) and waits until it has exec'd. Returns the
 /// child's pid and the listener fd (in init's table), or false with `*f` filled.

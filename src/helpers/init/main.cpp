@@ -254,6 +254,7 @@ int main(int argc, char** argv) {
   //     host is gone or destroyed the instance.
   if (!read_go(&cfg)) _exit(0);
   times.add("go_received", now_us());
+  if (!refresh_times(&f)) fail(f);
 
   // 5. The user program. SIGCHLD is blocked first so no exit is lost before supervise().
   sigset_t chld;

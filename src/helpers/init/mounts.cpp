@@ -29,7 +29,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "helpers/init/init.hpp"
 
@@ -242,7 +244,62 @@ int open_dns_socket() {
   return s;
 }
 
+// Sets the access, modification and change times of everything under `dir` that lives on
+// one of sandbox-init's own file systems (`ours`) to now. Never follows a link and never
+// enters a bind mount of the image or the host (another device), so nothing outside the run
+// is touched.
+void touch_tree(const std::string& dir, const std::vector<dev_t>& ours, int depth) {
+  auto is_ours = [&](dev_t d) { return std::find(ours.begin(), ours.end(), d) != ours.end(); };
+  if (depth < 8) {
+    if (DIR* d = opendir(dir.c_str())) {
+      while (dirent* e = readdir(d)) {
+        std::string_view name = e->d_name;
+        if (name == "." || name == "..") continue;
+        std::string p = (dir == "/" ? std::string() : dir) + "/" + e->d_name;
+        struct stat st{};
+        if (lstat(p.c_str(), &st) < 0 || !is_ours(st.st_dev)) continue;
+        if (S_ISDIR(st.st_mode)) {
+          touch_tree(p, ours, depth + 1);
+        } else {
+          utimensat(AT_FDCWD, p.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
+        }
+      }
+      closedir(d);
+    }
+  }
+  utimensat(AT_FDCWD, dir.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
+}
+
 }  // namespace
+
+bool refresh_times(failure* f) {
+  struct ro_mount {
+    const char* path;
+    unsigned long flags;
+  };
+  const ro_mount ro[] = {{"/", MS_NOSUID | MS_NODEV}, {"/dev", MS_NOSUID | MS_NOEXEC}};
+  std::vector<dev_t> ours;
+  for (const char* p : {"/", "/dev", "/dev/shm", "/tmp", "/home/sandbox", "/sandbox/out"}) {
+    struct stat st{};
+    if (lstat(p, &st) == 0) ours.push_back(st.st_dev);
+  }
+  // The read-only mounts are writable only for the moment this takes (no program runs yet).
+  bool writable = true;
+  for (const auto& m : ro) {
+    if (mount(nullptr, m.path, nullptr, MS_REMOUNT | MS_BIND | m.flags, nullptr) < 0) writable = false;
+  }
+  if (writable) {
+    touch_tree("/", ours, 0);
+    touch_tree("/sandbox/out", ours, 0);  // /sandbox itself cannot be listed
+  }
+  for (const auto& m : ro) {
+    if (mount(nullptr, m.path, nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | m.flags, nullptr) < 0) {
+      *f = {step::remount_readonly, errno};
+      return false;
+    }
+  }
+  return true;
+}
 
 bool setup_sandbox(const config& cfg, int* out_fd, int* dns_fd, failure* f) {
   const std::string& root = cfg.staging;

@@ -59,15 +59,23 @@ struct pooled_runtime {
 };
 
 // Pids of idle pool instances' sandbox-init (PID 1 of a run cgroup named r-*-w*).
-std::vector<int> idle_instance_inits() {
+// Only this runtime's: its instance id names its run cgroups (r-<instance>-w<hex>) and its
+// state directory's runs/<instance>; other processes' pools on the host are left alone.
+std::vector<int> idle_instance_inits(const std::string& state_dir) {
   std::vector<int> out;
+  std::string ids;
+  for (const auto& e : std::filesystem::directory_iterator(state_dir + "/runs")) {
+    ids += (ids.empty() ? "" : "|") + e.path().filename().string();
+  }
+  if (ids.empty()) return out;
+  const std::regex mine("/r-(" + ids + ")-w[0-9a-f]+");
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     std::string pid = e.path().filename();
     if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
     std::ifstream cg(e.path() / "cgroup");
     std::string line, all;
     while (std::getline(cg, line)) all += line + "\n";
-    if (!std::regex_search(all, std::regex("/r-[0-9a-f]+-w[0-9a-f]+"))) continue;
+    if (!std::regex_search(all, mine)) continue;
     std::ifstream st(e.path() / "status");
     while (std::getline(st, line)) {
       if (line.rfind("NSpid:", 0) == 0 && line.size() > 2 && line.substr(line.size() - 2) == "\t1") {
@@ -79,7 +87,8 @@ std::vector<int> idle_instance_inits() {
 }
 
 const char* probe = R"PY(
-import os, sys, json, resource, stat
+import os, sys, json, resource, stat, time
+now = time.time()
 d = os.environ['SANDBOX_INPUT_DIR']
 st = dict(l.split(':\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\t' in l)
 print(json.dumps({
@@ -98,6 +107,13 @@ print(json.dumps({
   'shm': sorted(os.listdir('/dev/shm')), 'out': sorted(os.listdir(os.environ['SANDBOX_OUTPUT_DIR'])),
   'mounts': sorted(l.split()[4] for l in open('/proc/self/mountinfo') if '/sandbox/in-' not in l),
   'hostname': os.uname().nodename,
+  # How long ago what the sandbox made was made: a pooled instance waited seconds before its
+  # run, and that must not show (nor when the pool's previous run was).
+  'fresh': {('IN-DIR' if p == d else p): [round(abs(now - t)) < 2 for t in (s.st_atime, s.st_mtime, s.st_ctime)]
+            for p in ('/', '/tmp', '/dev', '/dev/shm', '/dev/stdout', '/home', os.environ['HOME'],
+                      '/sandbox', os.environ['SANDBOX_OUTPUT_DIR'], d, __file__, '/bin',
+                      '/.sandbox-etc', '/.sandbox-etc/hosts')
+            if os.path.lexists(p) for s in [os.lstat(p)]},
 }, sort_keys=True))
 )PY";
 
@@ -133,6 +149,7 @@ TEST_CASE("pool: a pooled run is indistinguishable from a cold one", "[pool]") {
   auto cold = itest::run(req, itest::ticket());  // the shared runtime has no pool
   pooled_runtime p({{.runtime = "python3", .size = 1}});
   REQUIRE(p.wait_ready(1));
+  std::this_thread::sleep_for(3s);  // the instance waits, as pooled instances do
   auto id = p.rt->blobs()->put("itest", "a,b\n1,2\n");
   REQUIRE(id.has_value());
   req.files_in = {{.name = "data.csv", .blob = *id}};
@@ -143,6 +160,10 @@ TEST_CASE("pool: a pooled run is indistinguishable from a cold one", "[pool]") {
   auto jc = nlohmann::json::parse(itest::blob(cold.std_out.blob));
   auto jw = nlohmann::json::parse(*p.rt->blobs()->get("itest", warm.std_out.blob));
   CHECK(jc["input_name_ok"] == true);
+  for (const auto& [path, fresh] : jc["fresh"].items()) {
+    INFO(path);
+    CHECK(fresh == nlohmann::json::array({true, true, true}));
+  }
   CHECK(jc.dump() == jw.dump());
 }
 
@@ -174,7 +195,7 @@ TEST_CASE("pool: a class whose limits are outside the policy is skipped", "[pool
 TEST_CASE("pool: an instance that dies idle is never handed out", "[pool]") {
   pooled_runtime p({{.runtime = "python3", .size = 2}});
   REQUIRE(p.wait_ready(2));
-  auto inits = idle_instance_inits();
+  auto inits = idle_instance_inits(p.state + "/state");
   REQUIRE(inits.size() >= 2);
   for (int pid : inits) kill(pid, SIGKILL);
   // The pool notices (failed), refills, and runs keep working.
