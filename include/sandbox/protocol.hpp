@@ -26,7 +26,8 @@ inline constexpr std::uint32_t protocol_version = 1;
 /// One input file: placed read-only, as `name`, in the run's input directory.
 struct input_file {
   /// Plain file name: valid UTF-8, 1..255 bytes, no `/`, not `.` or `..`, no NUL or other
-  /// control characters; unique within the request.
+  /// control characters, no invisible formatting characters (bidi controls, zero-width
+  /// characters, U+FEFF, tags: docs/protocol.md), NFC; unique within the request.
   std::string name;
   /// Blob id, `sha256:` + 64 lowercase hex digits, of a blob of the ticket's tenant.
   std::string blob;
@@ -90,7 +91,7 @@ enum class drop_reason : std::uint8_t {
   count_limit,       ///< more than `files_out.max_files` entries
   bytes_limit,       ///< returning it would exceed `files_out.max_bytes`
   not_regular_file,  ///< a symlink, directory, FIFO, socket or device
-  bad_name,          ///< not valid UTF-8, or contains control characters
+  bad_name,          ///< not valid UTF-8, or has control or invisible formatting characters
   quota_exceeded,    ///< the tenant's blob-store quota is full
 };
 
@@ -98,8 +99,8 @@ enum class drop_reason : std::uint8_t {
 std::string_view to_string(drop_reason r) noexcept;
 
 /// An output entry that was not returned, with a display form of its name that is always
-/// valid UTF-8 without control characters (`escape_name_for_display`: the name itself when it
-/// is valid UTF-8 without control characters; else invalid bytes, control characters and
+/// valid UTF-8 without control or invisible formatting characters (`escape_name_for_display`:
+/// the name itself when it has none; else invalid bytes, control and formatting characters and
 /// backslashes escaped as `\xNN`, so that distinct names never share a display form).
 struct dropped_file {
   std::string name_display;
@@ -213,8 +214,10 @@ std::string check_file_name(std::string_view name);
 std::string escape_for_display(std::string_view bytes);
 
 /// The display form of a file name (`dropped_file::name_display`): `name` unchanged when it
-/// is valid UTF-8 without control characters (such names are unique as they are); otherwise
-/// `escape_for_display` with each backslash also escaped as `\x5c`, so that the form reads
+/// is valid UTF-8 without control characters or invisible formatting characters (bidi
+/// controls such as U+202E, zero-width characters, U+FEFF, tags) — such names are unique as
+/// they are; otherwise `escape_for_display`, with those formatting characters and each
+/// backslash also escaped as `\xNN`, so that the form reads
 /// back as exactly one name (`\xNN` is byte NN, every other character stands for itself)
 /// and two distinct names never display alike. E.g. "a\nb" → `a\x0ab`, "a\\x0a\n" →
 /// `a\x5cx0a\x0a`.

@@ -44,10 +44,10 @@ constexpr std::uint64_t max_extra_count = 1 << 20;
 
 std::string errno_text(int e) { return std::system_category().message(e); }
 
-/// A name is returned as written only if it is valid UTF-8 without control characters,
-/// i.e. exactly when its display form is itself.
+/// A name is returned as written only if it is valid UTF-8 without control or invisible
+/// formatting characters, i.e. exactly when its display form is itself.
 bool is_good_name(std::string_view name) {
-  return is_valid_utf8(name) && escape_for_display(name) == name;
+  return is_valid_utf8(name) && escape_name_for_display(name) == name;
 }
 
 struct collector {

@@ -161,7 +161,11 @@ bool is_valid_utf8(std::string_view bytes) noexcept {
   return detail::utf8_error_offset(bytes) == std::string_view::npos;
 }
 
-std::string escape_for_display(std::string_view bytes) {
+namespace {
+
+// Invalid bytes and control characters (and, for names, invisible formatting characters)
+// become \xNN per byte.
+std::string escape_display(std::string_view bytes, bool formats) {
   std::string out;
   out.reserve(bytes.size());
   for (std::size_t i = 0; i < bytes.size();) {
@@ -172,7 +176,7 @@ std::string escape_for_display(std::string_view bytes) {
       ++i;
       continue;
     }
-    if (detail::is_control(cp)) {
+    if (detail::is_control(cp) || (formats && detail::is_invisible_format(cp))) {
       for (std::size_t k = 0; k < len; ++k) {
         detail::append_hex_escape(out, static_cast<unsigned char>(bytes[i + k]));
       }
@@ -184,8 +188,12 @@ std::string escape_for_display(std::string_view bytes) {
   return out;
 }
 
+}  // namespace
+
+std::string escape_for_display(std::string_view bytes) { return escape_display(bytes, false); }
+
 std::string escape_name_for_display(std::string_view name) {
-  std::string escaped = escape_for_display(name);
+  std::string escaped = escape_display(name, true);
   if (escaped == name) return escaped;
   // 0x5C is never part of a multi-byte sequence, so escaping around it leaves every other
   // byte's treatment as it was.
@@ -193,7 +201,7 @@ std::string escape_name_for_display(std::string_view name) {
   out.reserve(escaped.size() + 8);
   for (std::size_t start = 0;;) {
     const std::size_t bs = name.find('\\', start);
-    out += escape_for_display(name.substr(start, bs - start));
+    out += escape_display(name.substr(start, bs - start), true);
     if (bs == std::string_view::npos) break;
     detail::append_hex_escape(out, '\\');
     start = bs + 1;
@@ -214,6 +222,9 @@ std::string check_file_name(std::string_view name) {
     i += detail::decode_utf8(name, i, cp);  // valid: checked above
     if (detail::is_control(cp)) {
       return "contains a control character (" + detail::code_point_name(cp) + ")";
+    }
+    if (detail::is_invisible_format(cp)) {
+      return "contains an invisible formatting character (" + detail::code_point_name(cp) + ")";
     }
   }
   return detail::check_nfc(name);

@@ -21,6 +21,15 @@ constexpr bool is_control(char32_t cp) noexcept {
   return cp < 0x20 || (cp >= 0x7F && cp <= 0x9F);
 }
 
+/// True for the invisible formatting characters that change how a name reads (bidi controls
+/// such as U+202E, zero-width characters, the byte-order mark, tags): the Unicode Cf
+/// characters that can spoof a file name (Unicode TR #9; "Trojan Source", CVE-2021-42574).
+constexpr bool is_invisible_format(char32_t cp) noexcept {
+  return cp == 0x00AD || cp == 0x061C || cp == 0x180E || (cp >= 0x200B && cp <= 0x200F) ||
+         (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2060 && cp <= 0x206F) || cp == 0xFEFF ||
+         (cp >= 0xFFF9 && cp <= 0xFFFB) || cp == 0xE0001 || (cp >= 0xE0020 && cp <= 0xE007F);
+}
+
 /// "U+00E9" for 0xE9.
 std::string code_point_name(char32_t cp);
 

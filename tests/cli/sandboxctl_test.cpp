@@ -557,9 +557,10 @@ TEST_CASE("run: dropped and unwritten outputs are reported on stderr, names esca
     auto o = sandboxctl(with({"run", "--ticket", ticket_file(), script.string()}, flags));
     INFO("stderr: " << o.err);
     CHECK(o.status == 0);
-    CHECK(contains(o.err, "output 'link\\u2066' dropped: not_regular_file\n"));
+    // Names with bidi controls are dropped by the library (bad_name), shown escaped.
+    CHECK(contains(o.err, "output 'link\\xe2\\x81\\xa6' dropped: bad_name\n"));
     CHECK(contains(o.err, "output 'fifo' dropped: not_regular_file\n"));
-    CHECK(contains(o.err, "output '\\u202egnp.exe' not written: no --out-dir given\n"));
+    CHECK(contains(o.err, "output '\\xe2\\x80\\xaegnp.exe' dropped: bad_name\n"));
     CHECK(contains(o.err, "output 'victim.txt' not written"));
     CHECK_FALSE(contains(o.err, rlo));
     CHECK_FALSE(contains(o.err, lri));
@@ -575,10 +576,10 @@ TEST_CASE("run: dropped and unwritten outputs are reported on stderr, names esca
     INFO("stderr: " << o.err);
     CHECK(o.status == 1);  // an output could not be written
     CHECK(contains(o.err, "output 'victim.txt' not written: an entry of that name exists"));
-    CHECK(contains(o.err, "output 'link\\u2066' dropped: not_regular_file\n"));
+    CHECK(contains(o.err, "output 'link\\xe2\\x81\\xa6' dropped: bad_name\n"));
     CHECK_FALSE(contains(o.err, rlo));
     CHECK(clitest::read_file(outside) == "keep");
-    CHECK(clitest::read_file(dir / (rlo + "gnp.exe")) == "spoof");
+    CHECK_FALSE(std::filesystem::exists(dir / (rlo + "gnp.exe")));
     // --force replaces the link itself; the file it pointed to is untouched.
     o = sandboxctl(with(
         {"run", "--ticket", ticket_file(), "--out-dir", dir.string(), "--force", script.string()},

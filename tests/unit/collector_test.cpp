@@ -284,19 +284,20 @@ TEST_CASE("collector: a sparse 1 TiB file is dropped without being opened", "[co
 
 TEST_CASE("collector: names", "[collector]") {
   temp_dir t;
-  const std::string rtl = "\xE2\x80\xAEtxt.exe";    // U+202E: a format char, not Cc
+  const std::string rtl = "\xE2\x80\xAEtxt.exe";    // U+202E: an invisible formatting char
   const std::string combining = "e\xCC\x81-acute";  // e + U+0301
   const std::string long_name(255, 'n');
   const std::string dash = "-rf";
   const std::string nfd_cjk = "\xE4\xB8\xAD\xE6\x96\x87.txt";  // 中文
   for (const auto& n : {rtl, combining, long_name, dash, nfd_cjk}) write_text(t.path / n, n);
+  write_text(t.path / "zw\xE2\x80\x8Bsp", "x");  // U+200B ZERO WIDTH SPACE
   write_text(t.path / "new\nline", "x");
   write_text(t.path / "tab\there", "x");
   write_text(t.path / "bad\xFF\xFEutf8", "x");
   write_text(t.path / "c1\xC2\x85", "x");
   write_text(t.path / "esc\x1b[31m", "x");
   auto r = collect(t.path);
-  std::vector<std::string> expected = {rtl, combining, long_name, dash, nfd_cjk};
+  std::vector<std::string> expected = {combining, long_name, dash, nfd_cjk};
   std::sort(expected.begin(), expected.end());
   CHECK(names_of(r.out) == expected);
   for (const auto& f : r.out.files) {
@@ -308,6 +309,8 @@ TEST_CASE("collector: names", "[collector]") {
                                {"bad\\xff\\xfeutf8", drop_reason::bad_name},
                                {"c1\\xc2\\x85", drop_reason::bad_name},
                                {"esc\\x1b[31m", drop_reason::bad_name},
+                               {"\\xe2\\x80\\xaetxt.exe", drop_reason::bad_name},
+                               {"zw\\xe2\\x80\\x8bsp", drop_reason::bad_name},
                            });
   for (const auto& d : r.out.dropped) CHECK(sandbox::is_valid_utf8(d.name_display));
 }

@@ -125,7 +125,6 @@ TEST_CASE("check_file_name accepts plain names", "[protocol][names]") {
       "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4",  // 한국어 (precomposed Hangul)
       "\xe0\xa4\xb9\xe0\xa4\xbf\xe0\xa4\xa8\xe0\xa5\x8d\xe0\xa4\xa6\xe0\xa5\x80",  // हिन्दी
       "\xd7\x90\xd6\xb0\xd6\xb1",            // alef + sheva (ccc 10) + hataf segol (ccc 11)
-      utf8(0x202E) + "fdp.exe",              // RIGHT-TO-LEFT OVERRIDE is Cf, allowed
       utf8(0xE000),                          // private use
       std::string(255, 'x'),
   };
@@ -165,6 +164,13 @@ TEST_CASE("check_file_name refuses each kind of bad name with its reason", "[pro
       {"a\0b"s, "contains a control character (U+0000)"},
       {"\0"s, "contains a control character (U+0000)"},
       {"a\nb", "contains a control character (U+000A)"},
+      // Invisible formatting characters that make a name read as another ("Trojan Source").
+      {utf8(0x202E) + "fdp.exe", "contains an invisible formatting character (U+202E)"},
+      {"a" + utf8(0x200B) + "b", "contains an invisible formatting character (U+200B)"},
+      {utf8(0xFEFF) + "bom", "contains an invisible formatting character (U+FEFF)"},
+      {"x" + utf8(0x2066), "contains an invisible formatting character (U+2066)"},
+      {"soft" + utf8(0x00AD) + "hyphen", "contains an invisible formatting character (U+00AD)"},
+      {"tag" + utf8(0xE0041), "contains an invisible formatting character (U+E0041)"},
       {"a\rb", "contains a control character (U+000D)"},
       {"tab\t", "contains a control character (U+0009)"},
       {"\x1b[2J", "contains a control character (U+001B)"},
