@@ -283,7 +283,8 @@ class connection : public std::enable_shared_from_this<connection> {
   void start_blob_put(std::string id, const json& op);
   void start_blob_get(std::string id, const json& op);
   void on_run_done(std::uint64_t seq, error_code ec, sandbox::run_result r);
-  void on_blob_done(const std::string& id, std::string line);
+  /// `reserved`: bytes of service::unwritten_total() held for this answer while it was made.
+  void on_blob_done(const std::string& id, std::string line, std::size_t reserved = 0);
   void queue_answer(std::string line);
   void write_next();
   void on_written(const error_code& ec);
@@ -318,7 +319,7 @@ class connection : public std::enable_shared_from_this<connection> {
   bool blob_busy_ = false;
 
   std::deque<std::string> wq_;
-  std::size_t wq_bytes_ = 0;
+  std::size_t wq_bytes_ = 0;  ///< also counted in service::unwritten_total()
   bool writing_ = false;
 };
 
@@ -327,6 +328,9 @@ class connection : public std::enable_shared_from_this<connection> {
 /// The daemon: listening socket (or the stdio connection), signals, connections, shutdown.
 class service {
  public:
+  /// Unwritten answer bytes of every connection (they add and subtract their own).
+  std::atomic<std::size_t>& unwritten_total() noexcept { return unwritten_total_; }
+
   service(asio::io_context& io, sandbox::runtime& rt, asio::thread_pool& pool,
           const serve_options& options)
       : io_(io),
@@ -493,6 +497,7 @@ class service {
   asio::io_context& io_;
   sandbox::runtime& rt_;
   asio::thread_pool& pool_;
+  std::atomic<std::size_t> unwritten_total_{0};
   const serve_options& options_;
   sandbox::log_sink log_;
   strand_t strand_;
@@ -897,9 +902,12 @@ void connection::start_blob_get(std::string id, const json& op) {
   blob_busy_ = true;
   ids_.insert(id);
   const std::size_t cap = limits().max_blob_get_bytes;
-  asio::post(svc_.pool(), [self = shared_from_this(), blobs = svc_.rt().blobs(), id, cap,
-                           tenant = std::move(tenant), blob = std::move(blob)] {
+  const std::size_t budget = limits().max_total_output_bytes;
+  auto* total = &svc_.unwritten_total();
+  asio::post(svc_.pool(), [self = shared_from_this(), blobs = svc_.rt().blobs(), id, cap, budget,
+                           total, tenant = std::move(tenant), blob = std::move(blob)] {
     std::string line;
+    std::size_t reserved = 0;
     try {
       using sandbox::errc;
       using sandbox::make_error_code;
@@ -923,6 +931,13 @@ void connection::start_blob_get(std::string id, const json& op) {
         line = error_line(
             id, "too_large",
             fmt::format("the blob has {} bytes; blob_get returns at most {}", *size, cap));
+      } else if (reserved = *size / 3 * 4 + 4096 + id.size();
+                 total->fetch_add(reserved) + reserved > budget) {
+        // Every connection's unwritten answers together stay within the daemon-wide budget,
+        // so clients that do not read cannot grow the daemon without bound. (Reserved until
+        // the answer is queued; then it counts as what it is.)
+        line = error_line(id, "capacity",
+                          "the daemon holds too many unread answers; retry after reading yours");
       } else if (auto bytes = blobs->get(tenant, blob); !bytes) {
         line = fail(bytes.error());
       } else if (bytes->size() > cap) {  // replaced between size() and get()
@@ -934,13 +949,14 @@ void connection::start_blob_get(std::string id, const json& op) {
     } catch (const std::exception&) {
       line = error_line(id, "internal", "internal error");
     }
-    asio::post(self->strand_, [self, id, line = std::move(line)]() mutable {
-      self->on_blob_done(id, std::move(line));
+    asio::post(self->strand_, [self, id, reserved, line = std::move(line)]() mutable {
+      self->on_blob_done(id, std::move(line), reserved);
     });
   });
 }
 
-void connection::on_blob_done(const std::string& id, std::string line) {
+void connection::on_blob_done(const std::string& id, std::string line, std::size_t reserved) {
+  svc_.unwritten_total() -= reserved;
   blob_busy_ = false;
   ids_.erase(id);
   queue_answer(std::move(line));
@@ -954,6 +970,7 @@ void connection::queue_answer(std::string line) {
     return;
   }
   wq_bytes_ += line.size();
+  svc_.unwritten_total() += line.size();
   wq_.push_back(std::move(line));
   write_next();
 }
@@ -977,6 +994,7 @@ void connection::on_written(const error_code& ec) {
     return;
   }
   wq_bytes_ -= wq_.front().size();
+  svc_.unwritten_total() -= wq_.front().size();
   wq_.pop_front();
   write_next();
   resume();
@@ -1009,6 +1027,7 @@ void connection::disconnect(const std::string& reason) {
   close_descriptors();
   // Keep the buffer of a write in progress alive until its handler has run.
   while (wq_.size() > (writing_ ? 1U : 0U)) wq_.pop_back();
+  svc_.unwritten_total() -= wq_bytes_;
   wq_bytes_ = 0;
   rbuf_.clear();
   rbuf_.shrink_to_fit();

@@ -36,6 +36,10 @@ struct service_limits {
   std::size_t max_blob_put_bytes = 768U << 10;  ///< decoded bytes of one `blob_put`
   std::size_t max_blob_get_bytes = 8U << 20;    ///< largest blob `blob_get` returns
   std::size_t max_connections = 256;            ///< beyond: answered `capacity` and closed
+  /// Unwritten answer bytes of all connections together beyond which `blob_get` is answered
+  /// `capacity` (the rest of an answer is small): bounds the daemon's memory when many
+  /// clients do not read, whatever each stays under.
+  std::size_t max_total_output_bytes = 128U << 20;
 };
 
 /// How the daemon is started.

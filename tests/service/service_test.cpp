@@ -424,6 +424,60 @@ TEST_CASE("a client that stops reading is read no further; its answers all arriv
   }
 }
 
+TEST_CASE("many clients that do not read cannot grow the daemon past its answer budget",
+          "[service]") {
+  svctest::daemon d;
+  std::string data(700U << 10, '\0');
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 7919) >> 5);
+  const std::string b64 = svctest::base64(data);
+  std::string blob;
+  {
+    svctest::client c(d.socket());
+    c.send(json{{"id", "put"}, {"blob_put", {{"tenant", "acme"}, {"data_b64", b64}}}}.dump() + "\n");
+    auto put = c.answer();
+    REQUIRE(put.contains("blob"));
+    blob = put["blob"];
+  }
+  // 250 clients ask for two ~0.9 MiB answers each and read nothing: ~470 MiB if the daemon
+  // held them all; each stays under its own pause limit, so only the daemon-wide budget
+  // (128 MiB) can refuse, with `capacity`.
+  constexpr int clients = 250;
+  std::vector<std::unique_ptr<svctest::client>> cs;
+  const std::uint64_t before = d.rss_bytes();
+  for (int i = 0; i < clients; ++i) {
+    cs.push_back(std::make_unique<svctest::client>(d.socket()));
+    std::string lines;
+    for (int k = 0; k < 2; ++k) {
+      lines += json{{"id", "g" + std::to_string(k)}, {"blob_get", {{"tenant", "acme"}, {"blob", blob}}}}
+                   .dump() +
+               "\n";
+    }
+    cs.back()->send(lines);
+  }
+  svctest::sleep_ms(2000);
+  const std::uint64_t during = d.rss_bytes();
+  INFO("daemon RSS before " << before << ", while no client reads " << during);
+  CHECK(during < before + (256U << 20));
+  // Nothing is lost: every request gets its answer, the data or `capacity`.
+  int data_answers = 0, capacity = 0;
+  for (auto& c : cs) {
+    for (int k = 0; k < 2; ++k) {
+      auto a = c->answer();
+      CHECK(a["id"] == "g" + std::to_string(k));
+      if (a.contains("data_b64")) {
+        CHECK(a["data_b64"] == b64);
+        ++data_answers;
+      } else {
+        CHECK(a["error"]["code"] == "capacity");
+        ++capacity;
+      }
+    }
+  }
+  CHECK(data_answers + capacity == 2 * clients);
+  CHECK(capacity > 0);
+  CHECK(data_answers > 100);
+}
+
 TEST_CASE("the socket path: a non-socket is refused, a live socket too, a stale one replaced",
           "[service]") {
   const fs::path state = clitest::scratch() / "state-path";
