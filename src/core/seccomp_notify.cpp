@@ -13,7 +13,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <system_error>
+#include <thread>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -76,7 +81,11 @@ std::string format_address(const sockaddr_storage& ss, std::uint16_t* port) {
 }
 
 // Socket type of the target's descriptor `fd` ("tcp", "udp" or "ip").
-std::string socket_protocol(pid_t pid, int fd) {
+// "tcp" or "udp" from the socket's type, read through a copy of the descriptor; "ip" when it
+// cannot be read. The copy is closed by `mem`'s closer thread (see close_later): our close
+// may be the socket's last, and that one can block for as long as the program wants.
+std::string socket_protocol(pid_t pid, int fd, notify_mem_cache& mem) {
+  if (!mem.can_close_later()) return "ip";
   int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   if (pidfd < 0) return "ip";
   int copy = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
@@ -89,7 +98,10 @@ std::string socket_protocol(pid_t pid, int fd) {
     if (type == SOCK_STREAM) out = "tcp";
     else if (type == SOCK_DGRAM) out = "udp";
   }
-  close(copy);
+  if (!mem.close_later(copy)) {
+    // Only this thread adds to the backlog, so the check above still holds; never reached.
+    std::abort();
+  }
   return out;
 }
 
@@ -209,11 +221,70 @@ bool is_local_destination(const void* sa, std::size_t len) noexcept {
   return true;
 }
 
+// The run's closer: one thread, started at its first descriptor, closing them in order. It
+// may block in a close until the run's processes (a lingering socket's peers) are gone; the
+// backlog is bounded, and past it no copies are taken (the record says "ip").
+struct notify_mem_cache::closer {
+  static constexpr std::size_t max_backlog = 16;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<int> fds;
+  bool stop = false;
+  bool started = false;
+
+  void loop() {
+    std::unique_lock lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return stop || !fds.empty(); });
+      if (fds.empty()) return;  // stopped and drained
+      int fd = fds.front();
+      lock.unlock();
+      close(fd);  // may block: never on a thread that serves anything else
+      lock.lock();
+      fds.pop_front();
+    }
+  }
+};
+
 notify_mem_cache::~notify_mem_cache() { clear(); }
 
 void notify_mem_cache::clear() noexcept {
   for (auto& e : entries_) close(e.fd);
   entries_.clear();
+  if (closer_) {
+    // The thread drains what is left and ends; it owns its state, so nothing waits for it.
+    std::lock_guard lock(closer_->mu);
+    closer_->stop = true;
+    closer_->cv.notify_all();
+  }
+  closer_.reset();
+}
+
+bool notify_mem_cache::can_close_later() const {
+  if (!closer_) return true;
+  std::lock_guard lock(closer_->mu);
+  return closer_->fds.size() < closer::max_backlog;
+}
+
+bool notify_mem_cache::close_later(int fd) {
+  if (!closer_) closer_ = std::make_shared<closer>();
+  std::lock_guard lock(closer_->mu);
+  if (closer_->fds.size() >= closer::max_backlog) return false;
+  closer_->fds.push_back(fd);
+  if (!closer_->started) {
+    try {
+      std::thread([c = closer_] { c->loop(); }).detach();
+      closer_->started = true;
+    } catch (const std::system_error&) {
+      // No thread to be had: drop the copy from the backlog and close it here (the rare
+      // lingering last reference is then ours to wait on, as before).
+      closer_->fds.pop_back();
+      close(fd);
+      return true;
+    }
+  }
+  closer_->cv.notify_one();
+  return true;
 }
 
 int notify_mem_cache::get(std::uint32_t pid, bool reopen) {
@@ -276,7 +347,8 @@ std::optional<notify_event> handle_notification(int listener_fd, notify_mem_cach
     notify_event ev;
     ev.what = notify_event::kind::egress;
     ev.attempt.address = format_address(dst.addr, &ev.attempt.port);
-    ev.attempt.protocol = socket_protocol(static_cast<pid_t>(n->pid), static_cast<int>(d.args[0]));
+    ev.attempt.protocol =
+        socket_protocol(static_cast<pid_t>(n->pid), static_cast<int>(d.args[0]), mem);
     ev.attempt.allowed = false;
     ev.attempt.reason = "network disabled";
     respond(listener_fd, n->id, ENETUNREACH, false);

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,12 +46,23 @@ class notify_mem_cache {
   /// Closes every descriptor (the run is over).
   void clear() noexcept;
 
+  /// Closes `fd`, a copy of one of the run's sockets, on the run's own closer thread, never on
+  /// the caller's: if the program dropped its references meanwhile, ours is the last, and a
+  /// socket the program set to linger blocks its last close (tcp_close waits out SO_LINGER)
+  /// for as long as the run keeps its peer alive. False, with `fd` left open, when the closer
+  /// already has its bounded backlog (the caller then must not take a copy).
+  bool close_later(int fd);
+  /// True when close_later() would take another descriptor now.
+  bool can_close_later() const;
+
  private:
   struct entry {
     std::uint32_t pid;
     int fd;
   };
+  struct closer;  ///< shared with its thread, which outlives clear() until its closes return
   std::vector<entry> entries_;  ///< most recently used last
+  std::shared_ptr<closer> closer_;
 };
 
 /// Receives one pending notification from `listener_fd` (call when it is readable), answers

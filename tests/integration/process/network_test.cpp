@@ -1,6 +1,8 @@
 // Network off: nothing leaves the run's loopback-only namespace, and every attempt is
 // evidence in `egress_attempts` and the `network_disabled` code.
 #include <catch2/catch.hpp>
+#include <fstream>
+#include <iterator>
 
 #include "integration/harness.hpp"
 
@@ -92,4 +94,41 @@ dns.lookup('api.freight.example', (err) => { console.log(err ? err.code : 'RESOL
   CHECK(r.code == code::network_disabled);
   CHECK(r.std_out.summary.find("RESOLVED") == std::string::npos);
   CHECK(has_attempt(r, "dns", "api.freight.example", 53));
+}
+
+TEST_CASE("network: a lingering socket left in the host's hands cannot stall the host or the deadline",
+          "[network][timeout]") {
+  // To record an egress attempt's protocol the host reads the socket's type through a copy
+  // of it. tests/helpers/linger_race.c drops its own references at that moment, so the copy
+  // is the last, on a socket set to linger for 10^6 s with unsent data: its close blocks. It
+  // must block no thread that serves runs: the deadline still ends the run, and every later
+  // notification is still answered (the program's probe says "stalled" otherwise).
+  std::ifstream in(SANDBOX_LINGER_RACE_PATH, std::ios::binary);
+  REQUIRE(in);
+  const std::string binary((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string id = itest::put(binary);
+  sandbox::run_request req{.runtime = "python3", .source = R"PY(
+import os, shutil
+shutil.copy(os.path.join(os.environ['SANDBOX_INPUT_DIR'], 'race'), '/tmp/race')
+os.chmod('/tmp/race', 0o755)
+os.execv('/tmp/race', ['/tmp/race'])
+)PY"};
+  req.files_in = {{.name = "race", .blob = id}};
+  req.timeout = 2000ms;
+  int hits = 0;
+  for (int attempt = 0; attempt < 3 && hits == 0; ++attempt) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = itest::run(req, itest::ticket());
+    const auto wall = std::chrono::steady_clock::now() - t0;
+    const std::string out = itest::blob(r.std_out.blob);
+    INFO("stdout tail: " << out.substr(out.size() > 300 ? out.size() - 300 : 0));
+    CHECK(r.code == code::timeout);
+    CHECK(wall < 6s);  // the deadline, kill and teardown; a stalled host never returns
+    CHECK(out.find("stalled") == std::string::npos);
+    CHECK(out.find("attempts 50") != std::string::npos);  // it kept racing
+    for (std::size_t p = out.find("hit\n"); p != std::string::npos; p = out.find("hit\n", p + 1)) ++hits;
+    CHECK(has_attempt(r, "tcp", "192.0.2.1", 80));
+  }
+  // Not vacuous: the host was left holding the lingering socket at least once.
+  CHECK(hits > 0);
 }
