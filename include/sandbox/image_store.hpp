@@ -74,7 +74,9 @@ class image_store {
   virtual result<void> set_current(std::string_view name, std::string_view digest) = 0;
 
   /// Removes image `digest` and its unpacked cache (blobs shared with other images stay).
-  /// A current image cannot be removed (`busy`). Errors also: `not_found`,
+  /// A current image, or one a sandbox is using (a run or a warm-pool instance, in any
+  /// process: they hold a shared `flock` on its unpacked root), cannot be removed (`busy`).
+  /// Errors also: `not_found`,
   /// `invalid_argument`, `permission_denied` (read-only store), `io_error`.
   virtual result<void> remove(std::string_view digest) = 0;
 };

@@ -406,6 +406,17 @@ class fs_image_store final : public image_store {
         if (e.current) return store_error(errc::busy);
       }
       if (!found) return store_error(errc::not_found);
+      // Sandboxes using the image (runs, warm-pool instances) hold a shared lock on its
+      // unpacked root: then it is `busy`. Held exclusively from here, so none starts on it.
+      unique_fd in_use;
+      if (rootfs_) {
+        if (auto held = detail::open_dir_at(rootfs_.get(), std::string(digest.substr(7)))) {
+          if (::flock(held->get(), LOCK_EX | LOCK_NB) != 0) {
+            return store_error(errno == EWOULDBLOCK ? errc::busy : errc::io_error);
+          }
+          in_use = std::move(*held);
+        }
+      }
       // Which blobs the removed image uses (if its manifest is still readable).
       std::set<std::string> candidates{std::string(digest)};
       std::uint64_t msize = 0;

@@ -6,6 +6,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <mutex>
@@ -182,6 +186,17 @@ TEST_CASE("image store: set_current rolls back and remove keeps shared blobs", "
   auto v2_root = store->rootfs(v2);
   REQUIRE(v2_root);
   CHECK(store->remove(v1).error() == make_error_code(errc::busy));  // current
+  {
+    // A sandbox using v2 (another process, as far as the store knows) holds a shared lock
+    // on its unpacked root: v2 is busy until it lets go, and nothing of it is removed.
+    int in_use = ::open(v2_root->c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    REQUIRE(in_use >= 0);
+    REQUIRE(::flock(in_use, LOCK_SH) == 0);
+    CHECK(store->remove(v2).error() == make_error_code(errc::busy));
+    CHECK(fs::exists(*v2_root / "v"));
+    CHECK(store->list().value().size() == 3);
+    ::close(in_use);
+  }
   REQUIRE(store->remove(v2));
   CHECK_FALSE(fs::exists(*v2_root));
   CHECK(store->remove(v2).error() == make_error_code(errc::not_found));

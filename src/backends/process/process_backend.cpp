@@ -306,6 +306,13 @@ class process_run : public std::enable_shared_from_this<process_run> {
     const auto& req = job_.admitted.request;
     const std::uint64_t mem = req.memory_limit_bytes;
 
+    // 0. The image stays while this sandbox uses it: a shared lock on its unpacked root, which
+    //    the image store's remove() must take exclusively (`busy` otherwise).
+    image_lock_fd_ = ::open(job_.rootfs.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (image_lock_fd_ < 0 || ::flock(image_lock_fd_, LOCK_SH | LOCK_NB) != 0) {
+      return fail_setup("the runtime's image is missing or being removed");
+    }
+
     // 1. Identity: a uid of the run's own (root hosts), or the single mapped id of a user
     //    namespace (unprivileged hosts: per-uid counters are per user namespace there).
     if (shared_->uids) {
@@ -1107,6 +1114,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
   // empty cgroup busy (v1, for a moment after its last task is released): call again later.
   bool destroy_once() noexcept {
     std::lock_guard lock(kill_mu_);
+    close_fd(image_lock_fd_);  // every process is dead: the image may go
     if (have_ws_) {
       remove_tree(ws_.dir);
       have_ws_ = false;
@@ -1193,6 +1201,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
   std::string input_name_;
   std::string instance_id_;  ///< names the cgroup and workspace (the template's run id)
   int out_dir_fd_ = -1;
+  int image_lock_fd_ = -1;  ///< shared flock on the image's unpacked root while in use
   std::atomic<bool> ready_{false};      ///< sandbox-init is set up and waits for its program
   std::atomic<bool> activated_{false};  ///< the instance has its run
   bool torn_down_ = false;              ///< teardown finished (strand only)

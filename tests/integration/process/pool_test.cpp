@@ -1,7 +1,9 @@
 // Warm pools: instances prepared ahead, one-shot, refilled asynchronously, health-checked at
 // hand-out, bound to the tenant at hand-out — and a pooled run indistinguishable from a cold
 // one to the code inside.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -183,6 +185,33 @@ TEST_CASE("pool: instances that fail to prepare at once are counted, never block
     CHECK(r.std_out.summary == "cold\n");
   }  // destroying the runtime must not hang
   itest::check_host_unchanged(before);
+}
+
+TEST_CASE("pool: idle instances keep their image from being removed", "[pool]") {
+  // The image store's remove() needs an exclusive flock on the unpacked root; every sandbox
+  // using it (here: idle pool instances) holds a shared one until it is destroyed.
+  std::filesystem::path root;
+  {
+    pooled_runtime p({{.runtime = "python3", .size = 1}});
+    REQUIRE(p.wait_ready(1));
+    auto images = p.rt->images();
+    REQUIRE(images);
+    auto digest = images->current_digest("python3");
+    REQUIRE(digest);
+    auto r = images->rootfs(*digest);
+    REQUIRE(r);
+    root = *r;
+    int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    CHECK(::flock(fd, LOCK_EX | LOCK_NB) != 0);
+    CHECK(errno == EWOULDBLOCK);
+    ::close(fd);
+  }
+  // The runtime is gone, its instances with it: nothing holds the image now.
+  int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  CHECK(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  ::close(fd);
 }
 
 TEST_CASE("pool: a class whose limits are outside the policy is skipped", "[pool]") {
