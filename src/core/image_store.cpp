@@ -25,12 +25,14 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <regex>
 #include <set>
 
 #include "core/layer_apply.hpp"
 #include "core/oci.hpp"
 #include "core/sha256.hpp"
 #include "core/store_io.hpp"
+#include "core/text_util.hpp"
 #include "core/tar_reader.hpp"
 #include "core/tool_process.hpp"
 #include "sandbox/protocol.hpp"
@@ -58,6 +60,17 @@ using boost::system::error_code;
 using detail::store_error;
 using detail::sys_error;
 using detail::unique_fd;
+
+namespace {
+// A time as OCI annotations and configs write it (RFC 3339 date-time, e.g.
+// 2026-11-30T01:02:03Z or with fraction and offset): digits and separators only, so that
+// nothing a layout writes there reaches a terminal as anything else.
+bool is_rfc3339(std::string_view t) {
+  static const std::regex re(
+      R"([0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?([Zz]|[+-][0-9]{2}:[0-9]{2}))");
+  return t.size() <= 40 && std::regex_match(t.begin(), t.end(), re);
+}
+}  // namespace
 using json = nlohmann::json;
 namespace oci = detail::oci;
 
@@ -266,26 +279,35 @@ class fs_image_store final : public image_store {
   result<std::string> import_layout(const std::filesystem::path& layout_dir, std::string_view name,
                                     std::string_view ref) override {
     auto before = list();
-    auto digest = import_entries(layout_dir, name, ref);
-    if (!digest) return digest;
-    if (auto root = rootfs(*digest); !root) {
-      bool was_there = false;
-      if (before) {
-        for (const auto& i : *before) was_there |= i.digest == *digest;
+    auto digests = import_entries(layout_dir, name, ref);
+    if (!digests) return digests.error();
+    // Every imported image is unpacked, not just the one made current: any of them can be
+    // made current later (`set_current`), and must work then.
+    for (const auto& digest : *digests) {
+      if (auto root = rootfs(digest); !root) {
+        for (const auto& d : *digests) {
+          bool was_there = false;
+          if (before) {
+            for (const auto& i : *before) was_there |= i.digest == d;
+          }
+          if (!was_there) (void)remove(d);
+        }
+        log_(log_level::error,
+             "image store: import of " + digest + " refused: its layers cannot be unpacked");
+        return root.error();
       }
-      if (!was_there) (void)remove(*digest);
-      log_(log_level::error, "image store: import of " + *digest + " refused: its layers cannot be unpacked");
-      return root.error();
     }
-    if (auto cur = set_current(name, *digest); !cur) return cur.error();
-    log_(log_level::info, "image store: imported " + *digest + " as current " + std::string(name));
+    const std::string& digest = digests->back();
+    if (auto cur = set_current(name, digest); !cur) return cur.error();
+    log_(log_level::info, "image store: imported " + digest + " as current " + std::string(name));
     return digest;
   }
 
  private:
-  result<std::string> import_entries(const std::filesystem::path& layout_dir,
-                                     std::string_view name, std::string_view ref) {
-    return guard([&]() -> result<std::string> {
+  // The digests imported, in index order (the last becomes current).
+  result<std::vector<std::string>> import_entries(const std::filesystem::path& layout_dir,
+                                                  std::string_view name, std::string_view ref) {
+    return guard([&]() -> result<std::vector<std::string>> {
       if (read_only_) return store_error(errc::permission_denied);
       if (!oci::is_valid_runtime_name(name) || layout_dir.empty()) {
         return store_error(errc::invalid_argument);
@@ -328,7 +350,7 @@ class fs_image_store final : public image_store {
         if (!parse_descriptor(d, mt, dg, sz)) return corrupt("import: bad manifest descriptor");
         if (!ref.empty() && annotation(d, oci::annotation_ref_name) != ref) continue;
         if (mt == oci::media_index) return corrupt("import: nested image indexes are unsupported");
-        if (mt != oci::media_manifest) return corrupt("import: unknown media type " + mt);
+        if (mt != oci::media_manifest) return corrupt("import: unknown media type " + detail::quote_for_message(mt));
         chosen.push_back({dg, sz, annotation(d, oci::annotation_created)});
       }
       if (chosen.empty()) {
@@ -361,12 +383,15 @@ class fs_image_store final : public image_store {
           return r.error();
         }
         if (auto r = copy_blob_in(src_sha->get(), c.digest, c.size); !r) return r.error();
-        if (c.created.empty()) c.created = m->config_created;
-        if (c.created.empty()) c.created = detail::rfc3339_now();
+        // Shown by `image ls`: only a well-formed RFC 3339 time is kept from the layout.
+        if (!is_rfc3339(c.created)) c.created = m->config_created;
+        if (!is_rfc3339(c.created)) c.created = detail::rfc3339_now();
         add_entry(doc, name, c.digest, c.size, c.created);
       }
       if (auto w = write_index(doc); !w) return w.error();
-      return chosen.back().digest;
+      std::vector<std::string> out;
+      for (const auto& c : chosen) out.push_back(c.digest);
+      return out;
     });
   }
 
@@ -625,7 +650,7 @@ class fs_image_store final : public image_store {
     auto schema = size_member(m, "schemaVersion");
     if (!schema || *schema != 2) return corrupt("manifest schemaVersion is not 2");
     if (auto mt = string_member(m, "mediaType"); mt && *mt != oci::media_manifest) {
-      return corrupt("manifest has media type " + *mt);
+      return corrupt("manifest has media type " + detail::quote_for_message(*mt));
     }
     manifest_info info;
     const json* config = member(m, "config");
@@ -633,7 +658,7 @@ class fs_image_store final : public image_store {
     if (config == nullptr || !parse_descriptor(*config, mt, info.config_digest, info.config_size)) {
       return corrupt("manifest has no valid config descriptor");
     }
-    if (mt != oci::media_config) return corrupt("unknown config media type " + mt);
+    if (mt != oci::media_config) return corrupt("unknown config media type " + detail::quote_for_message(mt));
     const json* layers = member(m, "layers");
     if (layers == nullptr || !layers->is_array()) return corrupt("manifest has no layers");
     for (const auto& l : *layers) {
@@ -644,7 +669,7 @@ class fs_image_store final : public image_store {
       } else if (mt == oci::media_layer_tar_gzip) {
         d.gzip = true;
       } else {
-        return corrupt("unknown layer media type " + mt);
+        return corrupt("unknown layer media type " + detail::quote_for_message(mt));
       }
       info.layers.push_back(std::move(d));
     }

@@ -292,6 +292,29 @@ TEST_CASE("image store: corrupt or mislabelled blobs are refused", "[image_store
     store_test::write_file(lb.dir() / "index.json", "{not json");
     CHECK(store->import_layout(lb.dir(), "python3").error() == make_error_code(errc::corrupt));
   }
+  SECTION("every image of a layout must unpack, not only the one made current") {
+    // The first manifest's layer escapes its root; the second is fine. Both would enter the
+    // index, and set_current could later switch to the broken one.
+    layout_builder lb(tmp / "layout");
+    json bad = lb.image({{.tar = tar_builder().file("../evil", "x").finish()}});
+    json good = lb.image({{.tar = tar_builder().file("ok", "ok").finish()}});
+    lb.index({bad, good});
+    CHECK_FALSE(store->import_layout(lb.dir(), "python3").has_value());
+    CHECK(store->list().value().empty());
+    CHECK(store_test::entries(tmp / "store/rootfs").empty());
+  }
+  SECTION("a 'created' time that is not RFC 3339 is not kept (it is shown by image ls)") {
+    layout_builder lb(tmp / "layout");
+    json d = lb.image({{.tar = tar_builder().file("x", "x").finish()}},
+                      "2020-01-01T00:00:00Z\x1b[31m\n python3 sha256:FAKE current");
+    d["annotations"] = {{"org.opencontainers.image.created", "2020-01-01T00:00:00Z\x1b[2J\nFAKE"}};
+    lb.index({d});
+    REQUIRE(store->import_layout(lb.dir(), "python3"));
+    auto images = store->list().value();
+    REQUIRE(images.size() == 1);
+    INFO(images[0].created);
+    CHECK(images[0].created.find_first_not_of("0123456789-:TZ.+") == std::string::npos);
+  }
   SECTION("a damaged index.json is reported when opening the store") {
     store_test::write_file(tmp / "store/layout/index.json", R"({"schemaVersion":2})");
     CHECK(sandbox::open_image_store({.root = tmp / "store"}).error() ==
