@@ -606,7 +606,10 @@ int cmd_run(const std::vector<std::string>& args) {
       if (eq == std::string::npos || eq == 0) {
         throw usage_error(fmt::format("--env {}: expected NAME=VALUE", quote_name(e)));
       }
-      req.env[e.substr(0, eq)] = e.substr(eq + 1);
+      if (!req.env.emplace(e.substr(0, eq), e.substr(eq + 1)).second) {
+        // As in a request's JSON, where a repeated key is refused: never keep one silently.
+        throw usage_error(fmt::format("--env {}: given more than once", quote_name(e.substr(0, eq))));
+      }
     }
   }
   std::shared_ptr<sandbox::blob_store> blobs;

@@ -23,10 +23,20 @@ inline bool is_env_name(std::string_view name) noexcept {
 /// Names the sandbox sets itself or that steer the dynamic loader or proxies: refused even
 /// when the policy lists them (policy.hpp, `allowed_env`).
 inline bool is_reserved_env(std::string_view name) noexcept {
-  static constexpr std::array<std::string_view, 11> exact{
-      "PATH",       "HOME",        "LANG",      "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
-      "NO_PROXY",   "http_proxy",  "https_proxy", "all_proxy", "no_proxy"};
+  static constexpr std::array<std::string_view, 3> exact{"PATH", "HOME", "LANG"};
   if (std::find(exact.begin(), exact.end(), name) != exact.end()) return true;
+  // Proxy settings in any spelling: Python's urllib takes every name whose lower-case form
+  // ends in "_proxy" (Http_Proxy, FTP_PROXY, ...), curl and others some of them.
+  constexpr std::string_view proxy = "_proxy";
+  if (name.size() >= proxy.size()) {
+    bool is_proxy = true;
+    for (std::size_t i = 0; i < proxy.size(); ++i) {
+      char c = name[name.size() - proxy.size() + i];
+      if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+      is_proxy = is_proxy && c == proxy[i];
+    }
+    if (is_proxy) return true;
+  }
   return name.starts_with("SANDBOX_") || name.starts_with("LD_");
 }
 

@@ -194,6 +194,11 @@ TEST_CASE("run: other usage errors", "[input]") {
                       clitest::private_store_flags())),
       "no-such-option");
   usage_error(sandboxctl({"frobnicate"}), "unknown command 'frobnicate'");
+  // A repeated --env name is refused, as a repeated key in a request's JSON is.
+  usage_error(sandboxctl(with({"run", "--ticket", ticket_file(), "--env", "TZ=a", "--env", "TZ=b",
+                               "--allow-env", "TZ", script.string()},
+                              clitest::private_store_flags())),
+              "--env 'TZ': given more than once");
   auto help = sandboxctl({"--help"});
   CHECK(help.status == 0);
   CHECK(contains(help.out, "usage: sandboxctl"));

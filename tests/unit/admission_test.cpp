@@ -316,7 +316,8 @@ TEST_CASE("env: only allowed, well-formed, unreserved names", "[admission][env]"
   CHECK(invalid(run_admit(with_env({{"OTHER", "1"}}))) == "env['OTHER']: not allowed by the policy");
   CHECK(invalid(run_admit(with_env({{"my_var", "1"}}))) == "env['my_var']: not allowed by the policy");
   for (const char* reserved : {"PATH", "HOME", "LANG", "LD_PRELOAD", "SANDBOX_INPUT_DIR",
-                               "HTTP_PROXY", "LD_LIBRARY_PATH", "SANDBOX_", "https_proxy"}) {
+                               "HTTP_PROXY", "LD_LIBRARY_PATH", "SANDBOX_", "https_proxy",
+                               "Http_Proxy", "hTTPs_pROXY", "FTP_PROXY", "no_Proxy", "_proxy"}) {
     INFO(reserved);
     CHECK(invalid(run_admit(with_env({{reserved, "x"}}))) ==
           "env['" + std::string(reserved) + "']: reserved name, set by the sandbox");
