@@ -121,9 +121,11 @@ result<void> stage_workspace(const run_workspace& ws, std::string_view source,
         if (missing_blob != nullptr) *missing_blob = i;
         return make_error_code(errc::not_found);
       }
-      return make_error_code(copied.error() == make_error_code(errc::digest_mismatch)
-                                 ? errc::digest_mismatch
-                                 : errc::io_error);
+      if (copied.error() == make_error_code(errc::digest_mismatch)) {
+        if (missing_blob != nullptr) *missing_blob = i;
+        return make_error_code(errc::digest_mismatch);
+      }
+      return make_error_code(errc::io_error);
     }
   }
   fchmod(dfd, 0555);

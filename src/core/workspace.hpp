@@ -42,7 +42,8 @@ result<run_workspace> create_workspace(const std::filesystem::path& runs_dir,
  * Writes the program text into the workspace's source file (same inode), copies the input
  * files from the blob store into `in/` (a blob named twice is copied once and hard-linked),
  * then makes both read-only. Errors: `not_found` with `*missing_blob` set to the index in
- * `files_in` (a blob vanished after admission), `digest_mismatch` (a stored blob is corrupt),
+ * `files_in` (a blob vanished after admission), `digest_mismatch` with `*missing_blob` set
+ * likewise (a stored blob is corrupt),
  * `io_error`.
  */
 result<void> stage_workspace(const run_workspace& ws, std::string_view source,

@@ -559,6 +559,14 @@ class process_run : public std::enable_shared_from_this<process_run> {
         finish();
         return;
       }
+      if (staged.error() == make_error_code(errc::digest_mismatch)) {
+        // The blob store is damaged (the content on disk is not what the id names): a host
+        // fault, but one the caller can act on, so the field is named.
+        log(log_level::error, fmt::format("files_in[{}]: stored blob does not match its digest", missing));
+        internal_error_ = fmt::format("files_in[{}].blob: the stored content does not match its digest", missing);
+        finish();
+        return;
+      }
       return fail_setup("workspace: " + staged.error().message());
     }
     if (clock::now() - t0_ > job_.policy.setup_budget) {

@@ -1,6 +1,8 @@
 // Every code the process backend's runtime can answer, through the real runtime: admission
 // codes before anything starts, and `internal` when the sandbox cannot start the program.
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 
 #include "integration/harness.hpp"
 
@@ -73,5 +75,38 @@ TEST_CASE("codes: a program the sandbox cannot start is `internal`, sanitized", 
   CHECK(r.code == code::internal);
   CHECK(r.message == "sandbox setup failed");
   CHECK(r.message.find('/') == std::string::npos);
+  std::filesystem::remove_all(state);
+}
+
+TEST_CASE("codes: a stored input blob that no longer matches its digest names the field",
+          "[codes]") {
+  auto opts = sandbox::default_runtime_options();
+  char tmpl[] = "/tmp/sandbox-codes-XXXXXX";
+  std::string state = mkdtemp(tmpl);
+  opts.state_dir = state + "/state";
+  if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
+  if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
+  auto blobs = sandbox::open_fs_blob_store({.root = state + "/blobs"});
+  REQUIRE(blobs.has_value());
+  opts.blobs = *blobs;
+  opts.log = [](sandbox::log_level, std::string_view) {};
+  {
+    auto rt = sandbox::runtime::create(opts);
+    REQUIRE(rt.has_value());
+    auto good = rt->blobs()->put("itest", "a,b\n");
+    auto damaged = rt->blobs()->put("itest", "lane,rate\n");
+    REQUIRE(good);
+    REQUIRE(damaged);
+    // The disk changes under the store (bit rot, an operator's mistake).
+    const std::string file = state + "/blobs/tenants/itest/" + damaged->substr(7);
+    REQUIRE(std::filesystem::remove(file));  // the file is read-only; its directory is not
+    std::ofstream(file) << "tampered";
+    sandbox::run_request req{.runtime = "python3", .source = "print(1)"};
+    req.files_in = {{.name = "a.csv", .blob = *good}, {.name = "rates.csv", .blob = *damaged}};
+    auto r = rt->run(req, itest::ticket());
+    CHECK(r.code == code::internal);
+    CHECK(r.message == "files_in[1].blob: the stored content does not match its digest");
+    CHECK(r.message.find('/') == std::string::npos);
+  }
   std::filesystem::remove_all(state);
 }
