@@ -93,6 +93,7 @@ enum class drop_reason : std::uint8_t {
   not_regular_file,  ///< a symlink, directory, FIFO, socket or device
   bad_name,          ///< not valid UTF-8, or has control or invisible formatting characters
   quota_exceeded,    ///< the tenant's blob-store quota is full
+  store_error,       ///< the blob store failed to store it (e.g. its disk is full); host log
 };
 
 /// Wire string of a drop reason, e.g. "not_regular_file".

@@ -20,7 +20,8 @@
 // EACCES (fchmodat with AT_SYMLINK_NOFOLLOW, one name component: nothing is followed), so
 // modes can neither hide an entry nor make the result depend on the host's privileges.
 // Host-side failures (a read error, a store I/O error) are logged; the entry is listed as
-// `not_regular_file` (could not be read as one) or `quota_exceeded` (the store refused it).
+// `not_regular_file` (could not be read as one), `quota_exceeded` (the tenant's quota) or
+// `store_error` (the store failed otherwise, e.g. a full disk).
 #include "core/collector.hpp"
 
 #include <fcntl.h>
@@ -242,12 +243,15 @@ struct collector {
     }
     auto id = store.put(tenant, data);
     if (!id) {
-      if (id.error() != make_error_code(errc::quota_exceeded)) {
-        note(log_level::error,
-             fmt::format("blob_store::put(\"{}\", {} bytes): {}", escape_for_display(name),
-                         data.size(), id.error().message()));
+      if (id.error() == make_error_code(errc::quota_exceeded)) {
+        drop(name, drop_reason::quota_exceeded);
+        return;
       }
-      drop(name, drop_reason::quota_exceeded);
+      // Not the tenant's quota: the host's storage (a full disk, an I/O error).
+      note(log_level::error,
+           fmt::format("blob_store::put(\"{}\", {} bytes): {}", escape_for_display(name),
+                       data.size(), id.error().message()));
+      drop(name, drop_reason::store_error);
       return;
     }
     used_bytes += data.size();

@@ -43,14 +43,16 @@ struct collected_outputs {
  *    kernels without openat2: openat with O_NOFOLLOW), its type and size checked with fstat on
  *    the opened descriptor (a file swapped for a FIFO after the scan is dropped, not read);
  *    past `max_files` → `count_limit`; past `max_bytes` in total → `bytes_limit` (a later,
- *    smaller file may still fit); a store quota failure → `quota_exceeded`.
+ *    smaller file may still fit); the tenant's store quota → `quota_exceeded`; any other
+ *    store failure (a full disk, an I/O error) → `store_error`.
  * When there are more than `max_scan_entries` entries, the ones visited are those with the
  * smallest names (deterministic whatever the directory's own order).
  * Permissions the program set do not matter: the owner's read and search permission on the
  * directory, and read permission on a regular file that could not be opened for it, are given
  * back first (the program owns them; an unprivileged host reads them as that owner).
  * Host errors are logged to `log` and the entry dropped (listed as `not_regular_file` when it
- * could not be opened or read as one, `quota_exceeded` when the store refused it; an entry
+ * could not be opened or read as one, `quota_exceeded` / `store_error` when the store refused
+ * it; an entry
  * that vanished since the scan is not listed); this never throws (std::bad_alloc ends the
  * collection early, keeping what was stored) and never blocks on a sandbox-controlled
  * object. `dirfd` is not modified (a descriptor of its own is opened for the scan). Memory:

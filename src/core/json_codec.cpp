@@ -149,7 +149,7 @@ std::optional<int> as_optional_int(const json& v, const std::string& path) {
 std::optional<drop_reason> drop_reason_from_string(std::string_view s) {
   for (auto r : {drop_reason::count_limit, drop_reason::bytes_limit,
                  drop_reason::not_regular_file, drop_reason::bad_name,
-                 drop_reason::quota_exceeded}) {
+                 drop_reason::quota_exceeded, drop_reason::store_error}) {
     if (to_string(r) == s) return r;
   }
   return std::nullopt;

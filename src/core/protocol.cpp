@@ -237,6 +237,7 @@ std::string_view to_string(drop_reason r) noexcept {
     case drop_reason::not_regular_file: return "not_regular_file";
     case drop_reason::bad_name: return "bad_name";
     case drop_reason::quota_exceeded: return "quota_exceeded";
+    case drop_reason::store_error: return "store_error";
   }
   return "unknown";
 }

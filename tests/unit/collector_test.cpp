@@ -411,6 +411,52 @@ TEST_CASE("collector: store quota", "[collector]") {
   CHECK(drops_of(r.out) == std::map<std::string, drop_reason>{{"a", drop_reason::quota_exceeded}});
 }
 
+namespace {
+// A store whose disk is full: every put fails with io_error (not the tenant's quota).
+class full_disk_store final : public sandbox::blob_store {
+ public:
+  sandbox::result<std::string> put(std::string_view, std::string_view) override {
+    return make_error_code(sandbox::errc::io_error);
+  }
+  sandbox::result<std::string> put_fd(std::string_view, int, std::uint64_t) override {
+    return make_error_code(sandbox::errc::io_error);
+  }
+  sandbox::result<std::string> get(std::string_view, std::string_view) const override {
+    return make_error_code(sandbox::errc::not_found);
+  }
+  sandbox::result<std::uint64_t> copy_to(std::string_view, std::string_view, int,
+                                         const std::string&) const override {
+    return make_error_code(sandbox::errc::not_found);
+  }
+  sandbox::result<std::uint64_t> size(std::string_view, std::string_view) const override {
+    return make_error_code(sandbox::errc::not_found);
+  }
+  sandbox::result<void> remove(std::string_view, std::string_view) override {
+    return make_error_code(sandbox::errc::not_found);
+  }
+  sandbox::result<std::vector<std::string>> list(std::string_view) const override {
+    return std::vector<std::string>{};
+  }
+  sandbox::result<std::uint64_t> usage(std::string_view) const override { return 0; }
+};
+}  // namespace
+
+TEST_CASE("collector: a store failure that is not the quota is store_error, logged", "[collector]") {
+  temp_dir t;
+  write_text(t.path / "a", "data");
+  int dirfd = ::open(t.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  REQUIRE(dirfd >= 0);
+  full_disk_store store;
+  std::vector<std::string> lines;
+  auto out = collect_outputs(dirfd, {}, store, tenant,
+                             [&](sandbox::log_level, std::string_view l) { lines.emplace_back(l); });
+  ::close(dirfd);
+  CHECK(out.files.empty());
+  CHECK(drops_of(out) == std::map<std::string, drop_reason>{{"a", drop_reason::store_error}});
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find("blob_store::put") != std::string::npos);
+}
+
 TEST_CASE("collector: host errors are logged, the entry dropped", "[collector]") {
   temp_dir t;
   write_text(t.path / "a", "a");

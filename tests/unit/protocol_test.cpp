@@ -265,6 +265,7 @@ TEST_CASE("drop reasons have stable wire strings", "[protocol]") {
   CHECK(sandbox::to_string(drop_reason::not_regular_file) == "not_regular_file");
   CHECK(sandbox::to_string(drop_reason::bad_name) == "bad_name");
   CHECK(sandbox::to_string(drop_reason::quota_exceeded) == "quota_exceeded");
+  CHECK(sandbox::to_string(drop_reason::store_error) == "store_error");
 }
 
 TEST_CASE("a rejection thrown from result::value() is std::invalid_argument",
