@@ -88,6 +88,11 @@ struct image_store_options {
   /// unprivileged host sharing a store root prepared by root).
   bool read_only = false;
   log_sink log;  ///< host log lines (syscalls, tools); empty: warnings and errors to stderr
+  /// What one image may unpack to, all layers together (a small compressed layer can expand
+  /// a thousandfold): file bytes and tar entries. Past either, unpacking (and so the import)
+  /// fails with `corrupt` before writing more.
+  std::uint64_t max_unpacked_bytes = 16ULL << 30;
+  std::uint64_t max_unpacked_entries = 2'000'000;
 };
 
 /// Opens (creating if needed and not read-only) the store at `options.root`.

@@ -827,7 +827,7 @@ class fs_image_store final : public image_store {
     if (!tfd) return fail("open rootfs/" + tmp, tfd.error());
     (void)::flock(tfd->get(), LOCK_EX | LOCK_NB);  // alive: stale-temp cleanup keeps out
 
-    detail::layer_applier applier(tfd->get(), ::geteuid() == 0);
+    detail::layer_applier applier(tfd->get(), ::geteuid() == 0, unpack_limits_);
     for (std::size_t i = 0; i < m.layers.size(); ++i) {
       const layer_desc& l = m.layers[i];
       auto fd = open_verified_blob(l.digest, l.size);
@@ -934,6 +934,12 @@ class fs_image_store final : public image_store {
   unique_fd blobs_;
   unique_fd rootfs_;  // may be empty in a read-only store without a cache
   bool read_only_;
+  detail::unpack_limits unpack_limits_;  ///< per image, all layers together
+
+ public:
+  void set_unpack_limits(detail::unpack_limits l) noexcept { unpack_limits_ = l; }
+
+ private:
   detail::store_logger log_;
   std::mutex unpack_mu_;
   std::map<std::string, std::shared_ptr<std::mutex>> unpacking_;
@@ -993,6 +999,8 @@ result<std::shared_ptr<image_store>> open_store(const image_store_options& optio
   auto store = std::make_shared<fs_image_store>(path, std::move(*root), std::move(*layout),
                                                 std::move(*blobs), std::move(rootfs_fd),
                                                 options.read_only, log);
+  store->set_unpack_limits({.max_bytes = options.max_unpacked_bytes,
+                            .max_entries = options.max_unpacked_entries});
   // A bad index.json is reported now rather than at the first call.
   if (auto idx = store->check_index(); !idx) return idx.error();
   return std::shared_ptr<image_store>(std::move(store));

@@ -197,6 +197,10 @@ result<void> layer_applier::write_file(tar_reader& tar, const tar_entry& e, int 
   int fd = ::openat(pfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return io("create " + display(e.path), sys_error(errno));
   unique_fd out(fd);
+  if (e.size > limits_.max_bytes || stats_.bytes + e.size > limits_.max_bytes) {
+    return corrupt("the image exceeds the unpack limit of " + std::to_string(limits_.max_bytes) +
+                   " bytes");
+  }
   constexpr std::size_t kChunk = 1 << 20;
   std::unique_ptr<char[]> buf(new char[kChunk]);
   std::uint64_t left = e.size;
@@ -336,7 +340,10 @@ result<void> layer_applier::apply(tar_reader& tar) {
       return io("read layer", step.error());
     }
     if (*step == tar_step::end) return {};
-    ++stats_.entries;
+    if (++stats_.entries > limits_.max_entries) {
+      return corrupt("the image exceeds the unpack limit of " + std::to_string(limits_.max_entries) +
+                     " entries");
+    }
     try {
       if (auto r = apply_entry(tar, e); !r) return r;
     } catch (const std::bad_alloc&) {

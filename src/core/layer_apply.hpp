@@ -58,16 +58,25 @@ struct layer_stats {
   std::uint64_t cleared_setid = 0;  ///< files whose setuid/setgid bits were dropped
 };
 
+/// Bounds on what one image may unpack to (all its layers together): a small compressed layer
+/// can expand a thousandfold (a tar or gzip bomb).
+struct unpack_limits {
+  std::uint64_t max_bytes = 16ULL << 30;   ///< file contents, bytes
+  std::uint64_t max_entries = 2'000'000;   ///< tar members
+};
+
 /**
  * Applies layers, in order, into the directory open at `root_fd` (which it does not own).
+ * Past `limits` it stops with `corrupt` ("... exceeds the unpack limit ...") before writing
+ * more.
  * Call `apply` once per layer, then `finish` once. Errors: `corrupt` (hostile or malformed
  * layer, reason in `error_detail()`), `io_error` (a host syscall failed; reason too).
  * Not thread-safe.
  */
 class layer_applier {
  public:
-  layer_applier(int root_fd, bool set_owners) noexcept
-      : root_fd_(root_fd), set_owners_(set_owners) {}
+  layer_applier(int root_fd, bool set_owners, unpack_limits limits = {}) noexcept
+      : root_fd_(root_fd), set_owners_(set_owners), limits_(limits) {}
 
   /// Applies one layer read from `tar`.
   result<void> apply(tar_reader& tar);
@@ -95,6 +104,7 @@ class layer_applier {
 
   int root_fd_;
   bool set_owners_;
+  unpack_limits limits_;
   std::set<std::string> seen_;            // paths made by the current layer
   std::map<std::string, dir_meta> dirs_;  // deferred directory metadata, by path
   layer_stats stats_;

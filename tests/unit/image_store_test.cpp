@@ -210,6 +210,38 @@ TEST_CASE("image store: set_current rolls back and remove keeps shared blobs", "
   CHECK(store_test::read_file(*v1_root / "v") == "1");
 }
 
+TEST_CASE("image store: an image larger than the unpack limits is refused before it is written",
+          "[image_store]") {
+  temp_dir tmp;
+  SECTION("bytes (a gzip bomb: a small layer that expands a thousandfold)") {
+    auto s = sandbox::open_image_store({.root = tmp / "store", .max_unpacked_bytes = 1 << 20});
+    REQUIRE(s);
+    layout_builder lb(tmp / "layout");
+    lb.single({{.tar = tar_builder().file("small", "x").file("zeros", std::string(2 << 20, '\0')).finish(),
+                .gzip = true}});
+    auto r = (*s)->import_layout(lb.dir(), "python3");
+    CHECK(r.error() == make_error_code(errc::corrupt));
+    CHECK((*s)->list().value().empty());
+    CHECK(store_test::entries(tmp / "store/rootfs").empty());
+  }
+  SECTION("entries") {
+    auto s = sandbox::open_image_store({.root = tmp / "store", .max_unpacked_entries = 3});
+    REQUIRE(s);
+    layout_builder lb(tmp / "layout");
+    lb.single({{.tar = tar_builder().file("a", "1").file("b", "2").file("c", "3").file("d", "4").finish()}});
+    CHECK((*s)->import_layout(lb.dir(), "python3").error() == make_error_code(errc::corrupt));
+    CHECK((*s)->list().value().empty());
+  }
+  SECTION("within the limits, the same layers import") {
+    auto s = sandbox::open_image_store(
+        {.root = tmp / "store", .max_unpacked_bytes = 3 << 20, .max_unpacked_entries = 4});
+    REQUIRE(s);
+    layout_builder lb(tmp / "layout");
+    lb.single({{.tar = tar_builder().file("a", "1").file("b", "2").file("c", "3").file("d", "4").finish()}});
+    CHECK((*s)->import_layout(lb.dir(), "python3").has_value());
+  }
+}
+
 TEST_CASE("image store: corrupt or mislabelled blobs are refused", "[image_store]") {
   temp_dir tmp;
   auto store = open_store(tmp / "store");
