@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -151,9 +152,12 @@ int setup_proc(const std::string& root) {
       mount("proc", proc.c_str(), "proc", f, "hidepid=2") < 0) {
     return -errno;
   }
-  // Mask what an unprivileged program has no business reading or poking.
+  // Mask what an unprivileged program has no business reading or poking: kernel memory,
+  // keys, timers, locks, and what helps an exploit or names the host (kernel symbols, build
+  // configuration, loaded modules, the boot command line).
   for (const char* masked :
-       {"kcore", "keys", "timer_list", "sched_debug", "sysrq-trigger", "locks"}) {
+       {"kcore", "keys", "key-users", "timer_list", "sched_debug", "sysrq-trigger", "locks",
+        "kallsyms", "config.gz", "modules", "cmdline", "latency_stats", "timer_stats"}) {
     std::string p = proc + "/" + masked;
     if (access(p.c_str(), F_OK) < 0) continue;
     if (mount("/dev/null", p.c_str(), nullptr, MS_BIND, nullptr) < 0) return -errno;
@@ -209,6 +213,27 @@ int replace_etc_file(const config& cfg, const std::string& root, const char* nam
   int rc = write_file(ours, content);
   if (rc < 0) return rc;
   return bind_readonly(ours, root + "/etc/" + name, MS_NOSUID | MS_NODEV | MS_NOEXEC);
+}
+
+// The host's boot id (/proc/sys/kernel/random/boot_id) would identify the host and link
+// runs to each other: each run sees a random one of its own, in the same UUID form.
+int mask_boot_id(const std::string& root) {
+  const std::string target = root + "/proc/sys/kernel/random/boot_id";
+  if (access(target.c_str(), F_OK) < 0) return 0;
+  unsigned char b[16];
+  if (getrandom(b, sizeof b, 0) != static_cast<ssize_t>(sizeof b)) return -EIO;
+  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
+  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // variant 1
+  static const char hex[] = "0123456789abcdef";
+  std::string id;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) id += '-';
+    id += hex[b[i] >> 4];
+    id += hex[b[i] & 15];
+  }
+  const std::string ours = root + "/.sandbox-etc/boot_id";
+  if (int rc = write_file(ours, id + "\n"); rc < 0) return rc;
+  return bind_readonly(ours, target, MS_NOSUID | MS_NODEV | MS_NOEXEC);
 }
 
 int bring_up_loopback() {
@@ -372,6 +397,7 @@ bool setup_sandbox(const config& cfg, int* out_fd, int* dns_fd, failure* f) {
                           "127.0.0.1 localhost sandbox\n::1 localhost ip6-localhost\n");
   }
   if (rc == 0) rc = replace_etc_file(cfg, root, "hostname", "sandbox\n");
+  if (rc == 0) rc = mask_boot_id(root);
   if (!ok(rc, step::etc_files, f)) return false;
   // 8. Identity and network: hostname, loopback up (nothing else exists), the DNS sink.
   if (!ok(sethostname("sandbox", 7) < 0 ? -errno : 0, step::hostname, f)) return false;

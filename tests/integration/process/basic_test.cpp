@@ -257,3 +257,35 @@ TEST_CASE("inputs: another tenant's blob answers exactly like a missing one", "[
   CHECK(r2.code == code::blob_not_found);
   CHECK(r1.message == r2.message);
 }
+
+TEST_CASE("identity: no host identifier or exploit aid in /proc; a boot id of the run's own",
+          "[basic][identity]") {
+  const char* probe = R"PY(
+import os
+masked = {}
+for p in ('kallsyms', 'config.gz', 'cmdline', 'modules', 'kcore', 'keys', 'key-users',
+          'timer_list', 'sched_debug'):
+    try:
+        masked[p] = len(open('/proc/' + p, 'rb').read(4096))
+    except OSError:
+        masked[p] = 0  # absent on this kernel, or unreadable
+print(sum(masked.values()), open('/proc/sys/kernel/random/boot_id').read().strip())
+)PY";
+  auto a = itest::run(probe);
+  auto b = itest::run(probe);
+  REQUIRE(a.code == code::ok);
+  REQUIRE(b.code == code::ok);
+  std::istringstream ia(a.std_out.summary), ib(b.std_out.summary);
+  long bytes_a = -1, bytes_b = -1;
+  std::string id_a, id_b;
+  ia >> bytes_a >> id_a;
+  ib >> bytes_b >> id_b;
+  CHECK(bytes_a == 0);  // every one masked (empty) or absent
+  CHECK(bytes_b == 0);
+  std::ifstream host_in("/proc/sys/kernel/random/boot_id");
+  std::string host_id;
+  host_in >> host_id;
+  CHECK(id_a.size() == 36);
+  CHECK(id_a != host_id);
+  CHECK(id_a != id_b);  // runs cannot be linked through it either
+}
