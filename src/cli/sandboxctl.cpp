@@ -118,6 +118,16 @@ int open_input(const std::string& path) {
     ::close(fd);
     throw usage_error(fmt::format("{} is a directory", quote_name(path)));
   }
+  if (S_ISFIFO(st.st_mode)) {
+    // A named pipe the caller gave: wait for its writer, as for --ticket (opened without
+    // O_NONBLOCK, a read would see end-of-file before the writer came: an empty input).
+    ::close(fd);
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      throw usage_error(fmt::format("cannot read {}: {}", quote_name(path), std::strerror(errno)));
+    }
+    return fd;
+  }
   // Blocking reads from here on (O_NONBLOCK only kept open() from hanging on a FIFO
   // without a writer).
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);

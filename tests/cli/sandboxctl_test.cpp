@@ -5,6 +5,9 @@
 // [input] cases need no backend (admission refuses before anything could start); [backend]
 // cases run real Python and are skipped (77) where the process backend or the python3 image
 // is unavailable, unless CI=true or SANDBOX_MUST_WORK=1.
+#include <thread>
+#include <sys/stat.h>
+#include <fstream>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -206,6 +209,24 @@ TEST_CASE("run: other usage errors", "[input]") {
 }
 
 // --- blob ------------------------------------------------------------------------------
+
+TEST_CASE("blob: a named pipe is read once its writer comes, never taken as empty",
+          "[input][blob]") {
+  const auto flags = clitest::private_store_flags();
+  const auto fifo = clitest::scratch() / "late.fifo";
+  std::filesystem::remove(fifo);
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::ofstream(fifo) << "late data\n";
+  });
+  auto put = sandboxctl(with({"blob", "put", fifo.string(), "--tenant", "acme"}, flags));
+  writer.join();
+  INFO("stderr: " << put.err);
+  CHECK(put.status == 0);
+  CHECK(put.out == sandbox::blob_id_of("late data\n") + "\n");
+  std::filesystem::remove(fifo);
+}
 
 TEST_CASE("blob: put, get, ls, rm round trip", "[input][blob]") {
   const auto flags = clitest::private_store_flags();
