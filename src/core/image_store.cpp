@@ -873,6 +873,10 @@ class fs_image_store final : public image_store {
         return store_error(errc::digest_mismatch);
       }
     }
+    // The temp dir was made 0700 so nobody sees it half-built; an image whose layers do not
+    // name the root ("./", common in Docker-built layers) gets 0755 (finish() below applies a
+    // mode a layer did give it): sandboxes run as other users must be able to enter it.
+    if (::fchmod(tfd->get(), 0755) != 0) return fail("chmod rootfs/" + tmp, sys_error(errno));
     if (auto r = applier.finish(); !r) {
       return fail("finish rootfs of " + digest + ": " + applier.error_detail(), r.error());
     }

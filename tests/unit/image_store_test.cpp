@@ -120,6 +120,7 @@ TEST_CASE("image store: import list current and rootfs", "[image_store]") {
   CHECK(fs::read_symlink(*root / "bin") == "usr/bin");
   CHECK(store_test::read_file(*root / "etc/os-release") == "ID=test\n");
   CHECK((mode_of(*root / "etc") & 07777) == 0755);  // implicit parent
+  CHECK((mode_of(*root) & 07777) == 0755);  // no "./" entry: the root is enterable by all
   CHECK(store->verify(digest));
   CHECK(store->rootfs("sha256:" + std::string(64, '0')).error() ==
         make_error_code(errc::not_found));
