@@ -176,6 +176,20 @@ host_snapshot snapshot() {
   return s;
 }
 
+sandbox::runtime_options private_runtime_options(std::string* state_root) {
+  auto opts = sandbox::default_runtime_options();
+  char tmpl[] = "/tmp/sandbox-itest-XXXXXX";
+  const char* made = ::mkdtemp(tmpl);
+  REQUIRE(made != nullptr);
+  *state_root = made;
+  opts.state_dir = *state_root + "/state";
+  if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
+  if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
+  opts.blobs = sandbox::make_memory_blob_store();
+  opts.log = [](sandbox::log_level, std::string_view) {};
+  return opts;
+}
+
 void check_host_unchanged(const host_snapshot& before) {
   // Everything of a run is gone when its result returns, except (rarely) a v1 cgroup the
   // kernel still reported busy: that one is removed within 100 ms after. Whatever is still

@@ -31,6 +31,11 @@ sandbox::run_result run(const std::string& source, sandbox::run_request base = {
                         const std::string& runtime = "python3");
 sandbox::run_result run(const sandbox::run_request& request, const sandbox::ticket& t);
 
+/// Options for a runtime of a test's own: a fresh state dir under /tmp (its path in
+/// `*state_root`, for the test to remove), the image dir and cgroup parent from
+/// $SANDBOX_IMAGE_DIR / $SANDBOX_CGROUP_PARENT, a memory blob store, and a silent log.
+sandbox::runtime_options private_runtime_options(std::string* state_root);
+
 /// The content of a blob of tenant "itest" (or `tenant`).
 std::string blob(const std::string& id, const std::string& tenant = "itest");
 

@@ -59,14 +59,8 @@ TEST_CASE("codes: admission answers through the real runtime start nothing", "[c
 }
 
 TEST_CASE("codes: a program the sandbox cannot start is `internal`, sanitized", "[codes]") {
-  auto opts = sandbox::default_runtime_options();
-  char tmpl[] = "/tmp/sandbox-codes-XXXXXX";
-  std::string state = mkdtemp(tmpl);
-  opts.state_dir = state + "/state";
-  if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
-  if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
-  opts.blobs = sandbox::make_memory_blob_store();
-  opts.log = [](sandbox::log_level, std::string_view) {};
+  std::string state;
+  auto opts = itest::private_runtime_options(&state);
   opts.runtimes = {{.name = "python3", .argv = {"/usr/bin/no-such-interpreter", "{source}"},
                     .source_name = "main.py"}};
   auto rt = sandbox::runtime::create(opts);
@@ -80,16 +74,11 @@ TEST_CASE("codes: a program the sandbox cannot start is `internal`, sanitized", 
 
 TEST_CASE("codes: a stored input blob that no longer matches its digest names the field",
           "[codes]") {
-  auto opts = sandbox::default_runtime_options();
-  char tmpl[] = "/tmp/sandbox-codes-XXXXXX";
-  std::string state = mkdtemp(tmpl);
-  opts.state_dir = state + "/state";
-  if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
-  if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
+  std::string state;
+  auto opts = itest::private_runtime_options(&state);
   auto blobs = sandbox::open_fs_blob_store({.root = state + "/blobs"});
   REQUIRE(blobs.has_value());
   opts.blobs = *blobs;
-  opts.log = [](sandbox::log_level, std::string_view) {};
   {
     auto rt = sandbox::runtime::create(opts);
     REQUIRE(rt.has_value());

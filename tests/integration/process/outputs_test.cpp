@@ -62,14 +62,9 @@ open(f'{d}/big', 'w').write('y' * 5000)
 
 TEST_CASE("outputs: a full quota drops output files, never the program's own streams",
           "[outputs][quota]") {
-  auto opts = sandbox::default_runtime_options();
-  char tmpl[] = "/tmp/sandbox-quota-XXXXXX";
-  std::string state = mkdtemp(tmpl);
-  opts.state_dir = state + "/state";
-  if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
-  if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
+  std::string state;
+  auto opts = itest::private_runtime_options(&state);
   opts.blobs = sandbox::make_memory_blob_store(2ULL << 20);  // 2 MiB per tenant
-  opts.log = [](sandbox::log_level, std::string_view) {};
   auto rt = sandbox::runtime::create(opts);
   REQUIRE(rt.has_value());
   sandbox::run_request req{.runtime = "python3", .source = R"PY(
