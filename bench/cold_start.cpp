@@ -20,52 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "sandbox/sandbox.hpp"
 
-extern char** environ;
-
-namespace {
-
-using clock_type = std::chrono::steady_clock;
-
-double ms_since(clock_type::time_point t0) {
-  return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-}
-
-struct stats {
-  double p50, p95;
-};
-
-stats summarize(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<std::size_t>(q * v.size()))]; };
-  return {at(0.5), at(0.95)};
-}
-
-double bare(const std::vector<const char*>& argv) {
-  int p[2];
-  if (pipe(p) < 0) std::abort();
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, p[1], 1);
-  posix_spawn_file_actions_addclose(&fa, p[0]);
-  char* empty_env[] = {nullptr};
-  auto t0 = clock_type::now();
-  pid_t pid;
-  if (posix_spawn(&pid, argv[0], &fa, nullptr, const_cast<char* const*>(argv.data()), empty_env) != 0) std::abort();
-  close(p[1]);
-  char buf[64];
-  while (read(p[0], buf, sizeof buf) > 0) {
-  }
-  int st;
-  waitpid(pid, &st, 0);
-  double ms = ms_since(t0);
-  close(p[0]);
-  posix_spawn_file_actions_destroy(&fa);
-  return ms;
-}
-
-}  // namespace
+using bench::clock_type;
+using bench::ms_since;
+using bench::spawn_ms;
 
 int main(int argc, char** argv) {
   int runs = argc > 1 ? std::atoi(argv[1]) : 40;
@@ -91,12 +51,12 @@ int main(int argc, char** argv) {
 
   for (int i = 0; i < 3; ++i) {  // warm-up: page cache, reactor, cgroup parent
     rt->run(req, ticket);
-    bare({"/usr/bin/python3", "-I", "-S", "-c", "print(1)", nullptr});
+    spawn_ms({"/usr/bin/python3", "-I", "-S", "-c", "print(1)"});
   }
   std::vector<double> bare_s, bare_i, total, setup, wall;
   for (int i = 0; i < runs; ++i) {  // interleaved so drift hits all series alike
-    bare_s.push_back(bare({"/usr/bin/python3", "-I", "-S", "-c", "print(1)", nullptr}));
-    bare_i.push_back(bare({"/usr/bin/python3", "-I", script, nullptr}));
+    bare_s.push_back(spawn_ms({"/usr/bin/python3", "-I", "-S", "-c", "print(1)"}));
+    bare_i.push_back(spawn_ms({"/usr/bin/python3", "-I", script}));
     auto t0 = clock_type::now();
     auto r = rt->run(req, ticket);
     total.push_back(ms_since(t0));
@@ -108,8 +68,8 @@ int main(int argc, char** argv) {
     wall.push_back(static_cast<double>(r.usage.wall.count()));
   }
   unlink(script);
-  auto bs = summarize(bare_s), bi = summarize(bare_i), tt = summarize(total),
-       su = summarize(setup), wa = summarize(wall);
+  auto bs = bench::percentiles(bare_s), bi = bench::percentiles(bare_i), tt = bench::percentiles(total),
+       su = bench::percentiles(setup), wa = bench::percentiles(wall);
   std::printf("runs: %d (interleaved)\n", runs);
   std::printf("%-44s %8s %8s\n", "", "p50 ms", "p95 ms");
   std::printf("%-44s %8.1f %8.1f\n", "bare python3 -I -S -c 'print(1)'", bs.p50, bs.p95);
