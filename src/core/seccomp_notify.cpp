@@ -98,10 +98,7 @@ std::string socket_protocol(pid_t pid, int fd, notify_mem_cache& mem) {
     if (type == SOCK_STREAM) out = "tcp";
     else if (type == SOCK_DGRAM) out = "udp";
   }
-  if (!mem.close_later(copy)) {
-    // Only this thread adds to the backlog, so the check above still holds; never reached.
-    std::abort();
-  }
+  mem.close_later(copy);
   return out;
 }
 
@@ -266,10 +263,9 @@ bool notify_mem_cache::can_close_later() const {
   return closer_->fds.size() < closer::max_backlog;
 }
 
-bool notify_mem_cache::close_later(int fd) {
+void notify_mem_cache::close_later(int fd) {
   if (!closer_) closer_ = std::make_shared<closer>();
   std::lock_guard lock(closer_->mu);
-  if (closer_->fds.size() >= closer::max_backlog) return false;
   closer_->fds.push_back(fd);
   if (!closer_->started) {
     try {
@@ -280,11 +276,10 @@ bool notify_mem_cache::close_later(int fd) {
       // lingering last reference is then ours to wait on, as before).
       closer_->fds.pop_back();
       close(fd);
-      return true;
+      return;
     }
   }
   closer_->cv.notify_one();
-  return true;
 }
 
 int notify_mem_cache::get(std::uint32_t pid, bool reopen) {

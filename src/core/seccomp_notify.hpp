@@ -49,10 +49,10 @@ class notify_mem_cache {
   /// Closes `fd`, a copy of one of the run's sockets, on the run's own closer thread, never on
   /// the caller's: if the program dropped its references meanwhile, ours is the last, and a
   /// socket the program set to linger blocks its last close (tcp_close waits out SO_LINGER)
-  /// for as long as the run keeps its peer alive. False, with `fd` left open, when the closer
-  /// already has its bounded backlog (the caller then must not take a copy).
-  bool close_later(int fd);
-  /// True when close_later() would take another descriptor now.
+  /// for as long as the run keeps its peer alive. Call only when can_close_later() said so
+  /// (the caller is the only one adding, so that still holds).
+  void close_later(int fd);
+  /// True while the closer's backlog is below its bound; past it, take no copies.
   bool can_close_later() const;
 
  private:
