@@ -1,34 +1,18 @@
 // The process backend's factory (private to src/): namespaces + cgroup + seccomp, with
-// `sandbox-init` as PID 1 of every run. See docs/architecture.md.
+// `sandbox-init` as PID 1 of every run, spawned by the host itself. The run machine is
+// shared with the OCI backends (core/init_backend.hpp). See docs/architecture.md.
 #pragma once
 
-#include <boost/asio/any_io_executor.hpp>
-#include <filesystem>
-#include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <variant>
 
-#include "sandbox/backend.hpp"
-#include "sandbox/policy.hpp"
-#include "sandbox/runtime.hpp"
-#include "sandbox/span.hpp"
+#include "core/init_backend.hpp"
 
 namespace sandbox::detail {
 
 /// What the runtime hands the process backend.
-struct process_backend_context {
-  boost::asio::any_io_executor executor;  ///< timers and I/O of every run
-  process_backend_options options;
-  std::filesystem::path state_dir;  ///< per-host runtime state (work dirs, locks)
-  log_sink log;                     ///< host log lines
-  sandbox::policy policy;           ///< limits of warm-pool instances
-  /// Runtime name → its spec and unpacked image root (for warm-pool templates); nullopt when
-  /// the runtime or its image is unavailable.
-  std::function<std::optional<std::pair<runtime_spec, std::filesystem::path>>(std::string_view)>
-      resolve_runtime;
-};
+using process_backend_context = init_backend_context;
 
 /**
  * Runs the start-up self-test (a real sandbox: namespaces, /proc, cgroup limits, seccomp

@@ -1,9 +1,11 @@
-// The process backend: namespaces + cgroup + seccomp, with sandbox-init as PID 1.
+// The run machine of every backend built on sandbox-init (init_backend.hpp): the process
+// backend and the OCI backends. Only the launch differs (an `init_launcher`).
 //
-// One `process_run` per request drives the life of a run (DESIGN.md) on a strand:
+// One `init_run` per request drives the life of a run (DESIGN.md) on a strand:
 //   prepare   uid (root hosts), run cgroup with limits, workspace (inputs, source)
-//   launch    spawn sandbox-init into new pid/mount/net/ipc/uts (+user) namespaces; put it in
-//             the cgroup; write uid/gid maps (unprivileged hosts); send the configuration
+//   launch    the launcher starts sandbox-init in the run's namespaces and cgroup (the
+//             process backend spawns it itself; the OCI backends run crun, runc or runsc
+//             with a generated bundle); then the configuration is sent
 //   watch     stdout/stderr into capped captures; seccomp notifications (violations, egress);
 //             DNS sink; OOM events; the deadline timer (from `started`, user code only)
 //   end       main exited and pipes closed, or exit grace elapsed, or deadline, OOM,
@@ -11,7 +13,7 @@
 //   collect   outputs from the output tmpfs via the descriptor sandbox-init handed over
 //   classify  timeout → oom → seccomp_violation → network_disabled → ok, from our evidence
 //   destroy   cgroup, workspace, uid; then complete the handler
-#include "backends/process/process_backend.hpp"
+#include "core/init_backend.hpp"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -45,6 +47,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -58,10 +61,12 @@
 #include "core/uid_pool.hpp"
 #include "core/workspace.hpp"
 
+#ifdef SANDBOX_HAS_INIT_IMAGE
 extern "C" {
 extern const char sandbox_init_image_begin[];
 extern const char sandbox_init_image_end[];
 }
+#endif
 
 namespace sandbox::detail {
 namespace {
@@ -73,8 +78,8 @@ using handler_type =
     asio::any_completion_handler<void(boost::system::error_code, run_result)>;
 
 constexpr std::size_t max_egress_records = 64;
-constexpr std::uint32_t userns_inside_id = 1000;
 
+// Unpredictable names (the inputs' directory): getrandom only, never a fallback.
 std::string random_hex(std::size_t bytes) {
   std::string raw(bytes, '\0');
   std::size_t got = 0;
@@ -91,6 +96,18 @@ std::string random_hex(std::size_t bytes) {
   return out;
 }
 
+}  // namespace
+
+bool write_existing_file(const std::string& path, std::string_view content) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size());
+  ::close(fd);
+  return ok;
+}
+
+namespace {
+
 void close_fd(int& fd) noexcept {
   if (fd >= 0) ::close(fd);
   fd = -1;
@@ -98,14 +115,6 @@ void close_fd(int& fd) noexcept {
 
 std::int64_t ms_between(clock::time_point a, clock::time_point b) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count();
-}
-
-bool write_file(const std::string& path, std::string_view content) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  bool ok = ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size());
-  ::close(fd);
-  return ok;
 }
 
 // What each sandbox-init step needs from the host, for self-test reasons and host logs.
@@ -139,24 +148,20 @@ const char* describe_step(ip::step s) {
   return "an unknown step";
 }
 
-class process_backend;
-
 /// Everything the backend shares with its runs.
 struct backend_shared {
-  process_backend_context ctx;
+  init_backend_context ctx;
+  std::shared_ptr<init_launcher> launcher;
   std::optional<cgroup_host> cgroups;
+  std::string cgroup_parent;       // e.g. "/agent-sandbox"
   std::unique_ptr<uid_pool> uids;  // root hosts only
   bool userns = false;
-  uid_t host_uid = 0;
-  gid_t host_gid = 0;
-  int init_exec_fd = -1;
   std::string instance_id;
   std::filesystem::path runs_dir;
   int instance_lock_fd = -1;
   std::filesystem::path instance_lock_path;
   std::atomic<bool> shutting_down{false};
   ~backend_shared() {
-    close_fd(init_exec_fd);
     // A clean shutdown leaves nothing behind: the (empty) runs dir and the instance lock go.
     // Anything a failed teardown left stays, with the lock file, for the next start's reclaim.
     if (!runs_dir.empty() && ::rmdir(runs_dir.c_str()) == 0 && !instance_lock_path.empty()) {
@@ -174,11 +179,11 @@ struct run_detail {
 };
 
 /// One run. Lives on its strand; kept alive by its own pending operations.
-class process_run : public std::enable_shared_from_this<process_run> {
+class init_run : public std::enable_shared_from_this<init_run> {
  public:
   using done_fn = std::function<void(run_result, run_detail)>;
 
-  process_run(std::shared_ptr<backend_shared> shared, asio::any_io_executor ex, run_job job,
+  init_run(std::shared_ptr<backend_shared> shared, asio::any_io_executor ex, run_job job,
               bool selftest)
       : shared_(std::move(shared)),
         strand_(asio::make_strand(ex)),
@@ -201,7 +206,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
         stdout_park_(strand_),
         stderr_park_(strand_) {}
 
-  ~process_run() {
+  ~init_run() {
     close_fd(stdout_parked_);
     close_fd(stderr_parked_);
     emergency_cleanup();
@@ -283,8 +288,12 @@ class process_run : public std::enable_shared_from_this<process_run> {
     if (shared_->ctx.log) shared_->ctx.log(lvl, fmt::format("run {}: {}", job_.run_id, line));
   }
 
-  void fail_setup(const std::string& detail) {
+  void fail_setup(const std::string& detail_in) {
     internal_error_ = "sandbox setup failed";
+    std::string detail = detail_in;
+    if (have_ws_) {
+      if (auto d = shared_->launcher->diagnostics(ws_); !d.empty()) detail += " [" + d + "]";
+    }
     detail_.text = detail;
     // An idle pool instance destroyed on purpose (shutdown, health check) is not an error;
     // one that died idle is worth a warning (the pool replaces it).
@@ -327,6 +336,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
     // 2. The run's cgroup, with limits, before any process exists.
     cgroup_limits limits{mem, job_.policy.max_pids, job_.policy.cpu_quota_millicores};
     std::string cg_name = "r-" + shared_->instance_id + "-" + instance_id_;
+    cgroup_path_ = shared_->cgroup_parent + "/" + cg_name;
     auto cg = shared_->cgroups->create(cg_name, limits);
     if (!cg) return fail_setup("cgroup create failed: " + cg.error().message());
     {
@@ -354,31 +364,40 @@ class process_run : public std::enable_shared_from_this<process_run> {
       ::close(ctl[1]);
       return fail_setup(fmt::format("pipe2: errno {}", errno));
     }
-    int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    input_name_ = "in-" + random_hex(8);
 
-    // 5. sandbox-init, as PID 1 of fresh namespaces.
-    spawn_request sr;
-    sr.exec_fd = shared_->init_exec_fd;
-    sr.argv = {"sandbox-init"};
-    sr.fd0 = devnull;
-    sr.fd1 = outp[1];
-    sr.fd2 = errp[1];
-    sr.fd3 = ctl[1];
-    if (selftest_) sr.fd4 = shared_->init_exec_fd;
-    sr.clone_flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
-                     (shared_->userns ? CLONE_NEWUSER : 0);
-    auto sp = spawn_process(sr);
-    ::close(devnull);
-    ::close(outp[1]);
-    ::close(errp[1]);
+    // 5. sandbox-init, in the run's namespaces and cgroup, waiting for its configuration.
+    launch_request lr{.job = job_, .instance_id = instance_id_, .ws = ws_, .cgroup = *cgroup_,
+                      .cgroup_path = cgroup_path_,
+                      .uid = uid_, .selftest = selftest_, .input_name = input_name_,
+                      .ctl_fd = ctl[1],
+                      .out_fd = shared_->launcher->stdio_over_control() ? -1 : outp[1],
+                      .err_fd = shared_->launcher->stdio_over_control() ? -1 : errp[1]};
+    std::string why;
+    auto sp = shared_->launcher->launch(lr, &why);
     ::close(ctl[1]);
+    // Launchers whose runtime process would hold the pipes (an OCI runtime waits in the
+    // foreground) get them to sandbox-init with the configuration instead (`a` = 1).
+    if (!shared_->launcher->stdio_over_control()) {
+      ::close(outp[1]);
+      ::close(errp[1]);
+      outp[1] = errp[1] = -1;
+    }
+    struct closer {
+      int* fds[2];
+      ~closer() {
+        for (int* f : fds) close_fd(*f);
+      }
+    } close_later{{&outp[1], &errp[1]}};
     ctl_.assign(ctl[0]);
     stdout_.assign(outp[0]);
     stderr_.assign(errp[0]);
     fcntl(outp[0], F_SETFL, O_NONBLOCK);
     fcntl(errp[0], F_SETFL, O_NONBLOCK);
     if (!sp) {
-      return fail_setup(fmt::format("spawning sandbox-init failed: {}", sp.error().message()));
+      return fail_setup(fmt::format("starting sandbox-init ({}) failed: {}{}",
+                                    shared_->launcher->name(), sp.error().message(),
+                                    why.empty() ? "" : ": " + why));
     }
     {
       std::lock_guard lock(kill_mu_);
@@ -388,22 +407,19 @@ class process_run : public std::enable_shared_from_this<process_run> {
     pidfd_desc_.assign(::dup(sp->pidfd));
     t_spawned_ = clock::now();
 
-    // 6. Into the cgroup (sandbox-init waits for the configuration before doing anything).
-    if (auto a = cgroup_->attach(helper_pid_); !a) {
-      return fail_setup("cgroup attach failed: " + a.error().message());
-    }
-    if (shared_->userns) {
-      std::string proc = "/proc/" + std::to_string(helper_pid_);
-      bool ok = write_file(proc + "/uid_map",
-                           fmt::format("{} {} 1\n", userns_inside_id, shared_->host_uid)) &&
-                write_file(proc + "/setgroups", "deny") &&
-                write_file(proc + "/gid_map",
-                           fmt::format("{} {} 1\n", userns_inside_id, shared_->host_gid));
-      if (!ok) return fail_setup(fmt::format("writing uid/gid maps failed: errno {}", errno));
+    // 6. The output directory, when the launcher made it on the host.
+    if (auto out = shared_->launcher->host_output_dir(ws_); !out.empty()) {
+      out_dir_fd_ = ::open(out.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+      if (out_dir_fd_ < 0) return fail_setup(fmt::format("opening the output dir: errno {}", errno));
     }
 
     // 7. The configuration.
-    send_config();
+    if (outp[1] >= 0) {
+      const int stdio[2] = {outp[1], errp[1]};
+      send_config(lr, stdio);
+    } else {
+      send_config(lr);
+    }
     if (finishing_) return;
     t_config_sent_ = clock::now();
 
@@ -429,40 +445,50 @@ class process_run : public std::enable_shared_from_this<process_run> {
     }
   }
 
-  void send_config() {
-    const auto& req = job_.admitted.request;
-    const std::uint64_t mem = req.memory_limit_bytes;
-    input_name_ = "in-" + random_hex(8);
+  void send_config(const launch_request& lr, std::span<const int> stdio_fds = {}) {
     ip::config_writer w;
     w.add("mode", selftest_ ? "selftest" : "run");
-    w.add("rootfs", job_.rootfs.string());
-    w.add("staging", ws_.staging.string());
-    w.add("inputs", ws_.inputs.string());
     w.add("input_name", input_name_);
-    w.add("source", ws_.source.string());
     w.add("source_name", selftest_ ? std::string("probe") : job_.runtime.source_name);
     w.add("uid", std::uint64_t{uid_});
     w.add("gid", std::uint64_t{uid_});
     w.add("userns", shared_->userns ? "1" : "0");
-    // tmpfs treats size=0 as "unlimited": every size has a floor.
-    auto tmpfs_size = [](std::uint64_t want, std::uint64_t cap) {
-      return std::max<std::uint64_t>(std::min(want, cap), 64 * 1024);
-    };
-    w.add("tmp_bytes", tmpfs_size(job_.policy.tmp_bytes, mem / 8));
-    w.add("home_bytes", tmpfs_size(job_.policy.home_bytes, mem / 8));
-    w.add("shm_bytes", tmpfs_size(job_.policy.shm_bytes, mem / 8));
-    w.add("out_bytes", tmpfs_size(req.files_out.max_bytes + (1 << 20), mem / 4));
-    w.add("tmpfs_inodes", std::uint64_t{job_.policy.tmpfs_inodes});
-    w.add("out_inodes", std::uint64_t{std::max<std::uint32_t>(req.files_out.max_files * 2, 64) + 16});
-    w.add("nofile", std::uint64_t{job_.policy.max_open_files});
-    w.add("fsize_bytes", std::uint64_t{1} << 30);
-    ip::init_header h{ip::msg::config, 0, 0};
+    const auto sizes = sandbox_sizes(job_);
+    w.add("tmp_bytes", sizes.tmp_bytes);
+    w.add("home_bytes", sizes.home_bytes);
+    w.add("shm_bytes", sizes.shm_bytes);
+    w.add("out_bytes", sizes.out_bytes);
+    w.add("tmpfs_inodes", sizes.tmpfs_inodes);
+    w.add("out_inodes", sizes.out_inodes);
+    w.add("nofile", sizes.nofile);
+    w.add("fsize_bytes", sizes.fsize_bytes);
+    shared_->launcher->add_config(lr, w);
+    ip::init_header h{ip::msg::config, stdio_fds.empty() ? 0U : 1U, 0};
     std::string packet(reinterpret_cast<const char*>(&h), sizeof h);
     packet += w.bytes();
     if (packet.size() > ip::max_packet) return fail_setup("configuration too large");
-    if (::send(ctl_.native_handle(), packet.data(), packet.size(), MSG_NOSIGNAL) < 0) {
+    if (send_packet(packet, stdio_fds) < 0) {
       return fail_setup(fmt::format("sending configuration failed: errno {}", errno));
     }
+  }
+
+  // One packet on the control channel, with descriptors (SCM_RIGHTS) when `fds` has any.
+  int send_packet(std::string& packet, std::span<const int> fds) {
+    iovec iov{packet.data(), packet.size()};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * 2)];
+    if (!fds.empty()) {
+      m.msg_control = cbuf;
+      m.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+      cmsghdr* c = CMSG_FIRSTHDR(&m);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    return ::sendmsg(ctl_.native_handle(), &m, MSG_NOSIGNAL) < 0 ? -1 : 0;
   }
 
   void send_go() {
@@ -470,7 +496,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
     ip::config_writer w;
     const std::string source_path = "/sandbox/" + job_.runtime.source_name;
     if (selftest_) {
-      w.add("argv", "sandbox-init");
+      w.add("argv", shared_->launcher->probe_path());
       w.add("argv", "--probe");
       w.add("argv", std::to_string(uid_));
     } else {
@@ -638,7 +664,10 @@ class process_run : public std::enable_shared_from_this<process_run> {
     };
     switch (h.type) {
       case ip::msg::ready:
-        out_dir_fd_ = take(0);
+        if (int d = take(0); d >= 0) {
+          if (out_dir_fd_ < 0) out_dir_fd_ = d;  // else the launcher's host dir is the one
+          else ::close(d);
+        }
         if (int d = take(1); d >= 0) {
           dns_.assign(d);
           serve_dns();
@@ -981,6 +1010,15 @@ class process_run : public std::enable_shared_from_this<process_run> {
       return;
     }
     run_result r;
+    if (!started_ && (out_.total_bytes() > 0 || err_.total_bytes() > 0)) {
+      // Nothing of the program ran: what came through the pipes is the launcher's (an OCI
+      // runtime's error names host paths). It goes to the host log, never into the result.
+      std::string text = err_.summary() + out_.summary();
+      while (!text.empty() && text.back() == '\n') text.pop_back();
+      log(log_level::warning, "before the program started: " + text);
+      out_ = stream_capture_buffer(job_.policy.stream_capture_bytes, job_.policy.summary_bytes);
+      err_ = stream_capture_buffer(job_.policy.stream_capture_bytes, job_.policy.summary_bytes);
+    }
     if (cgroup_) {
       if (auto st = cgroup_->stats()) stats_ = *st;
     }
@@ -1050,7 +1088,7 @@ class process_run : public std::enable_shared_from_this<process_run> {
   void classify(run_result& r) {
     const auto& req = job_.admitted.request;
     r.run_id = job_.run_id;
-    r.isolation = sandbox::isolation::process;
+    r.isolation = shared_->launcher->isolation();
     r.runtime = job_.admitted.runtime;
     r.timeout = req.timeout;
     r.memory_limit_bytes = req.memory_limit_bytes;
@@ -1123,6 +1161,10 @@ class process_run : public std::enable_shared_from_this<process_run> {
   bool destroy_once() noexcept {
     std::lock_guard lock(kill_mu_);
     close_fd(image_lock_fd_);  // every process is dead: the image may go
+    if (have_ws_ && !released_ && !teardown_failed_) {
+      released_ = true;
+      shared_->launcher->release(instance_id_, ws_);
+    }
     if (have_ws_) {
       remove_tree(ws_.dir);
       have_ws_ = false;
@@ -1207,8 +1249,10 @@ class process_run : public std::enable_shared_from_this<process_run> {
   run_workspace ws_;
   bool have_ws_ = false;
   std::string input_name_;
+  std::string cgroup_path_;  ///< the run cgroup's path inside each hierarchy
   std::string instance_id_;  ///< names the cgroup and workspace (the template's run id)
   int out_dir_fd_ = -1;
+  bool released_ = false;  ///< the launcher's release() ran
   int image_lock_fd_ = -1;  ///< shared flock on the image's unpacked root while in use
   std::atomic<bool> ready_{false};      ///< sandbox-init is set up and waits for its program
   std::atomic<bool> activated_{false};  ///< the instance has its run
@@ -1241,10 +1285,10 @@ class process_run : public std::enable_shared_from_this<process_run> {
   cgroup_stats stats_;
 };
 
-class process_backend final : public backend,
-                              public std::enable_shared_from_this<process_backend> {
+class init_backend final : public backend,
+                              public std::enable_shared_from_this<init_backend> {
  public:
-  explicit process_backend(std::shared_ptr<backend_shared> shared) : shared_(std::move(shared)) {}
+  explicit init_backend(std::shared_ptr<backend_shared> shared) : shared_(std::move(shared)) {}
 
   /// Creates the configured warm pools and starts filling them (asynchronously, on the
   /// runtime's executor). Classes whose runtime is unavailable, or whose limits no request
@@ -1300,11 +1344,13 @@ class process_backend final : public backend,
     return out;
   }
 
-  sandbox::isolation isolation() const noexcept override { return sandbox::isolation::process; }
-  std::string_view name() const noexcept override { return "process"; }
+  sandbox::isolation isolation() const noexcept override {
+    return shared_->launcher->isolation();
+  }
+  std::string_view name() const noexcept override { return shared_->launcher->name(); }
 
   void shutdown() noexcept override {
-    std::vector<std::shared_ptr<process_run>> live;
+    std::vector<std::shared_ptr<init_run>> live;
     shared_->shutting_down = true;
     {
       std::lock_guard lock(mu_);
@@ -1319,6 +1365,7 @@ class process_backend final : public backend,
     for (auto& r : live) {
       while (!r->is_dead() && clock::now() < until) ::usleep(2000);
     }
+    shared_->launcher->drain();
   }
 
   /// Runs the self-test on a private io_context. Empty string when it passed.
@@ -1334,7 +1381,7 @@ class process_backend final : public backend,
     job.blobs = make_memory_blob_store(64ULL << 20);
     job.runtime.source_name = "probe";
     job.policy = sandbox::policy{};
-    auto run = std::make_shared<process_run>(shared_, io.get_executor(), std::move(job), true);
+    auto run = std::make_shared<init_run>(shared_, io.get_executor(), std::move(job), true);
     std::string reason = "self-test did not complete";
     run->start([&](run_result r, run_detail d) {
       if (r.code == sandbox::code::network_disabled && r.exit_code == 0 &&
@@ -1362,7 +1409,7 @@ class process_backend final : public backend,
   struct pool_state {
     warm_pool_class cls;
     run_job tmpl;  ///< the limits class: runtime, rootfs, policy, memory, files_out
-    std::deque<std::shared_ptr<process_run>> ready;
+    std::deque<std::shared_ptr<init_run>> ready;
     std::uint32_t starting = 0;
     std::uint64_t handed_out = 0, failed = 0;
     std::uint32_t consecutive_failures = 0;
@@ -1376,7 +1423,7 @@ class process_backend final : public backend,
            req.files_out == p.cls.files_out;
   }
 
-  void track_locked(const std::shared_ptr<process_run>& run) {
+  void track_locked(const std::shared_ptr<init_run>& run) {
     for (auto it = runs_.begin(); it != runs_.end();) {
       it = it->second.expired() ? runs_.erase(it) : std::next(it);
     }
@@ -1405,10 +1452,10 @@ class process_backend final : public backend,
       ++p.starting;
       run_job job = p.tmpl;
       job.run_id = "w" + random_hex(8);
-      auto inst = std::make_shared<process_run>(shared_, shared_->ctx.executor, std::move(job),
+      auto inst = std::make_shared<init_run>(shared_, shared_->ctx.executor, std::move(job),
                                                 false);
       track_locked(inst);
-      std::weak_ptr<process_run> winst = inst;
+      std::weak_ptr<init_run> winst = inst;
       auto weak = weak_from_this();
       inst->prepare_pooled(
           [weak, pp = &p, winst](bool ok) {
@@ -1442,11 +1489,11 @@ class process_backend final : public backend,
   // A ready, healthy instance of a matching pool (one-shot: it leaves the pool for good), and
   // in `from` its pool, which the caller refills once the run has started. Without one, the
   // matching pool refills now.
-  std::shared_ptr<process_run> take_pooled(const run_job& job, pool_state*& from) {
+  std::shared_ptr<init_run> take_pooled(const run_job& job, pool_state*& from) {
     std::lock_guard lock(mu_);
     for (auto& p : pools_) {
       if (!matches(*p, job)) continue;
-      std::shared_ptr<process_run> got;
+      std::shared_ptr<init_run> got;
       while (!p->ready.empty() && !got) {
         auto c = std::move(p->ready.front());
         p->ready.pop_front();
@@ -1471,17 +1518,17 @@ class process_backend final : public backend,
   void do_execute(run_job job, handler_type handler) override {
     auto ex = job.executor ? job.executor : shared_->ctx.executor;
     pool_state* from = nullptr;
-    std::shared_ptr<process_run> run = take_pooled(job, from);
+    std::shared_ptr<init_run> run = take_pooled(job, from);
     const bool pooled = run != nullptr;
     if (!pooled) {
-      run = std::make_shared<process_run>(shared_, ex, job, false);
+      run = std::make_shared<init_run>(shared_, ex, job, false);
       std::lock_guard lock(mu_);
       track_locked(run);
     }
     auto slot = asio::get_associated_cancellation_slot(handler);
     auto cancelled = std::make_shared<std::atomic<bool>>(false);
     if (slot.is_connected()) {
-      std::weak_ptr<process_run> weak = run;
+      std::weak_ptr<init_run> weak = run;
       slot.assign([weak, cancelled](asio::cancellation_type) {
         cancelled->store(true);
         if (auto r = weak.lock()) r->cancel();
@@ -1510,30 +1557,10 @@ class process_backend final : public backend,
 
   std::shared_ptr<backend_shared> shared_;
   mutable std::mutex mu_;
-  std::map<std::string, std::weak_ptr<process_run>> runs_;
+  std::map<std::string, std::weak_ptr<init_run>> runs_;
   std::vector<std::unique_ptr<pool_state>> pools_;
   bool shutting_down_ = false;
 };
-
-// Creates a sealed memfd holding sandbox-init, or opens `path` when given.
-int open_init_executable(const std::filesystem::path& path) {
-  if (!path.empty()) return ::open(path.c_str(), O_PATH | O_CLOEXEC);
-  int fd = static_cast<int>(memfd_create("sandbox-init", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (fd < 0) return -1;
-  const char* p = sandbox_init_image_begin;
-  std::size_t left = static_cast<std::size_t>(sandbox_init_image_end - sandbox_init_image_begin);
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n <= 0) {
-      ::close(fd);
-      return -1;
-    }
-    p += n;
-    left -= static_cast<std::size_t>(n);
-  }
-  fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
-  return fd;
-}
 
 // Reclaims cgroups and work dirs of hosts that died: an instance is dead when its lock file
 // in this state directory can be locked (flock is released when its process dies). Cgroups
@@ -1575,18 +1602,70 @@ void reclaim_orphans(const backend_shared& s) {
       dead.insert(inst);
     }
   }
+  s.launcher->reclaim(dead);
   for (const auto& inst : dead) ::unlink((instances / (inst + ".lock")).c_str());
 }
 
 }  // namespace
 
-std::variant<std::shared_ptr<backend>, std::string> make_process_backend(
-    const process_backend_context& ctx) {
+int open_init_executable(const std::filesystem::path& path) {
+  if (!path.empty()) return ::open(path.c_str(), O_PATH | O_CLOEXEC);
+#ifndef SANDBOX_HAS_INIT_IMAGE
+  return -1;  // no backend that needs it was built in
+#else
+  int fd = static_cast<int>(memfd_create("sandbox-init", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (fd < 0) return -1;
+  const char* p = sandbox_init_image_begin;
+  std::size_t left = static_cast<std::size_t>(sandbox_init_image_end - sandbox_init_image_begin);
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n <= 0) {
+      ::close(fd);
+      return -1;
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+  return fd;
+#endif
+}
+
+
+sandbox_size_set sandbox_sizes(const run_job& job) {
+  const auto& req = job.admitted.request;
+  const std::uint64_t mem = req.memory_limit_bytes;
+  // tmpfs treats size=0 as "unlimited": every size has a floor.
+  auto tmpfs_size = [](std::uint64_t want, std::uint64_t cap) {
+    return std::max<std::uint64_t>(std::min(want, cap), 64 * 1024);
+  };
+  sandbox_size_set s;
+  s.tmp_bytes = tmpfs_size(job.policy.tmp_bytes, mem / 8);
+  s.home_bytes = tmpfs_size(job.policy.home_bytes, mem / 8);
+  s.shm_bytes = tmpfs_size(job.policy.shm_bytes, mem / 8);
+  s.out_bytes = tmpfs_size(req.files_out.max_bytes + (1 << 20), mem / 4);
+  s.tmpfs_inodes = job.policy.tmpfs_inodes;
+  s.out_inodes = std::max<std::uint32_t>(req.files_out.max_files * 2, 64) + 16;
+  s.nofile = job.policy.max_open_files;
+  s.fsize_bytes = std::uint64_t{1} << 30;
+  return s;
+}
+
+std::variant<std::shared_ptr<backend>, std::string> make_init_backend(
+    const init_backend_context& ctx_in, std::shared_ptr<init_launcher> launcher) {
   auto shared = std::make_shared<backend_shared>();
-  shared->ctx = ctx;
-  shared->host_uid = ::geteuid();
-  shared->host_gid = ::getegid();
-  shared->userns = shared->host_uid != 0;
+  shared->ctx = ctx_in;
+  shared->launcher = launcher;
+  const bool root = ::geteuid() == 0;
+  if (!root && !launcher->unprivileged()) {
+    return std::string(launcher->name()) + " needs root on this host";
+  }
+  shared->userns = !root;
+  // Each backend keeps its own state below the runtime's state dir (its locks, work dirs).
+  if (launcher->isolation() != sandbox::isolation::process) {
+    shared->ctx.state_dir = ctx_in.state_dir / std::string(launcher->name());
+  }
+  const auto& ctx = shared->ctx;
 
   // State directory, instance lock, run dirs.
   std::error_code ec;
@@ -1602,12 +1681,13 @@ std::variant<std::shared_ptr<backend>, std::string> make_process_backend(
     return "cannot create the instance lock in the state directory";
   }
   shared->instance_lock_path = lock_path;
+  launcher->set_backend_instance(shared->instance_id);
   shared->runs_dir = ctx.state_dir / "runs" / shared->instance_id;
 
   // cgroups.
   std::string parent = ctx.options.cgroup_parent;
   if (parent.empty()) {
-    if (shared->host_uid != 0) {
+    if (!root) {
       return "cgroup parent not configured: an unprivileged host needs a delegated cgroup "
              "subtree (process_backend_options.cgroup_parent)";
     }
@@ -1617,26 +1697,28 @@ std::variant<std::shared_ptr<backend>, std::string> make_process_backend(
   auto host = cgroup_host::open(ctx.options.cgroup_root, "/proc/self/mountinfo", parent, &why);
   if (!host) return why.empty() ? "cgroups unusable: " + host.error().message() : why;
   shared->cgroups.emplace(std::move(*host));
+  shared->cgroup_parent = parent;
 
   if (!shared->userns) {
-    auto pool = uid_pool::open(ctx.state_dir / "uids.lock", ctx.options.uid_base,
+    // One uid range for every backend of this state dir: the lock file is shared.
+    auto pool = uid_pool::open(ctx_in.state_dir / "uids.lock", ctx.options.uid_base,
                                ctx.options.uid_count);
     if (!pool) return "uid pool: " + pool.error().message();
     shared->uids = std::move(*pool);
   }
 
-  shared->init_exec_fd = open_init_executable(ctx.options.init_path);
-  if (shared->init_exec_fd < 0) return "cannot load the sandbox-init helper";
-
   reclaim_orphans(*shared);
 
-  auto be = std::make_shared<process_backend>(shared);
+  auto be = std::make_shared<init_backend>(shared);
   auto empty_root = ctx.state_dir / "selftest-root";
   std::filesystem::create_directories(empty_root, ec);
   std::string reason = be->self_test(empty_root);
-  if (!reason.empty()) return "process backend self-test failed: " + reason;
+  if (!reason.empty()) return std::string(launcher->name()) + " backend self-test failed: " + reason;
   be->start_pools();
-  if (ctx.log) ctx.log(log_level::info, "process backend ready (" + shared->cgroups->describe() + ")");
+  if (ctx.log) {
+    ctx.log(log_level::info, fmt::format("{} backend ready ({})", launcher->describe(),
+                                         shared->cgroups->describe()));
+  }
   return std::shared_ptr<backend>(be);
 }
 

@@ -1,0 +1,97 @@
+// The process backend's launcher: the host spawns sandbox-init itself as PID 1 of new pid,
+// mount, net, ipc and uts namespaces (plus a user namespace on unprivileged hosts), puts it
+// into the run's cgroup and, for a user namespace, writes its uid/gid maps. sandbox-init
+// then builds the run's filesystem itself (helpers/init/mounts.cpp).
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef P_PIDFD
+#define P_PIDFD static_cast<idtype_t>(3)  // <linux/wait.h>; older glibc lacks it
+#endif
+
+#include <fmt/format.h>
+
+#include "backends/process/process_backend.hpp"
+#include "core/spawn.hpp"
+
+namespace sandbox::detail {
+namespace {
+
+class process_launcher final : public init_launcher {
+ public:
+  process_launcher(int init_exec_fd, bool userns)
+      : init_exec_fd_(init_exec_fd), userns_(userns), host_uid_(::geteuid()), host_gid_(::getegid()) {}
+  ~process_launcher() override {
+    if (init_exec_fd_ >= 0) ::close(init_exec_fd_);
+  }
+
+  sandbox::isolation isolation() const noexcept override { return sandbox::isolation::process; }
+  std::string_view name() const noexcept override { return "process"; }
+  bool unprivileged() const noexcept override { return true; }
+  std::string probe_path() const override { return "sandbox-init"; }
+
+  result<launched> launch(const launch_request& r, std::string* why) override {
+    int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    spawn_request sr;
+    sr.exec_fd = init_exec_fd_;
+    sr.argv = {"sandbox-init"};
+    sr.fd0 = devnull;
+    sr.fd1 = r.out_fd;
+    sr.fd2 = r.err_fd;
+    sr.fd3 = r.ctl_fd;
+    if (r.selftest) sr.fd4 = init_exec_fd_;  // the probe is sandbox-init itself
+    sr.clone_flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
+                     (userns_ ? CLONE_NEWUSER : 0);
+    auto sp = spawn_process(sr);
+    ::close(devnull);
+    if (!sp) return sp.error();
+    launched l{sp->pid, sp->pidfd};
+    auto fail = [&](std::string what) -> result<launched> {
+      *why = std::move(what);
+      ::kill(l.pid, SIGKILL);  // the run reaps it through the pidfd it never gets: do it here
+      siginfo_t si{};
+      ::waitid(P_PIDFD, static_cast<id_t>(l.pidfd), &si, WEXITED);
+      ::close(l.pidfd);
+      return make_error_code(errc::io_error);
+    };
+    // Into the cgroup (sandbox-init waits for the configuration before doing anything).
+    if (auto a = r.cgroup.attach(l.pid); !a) return fail("cgroup attach failed: " + a.error().message());
+    if (userns_) {
+      std::string proc = "/proc/" + std::to_string(l.pid);
+      bool ok = write_existing_file(proc + "/uid_map",
+                                    fmt::format("{} {} 1\n", userns_inside_id, host_uid_)) &&
+                write_existing_file(proc + "/setgroups", "deny") &&
+                write_existing_file(proc + "/gid_map",
+                                    fmt::format("{} {} 1\n", userns_inside_id, host_gid_));
+      if (!ok) return fail(fmt::format("writing uid/gid maps failed: errno {}", errno));
+    }
+    return l;
+  }
+
+  void add_config(const launch_request& r, init_protocol::config_writer& w) override {
+    w.add("rootfs", r.job.rootfs.string());
+    w.add("staging", r.ws.staging.string());
+    w.add("inputs", r.ws.inputs.string());
+    w.add("source", r.ws.source.string());
+  }
+
+ private:
+  int init_exec_fd_;
+  bool userns_;
+  uid_t host_uid_;
+  gid_t host_gid_;
+};
+
+}  // namespace
+
+std::variant<std::shared_ptr<backend>, std::string> make_process_backend(
+    const process_backend_context& ctx) {
+  int fd = open_init_executable(ctx.options.init_path);
+  if (fd < 0) return std::string("cannot load the sandbox-init helper");
+  return make_init_backend(ctx, std::make_shared<process_launcher>(fd, ::geteuid() != 0));
+}
+
+}  // namespace sandbox::detail

@@ -1,0 +1,159 @@
+// Backends built on sandbox-init (private to src/): the process backend and the OCI backends
+// (container: crun, runc; gvisor: runsc) share everything of a run's life — cgroup, uid,
+// workspace, the control channel, capture, seccomp notifications, the DNS sink, deadlines,
+// kill-and-confirm, output collection, classification, warm pools — and differ only in how
+// sandbox-init is started. That difference is an `init_launcher`. See docs/architecture.md.
+#pragma once
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+
+#include "core/cgroup.hpp"
+#include "core/init_protocol.hpp"
+#include "core/workspace.hpp"
+#include "sandbox/backend.hpp"
+#include "sandbox/runtime.hpp"
+
+namespace sandbox::detail {
+
+/// One run's launch: what the launcher gets from the shared run machine.
+struct launch_request {
+  const run_job& job;
+  const std::string& instance_id;  ///< names the run's cgroup, workspace and container
+  const run_workspace& ws;
+  run_cgroup& cgroup;              ///< created, with limits, before any process exists
+  const std::string& cgroup_path;  ///< its path inside each hierarchy, e.g. "/agent-sandbox/r-…"
+  std::uint32_t uid = 0;           ///< the program's uid (and gid)
+  bool selftest = false;           ///< the start-up self-test's probe run
+  const std::string& input_name;   ///< "in-<16 hex>": the inputs' dir under /sandbox
+  int ctl_fd = -1;                 ///< becomes sandbox-init's fd 3 (init_protocol::control_fd)
+  int out_fd = -1, err_fd = -1;    ///< become the program's stdout and stderr (see
+                                   ///< `stdio_over_control`: -1 then)
+};
+
+/// The process a launch started: sandbox-init itself, or the OCI runtime that runs it. Its
+/// exit means the run's processes are going (the run still confirms its cgroup empty).
+struct launched {
+  pid_t pid = -1;
+  int pidfd = -1;  ///< owned by the caller, O_CLOEXEC
+};
+
+/// How one backend starts sandbox-init. Implementations are thread-safe.
+class init_launcher {
+ public:
+  virtual ~init_launcher() = default;
+
+  virtual sandbox::isolation isolation() const noexcept = 0;
+  /// Short name for reports and logs, e.g. "process", "crun".
+  virtual std::string_view name() const noexcept = 0;
+  /// What results report as `backend`, e.g. "process" or "crun 1.8.1".
+  virtual std::string describe() const { return std::string(name()); }
+  /// True when the launcher works for a host without root (the run gets a user namespace
+  /// and every id maps to `userns_inside_id`).
+  virtual bool unprivileged() const noexcept { return false; }
+
+  /**
+   * Starts sandbox-init for `r`: fd 3 = `r.ctl_fd`, stdout/stderr = `r.out_fd`/`r.err_fd`,
+   * stdin /dev/null, inside `r.cgroup` before it reads its configuration (it waits for it).
+   * Returns the process to watch, or an error with `*why` for the host log.
+   */
+  virtual result<launched> launch(const launch_request& r, std::string* why) = 0;
+
+  /// Adds the launcher's entries to sandbox-init's configuration (the shared machine writes
+  /// uid, sizes, limits and names).
+  virtual void add_config(const launch_request& r, init_protocol::config_writer& w) = 0;
+
+  /// True when the stdout/stderr pipes must reach sandbox-init with its configuration
+  /// (SCM_RIGHTS) rather than as the launched process's stdio: an OCI runtime in the
+  /// foreground holds its own stdio until it exits, so the host would never see the
+  /// program's end of output. `launch` then gets no pipes (`out_fd`, `err_fd` are -1).
+  virtual bool stdio_over_control() const noexcept { return false; }
+
+  /// What the launched process said about a failed setup (an OCI runtime's log), for the host
+  /// log only: it may name host paths. Empty when there is nothing.
+  virtual std::string diagnostics(const run_workspace& ws) const {
+    (void)ws;
+    return {};
+  }
+
+  /// argv[0] of the self-test probe inside the sandbox.
+  virtual std::string probe_path() const = 0;
+
+  /// The output directory on the host, when the launcher made it (the OCI launchers mount a
+  /// size-capped tmpfs there); empty when sandbox-init hands over a descriptor of its own.
+  virtual std::filesystem::path host_output_dir(const run_workspace& ws) const {
+    (void)ws;
+    return {};
+  }
+
+  /// Called once per instance when every process is confirmed dead (or given up on), before
+  /// the workspace is removed: releases what `launch` made outside the workspace (host
+  /// mounts, the OCI runtime's state). Never blocks on a sandbox-controlled object.
+  virtual void release(const std::string& instance_id, const run_workspace& ws) noexcept {
+    (void)instance_id;
+    (void)ws;
+  }
+
+  /// Called once, before anything else: the backend instance's id (12 hex; unique per
+  /// process and start), which the launcher may use in names (container ids).
+  virtual void set_backend_instance(const std::string& id) { (void)id; }
+
+  /// At start-up: what hosts that died (their instance ids) left behind with this launcher.
+  virtual void reclaim(const std::set<std::string>& dead_instances) noexcept {
+    (void)dead_instances;
+  }
+
+  /// At shutdown: waits (bounded) for releases still in flight.
+  virtual void drain() noexcept {}
+};
+
+/// Ids inside a run's user namespace (unprivileged hosts).
+inline constexpr std::uint32_t userns_inside_id = 1000;
+
+/// What the runtime hands a backend built on sandbox-init.
+struct init_backend_context {
+  boost::asio::any_io_executor executor;  ///< timers and I/O of every run
+  process_backend_options options;  ///< cgroup parent/root, uid range, warm pools
+  std::filesystem::path state_dir;  ///< per-host runtime state (work dirs, locks)
+  log_sink log;                     ///< host log lines
+  sandbox::policy policy;           ///< limits of warm-pool instances
+  /// Runtime name → its spec and unpacked image root (for warm-pool templates); nullopt when
+  /// the runtime or its image is unavailable.
+  std::function<std::optional<std::pair<runtime_spec, std::filesystem::path>>(std::string_view)>
+      resolve_runtime;
+};
+
+/**
+ * Opens the state directory (a subdirectory per backend name), the cgroups and the uid
+ * pool, reclaims what crashed hosts left behind, runs the start-up self-test through
+ * `launcher` (a real sandbox: the probe checks uid, capabilities, no_new_privs, seccomp,
+ * and that an egress attempt is recorded) and returns the backend, or a one-line reason.
+ */
+std::variant<std::shared_ptr<backend>, std::string> make_init_backend(
+    const init_backend_context& ctx, std::shared_ptr<init_launcher> launcher);
+
+/// Sizes and limits inside one run's sandbox, derived from its request and the policy
+/// (bytes, counts). Every tmpfs size has a 64 KiB floor: tmpfs reads size=0 as unlimited.
+struct sandbox_size_set {
+  std::uint64_t tmp_bytes = 0, home_bytes = 0, shm_bytes = 0, out_bytes = 0;
+  std::uint64_t tmpfs_inodes = 0, out_inodes = 0, nofile = 0, fsize_bytes = 0;
+};
+sandbox_size_set sandbox_sizes(const run_job& job);
+
+/// A descriptor of the sandbox-init executable: a sealed memfd holding the copy built into
+/// the library, or `path` opened O_PATH when given. -1 on failure.
+int open_init_executable(const std::filesystem::path& path);
+
+/// Writes `content` to an existing file (no create); false on any failure.
+bool write_existing_file(const std::string& path, std::string_view content);
+
+}  // namespace sandbox::detail
