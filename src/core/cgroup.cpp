@@ -354,19 +354,30 @@ result<void> run_cgroup::kill_all() const {
   const state& st = *s_;
   const auto* v2 = st.v2();
   // 1. cgroup.kill (5.14+): the kernel kills the whole subtree, forks in flight included.
+  //    On a hybrid host a process can be in the v1 hierarchies only (an OCI runtime that
+  //    does not see the unified mount joins just the v1 cgroups): those are swept below.
+  bool v2_killed = false;
   if (v2 != nullptr && st.has_cgroup_kill) {
     fs::path file = v2->dir / "cgroup.kill";
     int e = write_file(file, "1");
-    if (e == 0) return {};
-    if (e == ENOENT && !path_exists(v2->dir)) return {};  // already removed: nothing to kill
-    st.warn(fmt::format("write(\"{}\", \"1\"): {}; falling back to SIGKILL loop", file.string(),
-                        errno_text(e)));
+    if (e == 0 || (e == ENOENT && !path_exists(v2->dir))) {  // ENOENT: removed, nothing left
+      v2_killed = true;
+      const bool v1_parts = std::any_of(st.parts.begin(), st.parts.end(),
+                                        [](const auto& p) { return !p.is_v2; });
+      if (!v1_parts) return {};
+    } else {
+      st.warn(fmt::format("write(\"{}\", \"1\"): {}; falling back to SIGKILL loop",
+                          file.string(), errno_text(e)));
+    }
   }
 
   // 2. Stop forks first, so the SIGKILL loop below converges: freeze the cgroup (v2
   //    cgroup.freeze, else the v1 freezer), else set pids.max to 0.
   enum class stopper { none, v2_freeze, v1_freezer, pids_zero } how = stopper::none;
-  if (v2 != nullptr && write_file(v2->dir / "cgroup.freeze", "1") == 0) {
+  if (v2_killed) {
+    // Hybrid: v2 members are dying already; v1-only ones are few (an OCI runtime's
+    // processes) and bounded by pids.max, so the sweep alone converges.
+  } else if (v2 != nullptr && write_file(v2->dir / "cgroup.freeze", "1") == 0) {
     how = stopper::v2_freeze;
   } else if (const auto* f = st.with(freezer_ctrl);
              f != nullptr && write_file(f->dir / "freezer.state", "FROZEN") == 0) {
@@ -389,6 +400,7 @@ result<void> run_cgroup::kill_all() const {
     for (int pass = 0; pass < kill_max_passes; ++pass) {
       bool found_new = false;
       for (const auto& p : st.parts) {
+        if (v2_killed && p.is_v2) continue;
         std::string text;
         fs::path file = p.dir / "cgroup.procs";
         if (int e = read_file(file, text, procs_file_max); e != 0) {

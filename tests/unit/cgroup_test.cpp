@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <csignal>
+#include <set>
 #include <string>
 
 #include "core/sys.hpp"
@@ -539,10 +540,26 @@ TEST_CASE("cgroup hybrid: v1 limits, unified kill and events", "[cgroup]") {
   for (const auto& d : rc->dirs()) write_text(d / "cgroup.procs", "");
   CHECK(rc->is_empty().value() == true);
 
-  // kill: cgroup.kill in unified.
+  // kill: cgroup.kill in unified; nothing listed in v1 only, so nothing signalled.
   REQUIRE(rc->kill_all().has_value());
   CHECK(f.fake.writes_to_path(root / "unified/agent-sandbox/r/cgroup.kill") ==
         std::vector<std::string>{"1"});
+  CHECK(f.fake.kills.empty());
+  // A process in the v1 hierarchies only (an OCI runtime that joined just those, e.g. runsc
+  // or crun that cannot see the unified mount) is out of cgroup.kill's reach: it gets
+  // SIGKILL from the sweep of every v1 cgroup.procs, and nothing is frozen for it.
+  write_text(root / "memory/agent-sandbox/r/cgroup.procs", "4242\n");
+  write_text(root / "pids/agent-sandbox/r/cgroup.procs", "4242\n4243\n");
+  write_text(root / "unified/agent-sandbox/r/cgroup.procs", "7\n");  // dying already: not swept
+  f.fake.writes.clear();
+  REQUIRE(rc->kill_all().has_value());
+  CHECK(f.fake.writes_to_path(root / "unified/agent-sandbox/r/cgroup.kill") ==
+        std::vector<std::string>{"1"});
+  CHECK(f.fake.writes_to("cgroup.freeze").empty());
+  std::set<pid_t> killed;
+  for (const auto& k : f.fake.kills) killed.insert(k.first);
+  CHECK(killed == std::set<pid_t>{4242, 4243});
+  for (const auto& d : rc->dirs()) write_text(d / "cgroup.procs", "");
 
   // stats: v1 oom_control's oom_kill (not failcnt), max_usage, unified cpu.stat.
   write_text(root / "memory/agent-sandbox/r/memory.oom_control",
