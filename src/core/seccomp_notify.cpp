@@ -222,7 +222,10 @@ bool is_local_destination(const void* sa, std::size_t len) noexcept {
 // may block in a close until the run's processes (a lingering socket's peers) are gone; the
 // backlog is bounded, and past it no copies are taken (the record says "ip").
 struct notify_mem_cache::closer {
-  static constexpr std::size_t max_backlog = 16;
+  // Large enough that a closer thread the scheduler starts late (a loaded 2-core host) does not
+  // turn a burst of ordinary attempts into "ip" records; small enough that a run whose closes
+  // all block cannot take many of the host's descriptors.
+  static constexpr std::size_t max_backlog = 64;
   std::mutex mu;
   std::condition_variable cv;
   std::deque<int> fds;
