@@ -78,6 +78,25 @@ struct process_backend_options {
   std::vector<warm_pool_class> warm_pool;
 };
 
+/// One OCI backend: sandbox-init runs as the container's process (PID 1) under crun or runc
+/// (level `container`) or runsc (level `gvisor`, gVisor's user-space kernel), with a
+/// config.json generated per run (docs/architecture.md, "OCI backends"). Needs root. Uses the
+/// process backend's cgroup parent, cgroup root and uid range (`process_backend_options`).
+struct oci_backend_options {
+  /// Register the backend (after its self-test, at runtime creation). Off by default: a host
+  /// chooses its levels, and each one costs a self-test at start-up.
+  bool enabled = false;
+  /// The OCI runtime: "crun" or "runc" for `container`, "runsc" for `gvisor`.
+  std::string runtime;
+  /// Absolute path of the runtime's binary; empty: /usr/bin/<runtime>.
+  std::filesystem::path path;
+  /// runsc only: its `--platform` ("ptrace" works on any host; "kvm" needs /dev/kvm).
+  std::string platform = "ptrace";
+  /// Warm pools of started containers whose sandbox-init waits for its program (none by
+  /// default). One-shot, like the process backend's.
+  std::vector<warm_pool_class> warm_pool;
+};
+
 /// Everything a runtime is configured with. Defaults work for root and ordinary users.
 struct runtime_options {
   /// Per-host state: run work dirs, locks. Empty: `/run/agent-sandbox` for root, else
@@ -103,6 +122,10 @@ struct runtime_options {
   /// Register the process backend (after its self-test). Off for fake-only runtimes.
   bool process_backend = true;
   process_backend_options process;
+  /// The `container` level (crun by default, or runc).
+  oci_backend_options container{.runtime = "crun"};
+  /// The `gvisor` level (runsc).
+  oci_backend_options gvisor{.runtime = "runsc"};
   std::shared_ptr<span_sink> spans;  ///< receives one span per run; may be null
   log_sink log;                      ///< host log lines; empty: warnings and errors to stderr
 };

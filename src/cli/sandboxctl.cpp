@@ -77,6 +77,8 @@ const char* top_usage =
     "\n"
     "store options (every command): --state-dir DIR --image-dir DIR --blob-dir DIR\n"
     "  --cgroup-parent PATH (unprivileged hosts: a delegated cgroup subtree)\n"
+    "  --config FILE (host configuration: policy, scheduler, warm pools, backends such as\n"
+    "  {\"backends\": {\"container\": {\"runtime\": \"crun\"}}}; docs/operations.md)\n"
     "  -v/--verbose (host log lines on stderr)\n"
     "\n"
     "exit status: run: 0 when the result's code is ok, 1 for any other code, 2 for usage\n"
@@ -138,7 +140,7 @@ constexpr std::size_t max_ticket_file = 64 * 1024;
 constexpr std::size_t max_request_file = 8ULL << 20;  // decode_options' default
 
 struct common {
-  std::string state_dir, image_dir, blob_dir, cgroup_parent, tenant, ticket_path;
+  std::string state_dir, image_dir, blob_dir, cgroup_parent, tenant, ticket_path, config_path;
   bool verbose = false;
 };
 
@@ -148,6 +150,7 @@ po::options_description common_options(common& c) {
       "image-dir", po::value(&c.image_dir), "image store directory")(
       "blob-dir", po::value(&c.blob_dir), "blob store directory")(
       "cgroup-parent", po::value(&c.cgroup_parent), "parent cgroup of runs")(
+      "config", po::value(&c.config_path), "host configuration file (as for serve --config)")(
       "verbose,v", po::bool_switch(&c.verbose), "host log lines on stderr");
   return d;
 }
@@ -160,6 +163,15 @@ sandbox::runtime_options options_from(const common& c) {
   if (!c.cgroup_parent.empty()) o.process.cgroup_parent = c.cgroup_parent;
   o.log = sandbox::make_stderr_log_sink(c.verbose ? sandbox::log_level::debug
                                                   : sandbox::log_level::error);
+  if (!c.config_path.empty()) {
+    std::string text;
+    if (auto why = sandboxctl::read_config(c.config_path, text); !why.empty()) {
+      throw usage_error("--config: " + why);
+    }
+    if (auto applied = sandbox::apply_config(text, o); !applied) {
+      throw usage_error("--config: " + applied.error().message);
+    }
+  }
   return o;
 }
 

@@ -1314,9 +1314,6 @@ int serve(const serve_options& options) {
   return exit_ok;
 }
 
-namespace {
-
-/// The host configuration file at `path` into `text`; returns why not, or "".
 std::string read_config(const std::string& path, std::string& text) {
   constexpr std::size_t max_config_bytes = 1U << 20;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -1346,6 +1343,8 @@ std::string read_config(const std::string& path, std::string& text) {
   ::close(fd);
   return {};
 }
+
+namespace {
 
 }  // namespace
 

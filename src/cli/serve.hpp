@@ -66,6 +66,10 @@ struct serve_options {
  */
 int serve(const serve_options& options);
 
+/// Reads the host configuration file at `path` (at most 1 MiB; a FIFO waits for its writer)
+/// into `text`; returns why not ("cannot open ...: No such file or directory"), or "".
+std::string read_config(const std::string& path, std::string& text);
+
 /// `sandboxctl serve ARGS...`: parses the command line (`--socket PATH` or `--stdio`, store
 /// options, scheduler caps; see `--help`) and calls `serve`. Returns the exit status (2 for
 /// usage errors, with a message on stderr).

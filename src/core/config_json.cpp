@@ -3,6 +3,7 @@
 // and out-of-range values are refused with a message naming the field, and nothing is applied.
 #include <string>
 
+#include <algorithm>
 #include "core/env_rules.hpp"
 #include "core/json_strict.hpp"
 #include "sandbox/runtime.hpp"
@@ -115,6 +116,49 @@ void decode_pool(const json& v, const std::string& path, std::vector<warm_pool_c
   }
 }
 
+// "container": {"runtime": "crun"|"runc", "path": "/usr/bin/crun", "warm_pool": [...]}
+// "gvisor":    {"runtime": "runsc", "path": ..., "platform": "ptrace"|"kvm"|"systrap", ...}
+// Present means enabled.
+void decode_oci(const json& v, const std::string& path, oci_backend_options& out,
+                std::initializer_list<std::string_view> runtimes) {
+  const json& o = as_object(v, path);
+  check_known_fields(o, path, {"runtime", "path", "platform", "warm_pool"});
+  out.enabled = true;
+  optional_field(o, path, "runtime", [&](const json& x, const std::string& q) {
+    out.runtime = as_string(x, q);
+    if (std::find(runtimes.begin(), runtimes.end(), out.runtime) == runtimes.end()) {
+      std::string list;
+      for (auto r : runtimes) list += (list.empty() ? "" : ", ") + std::string(r);
+      fail(q, "must be one of: " + list);
+    }
+  });
+  optional_field(o, path, "path", [&](const json& x, const std::string& q) {
+    std::string p = as_string(x, q);
+    if (p.empty() || p[0] != '/' || p.find('\0') != std::string::npos) fail(q, "must be an absolute path");
+    out.path = p;
+  });
+  optional_field(o, path, "platform", [&](const json& x, const std::string& q) {
+    out.platform = as_string(x, q);
+    if (out.platform != "ptrace" && out.platform != "kvm" && out.platform != "systrap") {
+      fail(q, "must be one of: ptrace, kvm, systrap");
+    }
+    if (out.runtime != "runsc") fail(q, "only for runsc");
+  });
+  optional_field(o, path, "warm_pool",
+                 [&](const json& x, const std::string& q) { decode_pool(x, q, out.warm_pool); });
+}
+
+void decode_backends(const json& v, const std::string& path, runtime_options& opts) {
+  const json& o = as_object(v, path);
+  check_known_fields(o, path, {"container", "gvisor"});
+  optional_field(o, path, "container", [&](const json& x, const std::string& q) {
+    decode_oci(x, q, opts.container, {"crun", "runc"});
+  });
+  optional_field(o, path, "gvisor", [&](const json& x, const std::string& q) {
+    decode_oci(x, q, opts.gvisor, {"runsc"});
+  });
+}
+
 void decode_policy(const json& v, const std::string& path, policy& p) {
   const json& o = as_object(v, path);
   check_known_fields(o, path,
@@ -182,7 +226,7 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
     }
     const json& o = as_object(doc, "");
     detail::check_version(o);
-    check_known_fields(o, "", {"v", "scheduler", "warm_pool", "policy"});
+    check_known_fields(o, "", {"v", "scheduler", "warm_pool", "policy", "backends"});
     runtime_options next = options;  // applied only when everything decodes
     optional_field(o, "", "scheduler",
                    [&](const json& x, const std::string& p) { decode_scheduler(x, p, next.scheduler); });
@@ -191,17 +235,20 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
     });
     optional_field(o, "", "policy",
                    [&](const json& x, const std::string& p) { decode_policy(x, p, next.policy); });
+    optional_field(o, "", "backends",
+                   [&](const json& x, const std::string& p) { decode_backends(x, p, next); });
     // A pool class must be one a request can be: its limits within the policy in force.
-    for (std::size_t i = 0; i < next.process.warm_pool.size(); ++i) {
-      const auto& c = next.process.warm_pool[i];
-      const std::string p = member_path(index_path("warm_pool", i), "memory_limit_bytes");
+    auto check_pool = [&](const std::vector<warm_pool_class>& pool, const std::string& where) {
+    for (std::size_t i = 0; i < pool.size(); ++i) {
+      const auto& c = pool[i];
+      const std::string p = member_path(index_path(where, i), "memory_limit_bytes");
       if (c.memory_limit_bytes < next.policy.min_memory_bytes) {
         fail(p, "below the policy's min_memory_bytes (" + std::to_string(next.policy.min_memory_bytes) + ")");
       }
       if (c.memory_limit_bytes > next.policy.max_memory_bytes) {
         fail(p, "above the policy's max_memory_bytes (" + std::to_string(next.policy.max_memory_bytes) + ")");
       }
-      const std::string f = member_path(index_path("warm_pool", i), "files_out");
+      const std::string f = member_path(index_path(where, i), "files_out");
       if (c.files_out.max_files > next.policy.max_output_files) {
         fail(member_path(f, "max_files"), "above the policy's max_output_files");
       }
@@ -209,6 +256,10 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
         fail(member_path(f, "max_bytes"), "above the policy's max_output_bytes");
       }
     }
+    };
+    check_pool(next.process.warm_pool, "warm_pool");
+    check_pool(next.container.warm_pool, "backends.container.warm_pool");
+    check_pool(next.gvisor.warm_pool, "backends.gvisor.warm_pool");
     options = std::move(next);
     return {};
   } catch (const detail::decode_error& e) {

@@ -34,6 +34,9 @@
 #ifdef SANDBOX_HAS_PROCESS_BACKEND
 #include "backends/process/process_backend.hpp"
 #endif
+#ifdef SANDBOX_HAS_OCI_BACKEND
+#include "backends/oci/oci_backend.hpp"
+#endif
 
 namespace sandbox {
 
@@ -261,6 +264,8 @@ error_code runtime_impl::init(runtime_options o) noexcept {
     if (auto ec = open_stores(o)) return ec;
     resolve_runtimes(o);
     register_process_backend(o);
+    register_oci_backend(o, o.container, isolation::container);
+    register_oci_backend(o, o.gvisor, isolation::gvisor);
     return {};
   } catch (const std::exception& e) {
     log(log_level::error, std::string("runtime initialisation failed: ") + e.what());
@@ -406,6 +411,53 @@ void runtime_impl::register_process_backend(const runtime_options& o) {
   st.reason = "not built into this library (SANDBOX_BACKEND_PROCESS=OFF)";
 #endif
   if (!st.registered) log(log_level::warning, "process backend not registered: " + st.reason);
+  std::lock_guard lk(mu_);
+  statuses_.push_back(std::move(st));
+  refresh_levels_locked();
+}
+
+void runtime_impl::register_oci_backend(const runtime_options& o, const oci_backend_options& oci,
+                                        isolation level) {
+  if (!oci.enabled) return;
+  backend_status st{.isolation = level, .name = oci.runtime, .reason = {}};
+#ifdef SANDBOX_HAS_OCI_BACKEND
+  try {
+    detail::init_backend_context ctx{
+        .executor = executor_, .options = o.process, .state_dir = o.state_dir, .log = log_,
+        .policy = policy_,
+        .resolve_runtime =
+            [this](std::string_view name)
+            -> std::optional<std::pair<runtime_spec, std::filesystem::path>> {
+          const runtime_spec* s = spec(name);
+          auto root = rootfs_of(name);
+          if (s == nullptr || root.empty()) return std::nullopt;
+          return std::make_pair(*s, root);
+        }};
+    auto made = detail::make_oci_backend(ctx, oci);
+    if (auto* b = std::get_if<std::shared_ptr<backend>>(&made); b != nullptr && *b) {
+      if ((*b)->isolation() != level) {
+        st.reason = "runtime '" + oci.runtime + "' does not provide this level";
+        (*b)->shutdown();
+      } else {
+        st.registered = true;
+        std::lock_guard lk(mu_);
+        backends_[level] = *b;
+      }
+    } else if (auto* why = std::get_if<std::string>(&made)) {
+      st.reason = why->empty() ? "self-test failed" : *why;
+    } else {
+      st.reason = "the backend factory returned nothing";
+    }
+  } catch (const std::exception& e) {
+    st.reason = std::string("self-test threw: ") + e.what();
+  }
+#else
+  (void)o;
+  st.reason = "not built into this library (SANDBOX_BACKEND_OCI=OFF)";
+#endif
+  if (!st.registered) {
+    log(log_level::warning, std::string(to_string(level)) + " backend not registered: " + st.reason);
+  }
   std::lock_guard lk(mu_);
   statuses_.push_back(std::move(st));
   refresh_levels_locked();

@@ -90,6 +90,8 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   boost::system::error_code open_stores(runtime_options& o);
   void resolve_runtimes(const runtime_options& o);
   void register_process_backend(const runtime_options& o);
+  void register_oci_backend(const runtime_options& o, const oci_backend_options& oci,
+                            isolation level);
   void refresh_levels_locked();
 
   boost::asio::any_io_executor executor_;

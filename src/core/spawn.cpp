@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@ struct child_args {
   int src[5];
   int nfds;
   bool ambient_caps;
+  const char* detach_mount;  // or nullptr
   std::atomic<int> err;  // written by the child (shared memory), read after it exec'd or died
 };
 
@@ -82,6 +84,13 @@ int child_fn(void* p) {
       if (held) raw(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0);
     }
   }
+  if (a->detach_mount != nullptr) {
+    if (raw(SYS_mount, 0, reinterpret_cast<long>("/"), 0, MS_REC | MS_PRIVATE, 0) < 0 ||
+        raw(SYS_umount2, reinterpret_cast<long>(a->detach_mount), MNT_DETACH) < 0) {
+      a->err.store(errno);
+      raw(SYS_exit_group, 127);
+    }
+  }
   // Close everything else except the executable's descriptor, which exec closes itself.
   raw(SYS_close_range, a->nfds, exec_fd - 1, 0);
   raw(SYS_close_range, exec_fd + 1, ~0U, 0);
@@ -111,6 +120,10 @@ result<spawned_process> spawn_process(const spawn_request& req) {
   args.src[4] = req.fd4;
   args.nfds = req.fd4 >= 0 ? 5 : 4;
   args.ambient_caps = (req.clone_flags & CLONE_NEWUSER) != 0;
+  args.detach_mount = req.detach_mount.empty() ? nullptr : req.detach_mount.c_str();
+  if (args.detach_mount != nullptr && (req.clone_flags & CLONE_NEWNS) == 0) {
+    return boost::system::error_code(EINVAL, boost::system::generic_category());
+  }
   args.err.store(0);
 
   constexpr std::size_t stack_size = 64 * 1024;

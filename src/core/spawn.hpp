@@ -27,6 +27,9 @@ struct spawn_request {
   /// CLONE_NEW* flags. With CLONE_NEWUSER the child keeps its capabilities in the new user
   /// namespace across the exec (raised into the ambient set; see spawn.cpp).
   unsigned long clone_flags = 0;
+  /// With CLONE_NEWNS: make every mount private in the new namespace, then detach this mount
+  /// (e.g. "/sys/fs/cgroup/unified", so crun sees a pure cgroup v1 host). Empty: nothing.
+  std::string detach_mount;
 };
 
 struct spawned_process {

@@ -10,11 +10,25 @@
 namespace conformance {
 namespace {
 
+// `oci`: the OCI runtime to enable ("crun", "runc", "runsc"), or null for the process level.
 std::unique_ptr<sandbox::runtime> make_process_with(std::string* why, const char* state,
-                                                    std::vector<sandbox::warm_pool_class> pool) {
+                                                    std::vector<sandbox::warm_pool_class> pool,
+                                                    const char* oci = nullptr) {
   auto opts = sandbox::default_runtime_options();
   opts.state_dir = state_root() / state;
-  opts.process.warm_pool = std::move(pool);
+  sandbox::isolation level = sandbox::isolation::process;
+  if (oci == nullptr) {
+    opts.process.warm_pool = std::move(pool);
+  } else if (std::string_view(oci) == "runsc") {
+    level = sandbox::isolation::gvisor;
+    opts.gvisor.enabled = true;
+    opts.gvisor.warm_pool = std::move(pool);
+  } else {
+    level = sandbox::isolation::container;
+    opts.container.enabled = true;
+    opts.container.runtime = oci;
+    opts.container.warm_pool = std::move(pool);
+  }
   if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
   if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
   opts.blobs = sandbox::make_memory_blob_store(1ULL << 30);
@@ -31,7 +45,7 @@ std::unique_ptr<sandbox::runtime> make_process_with(std::string* why, const char
     return nullptr;
   }
   for (const auto& b : rt->backends()) {
-    if (b.isolation == sandbox::isolation::process && !b.registered) {
+    if (b.isolation == level && !b.registered) {
       *why = b.reason;
       return nullptr;
     }
@@ -76,7 +90,36 @@ const std::vector<backend_profile>& profiles() {
                  .expect = {.host_kernel = true, .distinct_uids = root,
                             .syscall_abi_on_host = true},
                  .ci_budget = std::chrono::seconds(600)});
-    // Later backends (container: crun/runc, gvisor: runsc, microvm) register here.
+    if (root) {  // the OCI backends need root
+      v.push_back({.name = "container (crun)",
+                   .level = sandbox::isolation::container,
+                   .make = [](std::string* why) { return make_process_with(why, "crun", {}, "crun"); },
+                   .expect = {.host_kernel = true, .distinct_uids = true,
+                              .syscall_abi_on_host = true},
+                   .host_config = R"({"v":1,"backends":{"container":{"runtime":"crun"}}})",
+                   .ci_budget = std::chrono::seconds(600)});
+      v.push_back({.name = "container (runc)",
+                   .level = sandbox::isolation::container,
+                   .make = [](std::string* why) { return make_process_with(why, "runc", {}, "runc"); },
+                   .expect = {.host_kernel = true, .distinct_uids = true,
+                              .syscall_abi_on_host = true},
+                   .host_config = R"({"v":1,"backends":{"container":{"runtime":"runc"}}})",
+                   .ci_budget = std::chrono::seconds(600)});
+      v.push_back({.name = "container (crun, warm pool)",
+                   .level = sandbox::isolation::container,
+                   .make =
+                       [](std::string* why) {
+                         return make_process_with(
+                             why, "crun-pooled",
+                             {{.runtime = "python3", .size = 2}, {.runtime = "node", .size = 1}},
+                             "crun");
+                       },
+                   .expect = {.host_kernel = true, .distinct_uids = true,
+                              .syscall_abi_on_host = true},
+                   .host_config = R"({"v":1,"backends":{"container":{"runtime":"crun"}}})",
+                   .ci_budget = std::chrono::seconds(600)});
+    }
+    // Later backends (gvisor: runsc, microvm) register here.
     return v;
   }();
   return all;

@@ -269,11 +269,25 @@ host_snapshot take_snapshot() {
     std::istringstream f(line);
     std::string id, par, devno, root, point;
     f >> id >> par >> devno >> root >> point;
+    // An idle warm-pool instance's output tmpfs (OCI backends: <runs>/<inst>/w<hex>/out).
+    if (point.size() > 4 && point.compare(point.size() - 4, 4, "/out") == 0) {
+      auto slash = point.rfind('/', point.size() - 5);
+      if (slash != std::string::npos && point[slash + 1] == 'w' &&
+          point.find("/runs/") != std::string::npos) {
+        continue;
+      }
+    }
     s.mounts.push_back(root + " " + point);
   }
   std::sort(s.mounts.begin(), s.mounts.end());
+  // The process backend keeps its work dirs in <state>/runs, each OCI backend in
+  // <state>/<runtime>/runs.
+  std::vector<fs::path> run_dirs;
   for (const auto& st : list_dir(state_root())) {
-    fs::path runs = state_root() / st / "runs";
+    run_dirs.push_back(state_root() / st / "runs");
+    for (const auto& sub : list_dir(state_root() / st)) run_dirs.push_back(state_root() / st / sub / "runs");
+  }
+  for (const auto& runs : run_dirs) {
     for (const auto& inst : list_dir(runs)) {
       for (const auto& r : list_dir(runs / inst)) {
         if (r.rfind('w', 0) != 0) s.work_dirs.insert(inst + "/" + r);

@@ -58,6 +58,9 @@ struct backend_profile {
   /// run the backend — a skip on laptops, a failure in CI.
   std::function<std::unique_ptr<sandbox::runtime>(std::string* why)> make;
   expectations expect;
+  /// The host configuration that enables this backend (for cases that go through
+  /// `sandboxctl --config`); empty for the process level, which is always on.
+  std::string host_config;
   /// CI time budget of this backend's core tier; exceeding it is reported, never asserted.
   std::chrono::seconds ci_budget{600};
 };

@@ -56,8 +56,6 @@ void report(int fd, child_report r) { (void)!write(fd, &r, sizeof r); }
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
   setsid();
-  // 2. Start in $HOME (a tmpfs of its own).
-  if (chdir("/home/sandbox") < 0) child_fail(info_fd, step::rlimits, errno);
   // 3. Resource limits the cgroup does not cover: no core dumps, bounded descriptors and
   //    file size.
   const rlimit core{0, 0};
@@ -103,6 +101,9 @@ void report(int fd, child_report r) { (void)!write(fd, &r, sizeof r); }
   if (getuid() != cfg.uid || geteuid() != cfg.uid || getgid() != cfg.gid || cfg.uid == 0) {
     child_fail(info_fd, step::drop_privileges, EPERM);
   }
+  // 4b. Start in $HOME (a tmpfs of its own, mode 0700: entered as its owner, since in a
+  //     container sandbox-init has no CAP_DAC_OVERRIDE).
+  if (chdir("/home/sandbox") < 0) child_fail(info_fd, step::drop_privileges, errno);
   // 5. No privilege can ever be regained through exec (setuid files, file capabilities).
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) child_fail(info_fd, step::no_new_privs, errno);
   // 6. The seccomp filter, last before exec; its listener goes to init through the shared
@@ -112,7 +113,7 @@ void report(int fd, child_report r) { (void)!write(fd, &r, sizeof r); }
   if (listener < 0) child_fail(info_fd, step::seccomp, -listener);
   report(info_fd, {1, listener, 0});
   // 7. Exec. In self-test mode the program is sandbox-init's own probe (by descriptor).
-  if (cfg.mode == "selftest") {
+  if (cfg.mode == "selftest" && !cfg.oci) {
     syscall(SYS_execveat, ip::self_exec_fd, "", argv, envp, AT_EMPTY_PATH);
   } else {
     execve(argv[0], argv, envp);

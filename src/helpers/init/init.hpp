@@ -1,5 +1,7 @@
 // sandbox-init internals. sandbox-init is exec'd fresh by the host as PID 1 of a new pid
-// namespace (plus mount, net, ipc, uts and — for unprivileged hosts — user namespaces). It is
+// namespace (plus mount, net, ipc, uts and — for unprivileged hosts — user namespaces), or
+// by an OCI runtime as the container's process (`launch=oci`: the runtime made the
+// namespaces and the filesystem from our config.json). It is
 // single-threaded and statically linked, builds the run's filesystem, starts the user program
 // as its only child, reaps every orphan, and reports to the host over the control channel
 // (core/init_protocol.hpp). It never trusts anything the sandboxed program can influence.
@@ -30,6 +32,7 @@ struct config {
   uid_t uid = 65534;         ///< uid of the user program (inside the user ns, if any)
   gid_t gid = 65534;
   bool userns = false;       ///< running in a user namespace (unprivileged host)
+  bool oci = false;          ///< started by an OCI runtime: the filesystem is built already
   std::uint64_t tmp_bytes = 0, home_bytes = 0, shm_bytes = 0, out_bytes = 0;
   std::uint64_t tmpfs_inodes = 4096, out_inodes = 256;
   std::uint64_t nofile = 256, fsize_bytes = 1ULL << 30;
@@ -47,6 +50,10 @@ struct failure {
 /// `dns_fd`) a descriptor of the output directory and the DNS sink socket. Returns false and
 /// fills `*f` on failure. Steps are numbered in mounts.cpp.
 bool setup_sandbox(const config& cfg, int* out_fd, int* dns_fd, failure* f);
+
+/// The OCI launchers' variant of `setup_sandbox`: the runtime built the filesystem; this
+/// brings up loopback if needed, binds the DNS sink and opens the output directory.
+bool setup_oci_sandbox(const config& cfg, int* out_fd, int* dns_fd, failure* f);
 
 /// At "go": sets the times of what sandbox-init made on its own file systems (root, /dev,
 /// /tmp, $HOME, the output dir) to now, so a warm-pool instance's idle time is not visible

@@ -89,16 +89,42 @@ std::uint64_t to_u64(std::string_view v) {
 }
 
 // Receives one message of type `want` (blocking); false on EOF, error or another type.
-bool read_message(ip::msg want, std::string* buf, std::string_view* payload) {
+// Descriptors that came with it (at most 2) land in `fds` (-1 where none).
+bool read_message(ip::msg want, std::string* buf, std::string_view* payload, int fds[2] = nullptr,
+                  std::uint32_t* a = nullptr) {
   buf->assign(ip::max_packet, '\0');
+  iovec iov{buf->data(), buf->size()};
+  alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * 2)];
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = cbuf;
+  m.msg_controllen = sizeof cbuf;
   ssize_t n;
   do {
-    n = recv(ip::control_fd, buf->data(), buf->size(), 0);
+    n = recvmsg(ip::control_fd, &m, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
+  int got[2] = {-1, -1};
+  int count = 0;
+  for (cmsghdr* c = n >= 0 ? CMSG_FIRSTHDR(&m) : nullptr; c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    std::size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < k; ++i) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      if (count < 2 && fds != nullptr) got[count++] = fd;
+      else close(fd);
+    }
+  }
+  if (fds != nullptr) {
+    fds[0] = got[0];
+    fds[1] = got[1];
+  }
   if (n < static_cast<ssize_t>(sizeof(ip::init_header))) return false;
   ip::init_header h;
   memcpy(&h, buf->data(), sizeof h);
   if (h.type != want) return false;
+  if (a != nullptr) *a = h.a;
   *payload = std::string_view(buf->data() + sizeof h, static_cast<std::size_t>(n) - sizeof h);
   return true;
 }
@@ -118,7 +144,20 @@ bool read_go(config* cfg) {
 bool read_config(config* cfg) {
   std::string buf;
   std::string_view payload;
-  if (!read_message(ip::msg::config, &buf, &payload)) return false;
+  int fds[2] = {-1, -1};
+  std::uint32_t a = 0;
+  if (!read_message(ip::msg::config, &buf, &payload, fds, &a)) return false;
+  // a = 1: the program's stdout and stderr came with the configuration (an OCI runtime holds
+  // our own 1 and 2 until it exits); they replace ours, so only the program holds them.
+  if (a == 1) {
+    if (fds[0] < 0 || fds[1] < 0) return false;
+    if (dup2(fds[0], 1) < 0 || dup2(fds[1], 2) < 0) return false;
+    close(fds[0]);
+    close(fds[1]);
+  } else {
+    if (fds[0] >= 0) close(fds[0]);
+    if (fds[1] >= 0) close(fds[1]);
+  }
   for (auto [k, v] : ip::parse_config(payload)) {
     if (k == "mode") cfg->mode = v;
     else if (k == "rootfs") cfg->rootfs = v;
@@ -130,6 +169,7 @@ bool read_config(config* cfg) {
     else if (k == "uid") cfg->uid = static_cast<uid_t>(to_u64(v));
     else if (k == "gid") cfg->gid = static_cast<gid_t>(to_u64(v));
     else if (k == "userns") cfg->userns = v == "1";
+    else if (k == "launch") cfg->oci = v == "oci";
     else if (k == "tmp_bytes") cfg->tmp_bytes = to_u64(v);
     else if (k == "home_bytes") cfg->home_bytes = to_u64(v);
     else if (k == "shm_bytes") cfg->shm_bytes = to_u64(v);
@@ -139,7 +179,7 @@ bool read_config(config* cfg) {
     else if (k == "nofile") cfg->nofile = to_u64(v);
     else if (k == "fsize_bytes") cfg->fsize_bytes = to_u64(v);
   }
-  return !cfg->rootfs.empty() && !cfg->staging.empty();
+  return cfg->oci || (!cfg->rootfs.empty() && !cfg->staging.empty());
 }
 
 void reset_signals() {
@@ -217,6 +257,9 @@ int main(int argc, char** argv) {
   setsid();
   fcntl(ip::control_fd, F_SETFD, FD_CLOEXEC);
   fcntl(ip::self_exec_fd, F_SETFD, FD_CLOEXEC);  // EBADF outside self-test mode: harmless
+  // Nothing else is inherited: an OCI runtime passes exactly 0-3 (--preserve-fds 1), and a
+  // descriptor it leaked by mistake must not reach the program (runc CVE-2024-21626).
+  syscall(SYS_close_range, ip::self_exec_fd + 1, ~0U, 0);
 
   // 2. Configuration (arrives once the host has placed us in the run's cgroup).
   config cfg;
@@ -228,7 +271,8 @@ int main(int argc, char** argv) {
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 
   // 3. A cgroup namespace rooted at the run's cgroup.
-  if (unshare(CLONE_NEWCGROUP) < 0) fail({step::cgroup_namespace, errno});
+  //    (An OCI runtime made it already, from config.json.)
+  if (!cfg.oci && unshare(CLONE_NEWCGROUP) < 0) fail({step::cgroup_namespace, errno});
 
   // PID 1 must not be the OOM killer's choice (root only; unprivileged cannot lower it).
   if (!cfg.userns) {
@@ -242,7 +286,10 @@ int main(int argc, char** argv) {
   // 4. Filesystem and network, then `ready` with the output dir and DNS sink socket.
   int out_fd = -1, dns_fd = -1;
   failure f{};
-  if (!setup_sandbox(cfg, &out_fd, &dns_fd, &f)) fail(f);
+  if (!(cfg.oci ? setup_oci_sandbox(cfg, &out_fd, &dns_fd, &f)
+                : setup_sandbox(cfg, &out_fd, &dns_fd, &f))) {
+    fail(f);
+  }
   times.add("filesystem_ready", now_us());
   int ready_fds[2] = {out_fd, dns_fd};
   if (!send_msg(ip::msg::ready, 0, 0, {}, ready_fds, 2)) _exit(1);
@@ -254,7 +301,9 @@ int main(int argc, char** argv) {
   //     host is gone or destroyed the instance.
   if (!read_go(&cfg)) _exit(0);
   times.add("go_received", now_us());
-  if (!refresh_times(&f)) fail(f);
+  // (Not in a container: its root and /dev are the runtime's mounts, and sandbox-init has no
+  // CAP_SYS_ADMIN to make them writable for the moment it takes.)
+  if (!cfg.oci && !refresh_times(&f)) fail(f);
 
   // 5. The user program. SIGCHLD is blocked first so no exit is lost before supervise().
   sigset_t chld;

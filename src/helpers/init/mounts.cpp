@@ -244,7 +244,7 @@ int bring_up_loopback() {
   int rc = 0;
   if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0) {
     rc = -errno;
-  } else {
+  } else if ((ifr.ifr_flags & IFF_UP) == 0) {  // an OCI runtime may have done it already
     ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
     if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0) rc = -errno;
   }
@@ -417,6 +417,23 @@ bool setup_sandbox(const config& cfg, int* out_fd, int* dns_fd, failure* f) {
            ? -errno
            : 0;
   return ok(rc, step::remount_readonly, f);
+}
+
+bool setup_oci_sandbox(const config& cfg, int* out_fd, int* dns_fd, failure* f) {
+  (void)cfg;
+  // The OCI runtime built the filesystem from our config.json (backends/oci/bundle.hpp) and
+  // set the hostname; what is left needs the run's network namespace from inside.
+  if (!ok(bring_up_loopback(), step::loopback, f)) return false;
+  int rc = open_dns_socket();
+  if (!ok(rc, step::dns_socket, f)) return false;
+  *dns_fd = rc;
+  *out_fd = open("/sandbox/out", O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  if (*out_fd < 0) {
+    *f = {step::outputs, errno};
+    close(*dns_fd);
+    return false;
+  }
+  return true;
 }
 
 }  // namespace sandbox::init

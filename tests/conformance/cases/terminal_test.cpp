@@ -186,6 +186,10 @@ pty_outcome sandboxctl_under_pty(const conformance::backend& b, const std::strin
   if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) {
     args.insert(args.end(), {"--cgroup-parent", p});
   }
+  if (!b.profile().host_config.empty()) {
+    std::ofstream(dir.path / "config.json") << b.profile().host_config;
+    args.insert(args.end(), {"--config", (dir.path / "config.json").string()});
+  }
   args.push_back((dir.path / script_name).string());
   return run_under_pty(args);
 }

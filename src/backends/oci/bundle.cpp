@@ -1,0 +1,951 @@
+// OCI bundles for the `container` (crun, runc) and `gvisor` (runsc) levels. See bundle.hpp for
+// the layout and the shape of config.json, and runtime-spec v1.0.2 (config.md,
+// config-linux.md) for the fields.
+#include "backends/oci/bundle.hpp"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sched.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <limits>
+#include <optional>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include "core/seccomp_policy.hpp"
+#include "core/store_io.hpp"
+#include "core/text_util.hpp"
+#include "core/workspace.hpp"
+
+namespace sandbox::detail::oci {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------------------
+// Names and texts
+// ---------------------------------------------------------------------------------------
+
+/// What sandbox-init needs before it starts the program (it drops them all in the child).
+constexpr std::array<std::string_view, 4> init_capabilities = {
+    "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE"};
+
+/// Namespaces every run gets (no user namespace: see bundle.hpp).
+constexpr std::array<std::string_view, 6> run_namespaces = {"pid", "network", "ipc",
+                                                            "uts", "mount",   "cgroup"};
+/// Of those, the ones `check_config` insists on: without them the run shares the host's.
+constexpr std::array<std::string_view, 5> required_namespaces = {"pid", "network", "ipc", "uts",
+                                                                 "mount"};
+
+/// Top-level names of the image that are never mirrored: we provide them ourselves.
+constexpr std::array<std::string_view, 11> reserved_names = {
+    ".",   "..",   "proc",    "sys",           "dev",         "tmp",
+    "run", "home", "sandbox", ".sandbox-init", ".sandbox-etc"};
+
+/// /etc files replaced with our own content, when the image has them as regular files.
+struct etc_file {
+  std::string_view name;
+  std::string_view content;
+};
+constexpr std::array<etc_file, 3> etc_files = {{
+    {"resolv.conf", "nameserver 127.0.0.1\noptions attempts:1 timeout:1\n"},
+    {"hosts", "127.0.0.1 localhost sandbox\n::1 localhost ip6-localhost\n"},
+    {"hostname", "sandbox\n"},
+}};
+
+constexpr std::string_view boot_id_path = "/proc/sys/kernel/random/boot_id";
+
+/// What a program has no business reading or poking in /proc (as the process backend masks).
+constexpr std::array<std::string_view, 15> masked_paths = {
+    "/proc/kcore",       "/proc/keys",          "/proc/key-users", "/proc/timer_list",
+    "/proc/sched_debug", "/proc/sysrq-trigger", "/proc/locks",     "/proc/kallsyms",
+    "/proc/config.gz",   "/proc/modules",       "/proc/cmdline",   "/proc/latency_stats",
+    "/proc/timer_stats", "/proc/acpi",          "/proc/scsi"};
+constexpr std::array<std::string_view, 5> readonly_paths = {"/proc/sys", "/proc/bus", "/proc/fs",
+                                                            "/proc/irq", "/proc/asound"};
+
+// Bind options. Plain "bind", never "rbind": nothing mounted below an allowed path on the host
+// may come along. No propagation option: the runtimes make the rootfs private or slave.
+constexpr std::array<std::string_view, 4> opts_image = {"bind", "ro", "nosuid", "nodev"};
+constexpr std::array<std::string_view, 5> opts_data_ro = {"bind", "ro", "nosuid", "nodev",
+                                                          "noexec"};
+constexpr std::array<std::string_view, 5> opts_output = {"bind", "rw", "nosuid", "nodev", "noexec"};
+constexpr std::array<std::string_view, 4> opts_init = {"bind", "ro", "nosuid", "nodev"};
+
+// ---------------------------------------------------------------------------------------
+// Small helpers
+// ---------------------------------------------------------------------------------------
+
+boost::system::error_code refuse(std::string* why, std::string reason) {
+  if (why != nullptr) *why = std::move(reason);
+  return make_error_code(errc::invalid_argument);
+}
+
+boost::system::error_code io_failure(std::string* why, std::string reason) {
+  if (why != nullptr) *why = std::move(reason);
+  return make_error_code(errc::io_error);
+}
+
+std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
+
+template <std::size_t N>
+bool contains(const std::array<std::string_view, N>& set, std::string_view s) {
+  return std::find(set.begin(), set.end(), s) != set.end();
+}
+
+/// Why `s` is not a clean absolute path (absolute, no empty, "." or ".." component, no
+/// trailing '/', no NUL, valid UTF-8), or nullptr when it is one.
+const char* path_problem(std::string_view s) {
+  if (s.empty() || s.front() != '/') return "is not absolute";
+  if (s.find('\0') != std::string_view::npos) return "contains a NUL byte";
+  if (utf8_error_offset(s) != std::string_view::npos) return "is not valid UTF-8";
+  if (s == "/") return nullptr;
+  if (s.back() == '/') return "ends with '/'";
+  std::size_t start = 1;
+  while (start <= s.size()) {
+    std::size_t end = s.find('/', start);
+    if (end == std::string_view::npos) end = s.size();
+    std::string_view c = s.substr(start, end - start);
+    if (c.empty()) return "has an empty component";
+    if (c == ".") return "has a '.' component";
+    if (c == "..") return "has a '..' component";
+    start = end + 1;
+  }
+  return nullptr;
+}
+
+/// True when clean absolute path `inner` is `outer` or below it, compared component-wise
+/// ("/a/b-evil" is not below "/a/b").
+bool is_within(std::string_view inner, std::string_view outer) {
+  if (outer == "/") return true;
+  if (inner.size() < outer.size() || inner.compare(0, outer.size(), outer) != 0) return false;
+  return inner.size() == outer.size() || inner[outer.size()] == '/';
+}
+
+/// True when `inner` is strictly below `outer`.
+bool is_below(std::string_view inner, std::string_view outer) {
+  return inner != outer && is_within(inner, outer);
+}
+
+/// Lexical normal form of an absolute path: empty and "." components dropped, no trailing
+/// '/'. Empty when `s` is relative or has a ".." component (which is refused, not resolved).
+std::optional<std::string> normalize(std::string_view s) {
+  if (s.empty() || s.front() != '/' || s.find('\0') != std::string_view::npos) return {};
+  std::string out;
+  std::size_t start = 0;
+  while (start < s.size()) {
+    std::size_t end = s.find('/', start);
+    if (end == std::string_view::npos) end = s.size();
+    std::string_view c = s.substr(start, end - start);
+    if (c == "..") return {};
+    if (!c.empty() && c != ".") {
+      out += '/';
+      out += c;
+    }
+    start = end + 1;
+  }
+  if (out.empty()) out = "/";
+  return out;
+}
+
+bool is_lower_hex(std::string_view s) {
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// ---------------------------------------------------------------------------------------
+// Parameters
+// ---------------------------------------------------------------------------------------
+
+std::optional<boost::system::error_code> validate(const bundle_params& p, std::string* why) {
+  const std::string& id = p.container_id;
+  auto id_char = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+  };
+  if (id.empty() || id.size() > 64 || id.front() == '-' ||
+      !std::all_of(id.begin(), id.end(), id_char)) {
+    return refuse(why,
+                  "container_id " + quote_for_message(id) + " must match [a-z0-9][a-z0-9-]{0,63}");
+  }
+  if (p.input_name.size() != 19 || p.input_name.compare(0, 3, "in-") != 0 ||
+      !is_lower_hex(std::string_view(p.input_name).substr(3))) {
+    return refuse(why, "input_name " + quote_for_message(p.input_name) +
+                           " must be \"in-\" and 16 lowercase hex digits");
+  }
+  const std::string& sn = p.source_name;
+  if (sn.empty() || sn.size() > 255 || sn.find('/') != std::string::npos ||
+      sn.find('\0') != std::string::npos || sn == "." || sn == ".." ||
+      utf8_error_offset(sn) != std::string_view::npos) {
+    return refuse(why, "source_name " + quote_for_message(sn) +
+                           " must be 1..255 bytes of UTF-8 without '/' or NUL, not \".\" or "
+                           "\"..\"");
+  }
+  if (sn == "out" || sn == p.input_name) {
+    return refuse(
+        why, "source_name " + quote_for_message(sn) + " collides with another entry of /sandbox");
+  }
+  const std::pair<const char*, const fs::path*> paths[] = {
+      {"image_root", &p.image_root}, {"workspace", &p.workspace},
+      {"inputs", &p.inputs},         {"source", &p.source},
+      {"output_dir", &p.output_dir}, {"init_executable", &p.init_executable}};
+  for (auto [name, path] : paths) {
+    if (const char* problem = path_problem(path->native())) {
+      return refuse(why,
+                    fmt::format("{} {} {}", name, quote_for_message(path->native(), 200), problem));
+    }
+  }
+  const std::string& ws = p.workspace.native();
+  const std::string& image = p.image_root.native();
+  if (ws == "/") return refuse(why, "workspace must not be \"/\"");
+  if (image == "/") return refuse(why, "image_root must not be \"/\"");
+  if (is_within(ws, image) || is_within(image, ws)) {
+    return refuse(why, "image_root and workspace must not contain each other");
+  }
+  const std::string bundle_dir = ws + "/bundle";
+  const std::pair<const char*, const fs::path*> inside[] = {
+      {"inputs", &p.inputs}, {"source", &p.source}, {"output_dir", &p.output_dir}};
+  for (auto [name, path] : inside) {
+    if (!is_below(path->native(), ws)) {
+      return refuse(why, fmt::format("{} {} is not inside the workspace", name,
+                                     quote_for_message(path->native(), 200)));
+    }
+    if (is_within(path->native(), bundle_dir)) {
+      return refuse(why, fmt::format("{} {} is inside the bundle directory", name,
+                                     quote_for_message(path->native(), 200)));
+    }
+  }
+  if (is_within(p.init_executable.native(), bundle_dir)) {
+    return refuse(why, "init_executable is inside the bundle directory");
+  }
+  if (p.cgroups_path == "/" || path_problem(p.cgroups_path) != nullptr) {
+    return refuse(why, "cgroups_path " + quote_for_message(p.cgroups_path, 200) +
+                           " must be a clean absolute path other than \"/\"");
+  }
+  if (p.uid == 0 || p.gid == 0) {
+    // No user namespace: uid 0 in the container is root on the host.
+    return refuse(why, "uid and gid must not be 0");
+  }
+  constexpr auto int64_max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  const std::pair<const char*, std::uint64_t> sizes[] = {{"memory_bytes", p.memory_bytes},
+                                                         {"max_pids", p.max_pids},
+                                                         {"tmp_bytes", p.tmp_bytes},
+                                                         {"home_bytes", p.home_bytes},
+                                                         {"shm_bytes", p.shm_bytes},
+                                                         {"tmpfs_inodes", p.tmpfs_inodes},
+                                                         {"nofile", p.nofile},
+                                                         {"fsize_bytes", p.fsize_bytes}};
+  for (auto [name, value] : sizes) {
+    if (value == 0) return refuse(why, fmt::format("{} must be > 0", name));
+    if (value > int64_max) return refuse(why, fmt::format("{} is too large", name));
+  }
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------
+// The image's top level
+// ---------------------------------------------------------------------------------------
+
+enum class entry_kind { directory, file, symlink };
+
+struct image_entry {
+  std::string name;
+  entry_kind kind;
+  std::string target;  ///< for symlinks
+};
+
+struct image_view {
+  std::vector<image_entry> entries;          ///< sorted by name
+  std::array<bool, etc_files.size()> etc{};  ///< /etc/<etc_files[i]> is a regular file
+};
+
+/// Reads the image root's top level with lstat semantics (never following a link).
+result<image_view> read_image(const fs::path& root, std::string* why) {
+  unique_fd dfd(open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dfd) return io_failure(why, fmt::format("open {}: {}", root.native(), errno_text(errno)));
+  int listing = dup(dfd.get());
+  DIR* d = listing < 0 ? nullptr : fdopendir(listing);
+  if (d == nullptr) {
+    int e = errno;
+    if (listing >= 0) close(listing);
+    return io_failure(why, fmt::format("opendir {}: {}", root.native(), errno_text(e)));
+  }
+  image_view img;
+  bool etc_is_dir = false;
+  errno = 0;
+  while (dirent* e = readdir(d)) {
+    std::string_view name = e->d_name;
+    // A name config.json cannot carry (JSON strings are UTF-8) gets no mount point.
+    if (contains(reserved_names, name) || utf8_error_offset(name) != std::string_view::npos) {
+      continue;
+    }
+    struct stat st {};
+    if (fstatat(dfd.get(), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+      int err = errno;
+      closedir(d);
+      return io_failure(why, fmt::format("lstat {}/{}: {}", root.native(), name, errno_text(err)));
+    }
+    if (S_ISDIR(st.st_mode)) {
+      img.entries.push_back({std::string(name), entry_kind::directory, {}});
+      if (name == "etc") etc_is_dir = true;
+    } else if (S_ISREG(st.st_mode)) {
+      img.entries.push_back({std::string(name), entry_kind::file, {}});
+    } else if (S_ISLNK(st.st_mode)) {
+      std::string target(4096, '\0');
+      ssize_t n = readlinkat(dfd.get(), e->d_name, target.data(), target.size());
+      if (n < 0 || static_cast<std::size_t>(n) >= target.size()) {
+        int err = n < 0 ? errno : ENAMETOOLONG;
+        closedir(d);
+        return io_failure(why,
+                          fmt::format("readlink {}/{}: {}", root.native(), name, errno_text(err)));
+      }
+      target.resize(static_cast<std::size_t>(n));
+      img.entries.push_back({std::string(name), entry_kind::symlink, std::move(target)});
+    }
+    // FIFOs, sockets and devices: skipped (never a mount source).
+    errno = 0;
+  }
+  int read_err = errno;
+  closedir(d);
+  if (read_err != 0) {
+    return io_failure(why, fmt::format("readdir {}: {}", root.native(), errno_text(read_err)));
+  }
+  std::sort(img.entries.begin(), img.entries.end(),
+            [](const image_entry& a, const image_entry& b) { return a.name < b.name; });
+  if (etc_is_dir) {
+    // Only real files under a real /etc: a bind onto a symlink would be resolved by the
+    // runtime, and where it points is the image's choice.
+    for (std::size_t i = 0; i < etc_files.size(); ++i) {
+      std::string rel = fmt::format("etc/{}", etc_files[i].name);
+      struct stat st {};
+      img.etc[i] =
+          fstatat(dfd.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+    }
+  }
+  return img;
+}
+
+// ---------------------------------------------------------------------------------------
+// config.json
+// ---------------------------------------------------------------------------------------
+
+template <std::size_t N>
+json bind_mount(const std::string& destination, const std::string& source,
+                const std::array<std::string_view, N>& options) {
+  json opts = json::array();
+  for (auto o : options) opts.push_back(o);
+  return {{"destination", destination}, {"type", "bind"}, {"source", source}, {"options", opts}};
+}
+
+json tmpfs_mount(const std::string& destination, std::vector<std::string> options) {
+  return {{"destination", destination},
+          {"type", "tmpfs"},
+          {"source", "tmpfs"},
+          {"options", std::move(options)}};
+}
+
+json build_config(const bundle_params& p, const image_view& img) {
+  const std::string bundle_dir = p.workspace.native() + "/bundle";
+  const std::string files_dir = bundle_dir + "/files";
+  const std::string inodes = fmt::format("nr_inodes={}", p.tmpfs_inodes);
+
+  json mounts = json::array();
+  // 1. The image's top level, read-only (its symlinks are in the skeleton already).
+  for (const auto& e : img.entries) {
+    if (e.kind == entry_kind::symlink) continue;
+    mounts.push_back(bind_mount("/" + e.name, p.image_root.native() + "/" + e.name, opts_image));
+  }
+  // 2. /proc of the run's pid namespace; then the run's own boot id over the host's, which
+  //    would name the host and link runs to each other. runc refuses any bind below /proc
+  //    but a few lxcfs files, so there the file is masked (read as empty) instead.
+  //    hidepid=2 ("invisible"): the program sees only its own processes, never sandbox-init
+  //    (PID 1, root). gVisor's procfs has no such option; there sandbox-init is
+  //    non-dumpable and the runtime's own kernel stands between.
+  json proc_options = json::array({"nosuid", "noexec", "nodev"});
+  if (p.kind != runtime_kind::runsc) proc_options.push_back("hidepid=2");
+  mounts.push_back({{"destination", "/proc"},
+                    {"type", "proc"},
+                    {"source", "proc"},
+                    {"options", proc_options}});
+  if (p.kind != runtime_kind::runc) {
+    mounts.push_back(bind_mount(std::string(boot_id_path), files_dir + "/boot_id", opts_data_ro));
+  }
+  // 3. /dev: a small tmpfs; the runtime adds its default device nodes (null, zero, full,
+  //    random, urandom, tty) and the device cgroup allows only those.
+  mounts.push_back(
+      tmpfs_mount("/dev", {"nosuid", "noexec", "strictatime", "mode=755", "size=65536"}));
+  // 4. Writable scratch space, capped in bytes and inodes (ENOSPC before the memory limit).
+  mounts.push_back(tmpfs_mount(
+      "/dev/shm",
+      {"nosuid", "noexec", "nodev", fmt::format("size={}", p.shm_bytes), inodes, "mode=1777"}));
+  mounts.push_back(tmpfs_mount(
+      "/tmp", {"nosuid", "nodev", fmt::format("size={}", p.tmp_bytes), inodes, "mode=1777"}));
+  mounts.push_back(tmpfs_mount(
+      "/home/sandbox", {"nosuid", "nodev", fmt::format("size={}", p.home_bytes), inodes,
+                        "mode=0700", fmt::format("uid={}", p.uid), fmt::format("gid={}", p.gid)}));
+  // 5. /sandbox: the inputs (read-only, random name), the output dir, the source.
+  mounts.push_back(bind_mount("/sandbox/" + p.input_name, p.inputs.native(), opts_data_ro));
+  mounts.push_back(bind_mount("/sandbox/out", p.output_dir.native(), opts_output));
+  mounts.push_back(bind_mount("/sandbox/" + p.source_name, p.source.native(), opts_data_ro));
+  // 6. Name service files, over the image's own (only where it has them as regular files).
+  for (std::size_t i = 0; i < etc_files.size(); ++i) {
+    if (!img.etc[i]) continue;
+    std::string name(etc_files[i].name);
+    mounts.push_back(bind_mount("/etc/" + name, files_dir + "/" + name, opts_data_ro));
+  }
+  // 7. sandbox-init, the container's first process.
+  mounts.push_back(bind_mount("/.sandbox-init", p.init_executable.native(), opts_init));
+
+  json caps = json::array();
+  for (auto c : init_capabilities) caps.push_back(c);
+  json namespaces = json::array();
+  for (auto n : run_namespaces) namespaces.push_back({{"type", n}});
+  json masked = json::array();
+  for (auto m : masked_paths) masked.push_back(m);
+  if (p.kind == runtime_kind::runc) masked.push_back(boot_id_path);
+  json readonly = json::array();
+  for (auto r : readonly_paths) readonly.push_back(r);
+
+  const json deny_all = {{"allow", false}, {"access", "rwm"}};
+  json resources = {
+      {"memory", {{"limit", static_cast<std::int64_t>(p.memory_bytes)}}},
+      {"pids", {{"limit", static_cast<std::int64_t>(p.max_pids)}}},
+      {"devices", json::array({deny_all})},
+  };
+  if (p.cpu_millicores > 0) {
+    // quota/period = cores: 1000 millicores = 100000 µs per 100000 µs.
+    resources["cpu"] = {{"quota", static_cast<std::int64_t>(p.cpu_millicores) * 100},
+                        {"period", 100000}};
+  }
+
+  auto rlimit = [](const char* type, std::uint64_t value) {
+    return json{{"type", type}, {"hard", value}, {"soft", value}};
+  };
+  return {
+      {"ociVersion", "1.0.2"},
+      {"root", {{"path", bundle_dir + "/rootfs"}, {"readonly", true}}},
+      {"hostname", "sandbox"},
+      {"mounts", std::move(mounts)},
+      {"process",
+       {{"terminal", false},
+        {"user", {{"uid", 0}, {"gid", 0}}},
+        {"args", json::array({"/.sandbox-init"})},
+        {"env", json::array()},
+        {"cwd", "/"},
+        {"capabilities",
+         {{"bounding", caps},
+          {"effective", caps},
+          {"permitted", caps},
+          {"inheritable", json::array()},
+          {"ambient", json::array()}}},
+        {"rlimits", json::array({rlimit("RLIMIT_NOFILE", p.nofile),
+                                 rlimit("RLIMIT_FSIZE", p.fsize_bytes), rlimit("RLIMIT_CORE", 0)})},
+        {"noNewPrivileges", true}}},
+      {"linux",
+       {{"namespaces", std::move(namespaces)},
+        {"cgroupsPath", p.cgroups_path},
+        {"resources", std::move(resources)},
+        {"maskedPaths", std::move(masked)},
+        {"readonlyPaths", std::move(readonly)},
+        {"seccomp", seccomp_section(p.kind)}}},
+  };
+}
+
+// ---------------------------------------------------------------------------------------
+// Seccomp
+// ---------------------------------------------------------------------------------------
+
+// The argument conditions of core/seccomp_policy.cpp's add_rules(), in OCI's form. Keep the
+// two in step: a conditioned row of the deny table that is not special-cased here would be
+// denied unconditionally.
+constexpr std::uint64_t namespace_clone_flags[] = {
+    CLONE_NEWNS,   CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC,
+    CLONE_NEWUSER, CLONE_NEWPID,    CLONE_NEWNET,
+};
+// Everything but AF_UNIX=1, AF_INET=2, AF_INET6=10, AF_NETLINK=16; above 16: one GT rule.
+constexpr std::uint64_t refused_low_families[] = {0, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15};
+constexpr std::uint64_t tiocsti = 0x5412;
+constexpr std::uint64_t tioclinux = 0x541C;
+constexpr std::uint64_t low32 = 0xFFFFFFFFULL;
+
+/// One `args` entry. For SCMP_CMP_MASKED_EQ, `value` is the mask and `value_two` the datum
+/// (libseccomp's datum_a / datum_b).
+json arg(unsigned index, const char* op, std::uint64_t value, std::uint64_t value_two = 0) {
+  return {{"index", index}, {"value", value}, {"valueTwo", value_two}, {"op", op}};
+}
+
+json errno_rule(const char* name, int errno_value, json args = json::array()) {
+  json r = {
+      {"names", json::array({name})}, {"action", "SCMP_ACT_ERRNO"}, {"errnoRet", errno_value}};
+  if (!args.empty()) r["args"] = std::move(args);
+  return r;
+}
+
+/// Appends the rules of one `errno_value` row (several when the row has several condition
+/// sets: OCI ANDs the `args` of one rule, so each alternative is a rule of its own).
+void add_errno_rows(json& out, const seccomp_rule_info& r) {
+  std::string_view name = r.syscall;
+  if (name == "clone") {
+    for (auto flag : namespace_clone_flags) {
+      out.push_back(errno_rule(r.syscall, r.errno_value,
+                               json::array({arg(0, "SCMP_CMP_MASKED_EQ", flag, flag)})));
+    }
+  } else if (name == "ioctl") {
+    // The command is compared in its low 32 bits only, as the kernel reads it.
+    for (auto request : {tiocsti, tioclinux}) {
+      out.push_back(errno_rule(r.syscall, r.errno_value,
+                               json::array({arg(1, "SCMP_CMP_MASKED_EQ", low32, request)})));
+    }
+  } else if (name == "socket") {
+    out.push_back(
+        errno_rule(r.syscall, EAFNOSUPPORT, json::array({arg(0, "SCMP_CMP_GT", AF_NETLINK)})));
+    for (auto family : refused_low_families) {
+      out.push_back(
+          errno_rule(r.syscall, EAFNOSUPPORT, json::array({arg(0, "SCMP_CMP_EQ", family)})));
+    }
+    // Netlink: only NETLINK_ROUTE (0).
+    out.push_back(
+        errno_rule(r.syscall, EPROTONOSUPPORT,
+                   json::array({arg(0, "SCMP_CMP_EQ", AF_NETLINK), arg(2, "SCMP_CMP_NE", 0)})));
+  } else if (name == "prlimit64") {
+    // Setting (new_limit != NULL) the limits of another process (pid != 0).
+    out.push_back(errno_rule(r.syscall, r.errno_value,
+                             json::array({arg(0, "SCMP_CMP_NE", 0), arg(2, "SCMP_CMP_NE", 0)})));
+  } else if (name == "setpriority" || name == "ioprio_set") {
+    out.push_back(errno_rule(r.syscall, r.errno_value, json::array({arg(1, "SCMP_CMP_NE", 0)})));
+  } else if (name.rfind("sched_set", 0) == 0 || name == "migrate_pages" || name == "move_pages") {
+    out.push_back(errno_rule(r.syscall, r.errno_value, json::array({arg(0, "SCMP_CMP_NE", 0)})));
+  } else {
+    out.push_back(errno_rule(r.syscall, r.errno_value));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// check_config
+// ---------------------------------------------------------------------------------------
+
+bool has_option(const json& options, std::string_view o) {
+  if (!options.is_array()) return false;
+  return std::any_of(options.begin(), options.end(),
+                     [&](const json& v) { return v.is_string() && v.get<std::string>() == o; });
+}
+
+/// Why host path `source` (clean) may not be a bind source below allowed root `root` (clean,
+/// `source` within it), or empty. Every component from `root` down is lstat'ed: none may be
+/// a symlink (the runtime would follow it), and the source itself must be a directory or a
+/// regular file (not a socket, FIFO or device).
+std::string check_source_on_host(const std::string& source, const std::string& root) {
+  std::string path = root;
+  std::size_t pos = root == "/" ? 0 : root.size();
+  while (true) {
+    struct stat st {};
+    if (lstat(path.c_str(), &st) < 0) {
+      return fmt::format("{}: {}", path, errno_text(errno));
+    }
+    if (S_ISLNK(st.st_mode)) return fmt::format("{} is a symlink", path);
+    if (pos >= source.size()) {
+      if (S_ISSOCK(st.st_mode)) return fmt::format("{} is a socket", path);
+      if (S_ISFIFO(st.st_mode)) return fmt::format("{} is a FIFO", path);
+      if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return fmt::format("{} is a device", path);
+      if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
+        return fmt::format("{} is not a directory or regular file", path);
+      }
+      return {};
+    }
+    std::size_t next = source.find('/', pos + 1);
+    if (next == std::string::npos) next = source.size();
+    path = source.substr(0, next);
+    pos = next;
+  }
+}
+
+std::string check_capabilities(const json& process) {
+  if (!process.contains("capabilities")) return {};
+  const json& caps = process["capabilities"];
+  if (!caps.is_object()) return "process.capabilities is not an object";
+  for (auto it = caps.begin(); it != caps.end(); ++it) {
+    const std::string& set = it.key();
+    if (!it->is_array()) return fmt::format("process.capabilities.{} is not an array", set);
+    bool must_be_empty = set == "inheritable" || set == "ambient";
+    for (const json& c : *it) {
+      if (!c.is_string()) return fmt::format("process.capabilities.{} has a non-string", set);
+      const std::string& name = c.get_ref<const std::string&>();
+      if (must_be_empty || !contains(init_capabilities, name)) {
+        return fmt::format("process.capabilities.{} grants {}", set, name);
+      }
+    }
+  }
+  return {};
+}
+
+std::string check_mount(const json& m, std::size_t i, const std::vector<std::string>& allowed) {
+  const std::string at = fmt::format("mounts[{}]", i);
+  if (!m.is_object()) return at + " is not an object";
+  if (!m.contains("destination") || !m["destination"].is_string()) {
+    return at + ".destination is missing";
+  }
+  const std::string& dest = m["destination"].get_ref<const std::string&>();
+  auto dest_norm = normalize(dest);
+  if (!dest_norm) return fmt::format("{}.destination {} is not absolute or has '..'", at, dest);
+  if (*dest_norm == "/") return fmt::format("{}.destination is the root", at);
+  const json options = m.contains("options") ? m["options"] : json::array();
+  if (!options.is_array()) return at + ".options is not an array";
+  for (const json& o : options) {
+    if (!o.is_string()) return at + ".options has a non-string";
+    const std::string& s = o.get_ref<const std::string&>();
+    // rbind would carry whatever is mounted below the source on the host; suid/dev would
+    // undo nosuid/nodev; shared propagation would leak mounts back to the host.
+    if (s == "rbind" || s == "suid" || s == "dev" || s == "shared" || s == "rshared") {
+      return fmt::format("{}.options has {}", at, s);
+    }
+  }
+  std::string type;
+  if (m.contains("type")) {
+    if (!m["type"].is_string()) return at + ".type is not a string";
+    type = m["type"].get<std::string>();
+  }
+  bool is_bind = type == "bind" || has_option(options, "bind");
+  if (!is_bind) {
+    if (type == "tmpfs") return {};
+    if (type == "proc") {
+      if (*dest_norm != "/proc") return fmt::format("{} mounts proc at {}", at, dest);
+      return {};
+    }
+    return fmt::format("{}.type {} is not bind, proc or tmpfs", at,
+                       type.empty() ? std::string("(none)") : type);
+  }
+  if (!has_option(options, "nosuid") || !has_option(options, "nodev")) {
+    return at + " is a bind without nosuid and nodev";
+  }
+  if (!m.contains("source") || !m["source"].is_string()) return at + ".source is missing";
+  const std::string& source = m["source"].get_ref<const std::string&>();
+  auto norm = normalize(source);
+  if (!norm) return fmt::format("{}.source {} is not absolute or has '..'", at, source);
+  for (const auto& root : allowed) {
+    if (!is_within(*norm, root)) continue;
+    if (std::string problem = check_source_on_host(*norm, root); !problem.empty()) {
+      return fmt::format("{}.source {} is refused: {}", at, source, problem);
+    }
+    return {};
+  }
+  return fmt::format("{}.source {} is outside the allowed paths", at, source);
+}
+
+// ---------------------------------------------------------------------------------------
+// write_bundle
+// ---------------------------------------------------------------------------------------
+
+/// Creates directory `name` under `dfd` with exactly `mode` (umask aside).
+int make_dir(int dfd, const char* name, mode_t mode) {
+  if (mkdirat(dfd, name, 0700) < 0) return errno;
+  unique_fd fd(openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd || fchmod(fd.get(), mode) < 0) return errno;
+  return 0;
+}
+
+/// Creates file `name` under `dfd` (which must not exist) holding `content`, mode `mode`.
+int make_file(int dfd, const char* name, mode_t mode, std::string_view content = {}) {
+  unique_fd fd(openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd) return errno;
+  std::size_t off = 0;
+  while (off < content.size()) {
+    ssize_t n = write(fd.get(), content.data() + off, content.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    if (n == 0) return EIO;
+    off += static_cast<std::size_t>(n);
+  }
+  if (fchmod(fd.get(), mode) < 0) return errno;
+  return 0;
+}
+
+/// A random UUID (version 4) as text, or empty when getrandom fails.
+std::string random_uuid() {
+  std::array<unsigned char, 16> b{};
+  std::size_t got = 0;
+  while (got < b.size()) {
+    ssize_t n = getrandom(b.data() + got, b.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return {};
+    got += static_cast<std::size_t>(n);
+  }
+  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
+  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // variant 1
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string id;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) id += '-';
+    id += hex[b[i] >> 4];
+    id += hex[b[i] & 15];
+  }
+  return id;
+}
+
+/// Builds the bundle's directories and files (everything but config.json) under `bundle_fd`.
+/// Returns an empty string, or what failed.
+std::string build_tree(int bundle_fd, const bundle_params& p, const image_view& img) {
+  const std::string bundle_dir = p.workspace.native() + "/bundle";
+  auto failed = [](std::string_view what, const std::string& path, int e) {
+    return fmt::format("{} {}: {}", what, path, errno_text(e));
+  };
+  // 1. The root skeleton: mount points only; the runtime mounts everything else onto it.
+  const std::string root = bundle_dir + "/rootfs";
+  if (int e = make_dir(bundle_fd, "rootfs", 0755)) return failed("mkdir", root, e);
+  unique_fd rfd(openat(bundle_fd, "rootfs", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!rfd) return failed("open", root, errno);
+  for (const auto& entry : img.entries) {
+    const char* name = entry.name.c_str();
+    int e = 0;
+    switch (entry.kind) {
+      case entry_kind::directory:
+        e = make_dir(rfd.get(), name, 0755);
+        break;
+      case entry_kind::file:
+        e = make_file(rfd.get(), name, 0644);
+        break;
+      case entry_kind::symlink:
+        e = symlinkat(entry.target.c_str(), rfd.get(), name) < 0 ? errno : 0;
+        break;
+    }
+    if (e != 0) return failed("create", root + "/" + entry.name, e);
+  }
+  // Our own mount points. A tmpfs mount point has the tmpfs root's mode (runc passes the
+  // mount point's mode to the tmpfs ahead of ours).
+  const std::pair<const char*, mode_t> dirs[] = {
+      {"proc", 0555}, {"dev", 0755}, {"tmp", 01777}, {"home", 0755}, {"sandbox", 0755}};
+  for (auto [name, mode] : dirs) {
+    if (int e = make_dir(rfd.get(), name, mode)) return failed("mkdir", root + "/" + name, e);
+  }
+  if (int e = make_dir(rfd.get(), "home/sandbox", 0700)) {
+    return failed("mkdir", root + "/home/sandbox", e);
+  }
+  if (int e = make_file(rfd.get(), ".sandbox-init", 0555)) {
+    return failed("create", root + "/.sandbox-init", e);
+  }
+  {
+    unique_fd sfd(openat(rfd.get(), "sandbox", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!sfd) return failed("open", root + "/sandbox", errno);
+    int e = make_dir(sfd.get(), p.input_name.c_str(), 0555);
+    if (e != 0) return failed("mkdir", root + "/sandbox/" + p.input_name, e);
+    if ((e = make_dir(sfd.get(), "out", 0755)) != 0) {
+      return failed("mkdir", root + "/sandbox/out", e);
+    }
+    if ((e = make_file(sfd.get(), p.source_name.c_str(), 0444)) != 0) {
+      return failed("create", root + "/sandbox/" + p.source_name, e);
+    }
+    // /sandbox can be traversed but not listed: the inputs' random name is learned from
+    // SANDBOX_INPUT_DIR, not by looking around.
+    if (fchmod(sfd.get(), 0111) < 0) return failed("chmod", root + "/sandbox", errno);
+  }
+  // 2. The bundle's own files, bound read-only into the run.
+  const std::string files = bundle_dir + "/files";
+  if (int e = make_dir(bundle_fd, "files", 0755)) return failed("mkdir", files, e);
+  unique_fd ffd(openat(bundle_fd, "files", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!ffd) return failed("open", files, errno);
+  for (const auto& f : etc_files) {
+    std::string name(f.name);
+    if (int e = make_file(ffd.get(), name.c_str(), 0444, f.content)) {
+      return failed("create", files + "/" + name, e);
+    }
+  }
+  std::string boot_id = random_uuid();
+  if (boot_id.empty()) return failed("getrandom for", files + "/boot_id", errno);
+  if (int e = make_file(ffd.get(), "boot_id", 0444, boot_id + "\n")) {
+    return failed("create", files + "/boot_id", e);
+  }
+  return {};
+}
+
+}  // namespace
+
+nlohmann::json seccomp_section(runtime_kind kind) {
+  json syscalls = json::array();
+  for (const auto& r : seccomp_rules()) {
+    switch (r.treatment) {
+      case seccomp_treatment::errno_value:
+        // runsc answers every SCMP_ACT_ERRNO rule with EPERM (it ignores errnoRet), and an
+        // ENOSYS row is only there to make programs fall back: clone3 refused with EPERM
+        // would make glibc's pthread_create fail instead of falling back to clone. Those
+        // calls are left to gVisor's own kernel.
+        if (kind == runtime_kind::runsc && r.errno_value == ENOSYS) break;
+        add_errno_rows(syscalls, r);
+        break;
+      case seccomp_treatment::violation:
+        // crun/runc: left to sandbox-init's filter, whose USER_NOTIF this filter's ERRNO
+        // would override. runsc has no user notification: refuse here.
+        if (kind == runtime_kind::runsc) syscalls.push_back(errno_rule(r.syscall, EPERM));
+        break;
+      case seccomp_treatment::egress:
+        break;  // always sandbox-init's (the host records egress attempts)
+    }
+  }
+  // crun/runc: the i386 and x32 ABIs are listed (default allow) so that their calls reach
+  // sandbox-init's filter, which sends every non-native call to the host as a violation. Left
+  // out, they would hit this filter's bad-architecture action (an errno), which takes
+  // precedence over user notification and hides the attempt from the host. gVisor runs
+  // neither ABI at all.
+  json arches = json::array({"SCMP_ARCH_X86_64"});
+  if (kind != runtime_kind::runsc) {
+    arches.push_back("SCMP_ARCH_X86");
+    arches.push_back("SCMP_ARCH_X32");
+  }
+  return {{"defaultAction", "SCMP_ACT_ALLOW"},
+          {"architectures", std::move(arches)},
+          {"syscalls", std::move(syscalls)}};
+}
+
+result<nlohmann::json> make_config(const bundle_params& p, std::string* why) {
+  if (auto err = validate(p, why)) return *err;
+  auto img = read_image(p.image_root, why);
+  if (!img) return img.error();
+  return build_config(p, *img);
+}
+
+std::string check_config(const nlohmann::json& config,
+                         const std::vector<std::filesystem::path>& allowed) {
+  if (!config.is_object()) return "the document is not an object";
+  if (config.contains("hooks")) return "hooks are not allowed";
+  // The allowed roots, in normal form; "/" and relative paths allow nothing.
+  std::vector<std::string> roots;
+  for (const auto& a : allowed) {
+    auto n = normalize(a.native());
+    if (n && *n != "/") roots.push_back(std::move(*n));
+  }
+  // root
+  if (!config.contains("root") || !config["root"].is_object()) return "root is missing";
+  const json& root = config["root"];
+  if (!root.contains("readonly") || root["readonly"] != true) return "root.readonly is not true";
+  if (!root.contains("path") || !root["path"].is_string()) return "root.path is missing";
+  const std::string& root_path = root["path"].get_ref<const std::string&>();
+  if (path_problem(root_path) != nullptr || !root_path.ends_with("/bundle/rootfs")) {
+    return fmt::format("root.path {} is not a clean absolute <workspace>/bundle/rootfs", root_path);
+  }
+  struct stat st {};
+  if (lstat(root_path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    return fmt::format("root.path {} is not a directory", root_path);
+  }
+  // process
+  if (!config.contains("process") || !config["process"].is_object()) return "process is missing";
+  const json& process = config["process"];
+  if (process.contains("terminal") && process["terminal"] != false) {
+    return "process.terminal is set";
+  }
+  if (!process.contains("noNewPrivileges") || process["noNewPrivileges"] != true) {
+    return "process.noNewPrivileges is not true";
+  }
+  if (std::string bad = check_capabilities(process); !bad.empty()) return bad;
+  // mounts
+  if (config.contains("mounts")) {
+    const json& mounts = config["mounts"];
+    if (!mounts.is_array()) return "mounts is not an array";
+    for (std::size_t i = 0; i < mounts.size(); ++i) {
+      if (std::string bad = check_mount(mounts[i], i, roots); !bad.empty()) return bad;
+    }
+  }
+  // linux
+  if (!config.contains("linux") || !config["linux"].is_object()) return "linux is missing";
+  const json& linux = config["linux"];
+  if (linux.contains("sysctl")) return "linux.sysctl is not allowed";
+  if (linux.contains("devices") && !linux["devices"].empty()) {
+    return "linux.devices is not allowed";
+  }
+  if (linux.contains("rootfsPropagation")) {
+    const json& prop = linux["rootfsPropagation"];
+    if (prop == "shared" || prop == "rshared") return "linux.rootfsPropagation is shared";
+  }
+  if (!linux.contains("namespaces") || !linux["namespaces"].is_array()) {
+    return "linux.namespaces is missing";
+  }
+  std::vector<std::string> types;
+  for (std::size_t i = 0; i < linux["namespaces"].size(); ++i) {
+    const json& ns = linux["namespaces"][i];
+    if (!ns.is_object() || !ns.contains("type") || !ns["type"].is_string()) {
+      return fmt::format("linux.namespaces[{}] has no type", i);
+    }
+    if (ns.contains("path")) {
+      return fmt::format("linux.namespaces[{}] joins an existing namespace", i);
+    }
+    types.push_back(ns["type"].get<std::string>());
+  }
+  for (auto t : required_namespaces) {
+    if (std::find(types.begin(), types.end(), t) == types.end()) {
+      return fmt::format("linux.namespaces lacks {}", t);
+    }
+  }
+  if (linux.contains("resources") && linux["resources"].contains("devices")) {
+    for (const json& d : linux["resources"]["devices"]) {
+      if (d.contains("allow") && d["allow"] != false) {
+        return "linux.resources.devices allows a device";
+      }
+    }
+  }
+  return {};
+}
+
+result<bundle> write_bundle(const bundle_params& p, std::string* why) {
+  if (auto err = validate(p, why)) return *err;
+  auto img = read_image(p.image_root, why);
+  if (!img) return img.error();
+
+  bundle b;
+  b.dir = p.workspace / "bundle";
+  b.config_path = b.dir / "config.json";
+  // The bundle directory is ours only once mkdir succeeds: an existing one is left alone.
+  if (mkdir(b.dir.c_str(), 0700) < 0) {
+    return io_failure(why, fmt::format("mkdir {}: {}", b.dir.native(), errno_text(errno)));
+  }
+  auto fail = [&](boost::system::error_code ec, std::string reason) {
+    remove_bundle(b.dir);
+    if (why != nullptr) *why = std::move(reason);
+    return ec;
+  };
+  unique_fd bfd(open(b.dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!bfd) {
+    int e = errno;
+    return fail(make_error_code(errc::io_error),
+                fmt::format("open {}: {}", b.dir.native(), errno_text(e)));
+  }
+  // The runtimes run as root; the run itself never sees this directory.
+  if (fchmod(bfd.get(), 0711) < 0) {
+    int e = errno;
+    return fail(make_error_code(errc::io_error),
+                fmt::format("chmod {}: {}", b.dir.native(), errno_text(e)));
+  }
+  if (std::string failed = build_tree(bfd.get(), p, *img); !failed.empty()) {
+    return fail(make_error_code(errc::io_error), std::move(failed));
+  }
+  b.config = build_config(p, *img);
+  // Prove the closed set of host paths on what will be written, with the files in place (a
+  // symlinked or socket input, source or init executable is refused here).
+  const std::vector<fs::path> allowed = {p.image_root, p.inputs,        p.source,
+                                         p.output_dir, b.dir / "files", p.init_executable};
+  if (std::string bad = check_config(b.config, allowed); !bad.empty()) {
+    return fail(make_error_code(errc::invalid_argument), "generated config.json refused: " + bad);
+  }
+  if (int e = make_file(bfd.get(), "config.json", 0600, b.config.dump(2) + "\n")) {
+    return fail(make_error_code(errc::io_error),
+                fmt::format("create {}: {}", b.config_path.native(), errno_text(e)));
+  }
+  return b;
+}
+
+void remove_bundle(const std::filesystem::path& dir) noexcept {
+  unique_fd root(open((dir / "rootfs").c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st {};
+  if (root && fstatat(root.get(), "sandbox", &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+      S_ISDIR(st.st_mode)) {
+    fchmodat(root.get(), "sandbox", 0700, 0);
+  }
+  remove_tree(dir);
+}
+
+}  // namespace sandbox::detail::oci

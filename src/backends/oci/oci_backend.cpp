@@ -1,0 +1,421 @@
+// The OCI launchers: sandbox-init as the container's process under crun, runc or runsc.
+//
+// Per run (on top of the shared machine, core/init_backend.hpp):
+//   launch    mount a size-capped tmpfs at <ws>/out (the output dir, collected on the host
+//             with the same no-follow collector), write the bundle (bundle.hpp), then run
+//             `<runtime> --root <state>/runtime run --bundle <ws>/bundle --preserve-fds 1 <id>`
+//             with sandbox-init's control socket as fd 3 and the capture pipes as stdout and
+//             stderr. The container joins the run's cgroup (linux.cgroupsPath), so limits,
+//             OOM events, usage and kill-and-confirm are the process backend's.
+//   release   when every process is confirmed dead: unmount <ws>/out, then always
+//             `<runtime> delete --force <id>` (asynchronously, bounded by a timer).
+// Host quirks:
+//   - crun refuses cgroup v1 hosts that also mount a cgroup2 hierarchy with controllers
+//     ("hybrid"): it runs in a private mount namespace with that mount detached, where it
+//     sees a pure v1 host (spawn_request::detach_mount).
+//   - Our own `--root` keeps the runtime's state apart from every other user of the runtime
+//     (and makes orphan reclaim a directory listing of our own).
+#include "backends/oci/oci_backend.hpp"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef P_PIDFD
+#define P_PIDFD static_cast<idtype_t>(3)  // <linux/wait.h>; older glibc lacks it
+#endif
+#ifndef CGROUP2_SUPER_MAGIC
+#define CGROUP2_SUPER_MAGIC 0x63677270
+#endif
+#ifndef TMPFS_MAGIC
+#define TMPFS_MAGIC 0x01021994
+#endif
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "backends/oci/bundle.hpp"
+#include "core/spawn.hpp"
+#include "core/tool_process.hpp"
+
+namespace sandbox::detail {
+namespace {
+
+namespace asio = boost::asio;
+using clock = std::chrono::steady_clock;
+
+constexpr auto delete_timeout = std::chrono::seconds(10);
+
+// True on a cgroup v1 host that also mounts cgroup2 at /sys/fs/cgroup/unified (crun refuses
+// such a host when that hierarchy has any controller enabled).
+bool hybrid_cgroups(const std::filesystem::path& root) {
+  struct statfs top{}, uni{};
+  if (::statfs(root.c_str(), &top) != 0 || top.f_type != TMPFS_MAGIC) return false;
+  auto unified = root / "unified";
+  return ::statfs(unified.c_str(), &uni) == 0 && uni.f_type == CGROUP2_SUPER_MAGIC;
+}
+
+class oci_launcher final : public init_launcher,
+                           public std::enable_shared_from_this<oci_launcher> {
+ public:
+  struct setup {
+    oci::runtime_kind kind;
+    std::string name;              // "crun", "runc", "runsc"
+    std::filesystem::path binary;  // absolute
+    std::string version;           // first line of --version
+    std::string platform;          // runsc
+    std::filesystem::path state_root;  // --root
+    std::filesystem::path init_file;   // sandbox-init on the host (bound into containers)
+    std::string cgroup_parent;
+    std::string detach_mount;      // crun on a hybrid host
+    asio::any_io_executor executor;
+    log_sink log;
+  };
+
+  explicit oci_launcher(setup s) : s_(std::move(s)) {}
+  ~oci_launcher() override {
+    if (exec_fd_ >= 0) ::close(exec_fd_);
+  }
+
+  bool open_binary() {
+    exec_fd_ = ::open(s_.binary.c_str(), O_PATH | O_CLOEXEC);
+    return exec_fd_ >= 0;
+  }
+
+  sandbox::isolation isolation() const noexcept override {
+    return s_.kind == oci::runtime_kind::runsc ? sandbox::isolation::gvisor
+                                               : sandbox::isolation::container;
+  }
+  std::string_view name() const noexcept override { return s_.name; }
+  std::string describe() const override { return s_.name + " " + s_.version; }
+  std::string probe_path() const override { return "/.sandbox-init"; }
+
+  std::filesystem::path host_output_dir(const run_workspace& ws) const override {
+    return ws.dir / "out";
+  }
+
+  result<launched> launch(const launch_request& r, std::string* why) override {
+    const auto sizes = sandbox_sizes(r.job);
+    // 1. The output dir: a tmpfs of the run's own, size- and inode-capped, owned by its uid.
+    auto out = host_output_dir(r.ws);
+    if (::mkdir(out.c_str(), 0755) != 0) {
+      *why = fmt::format("output dir: errno {}", errno);
+      return make_error_code(errc::io_error);
+    }
+    std::string opts = fmt::format("size={},nr_inodes={},mode=0755,uid={},gid={}", sizes.out_bytes,
+                                   sizes.out_inodes, r.uid, r.uid);
+    if (::mount("tmpfs", out.c_str(), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts.c_str()) != 0) {
+      *why = fmt::format("output tmpfs: errno {}", errno);
+      return make_error_code(errc::io_error);
+    }
+    // 2. The bundle.
+    oci::bundle_params p;
+    p.container_id = container_id(r.instance_id);
+    p.kind = s_.kind;
+    p.image_root = r.job.rootfs;
+    p.workspace = r.ws.dir;
+    p.inputs = r.ws.inputs;
+    p.source = r.ws.source;
+    p.source_name = r.selftest ? std::string("probe") : r.job.runtime.source_name;
+    p.input_name = r.input_name;
+    p.output_dir = out;
+    p.init_executable = s_.init_file;
+    p.cgroups_path = r.cgroup_path;
+    p.uid = r.uid;
+    p.gid = r.uid;
+    p.memory_bytes = r.job.admitted.request.memory_limit_bytes;
+    p.max_pids = r.job.policy.max_pids;
+    p.cpu_millicores = r.job.policy.cpu_quota_millicores;
+    p.tmp_bytes = sizes.tmp_bytes;
+    p.home_bytes = sizes.home_bytes;
+    p.shm_bytes = sizes.shm_bytes;
+    p.tmpfs_inodes = sizes.tmpfs_inodes;
+    p.nofile = sizes.nofile;
+    p.fsize_bytes = sizes.fsize_bytes;
+    auto b = oci::write_bundle(p, why);
+    if (!b) return b.error();
+    // 3. The runtime, in the foreground: it exits when the container's init does. Its own
+    //    output goes to a log in the workspace (host logs only); the program's pipes reach
+    //    sandbox-init with its configuration (stdio_over_control).
+    int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    auto log_path = r.ws.dir / "runtime.log";
+    int logfd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (logfd < 0) {
+      if (devnull >= 0) ::close(devnull);
+      *why = fmt::format("runtime log: errno {}", errno);
+      return make_error_code(errc::io_error);
+    }
+    spawn_request sr;
+    sr.exec_fd = exec_fd_;
+    sr.argv = global_args();
+    for (const char* a : {"run", "--bundle"}) sr.argv.emplace_back(a);
+    sr.argv.push_back(b->dir.string());
+    if (s_.kind != oci::runtime_kind::runsc) {
+      sr.argv.emplace_back("--preserve-fds");
+      sr.argv.emplace_back("1");
+    }
+    sr.argv.push_back(p.container_id);
+    sr.fd0 = devnull;
+    sr.fd1 = logfd;
+    sr.fd2 = logfd;
+    sr.fd3 = r.ctl_fd;
+    if (!s_.detach_mount.empty()) {
+      sr.clone_flags = CLONE_NEWNS;
+      sr.detach_mount = s_.detach_mount;
+    }
+    auto sp = spawn_process(sr);
+    ::close(devnull);
+    ::close(logfd);
+    if (!sp) {
+      *why = "spawning " + s_.name + ": " + sp.error().message();
+      return sp.error();
+    }
+    return launched{sp->pid, sp->pidfd};
+  }
+
+  bool stdio_over_control() const noexcept override { return true; }
+
+  std::string diagnostics(const run_workspace& ws) const override {
+    int fd = ::open((ws.dir / "runtime.log").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return {};
+    std::string text(4096, '\0');
+    ssize_t n = ::read(fd, text.data(), text.size());
+    ::close(fd);
+    text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    for (char& c : text) {
+      if (c == '\n' || c == '\r') c = ' ';
+    }
+    while (!text.empty() && text.back() == ' ') text.pop_back();
+    return text.empty() ? text : s_.name + " said: " + text;
+  }
+
+  void add_config(const launch_request& r, init_protocol::config_writer& w) override {
+    (void)r;
+    w.add("launch", "oci");
+  }
+
+  void release(const std::string& instance_id, const run_workspace& ws) noexcept override {
+    auto out = host_output_dir(ws);
+    if (::umount2(out.c_str(), MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT) {
+      log(log_level::warning, fmt::format("unmounting a run's output dir: errno {}", errno));
+    }
+    start_delete(container_id(instance_id));
+  }
+
+  void reclaim(const std::set<std::string>& dead) noexcept override {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(s_.state_root, ec)) {
+      std::string id = e.path().filename().string();
+      // as-<instance>-<run>
+      if (id.size() < 4 || id.compare(0, 3, "as-") != 0) continue;
+      auto dash = id.find('-', 3);
+      if (dash == std::string::npos || dead.count(id.substr(3, dash - 3)) == 0) continue;
+      auto argv = global_args();
+      argv[0] = s_.binary.string();
+      for (const char* a : {"delete", "--force"}) argv.emplace_back(a);
+      argv.push_back(id);
+      auto res = run_tool(argv, minimal_tool_env(), std::chrono::milliseconds(delete_timeout));
+      log(res && res->ok() ? log_level::info : log_level::warning,
+          "reclaimed orphaned container " + id);
+    }
+  }
+
+  void drain() noexcept override {
+    // Reap the deletes still running (their asio handlers may never run once the runtime's
+    // executor stops), bounded.
+    auto until = clock::now() + delete_timeout;
+    std::unique_lock lock(mu_);
+    while (!pending_.empty() && clock::now() < until) {
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        siginfo_t si{};
+        if (::waitid(P_PIDFD, static_cast<id_t>(*it), &si, WEXITED | WNOHANG) == 0 && si.si_pid == 0) {
+          ++it;
+          continue;
+        }
+        ::close(*it);  // reaped (or not ours to reap any more)
+        it = pending_.erase(it);
+      }
+      if (!pending_.empty()) {
+        lock.unlock();
+        ::usleep(2000);
+        lock.lock();
+      }
+    }
+  }
+
+ private:
+  std::string container_id(const std::string& instance_id) const {
+    return "as-" + instance_tag_ + "-" + instance_id;
+  }
+
+ public:
+  void set_backend_instance(const std::string& id) override { instance_tag_ = id; }
+
+ private:
+  std::vector<std::string> global_args() const {
+    std::vector<std::string> a{s_.name, "--root", s_.state_root.string()};
+    if (s_.kind == oci::runtime_kind::runsc) {
+      a.push_back("--platform=" + s_.platform);
+      a.emplace_back("--network=none");
+      a.emplace_back("--oci-seccomp");
+    }
+    return a;
+  }
+
+  void log(log_level l, const std::string& line) const {
+    if (s_.log) s_.log(l, s_.name + ": " + line);
+  }
+
+  // `delete --force`, reaped on the executor, killed after `delete_timeout`.
+  void start_delete(const std::string& id) noexcept {
+    try {
+      int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+      spawn_request sr;
+      sr.exec_fd = exec_fd_;
+      sr.argv = global_args();
+      for (const char* a : {"delete", "--force"}) sr.argv.emplace_back(a);
+      sr.argv.push_back(id);
+      sr.fd0 = sr.fd1 = sr.fd2 = sr.fd3 = devnull;
+      if (!s_.detach_mount.empty()) {
+        sr.clone_flags = CLONE_NEWNS;
+        sr.detach_mount = s_.detach_mount;
+      }
+      auto sp = spawn_process(sr);
+      ::close(devnull);
+      if (!sp) {
+        log(log_level::warning, "cannot start delete for " + id + ": " + sp.error().message());
+        return;
+      }
+      int pidfd = sp->pidfd;
+      {
+        std::lock_guard lock(mu_);
+        pending_.push_back(pidfd);
+      }
+      auto self = shared_from_this();
+      auto watch = std::make_shared<asio::posix::stream_descriptor>(s_.executor, ::dup(pidfd));
+      auto timer = std::make_shared<asio::steady_timer>(s_.executor, delete_timeout);
+      timer->async_wait([self, pidfd, id](boost::system::error_code ec) {
+        if (ec) return;
+        std::lock_guard lock(self->mu_);
+        if (std::find(self->pending_.begin(), self->pending_.end(), pidfd) != self->pending_.end()) {
+          ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+          self->log(log_level::warning, "delete of " + id + " timed out; killed");
+        }
+      });
+      watch->async_wait(asio::posix::descriptor_base::wait_read,
+                        [self, watch, timer, pidfd, id](boost::system::error_code) {
+                          timer->cancel();
+                          std::lock_guard lock(self->mu_);
+                          auto it = std::find(self->pending_.begin(), self->pending_.end(), pidfd);
+                          if (it == self->pending_.end()) return;  // drain() reaped it
+                          siginfo_t si{};
+                          if (::waitid(P_PIDFD, static_cast<id_t>(pidfd), &si, WEXITED) == 0 &&
+                              (si.si_code != CLD_EXITED || si.si_status != 0)) {
+                            self->log(log_level::warning, "delete of " + id + " failed");
+                          }
+                          ::close(pidfd);
+                          self->pending_.erase(it);
+                        });
+    } catch (...) {
+      log(log_level::warning, "cannot start delete for " + id);
+    }
+  }
+
+  setup s_;
+  int exec_fd_ = -1;
+  std::string instance_tag_;
+  std::mutex mu_;
+  std::vector<int> pending_;  ///< pidfds of deletes in flight
+};
+
+// Writes the sandbox-init image to `path` (0555, root-owned; replaced atomically).
+bool install_init_file(const std::filesystem::path& path) {
+  int src = open_init_executable({});
+  if (src < 0) return false;
+  auto tmp = path.string() + ".tmp";
+  ::unlink(tmp.c_str());
+  int dst = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0555);
+  bool ok = dst >= 0;
+  char buf[65536];
+  off_t off = 0;
+  while (ok) {
+    ssize_t n = ::pread(src, buf, sizeof buf, off);
+    if (n < 0) ok = false;
+    if (n <= 0) break;
+    ok = ::write(dst, buf, static_cast<std::size_t>(n)) == n;
+    off += n;
+  }
+  ::close(src);
+  if (dst >= 0) ::close(dst);
+  ok = ok && ::rename(tmp.c_str(), path.c_str()) == 0;
+  if (!ok) ::unlink(tmp.c_str());
+  return ok;
+}
+
+}  // namespace
+
+std::variant<std::shared_ptr<backend>, std::string> make_oci_backend(
+    const init_backend_context& ctx, const oci_backend_options& oci) {
+  oci_launcher::setup s;
+  if (oci.runtime == "crun") {
+    s.kind = oci::runtime_kind::crun;
+  } else if (oci.runtime == "runc") {
+    s.kind = oci::runtime_kind::runc;
+  } else if (oci.runtime == "runsc") {
+    s.kind = oci::runtime_kind::runsc;
+  } else {
+    return "unknown OCI runtime '" + oci.runtime + "' (crun, runc or runsc)";
+  }
+  s.name = oci.runtime;
+  s.binary = oci.path.empty() ? std::filesystem::path("/usr/bin") / oci.runtime : oci.path;
+  if (!s.binary.is_absolute()) return s.name + ": the runtime path must be absolute";
+  if (::access(s.binary.c_str(), X_OK) != 0) return s.name + " not found at " + s.binary.string();
+  if (::geteuid() != 0) return s.name + ": needs root";
+  if (s.kind == oci::runtime_kind::runsc && oci.platform != "ptrace" && oci.platform != "kvm" &&
+      oci.platform != "systrap") {
+    return "runsc: unknown platform '" + oci.platform + "'";
+  }
+  s.platform = oci.platform;
+  auto ver = run_tool({s.binary.string(), "--version"}, minimal_tool_env(), std::chrono::seconds(10));
+  if (!ver || !ver->ok()) return s.name + ": `--version` failed";
+  // "crun version 1.8.1", "runc version 1.1.5+ds1", "runsc version 0.0~20221219.0"
+  std::string first = ver->output.substr(0, ver->output.find('\n'));
+  auto sp = first.rfind(' ');
+  s.version = sp == std::string::npos ? first : first.substr(sp + 1);
+
+  auto state = ctx.state_dir / oci.runtime;
+  std::error_code ec;
+  std::filesystem::create_directories(state / "runtime", ec);
+  if (ec) return "state directory " + state.string() + " cannot be created";
+  ::chmod(state.c_str(), 0711);
+  ::chmod((state / "runtime").c_str(), 0700);
+  s.state_root = state / "runtime";
+  s.init_file = state / "sandbox-init";
+  if (!install_init_file(s.init_file)) return "cannot write the sandbox-init executable";
+  s.cgroup_parent = ctx.options.cgroup_parent;
+  if (s.kind == oci::runtime_kind::crun && hybrid_cgroups(ctx.options.cgroup_root)) {
+    s.detach_mount = (ctx.options.cgroup_root / "unified").string();
+  }
+  s.executor = ctx.executor;
+  s.log = ctx.log;
+  auto launcher = std::make_shared<oci_launcher>(std::move(s));
+  if (!launcher->open_binary()) return std::string(launcher->name()) + ": cannot open the binary";
+  init_backend_context c = ctx;
+  c.options.warm_pool = oci.warm_pool;
+  return make_init_backend(c, launcher);
+}
+
+}  // namespace sandbox::detail
