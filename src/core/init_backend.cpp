@@ -335,6 +335,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
 
     // 2. The run's cgroup, with limits, before any process exists.
     cgroup_limits limits{mem, job_.policy.max_pids, job_.policy.cpu_quota_millicores};
+    shared_->launcher->adjust_limits(limits);
     std::string cg_name = "r-" + shared_->instance_id + "-" + instance_id_;
     cgroup_path_ = shared_->cgroup_parent + "/" + cg_name;
     auto cg = shared_->cgroups->create(cg_name, limits);
@@ -356,7 +357,8 @@ class init_run : public std::enable_shared_from_this<init_run> {
 
     // 4. Channels: control socket, stdout/stderr pipes.
     int ctl[2], outp[2], errp[2];
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) < 0) {
+    stream_ = shared_->launcher->stream_control();
+    if (socketpair(AF_UNIX, (stream_ ? SOCK_STREAM : SOCK_SEQPACKET) | SOCK_CLOEXEC, 0, ctl) < 0) {
       return fail_setup(fmt::format("socketpair: errno {}", errno));
     }
     if (pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0) {
@@ -474,6 +476,22 @@ class init_run : public std::enable_shared_from_this<init_run> {
 
   // One packet on the control channel, with descriptors (SCM_RIGHTS) when `fds` has any.
   int send_packet(std::string& packet, std::span<const int> fds) {
+    if (stream_) {
+      // Length-prefixed; the socket buffer (a few hundred KiB) takes a whole packet, and
+      // sandbox-init reads its configuration before anything else.
+      std::uint32_t len = static_cast<std::uint32_t>(packet.size());
+      std::string framed(reinterpret_cast<const char*>(&len), sizeof len);
+      framed += packet;
+      std::size_t off = 0;
+      while (off < framed.size()) {
+        ssize_t n = ::send(ctl_.native_handle(), framed.data() + off, framed.size() - off,
+                           MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        off += static_cast<std::size_t>(n);
+      }
+      return 0;
+    }
     iovec iov{packet.data(), packet.size()};
     msghdr m{};
     m.msg_iov = &iov;
@@ -499,6 +517,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
       w.add("argv", shared_->launcher->probe_path());
       w.add("argv", "--probe");
       w.add("argv", std::to_string(uid_));
+      if (stream_) w.add("argv", "gvisor");
     } else {
       for (const auto& a : job_.runtime.argv) w.add("argv", a == "{source}" ? source_path : a);
     }
@@ -513,7 +532,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
     std::string packet(reinterpret_cast<const char*>(&h), sizeof h);
     packet += w.bytes();
     if (packet.size() > ip::max_packet) return fail_setup("program description too large");
-    if (::send(ctl_.native_handle(), packet.data(), packet.size(), MSG_NOSIGNAL) < 0) {
+    if (send_packet(packet, {}) < 0) {
       return fail_setup(fmt::format("sending the program failed: errno {}", errno));
     }
   }
@@ -612,7 +631,43 @@ class init_run : public std::enable_shared_from_this<init_run> {
                     });
   }
 
+  // Stream mode: whatever arrived is appended to `ctl_in_`, whole packets are taken off the
+  // front. A length out of range is a protocol violation by sandbox-init: the run ends.
+  void on_control_stream() {
+    char chunk[8192];
+    for (;;) {
+      ssize_t n = ::recv(ctl_.native_handle(), chunk, sizeof chunk, MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+      if (n <= 0) {
+        control_closed_ = true;
+        if (!finishing_) {
+          if (!started_) fail_setup("sandbox-init closed the control channel during setup");
+          else finish();
+        }
+        return;
+      }
+      ctl_in_.append(chunk, static_cast<std::size_t>(n));
+      while (ctl_in_.size() >= sizeof(std::uint32_t)) {
+        std::uint32_t len;
+        std::memcpy(&len, ctl_in_.data(), sizeof len);
+        if (len < sizeof(ip::init_header) || len > ip::max_packet) {
+          return fail_setup("sandbox-init sent a malformed packet");
+        }
+        if (ctl_in_.size() < sizeof len + len) break;
+        ip::init_header h;
+        std::memcpy(&h, ctl_in_.data() + sizeof len, sizeof h);
+        std::string payload = ctl_in_.substr(sizeof len + sizeof h, len - sizeof h);
+        ctl_in_.erase(0, sizeof len + len);
+        std::vector<int> none;
+        on_message(h, payload, none);
+        if (finishing_) return;
+      }
+    }
+    if (!finishing_) read_control();
+  }
+
   void on_control() {
+    if (stream_) return on_control_stream();
     for (;;) {
       std::string buf(4096, '\0');
       alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * 4)];
@@ -681,17 +736,17 @@ class init_run : public std::enable_shared_from_this<init_run> {
         break;
       case ip::msg::started: {
         int l = take(0);
-        if (l < 0) {
+        if (l < 0 && !stream_) {
           fail_setup("no seccomp listener from sandbox-init");
           break;
         }
-        listener_.assign(l);
+        if (l >= 0) listener_.assign(l);
         started_ = true;
         started_at_ = clock::now();
         log_setup_breakdown(payload);
         fire_on_started();
         setup_timer_.cancel();
-        watch_notifications();
+        if (listener_.is_open()) watch_notifications();
         auto self = shared_from_this();
         deadline_.expires_after(job_.admitted.request.timeout);
         deadline_.async_wait([self](boost::system::error_code ec) {
@@ -710,6 +765,32 @@ class init_run : public std::enable_shared_from_this<init_run> {
         stdout_park_.cancel();
         stderr_park_.cancel();
         maybe_end_after_exit();
+        break;
+      case ip::msg::dns:
+        // Stream mode only (else the host serves the sink): sandbox-init's report of a
+        // query, as untrusted as anything from inside. It was escaped there; anything else
+        // is recorded as unreadable, never copied raw.
+        if (stream_) {
+          std::string name(payload.substr(0, 255));
+          bool clean = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+            return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ||
+                   c == '_' || c == '\\';
+          });
+          record_egress({.protocol = "dns",
+                         .host = clean ? name : std::string("(unreadable name)"),
+                         .address = "",
+                         .port = 53,
+                         .allowed = false,
+                         .reason = "network disabled"});
+        }
+        break;
+      case ip::msg::quiet:
+        // Stream mode: the runtime holds the capture pipes, so their end never shows; nothing
+        // of the run is left to write to them.
+        if (stream_ && main_status_) {
+          stdout_open_ = stderr_open_ = false;
+          maybe_end_after_exit();
+        }
         break;
       case ip::msg::failed:
         fail_setup(fmt::format("sandbox-init step '{}' ({}) failed: {}", payload,
@@ -1249,6 +1330,8 @@ class init_run : public std::enable_shared_from_this<init_run> {
   run_workspace ws_;
   bool have_ws_ = false;
   std::string input_name_;
+  bool stream_ = false;   ///< the launcher's stream_control()
+  std::string ctl_in_;    ///< stream mode: bytes received, not yet a whole packet
   std::string cgroup_path_;  ///< the run cgroup's path inside each hierarchy
   std::string instance_id_;  ///< names the cgroup and workspace (the template's run id)
   int out_dir_fd_ = -1;
@@ -1384,8 +1467,17 @@ class init_backend final : public backend,
     auto run = std::make_shared<init_run>(shared_, io.get_executor(), std::move(job), true);
     std::string reason = "self-test did not complete";
     run->start([&](run_result r, run_detail d) {
+      // Egress evidence: the DNS sink recorded the probe's query, and — with user
+      // notification — the seccomp record has its UDP connect to 192.0.2.1.
+      auto recorded = [&](std::string_view proto, std::string_view host, std::string_view addr) {
+        return std::any_of(r.egress_attempts.begin(), r.egress_attempts.end(), [&](const auto& a) {
+          return a.protocol == proto && a.host == host && a.address == addr;
+        });
+      };
+      const bool evidence = recorded("dns", "probe.invalid", "") &&
+                            (shared_->launcher->stream_control() || recorded("udp", "", "192.0.2.1"));
       if (r.code == sandbox::code::network_disabled && r.exit_code == 0 &&
-          r.std_out.summary == "probe ok\n" && !r.egress_attempts.empty()) {
+          r.std_out.summary == "probe ok\n" && evidence) {
         reason.clear();
         return;
       }

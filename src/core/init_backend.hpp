@@ -85,6 +85,18 @@ class init_launcher {
     return {};
   }
 
+  /// True when the control channel is a byte stream that carries no descriptors (runsc:
+  /// gVisor passes only stdio, and sockets into it lose SCM_RIGHTS). Then packets are
+  /// length-prefixed, sandbox-init serves the DNS sink itself and reports queries as `dns`,
+  /// there is no seccomp user notification, and `quiet` marks the end of the program's
+  /// output (the runtime holds the capture pipes too). See core/init_protocol.hpp.
+  virtual bool stream_control() const noexcept { return false; }
+
+  /// The run cgroup's limits, from the request's: a launcher whose runtime puts its own
+  /// processes into the run's cgroup (gVisor's sentry and gofer) adds their overhead here,
+  /// and must write the same figures into its runtime's configuration.
+  virtual void adjust_limits(cgroup_limits& limits) const { (void)limits; }
+
   /// argv[0] of the self-test probe inside the sandbox.
   virtual std::string probe_path() const = 0;
 

@@ -16,6 +16,10 @@
 //   init → host   started    fds: [seccomp user-notification listener]; a = pid (inside)
 //   init → host   exited     a = wait status of the main process
 //   init → host   failed     a = setup step, b = errno; payload = step name (host logs only)
+//   init → host   quiet      the main process exited and nothing of the run is left
+//   init → host   dns        (stream mode only) a DNS query's name
+// `config` with a = 1 carries the program's stdout and stderr pipes (SCM_RIGHTS) for a
+// launcher whose runtime would hold them otherwise (init_launcher::stdio_over_control).
 #pragma once
 
 #include <cstdint>
@@ -38,7 +42,16 @@ enum class msg : std::uint32_t {
   started = 11,
   exited = 12,
   failed = 13,
+  dns = 14,    ///< payload = the name a DNS query asked for (stream mode: init serves the sink)
+  quiet = 15,  ///< the main process was reported and no process of the run is left
 };
+
+/// Stream mode (a launcher whose runtime cannot pass descriptors, e.g. runsc: the control
+/// channel is sandbox-init's stdin, a SOCK_STREAM socket): every packet is preceded by its
+/// length (u32, host order), no descriptors travel, sandbox-init serves the DNS sink itself
+/// and reports each query as `dns`, and the program's end of output is `quiet` (the
+/// runtime holds the capture pipes too, so the host never sees them close).
+inline constexpr const char* control_stdin_arg = "--control-stdin";
 
 /// Setup steps, reported in `failed` messages.
 enum class step : std::uint32_t {

@@ -112,11 +112,15 @@ constexpr std::uint32_t tiocsti = 0x5412;
 constexpr std::uint32_t tioclinux = 0x541C;
 constexpr std::uint64_t low32 = 0xFFFFFFFFULL;
 
-int add_rules(scmp_filter_ctx ctx, const char** failed) noexcept {
+// `notify`: violation and egress rows go to the host by user notification; without it (a
+// kernel that has none, such as gVisor's) violations are refused with EPERM and egress calls
+// pass to the run's network namespace, which has nowhere to go.
+int add_rules(scmp_filter_ctx ctx, const char** failed, bool notify) noexcept {
   for (const auto& r : rules) {
     int nr = seccomp_syscall_resolve_name(r.syscall);
     if (nr == __NR_SCMP_ERROR) continue;  // not a syscall on this architecture
     std::string_view name = r.syscall;
+    if (!notify && r.treatment == T::egress) continue;
     int rc = 0;
     if (name == "clone") {
       for (auto flag : namespace_clone_flags) {
@@ -162,6 +166,8 @@ int add_rules(scmp_filter_ctx ctx, const char** failed) noexcept {
                name == "move_pages") {
       // (pid, ...): only the calling thread/process (pid == 0).
       rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 1, SCMP_A0_32(SCMP_CMP_NE, 0));
+    } else if (!notify && r.treatment == T::violation) {
+      rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0);
     } else if (name == "sendto") {
       // sendto(fd, buf, len, flags, dest_addr, addrlen): only calls with a destination.
       rc = seccomp_rule_add(ctx, SCMP_ACT_NOTIFY, nr, 1, SCMP_A4_64(SCMP_CMP_NE, 0));
@@ -203,7 +209,9 @@ int add_rules(scmp_filter_ctx ctx, const char** failed) noexcept {
 
 std::span<const seccomp_rule_info> seccomp_rules() noexcept { return rules; }
 
-int load_seccomp_filter(const char** failed) noexcept {
+namespace {
+
+int load_filter(const char** failed, bool notify) noexcept {
   static const char* unused = nullptr;
   if (failed == nullptr) failed = &unused;
   *failed = "seccomp_init";
@@ -212,20 +220,29 @@ int load_seccomp_filter(const char** failed) noexcept {
   int rc = 0;
   // Non-native ABIs (i386 via int 0x80, x32 syscall numbers) go to the host as violations:
   // the filter only knows x86-64, so libseccomp sends every other ABI to BADARCH.
-  if ((rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_NOTIFY)) < 0) {
+  if ((rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH,
+                             notify ? SCMP_ACT_NOTIFY : SCMP_ACT_ERRNO(ENOSYS))) < 0) {
     *failed = "badarch action";
   } else if ((rc = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0)) < 0) {
     *failed = "nnp attribute";  // no_new_privs is set explicitly before loading
-  } else if ((rc = add_rules(ctx, failed)) < 0) {
+  } else if ((rc = add_rules(ctx, failed, notify)) < 0) {
     // *failed names the rule
   } else if ((rc = seccomp_load(ctx)) < 0) {
     *failed = "seccomp_load";
-  } else {
+  } else if (notify) {
     rc = seccomp_notify_fd(ctx);
     if (rc < 0) *failed = "seccomp_notify_fd";
   }
   seccomp_release(ctx);  // the loaded filter and its listener outlive the context
   return rc;
+}
+
+}  // namespace
+
+int load_seccomp_filter(const char** failed) noexcept { return load_filter(failed, true); }
+
+int load_seccomp_filter_without_notify(const char** failed) noexcept {
+  return load_filter(failed, false);
 }
 
 bool is_egress_syscall(int nr, std::uint32_t arch) noexcept {

@@ -43,6 +43,14 @@ std::span<const seccomp_rule_info> seccomp_rules() noexcept;
  */
 int load_seccomp_filter(const char** failed) noexcept;
 
+/**
+ * The same filter for a kernel without seccomp user notification (gVisor's): violation rows
+ * are refused with EPERM, egress rows are not filtered (the run's network namespace has no
+ * route; the DNS sink is the record), non-native ABIs get ENOSYS. Returns 0, or -errno with
+ * `*failed` as above.
+ */
+int load_seccomp_filter_without_notify(const char** failed) noexcept;
+
 /// True when a notified call with this syscall number is an egress call (connect, sendto,
 /// sendmsg, sendmmsg); every other notification is a violation.
 bool is_egress_syscall(int nr, std::uint32_t arch) noexcept;

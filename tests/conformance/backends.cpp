@@ -118,8 +118,15 @@ const std::vector<backend_profile>& profiles() {
                               .syscall_abi_on_host = true},
                    .host_config = R"({"v":1,"backends":{"container":{"runtime":"crun"}}})",
                    .ci_budget = std::chrono::seconds(600)});
+      v.push_back({.name = "gvisor (runsc)",
+                   .level = sandbox::isolation::gvisor,
+                   .make = [](std::string* why) { return make_process_with(why, "runsc", {}, "runsc"); },
+                   .expect = {.host_kernel = false, .distinct_uids = true,
+                              .syscall_abi_on_host = false},
+                   .host_config = R"({"v":1,"backends":{"gvisor":{"runtime":"runsc"}}})",
+                   .ci_budget = std::chrono::seconds(900)});
     }
-    // Later backends (gvisor: runsc, microvm) register here.
+    // Later backends (microvm) register here.
     return v;
   }();
   return all;

@@ -332,7 +332,7 @@ TEST_CASE("oci bundle: write_bundle builds the skeleton, files and a checked con
 
   SECTION("process and linux") {
     const json& proc = config["process"];
-    CHECK(proc["args"] == json::array({"/.sandbox-init"}));
+    CHECK(proc["args"] == json::array({"/.sandbox-init"}));  // runsc: + --control-stdin
     CHECK(proc["env"] == json::array());
     CHECK(proc["cwd"] == "/");
     CHECK(proc["terminal"] == false);

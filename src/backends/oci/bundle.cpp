@@ -21,6 +21,7 @@
 #include <system_error>
 #include <utility>
 
+#include "core/init_protocol.hpp"
 #include "core/seccomp_policy.hpp"
 #include "core/store_io.hpp"
 #include "core/text_util.hpp"
@@ -438,7 +439,10 @@ json build_config(const bundle_params& p, const image_view& img) {
       {"process",
        {{"terminal", false},
         {"user", {{"uid", 0}, {"gid", 0}}},
-        {"args", json::array({"/.sandbox-init"})},
+        // runsc passes no descriptor but stdio: there the control channel is stdin.
+        {"args", p.kind == runtime_kind::runsc
+                     ? json::array({"/.sandbox-init", init_protocol::control_stdin_arg})
+                     : json::array({"/.sandbox-init"})},
         {"env", json::array()},
         {"cwd", "/"},
         {"capabilities",

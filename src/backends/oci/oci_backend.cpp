@@ -136,8 +136,11 @@ class oci_launcher final : public init_launcher,
     p.cgroups_path = r.cgroup_path;
     p.uid = r.uid;
     p.gid = r.uid;
-    p.memory_bytes = r.job.admitted.request.memory_limit_bytes;
-    p.max_pids = r.job.policy.max_pids;
+    cgroup_limits limits{r.job.admitted.request.memory_limit_bytes, r.job.policy.max_pids,
+                         r.job.policy.cpu_quota_millicores};
+    adjust_limits(limits);  // the same figures the run cgroup got
+    p.memory_bytes = limits.memory_bytes;
+    p.max_pids = limits.max_pids;
     p.cpu_millicores = r.job.policy.cpu_quota_millicores;
     p.tmp_bytes = sizes.tmp_bytes;
     p.home_bytes = sizes.home_bytes;
@@ -168,10 +171,20 @@ class oci_launcher final : public init_launcher,
       sr.argv.emplace_back("1");
     }
     sr.argv.push_back(p.container_id);
-    sr.fd0 = devnull;
-    sr.fd1 = logfd;
-    sr.fd2 = logfd;
-    sr.fd3 = r.ctl_fd;
+    if (stream_control()) {
+      // runsc passes only stdio into the sandbox: the control socket is sandbox-init's
+      // stdin, the capture pipes its stdout and stderr (runsc's own errors land there too;
+      // before the program starts they go to the host log, never into a result).
+      sr.fd0 = r.ctl_fd;
+      sr.fd1 = r.out_fd;
+      sr.fd2 = r.err_fd;
+      sr.fd3 = devnull;
+    } else {
+      sr.fd0 = devnull;
+      sr.fd1 = logfd;
+      sr.fd2 = logfd;
+      sr.fd3 = r.ctl_fd;
+    }
     if (!s_.detach_mount.empty()) {
       sr.clone_flags = CLONE_NEWNS;
       sr.detach_mount = s_.detach_mount;
@@ -186,7 +199,21 @@ class oci_launcher final : public init_launcher,
     return launched{sp->pid, sp->pidfd};
   }
 
-  bool stdio_over_control() const noexcept override { return true; }
+  bool stdio_over_control() const noexcept override { return !stream_control(); }
+
+  // gVisor's sentry and gofer run in the run's cgroup: their threads count against pids.max
+  // (with the ptrace platform, one host thread per sandboxed thread as well) and their
+  // memory against the limit. Without room for them the sentry cannot start a thread and
+  // the whole sandbox dies. The program itself is still held to the request's figures by
+  // the sandbox's own kernel only as far as the cgroup allows: see docs/security.md.
+  static constexpr std::uint32_t gvisor_pids_overhead = 256;
+  static constexpr std::uint64_t gvisor_memory_overhead = 96ULL << 20;
+  void adjust_limits(cgroup_limits& l) const override {
+    if (s_.kind != oci::runtime_kind::runsc) return;
+    l.max_pids += gvisor_pids_overhead;
+    l.memory_bytes += gvisor_memory_overhead;
+  }
+  bool stream_control() const noexcept override { return s_.kind == oci::runtime_kind::runsc; }
 
   std::string diagnostics(const run_workspace& ws) const override {
     int fd = ::open((ws.dir / "runtime.log").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
@@ -205,6 +232,7 @@ class oci_launcher final : public init_launcher,
   void add_config(const launch_request& r, init_protocol::config_writer& w) override {
     (void)r;
     w.add("launch", "oci");
+    if (stream_control()) w.add("notify", "0");  // gVisor has no seccomp user notification
   }
 
   void release(const std::string& instance_id, const run_workspace& ws) noexcept override {

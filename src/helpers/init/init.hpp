@@ -33,6 +33,7 @@ struct config {
   gid_t gid = 65534;
   bool userns = false;       ///< running in a user namespace (unprivileged host)
   bool oci = false;          ///< started by an OCI runtime: the filesystem is built already
+  bool notify = true;        ///< seccomp user notification (false under gVisor: unsupported)
   std::uint64_t tmp_bytes = 0, home_bytes = 0, shm_bytes = 0, out_bytes = 0;
   std::uint64_t tmpfs_inodes = 4096, out_inodes = 256;
   std::uint64_t nofile = 256, fsize_bytes = 1ULL << 30;

@@ -28,7 +28,9 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <span>
 
+#include "core/dns_sink.hpp"
 #include "helpers/init/init.hpp"
 
 namespace sandbox::init {
@@ -36,9 +38,41 @@ namespace {
 
 namespace ip = detail::init_protocol;
 
+// Stream mode (see init_protocol.hpp): set from argv before anything is read or sent.
+bool g_stream = false;
+
+bool write_all(int fd, const void* p, std::size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+bool read_all(int fd, void* p, std::size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    ssize_t r = recv(fd, c, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
 bool send_msg(ip::msg type, std::uint32_t a, std::int64_t b, std::string_view payload,
               const int* fds, int nfds) {
   ip::init_header h{type, a, b};
+  if (g_stream) {  // length-prefixed, no descriptors (the caller keeps them)
+    std::uint32_t len = static_cast<std::uint32_t>(sizeof h + payload.size());
+    return write_all(ip::control_fd, &len, sizeof len) && write_all(ip::control_fd, &h, sizeof h) &&
+           write_all(ip::control_fd, payload.data(), payload.size());
+  }
   iovec iov[2] = {{&h, sizeof h}, {const_cast<char*>(payload.data()), payload.size()}};
   msghdr m{};
   m.msg_iov = iov;
@@ -92,6 +126,20 @@ std::uint64_t to_u64(std::string_view v) {
 // Descriptors that came with it (at most 2) land in `fds` (-1 where none).
 bool read_message(ip::msg want, std::string* buf, std::string_view* payload, int fds[2] = nullptr,
                   std::uint32_t* a = nullptr) {
+  if (g_stream) {
+    std::uint32_t len = 0;
+    if (fds != nullptr) fds[0] = fds[1] = -1;
+    if (!read_all(ip::control_fd, &len, sizeof len)) return false;
+    if (len < sizeof(ip::init_header) || len > ip::max_packet) return false;
+    buf->assign(len, '\0');
+    if (!read_all(ip::control_fd, buf->data(), len)) return false;
+    ip::init_header h;
+    memcpy(&h, buf->data(), sizeof h);
+    if (h.type != want) return false;
+    if (a != nullptr) *a = h.a;
+    *payload = std::string_view(buf->data() + sizeof h, len - sizeof h);
+    return true;
+  }
   buf->assign(ip::max_packet, '\0');
   iovec iov{buf->data(), buf->size()};
   alignas(cmsghdr) char cbuf[CMSG_SPACE(sizeof(int) * 2)];
@@ -170,6 +218,7 @@ bool read_config(config* cfg) {
     else if (k == "gid") cfg->gid = static_cast<gid_t>(to_u64(v));
     else if (k == "userns") cfg->userns = v == "1";
     else if (k == "launch") cfg->oci = v == "oci";
+    else if (k == "notify") cfg->notify = v != "0";
     else if (k == "tmp_bytes") cfg->tmp_bytes = to_u64(v);
     else if (k == "home_bytes") cfg->home_bytes = to_u64(v);
     else if (k == "shm_bytes") cfg->shm_bytes = to_u64(v);
@@ -205,16 +254,23 @@ bool drop_own_privileges() {
 }
 
 // Reaps until the host ends the run; reports the main process's exit once.
-[[noreturn]] void supervise(pid_t main_pid) {
+// `dns_fd` >= 0 (stream mode): the DNS sink's socket, served here — each query's name is
+// reported as `dns` and answered REFUSED, the run's own names answered locally (the host
+// does this itself when it holds the socket).
+[[noreturn]] void supervise(pid_t main_pid, int dns_fd) {
   sigset_t chld;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);
   int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
-  bool main_reported = false;
+  bool main_reported = false, quiet_reported = false;
   auto reap = [&] {
     for (;;) {
       int status = 0;
       pid_t p = waitpid(-1, &status, WNOHANG | __WALL);
+      if (p < 0 && errno == ECHILD && main_reported && !quiet_reported) {
+        quiet_reported = true;  // nothing of the run is left
+        send_msg(ip::msg::quiet, 0, 0, {}, nullptr, 0);
+      }
       if (p <= 0) return;
       if (p == main_pid && !main_reported) {
         main_reported = true;
@@ -223,9 +279,41 @@ bool drop_own_privileges() {
     }
   };
   reap();  // the child may already have exited
+  int dns_budget = 256;  // queries reported per second at most; the rest only answered
+  time_t dns_window = 0;
   for (;;) {
-    pollfd fds[2] = {{ip::control_fd, POLLIN, 0}, {sfd, POLLIN, 0}};
-    int n = poll(fds, sfd >= 0 ? 2 : 1, sfd >= 0 ? -1 : 50);
+    pollfd fds[3] = {{ip::control_fd, POLLIN, 0}, {sfd, POLLIN, 0}, {dns_fd, POLLIN, 0}};
+    int n = poll(fds, dns_fd >= 0 ? 3 : 2, sfd >= 0 ? -1 : 50);
+    if (dns_fd >= 0 && (fds[2].revents & POLLIN)) {
+      for (int i = 0; i < 64; ++i) {
+        unsigned char pkt[1500];
+        sockaddr_storage from{};
+        socklen_t fl = sizeof from;
+        ssize_t got = recvfrom(dns_fd, pkt, sizeof pkt, MSG_DONTWAIT,
+                               reinterpret_cast<sockaddr*>(&from), &fl);
+        if (got <= 0) break;
+        std::span<const std::uint8_t> q(pkt, static_cast<std::size_t>(got));
+        auto answer = detail::dns_local_response(q);
+        if (answer.empty()) {
+          if (auto name = detail::dns_query_name(q)) {
+            time_t now = time(nullptr);
+            if (now != dns_window) {
+              dns_window = now;
+              dns_budget = 256;
+            }
+            if (dns_budget > 0) {
+              --dns_budget;
+              send_msg(ip::msg::dns, 0, 0, *name, nullptr, 0);
+            }
+          }
+          answer = detail::dns_refused_response(q);
+        }
+        if (!answer.empty()) {
+          sendto(dns_fd, answer.data(), answer.size(), MSG_DONTWAIT,
+                 reinterpret_cast<sockaddr*>(&from), fl);
+        }
+      }
+    }
     if (n < 0 && errno != EINTR) _exit(2);
     if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
       char b[64];
@@ -248,6 +336,14 @@ int main(int argc, char** argv) {
   using namespace sandbox::init;
   namespace ip = sandbox::detail::init_protocol;
   if (argc >= 2 && strcmp(argv[1], "--probe") == 0) return run_probe(argc, argv);
+  // Stream mode: the control channel is our stdin (see init_protocol.hpp).
+  if (argc >= 2 && strcmp(argv[1], ip::control_stdin_arg) == 0) {
+    g_stream = true;
+    if (dup2(0, ip::control_fd) < 0) _exit(1);
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull < 0 || dup2(devnull, 0) < 0) _exit(1);
+    if (devnull != 0) close(devnull);
+  }
   ip::config_writer times;  // phase timestamps (µs, CLOCK_MONOTONIC), sent with "started"
   times.add("init_exec", now_us());
 
@@ -294,7 +390,10 @@ int main(int argc, char** argv) {
   int ready_fds[2] = {out_fd, dns_fd};
   if (!send_msg(ip::msg::ready, 0, 0, {}, ready_fds, 2)) _exit(1);
   close(out_fd);
-  close(dns_fd);
+  if (!g_stream) {
+    close(dns_fd);  // the host serves it
+    dns_fd = -1;
+  }
 
   // 5a. Wait for the program (a warm-pool instance waits here until it is handed out; its
   //     inputs and source appear in the already-bound workspace files meanwhile). EOF: the
@@ -323,12 +422,12 @@ int main(int argc, char** argv) {
     close(devnull);
   }
   if (!send_msg(ip::msg::started, static_cast<std::uint32_t>(child), 0, times.bytes(), &listener,
-                1)) {
+                listener >= 0 ? 1 : 0)) {
     _exit(1);
   }
-  close(listener);
+  if (listener >= 0) close(listener);
 
   // 6. Nothing privileged is left to do.
   if (!drop_own_privileges()) fail({step::drop_init_privileges, errno});
-  supervise(child);
+  supervise(child, dns_fd);
 }
