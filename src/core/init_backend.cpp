@@ -21,6 +21,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -161,10 +162,14 @@ struct backend_shared {
   int instance_lock_fd = -1;
   std::filesystem::path instance_lock_path;
   std::atomic<bool> shutting_down{false};
+  std::atomic<bool> left_for_reclaim{false};  ///< a cgroup or work dir outlived its run
   ~backend_shared() {
     // A clean shutdown leaves nothing behind: the (empty) runs dir and the instance lock go.
     // Anything a failed teardown left stays, with the lock file, for the next start's reclaim.
-    if (!runs_dir.empty() && ::rmdir(runs_dir.c_str()) == 0 && !instance_lock_path.empty()) {
+    // What was left for reclaim is found through the lock file: it stays then.
+    if (left_for_reclaim.load()) {
+      // keep the lock file
+    } else if (!runs_dir.empty() && ::rmdir(runs_dir.c_str()) == 0 && !instance_lock_path.empty()) {
       ::unlink(instance_lock_path.c_str());
     } else if (!runs_dir.empty() && errno == ENOENT && !instance_lock_path.empty()) {
       ::unlink(instance_lock_path.c_str());
@@ -267,7 +272,11 @@ class init_run : public std::enable_shared_from_this<init_run> {
   /// against the run tearing down concurrently.
   void kill_now() noexcept {
     std::lock_guard lock(kill_mu_);
-    if (pidfd_raw_ >= 0) syscall(SYS_pidfd_send_signal, pidfd_raw_, SIGKILL, nullptr, 0);
+    // An OCI runtime is left to exit by itself once its container is gone (killed in the
+    // middle it leaves its state and cgroups behind); poll_dead kills it only if it lingers.
+    if (pidfd_raw_ >= 0 && shared_->launcher->kill_launched_process()) {
+      syscall(SYS_pidfd_send_signal, pidfd_raw_, SIGKILL, nullptr, 0);
+    }
     if (cgroup_) (void)cgroup_->kill_all();
   }
 
@@ -301,6 +310,9 @@ class init_run : public std::enable_shared_from_this<init_run> {
       if (!cancelled_ && !shared_shutting_down()) {
         log(log_level::warning, "idle warm-pool instance lost: " + detail);
       }
+    } else if (!activated_.load() && (cancelled_ || shared_shutting_down())) {
+      // A warm-pool instance still being prepared when the pool or the runtime went away.
+      log(log_level::debug, "warm-pool instance dropped while preparing: " + detail);
     } else {
       log(log_level::error, detail);
     }
@@ -1024,9 +1036,17 @@ class init_run : public std::enable_shared_from_this<init_run> {
       dead_confirmed_ = true;
       return teardown();
     }
+    if (empty && !helper_killed_ && clock::now() - ended_at_ > launched_exit_grace) {
+      // The run's processes are gone but the process we launched (an OCI runtime) is not.
+      std::lock_guard lock(kill_mu_);
+      if (pidfd_raw_ >= 0) syscall(SYS_pidfd_send_signal, pidfd_raw_, SIGKILL, nullptr, 0);
+      helper_killed_ = true;
+      log(log_level::warning, "the launched process outlived the run's processes; killed");
+    }
     if (clock::now() >= teardown_deadline_) {
       dead_confirmed_ = true;
       teardown_failed_ = true;
+      shared_->left_for_reclaim = true;
       log(log_level::error, "processes of the run survived the kill past the teardown budget");
       return teardown();
     }
@@ -1268,6 +1288,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
     std::lock_guard lock(kill_mu_);
     if (!cgroup_) return;
     log(log_level::warning, "removing the run cgroup failed: still busy; left for reclaim");
+    shared_->left_for_reclaim = true;
     cgroup_.reset();
   }
 
@@ -1297,6 +1318,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
   void emergency_cleanup() noexcept {
     if (!cgroup_ && !have_ws_ && pidfd_raw_ < 0) return;
     kill_now();
+    if (pidfd_raw_ >= 0) syscall(SYS_pidfd_send_signal, pidfd_raw_, SIGKILL, nullptr, 0);
     auto until = clock::now() + std::chrono::seconds(2);
     while (!is_dead() && clock::now() < until) ::usleep(2000);
     if (pidfd_raw_ >= 0) {
@@ -1306,7 +1328,10 @@ class init_run : public std::enable_shared_from_this<init_run> {
       pidfd_raw_ = -1;
     }
     close_fd(out_dir_fd_);
-    if (!is_dead()) teardown_failed_ = true;
+    if (!is_dead()) {
+      teardown_failed_ = true;
+      shared_->left_for_reclaim = true;
+    }
     destroy();
   }
 
@@ -1349,6 +1374,8 @@ class init_run : public std::enable_shared_from_this<init_run> {
   std::chrono::milliseconds teardown_delay_{1};
   bool started_ = false, finishing_ = false, grace_armed_ = false, control_closed_ = false;
   bool helper_exited_ = false;
+  bool helper_killed_ = false;  ///< poll_dead gave up waiting for the launched process
+  static constexpr auto launched_exit_grace = std::chrono::seconds(2);
   bool dead_confirmed_ = false;  ///< poll_dead found everything dead (or gave up): torn down
   bool stdout_open_ = true, stderr_open_ = true;
   int stdout_parked_ = -1, stderr_parked_ = -1;  ///< pipe fds out of the reactor for a moment
@@ -1690,11 +1717,16 @@ void reclaim_orphans(const backend_shared& s) {
   for (const auto& e : std::filesystem::directory_iterator(s.ctx.state_dir / "runs", ec)) {
     std::string inst = e.path().filename().string();
     if (liveness(inst) != 0) {  // every live instance of this state dir holds its lock
+      // A launcher's host mount in a work dir (the OCI output tmpfs) goes first: the removal
+      // never crosses into another filesystem.
+      for (const auto& run : std::filesystem::directory_iterator(e.path(), ec)) {
+        ::umount2((run.path() / "out").c_str(), MNT_DETACH | UMOUNT_NOFOLLOW);
+      }
       remove_tree(e.path());
       dead.insert(inst);
     }
   }
-  s.launcher->reclaim(dead);
+  s.launcher->reclaim([&](const std::string& inst) { return liveness(inst) == 0; });
   for (const auto& inst : dead) ::unlink((instances / (inst + ".lock")).c_str());
 }
 

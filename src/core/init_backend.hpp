@@ -97,6 +97,11 @@ class init_launcher {
   /// and must write the same figures into its runtime's configuration.
   virtual void adjust_limits(cgroup_limits& limits) const { (void)limits; }
 
+  /// Whether killing a run starts with SIGKILL to the launched process (sandbox-init: yes).
+  /// An OCI runtime instead exits by itself once the run's cgroup is empty, so it can clean
+  /// up after its container; it is killed only if it lingers (2 s).
+  virtual bool kill_launched_process() const noexcept { return true; }
+
   /// argv[0] of the self-test probe inside the sandbox.
   virtual std::string probe_path() const = 0;
 
@@ -119,9 +124,10 @@ class init_launcher {
   /// process and start), which the launcher may use in names (container ids).
   virtual void set_backend_instance(const std::string& id) { (void)id; }
 
-  /// At start-up: what hosts that died (their instance ids) left behind with this launcher.
-  virtual void reclaim(const std::set<std::string>& dead_instances) noexcept {
-    (void)dead_instances;
+  /// At start-up: reclaims what instances of this state directory that are not `alive`
+  /// (crashed, or shut down with work left) left behind with this launcher.
+  virtual void reclaim(const std::function<bool(const std::string&)>& alive) noexcept {
+    (void)alive;
   }
 
   /// At shutdown: waits (bounded) for releases still in flight.

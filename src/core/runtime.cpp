@@ -1153,6 +1153,42 @@ std::vector<backend_status> probe_backends(const runtime_options& options) {
     out.push_back(std::move(st));
   } catch (...) {
   }
+  // The OCI levels that are enabled, each through its own self-test.
+  for (const auto& [oci, level] : {std::pair{&options.container, isolation::container},
+                                   std::pair{&options.gvisor, isolation::gvisor}}) {
+    if (!oci->enabled) continue;
+    backend_status os{.isolation = level, .name = oci->runtime, .reason = {}};
+#ifdef SANDBOX_HAS_OCI_BACKEND
+    try {
+      asio::io_context io(1);
+      detail::init_backend_context ctx{
+          .executor = io.get_executor(),
+          .options = options.process,
+          .state_dir = options.state_dir.empty() ? default_state_dir() : options.state_dir,
+          .log = options.log ? options.log : make_stderr_log_sink()};
+      auto made = detail::make_oci_backend(ctx, *oci);
+      if (auto* b = std::get_if<std::shared_ptr<backend>>(&made); b != nullptr && *b) {
+        os.registered = (*b)->isolation() == level;
+        if (!os.registered) os.reason = "runtime '" + oci->runtime + "' does not provide this level";
+        (*b)->shutdown();
+        b->reset();
+      } else if (auto* why = std::get_if<std::string>(&made)) {
+        os.reason = why->empty() ? "self-test failed" : *why;
+      }
+      io.run_for(std::chrono::seconds(5));  // let the self-test container's delete finish
+    } catch (const std::exception& e) {
+      os.reason = std::string("self-test threw: ") + e.what();
+    } catch (...) {
+      os.reason = "self-test threw";
+    }
+#else
+    os.reason = "not built into this library (SANDBOX_BACKEND_OCI=OFF)";
+#endif
+    try {
+      out.push_back(std::move(os));
+    } catch (...) {
+    }
+  }
   return out;
 }
 

@@ -325,7 +325,9 @@ host_snapshot settled_snapshot() {
 
 host_snapshot snapshot_back_to(const host_snapshot& before) {
   host_snapshot now = take_snapshot();
-  for (int i = 0; i < 100 && !(now == before); ++i) {
+  // Up to 5 s: an OCI runtime's `delete` runs after the result (runsc's takes a while on a
+  // loaded host), and its descriptors are the supervisor's until it ends.
+  for (int i = 0; i < 250 && !(now == before); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     now = take_snapshot();
   }

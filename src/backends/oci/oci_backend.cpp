@@ -19,6 +19,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -38,11 +39,16 @@
 #define TMPFS_MAGIC 0x01021994
 #endif
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
+#include <sstream>
+#include <map>
+#include <fstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -134,6 +140,7 @@ class oci_launcher final : public init_launcher,
     p.output_dir = out;
     p.init_executable = s_.init_file;
     p.cgroups_path = r.cgroup_path;
+    cgroup_paths_.put(r.instance_id, r.cgroup_path);
     p.uid = r.uid;
     p.gid = r.uid;
     cgroup_limits limits{r.job.admitted.request.memory_limit_bytes, r.job.policy.max_pids,
@@ -200,6 +207,7 @@ class oci_launcher final : public init_launcher,
   }
 
   bool stdio_over_control() const noexcept override { return !stream_control(); }
+  bool kill_launched_process() const noexcept override { return false; }
 
   // gVisor's sentry and gofer run in the run's cgroup: their threads count against pids.max
   // (with the ptrace platform, one host thread per sandboxed thread as well) and their
@@ -240,30 +248,50 @@ class oci_launcher final : public init_launcher,
     if (::umount2(out.c_str(), MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT) {
       log(log_level::warning, fmt::format("unmounting a run's output dir: errno {}", errno));
     }
-    start_delete(container_id(instance_id));
+    // Off the result's path: the spawn (a vfork'd clone, with a mount namespace for crun on
+    // a hybrid host) costs milliseconds.
+    std::string id = container_id(instance_id);
+    std::string cgroup_path = cgroup_paths_.take(instance_id);
+    try {
+      {
+        std::lock_guard lock(mu_);
+        queued_.emplace_back(id, cgroup_path);
+      }
+      asio::post(s_.executor, [self = shared_from_this()] { self->start_queued_delete(); });
+    } catch (...) {
+      log(log_level::warning, "cannot queue the delete of " + id + "; left for reclaim");
+    }
   }
 
-  void reclaim(const std::set<std::string>& dead) noexcept override {
+  // Every container in our own --root belongs to an instance of this state directory; one
+  // whose instance is not alive (its lock is free, or gone after a clean shutdown whose
+  // deletes could not all run) is deleted.
+  void reclaim(const std::function<bool(const std::string&)>& alive) noexcept override {
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(s_.state_root, ec)) {
       std::string id = e.path().filename().string();
       // as-<instance>-<run>
       if (id.size() < 4 || id.compare(0, 3, "as-") != 0) continue;
       auto dash = id.find('-', 3);
-      if (dash == std::string::npos || dead.count(id.substr(3, dash - 3)) == 0) continue;
-      auto argv = global_args();
-      argv[0] = s_.binary.string();
-      for (const char* a : {"delete", "--force"}) argv.emplace_back(a);
-      argv.push_back(id);
-      auto res = run_tool(argv, minimal_tool_env(), std::chrono::milliseconds(delete_timeout));
-      log(res && res->ok() ? log_level::info : log_level::warning,
-          "reclaimed orphaned container " + id);
+      if (dash == std::string::npos || alive(id.substr(3, dash - 3))) continue;
+      bool ok = delete_now(id);
+      log(ok ? log_level::info : log_level::warning,
+          std::string(ok ? "reclaimed" : "could not reclaim") + " orphaned container " + id);
     }
   }
 
   void drain() noexcept override {
-    // Reap the deletes still running (their asio handlers may never run once the runtime's
-    // executor stops), bounded.
+    // Deletes not started yet run here (the executor may be stopping); then the ones still
+    // running are reaped (their asio handlers may never run), bounded.
+    std::vector<std::pair<std::string, std::string>> queued;
+    {
+      std::lock_guard lock(mu_);
+      queued.swap(queued_);
+    }
+    for (const auto& [id, path] : queued) {
+      delete_now(id);
+      remove_runtime_cgroups(path);
+    }
     auto until = clock::now() + delete_timeout;
     std::unique_lock lock(mu_);
     while (!pending_.empty() && clock::now() < until) {
@@ -307,22 +335,75 @@ class oci_launcher final : public init_launcher,
     if (s_.log) s_.log(l, s_.name + ": " + line);
   }
 
-  // `delete --force`, reaped on the executor, killed after `delete_timeout`.
-  void start_delete(const std::string& id) noexcept {
+  // The runtime makes the container's cgroup in every v1 hierarchy it sees (blkio, cpuset,
+  // devices, freezer, …), beyond the ones the run cgroup covers. Its `delete` removes them;
+  // whatever is still there after it (an interrupted runtime) is removed here, when empty.
+  static void remove_runtime_cgroups(const std::string& cgroup_path) noexcept {
+    if (cgroup_path.empty() || cgroup_path.find("..") != std::string::npos) return;
+    std::ifstream mi("/proc/self/mountinfo");
+    std::string line;
+    while (std::getline(mi, line)) {
+      auto dash = line.find(" - ");
+      if (dash == std::string::npos) continue;
+      std::istringstream pre(line.substr(0, dash)), post(line.substr(dash + 3));
+      std::string id, parent, devno, root, point, fstype;
+      pre >> id >> parent >> devno >> root >> point;
+      post >> fstype;
+      if (fstype != "cgroup" && fstype != "cgroup2") continue;
+      ::rmdir((point + cgroup_path).c_str());  // fails harmlessly when absent, busy or ours
+    }
+  }
+
+  // Starts `<runtime> delete --force <id>` (in crun's private mount namespace on a hybrid host).
+  result<spawned_process> spawn_delete(const std::string& id) {
+    int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    spawn_request sr;
+    sr.exec_fd = exec_fd_;
+    sr.argv = global_args();
+    for (const char* a : {"delete", "--force"}) sr.argv.emplace_back(a);
+    sr.argv.push_back(id);
+    sr.fd0 = sr.fd1 = sr.fd2 = sr.fd3 = devnull;
+    if (!s_.detach_mount.empty()) {
+      sr.clone_flags = CLONE_NEWNS;
+      sr.detach_mount = s_.detach_mount;
+    }
+    auto sp = spawn_process(sr);
+    if (devnull >= 0) ::close(devnull);
+    return sp;
+  }
+
+  // Synchronous delete, bounded by `delete_timeout` (start-up reclaim, shutdown drain).
+  bool delete_now(const std::string& id) noexcept {
     try {
-      int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-      spawn_request sr;
-      sr.exec_fd = exec_fd_;
-      sr.argv = global_args();
-      for (const char* a : {"delete", "--force"}) sr.argv.emplace_back(a);
-      sr.argv.push_back(id);
-      sr.fd0 = sr.fd1 = sr.fd2 = sr.fd3 = devnull;
-      if (!s_.detach_mount.empty()) {
-        sr.clone_flags = CLONE_NEWNS;
-        sr.detach_mount = s_.detach_mount;
-      }
-      auto sp = spawn_process(sr);
-      ::close(devnull);
+      auto sp = spawn_delete(id);
+      if (!sp) return false;
+      pollfd p{sp->pidfd, POLLIN, 0};
+      int rc = ::poll(&p, 1, static_cast<int>(std::chrono::milliseconds(delete_timeout).count()));
+      if (rc <= 0) ::syscall(SYS_pidfd_send_signal, sp->pidfd, SIGKILL, nullptr, 0);
+      siginfo_t si{};
+      ::waitid(P_PIDFD, static_cast<id_t>(sp->pidfd), &si, WEXITED);
+      ::close(sp->pidfd);
+      return rc > 0 && si.si_code == CLD_EXITED && si.si_status == 0;
+    } catch (...) {
+      return false;
+    }
+  }
+
+  void start_queued_delete() noexcept {
+    std::pair<std::string, std::string> item;
+    {
+      std::lock_guard lock(mu_);
+      if (queued_.empty()) return;  // drain() took it
+      item = std::move(queued_.front());
+      queued_.erase(queued_.begin());
+    }
+    start_delete(item.first, item.second);
+  }
+
+  // `delete --force`, reaped on the executor, killed after `delete_timeout`.
+  void start_delete(const std::string& id, const std::string& cgroup_path) noexcept {
+    try {
+      auto sp = spawn_delete(id);
       if (!sp) {
         log(log_level::warning, "cannot start delete for " + id + ": " + sp.error().message());
         return;
@@ -344,7 +425,7 @@ class oci_launcher final : public init_launcher,
         }
       });
       watch->async_wait(asio::posix::descriptor_base::wait_read,
-                        [self, watch, timer, pidfd, id](boost::system::error_code) {
+                        [self, watch, timer, pidfd, id, cgroup_path](boost::system::error_code) {
                           timer->cancel();
                           std::lock_guard lock(self->mu_);
                           auto it = std::find(self->pending_.begin(), self->pending_.end(), pidfd);
@@ -356,17 +437,41 @@ class oci_launcher final : public init_launcher,
                           }
                           ::close(pidfd);
                           self->pending_.erase(it);
+                          remove_runtime_cgroups(cgroup_path);
                         });
     } catch (...) {
       log(log_level::warning, "cannot start delete for " + id);
     }
   }
 
+  // Instance id → its cgroup path, from launch to release (for the cleanup after delete).
+  struct path_map {
+    std::mutex mu;
+    std::map<std::string, std::string> m;
+    void put(const std::string& k, const std::string& v) {
+      std::lock_guard lock(mu);
+      m[k] = v;
+    }
+    std::string take(const std::string& k) noexcept {
+      try {
+        std::lock_guard lock(mu);
+        auto it = m.find(k);
+        if (it == m.end()) return {};
+        std::string v = std::move(it->second);
+        m.erase(it);
+        return v;
+      } catch (...) {
+        return {};
+      }
+    }
+  } cgroup_paths_;
+
   setup s_;
   int exec_fd_ = -1;
   std::string instance_tag_;
   std::mutex mu_;
   std::vector<int> pending_;  ///< pidfds of deletes in flight
+  std::vector<std::pair<std::string, std::string>> queued_;  ///< (id, cgroup path) to delete
 };
 
 // Writes the sandbox-init image to `path` (0555, root-owned; replaced atomically).
