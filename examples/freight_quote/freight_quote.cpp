@@ -2,7 +2,9 @@
 //
 // An agent was asked for a shipping quote and wrote two Python snippets. The host:
 //
-//   1. creates a runtime (default options: the process backend, the image and blob stores),
+//   1. creates a runtime (default options: the process backend, the image and blob stores;
+//      with --isolation container or gvisor also that level's OCI backend: crun or runc,
+//      runsc),
 //   2. mints a ticket for tenant "acme" that grants `code.execute` and *not* `code.network`,
 //   3. puts a rate table (CSV) and the shipment (JSON) into the blob store,
 //   4. runs snippet 1, which reads both through $SANDBOX_INPUT_DIR, prices the shipment,
@@ -236,7 +238,8 @@ asio::awaitable<void> walkthrough(sandbox::runtime& rt, const sandbox::ticket& t
   out.live = std::move(live);
 }
 
-int run_example(const sandbox::runtime_options& options, bool skip_unavailable) {
+int run_example(const sandbox::runtime_options& options, sandbox::isolation level,
+                bool skip_unavailable) {
   // 1. The runtime, on our own io_context: handlers and the coroutine run on this thread.
   asio::io_context io;
   auto rt = sandbox::runtime::create(io.get_executor(), options);
@@ -244,9 +247,9 @@ int run_example(const sandbox::runtime_options& options, bool skip_unavailable) 
     std::cout << "cannot create the runtime: " << rt.error().message() << "\n";
     return exit_fail;
   }
-  bool process_ok = false;
+  bool process_ok = false;  // the level asked for
   for (const auto& b : rt->backends()) {
-    if (b.isolation == sandbox::isolation::process && b.registered) process_ok = true;
+    if (b.isolation == level && b.registered) process_ok = true;
   }
   auto catalog = rt->catalog();
   auto python = catalog.runtimes.find("python3");
@@ -267,13 +270,14 @@ int run_example(const sandbox::runtime_options& options, bool skip_unavailable) 
     }
     return exit_fail;
   }
-  std::cout << "runtime: process backend registered; python3 image " << *python->second << "\n";
+  std::cout << "runtime: " << sandbox::to_string(level) << " backend registered; python3 image "
+            << *python->second << "\n";
 
-  // 2. The ticket: code.execute for tenant acme, process isolation, no network grant.
+  // 2. The ticket: code.execute for tenant acme, at the chosen isolation, no network grant.
   sandbox::ticket_issuer issuer;  // kept by the code that authorizes tool calls
   auto ticket = issuer.issue({.id = "freight-quote-1",
                               .tenant = tenant,
-                              .isolation = sandbox::isolation::process,
+                              .isolation = level,
                               .max_timeout = 8000ms,
                               .max_memory_bytes = 512ULL << 20});
   if (!ticket) {
@@ -392,7 +396,8 @@ int run_example(const sandbox::runtime_options& options, bool skip_unavailable) 
     };
     check.expect(attr("error_code") == sandbox::to_string(r.code),
                  "span " + std::to_string(i + 1) + " error_code matches its result");
-    check.expect(attr("sandbox.isolation") == "process", "span isolation is process");
+    check.expect(attr("sandbox.isolation") == sandbox::to_string(level),
+                 "span isolation is " + std::string(sandbox::to_string(level)));
     check.expect(attr("sandbox.tenant") == tenant, "span tenant is acme");
     check.expect(attr("sandbox.runtime_digest") == r.runtime.digest, "span digest matches");
   }
@@ -408,11 +413,11 @@ int run_example(const sandbox::runtime_options& options, bool skip_unavailable) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string state_dir, image_dir, blob_dir, cgroup_parent;
+  std::string state_dir, image_dir, blob_dir, cgroup_parent, isolation = "process", oci_runtime;
   bool skip_unavailable = false;
   po::options_description desc(
       "usage: freight_quote [options]\n\n"
-      "Runs the freight-quote walkthrough in the process sandbox (see the comment at the top\n"
+      "Runs the freight-quote walkthrough in a sandbox (see the comment at the top\n"
       "of examples/freight_quote/freight_quote.cpp). Store locations default to the\n"
       "library's (root: /run/agent-sandbox, /var/lib/agent-sandbox/{images,blobs}).\n\noptions");
   desc.add_options()("help,h", "print this help")(
@@ -423,6 +428,10 @@ int main(int argc, char** argv) {
       "cgroup-parent", po::value(&cgroup_parent),
       "parent cgroup of runs; unprivileged hosts: a delegated subtree (default: "
       "$SANDBOX_CGROUP_PARENT)")(
+      "isolation", po::value(&isolation),
+      "the ticket's level: process (default), container (crun, or --oci-runtime runc) or "
+      "gvisor (runsc); its backend is enabled for the walkthrough")(
+      "oci-runtime", po::value(&oci_runtime), "container level: crun (default) or runc")(
       "skip-unavailable", po::bool_switch(&skip_unavailable),
       "exit 77 instead of 1 when the process backend or the python3 image is unavailable "
       "(ignored when CI=true or SANDBOX_MUST_WORK=1)");
@@ -451,9 +460,26 @@ int main(int argc, char** argv) {
     return exit_usage;
   }
   if (!cgroup_parent.empty()) options.process.cgroup_parent = cgroup_parent;
+  sandbox::isolation level = sandbox::isolation::process;
+  if (isolation == "container") {
+    level = sandbox::isolation::container;
+    options.container.enabled = true;
+    if (!oci_runtime.empty()) options.container.runtime = oci_runtime;
+  } else if (isolation == "gvisor") {
+    level = sandbox::isolation::gvisor;
+    options.gvisor.enabled = true;
+  } else if (isolation != "process") {
+    std::cerr << "freight_quote: --isolation must be process, container or gvisor\n";
+    return exit_usage;
+  }
+  if (!oci_runtime.empty() && (level != sandbox::isolation::container ||
+                               (oci_runtime != "crun" && oci_runtime != "runc"))) {
+    std::cerr << "freight_quote: --oci-runtime is crun or runc, with --isolation container\n";
+    return exit_usage;
+  }
   options.spans = std::make_shared<collecting_span_sink>();
   try {
-    return run_example(options, skip_unavailable);
+    return run_example(options, level, skip_unavailable);
   } catch (const std::exception& e) {
     std::cout << "freight_quote: failed: " << e.what() << "\n";
     return exit_fail;

@@ -18,13 +18,16 @@ int main(int argc, char** argv) {
   }
   (void)conformance::canary_files();
   bool any = false;
-  for (std::size_t i = 0; i < conformance::profiles().size(); ++i) {
+  // Only the selected profiles (SANDBOX_CONFORMANCE_PROFILES) are started.
+  for (std::size_t i : conformance::profile_indices()) {
     std::string why;
     if (conformance::ensure(i, &why) != nullptr) {
       any = true;
     } else {
       std::fprintf(stderr, "conformance: backend '%s' unavailable: %s\n",
-                   conformance::profiles()[i].name.c_str(), why.c_str());
+                   i < conformance::profiles().size() ? conformance::profiles()[i].name.c_str()
+                                                      : "(no profile matches SANDBOX_CONFORMANCE_PROFILES)",
+                   why.c_str());
     }
   }
   if (!any) {
