@@ -451,7 +451,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
                              // is the moment to confirm, rather than the next poll.
                              if (self->finishing_) return self->poll_dead();
                              if (!self->started_) return self->fail_setup("sandbox-init exited during setup");
-                             self->finish();
+                             self->supervisor_lost();
                            });
     if (int fd = cgroup_->oom_event_fd(); fd >= 0) {
       oom_.assign(::dup(fd));
@@ -654,7 +654,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
         control_closed_ = true;
         if (!finishing_) {
           if (!started_) fail_setup("sandbox-init closed the control channel during setup");
-          else finish();
+          else supervisor_lost();
         }
         return;
       }
@@ -707,7 +707,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
         control_closed_ = true;
         if (!finishing_) {
           if (!started_) fail_setup("sandbox-init closed the control channel during setup");
-          else finish();
+          else supervisor_lost();
         }
         return;
       }
@@ -999,11 +999,40 @@ class init_run : public std::enable_shared_from_this<init_run> {
 
   // --- end ---------------------------------------------------------------------------------
 
+  // Keeps the largest figures seen: a later read may find the cgroup removed (an OCI runtime
+  // deletes it when it exits) or its counters no larger.
+  void snapshot_stats() {
+    if (!cgroup_) return;
+    if (auto st = cgroup_->stats()) {
+      stats_.oom_kills = std::max(stats_.oom_kills, st->oom_kills);
+      stats_.cpu_usage_usec = std::max(stats_.cpu_usage_usec, st->cpu_usage_usec);
+      stats_.peak_memory_bytes = std::max(stats_.peak_memory_bytes, st->peak_memory_bytes);
+      stats_.peak_is_sampled = st->peak_is_sampled;
+    }
+    // The CPU time of processes that joined only the v1 hierarchies (crun and runsc on a
+    // hybrid host: our figure comes from the unified cpu.stat).
+    if (stats_.cpu_usage_usec == 0) {
+      if (auto cpu = shared_->launcher->cpu_usage_usec(cgroup_path_)) stats_.cpu_usage_usec = *cpu;
+    }
+  }
+
+  // sandbox-init (or the runtime around it) went away while the run was live and we had not
+  // ended it: nothing the program can do causes that (PID 1 ignores its signals), so the
+  // sandbox itself failed — e.g. gVisor's sentry died. Unless the main process had already
+  // exited normally, the result says so instead of passing for the program's own end.
+  void supervisor_lost() {
+    if (!main_status_) supervisor_lost_ = true;
+    finish();
+  }
+
   void finish() {
     if (finishing_) return;
     finishing_ = true;
     ended_at_ = clock::now();
     for (auto* t : {&setup_timer_, &deadline_, &grace_, &sample_timer_}) t->cancel();
+    // Usage and the OOM counter are read now, before the kill: once the run's processes are
+    // gone an OCI runtime removes the container's cgroup (our run cgroup) as it exits.
+    snapshot_stats();
     kill_now();
     teardown_deadline_ = clock::now() + job_.policy.teardown_budget;
     teardown_delay_ = std::chrono::milliseconds(1);
@@ -1121,7 +1150,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
       err_ = stream_capture_buffer(job_.policy.stream_capture_bytes, job_.policy.summary_bytes);
     }
     if (cgroup_) {
-      if (auto st = cgroup_->stats()) stats_ = *st;
+      snapshot_stats();
     }
     // Streams first: a program must not be able to crowd its own stdout/stderr out of the
     // tenant's quota with output files.
@@ -1236,6 +1265,12 @@ class init_run : public std::enable_shared_from_this<init_run> {
       return;
     }
     bool main_killed = !main_status_ || (WIFSIGNALED(*main_status_) && WTERMSIG(*main_status_) == SIGKILL);
+    if (supervisor_lost_ && !timed_out_ && !(stats_.oom_kills > 0)) {
+      log(log_level::error, "the sandbox's supervisor ended before the program did");
+      r.code = sandbox::code::internal;
+      r.message = "the sandbox ended unexpectedly before the program did; all processes were killed";
+      return;
+    }
     if (timed_out_) {
       r.code = sandbox::code::timeout;
       r.message = fmt::format("timed out after {} ms; all processes were killed", req.timeout.count());
@@ -1382,6 +1417,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
   asio::steady_timer stdout_park_, stderr_park_;  ///< when a parked pipe goes back (cancel: now)
   clock::time_point t_dead_, t_collected_, t_destroyed_;  ///< teardown breakdown (debug log)
   bool timed_out_ = false, oom_triggered_ = false, cancelled_ = false, teardown_failed_ = false;
+  bool supervisor_lost_ = false;  ///< see supervisor_lost()
   std::optional<int> main_status_;
   std::optional<std::string> violation_;
   std::optional<std::string> internal_error_;

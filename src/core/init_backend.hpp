@@ -102,6 +102,13 @@ class init_launcher {
   /// up after its container; it is killed only if it lingers (2 s).
   virtual bool kill_launched_process() const noexcept { return true; }
 
+  /// CPU time (µs) of the run's processes when the run cgroup cannot tell it (they joined
+  /// hierarchies it does not read); nullopt when unknown.
+  virtual std::optional<std::uint64_t> cpu_usage_usec(const std::string& cgroup_path) const {
+    (void)cgroup_path;
+    return std::nullopt;
+  }
+
   /// argv[0] of the self-test probe inside the sandbox.
   virtual std::string probe_path() const = 0;
 

@@ -3,12 +3,17 @@
 // Per run (on top of the shared machine, core/init_backend.hpp):
 //   launch    mount a size-capped tmpfs at <ws>/out (the output dir, collected on the host
 //             with the same no-follow collector), write the bundle (bundle.hpp), then run
-//             `<runtime> --root <state>/runtime run --bundle <ws>/bundle --preserve-fds 1 <id>`
-//             with sandbox-init's control socket as fd 3 and the capture pipes as stdout and
-//             stderr. The container joins the run's cgroup (linux.cgroupsPath), so limits,
-//             OOM events, usage and kill-and-confirm are the process backend's.
+//             `<runtime> --root <state>/<runtime>/runtime run --bundle <ws>/bundle
+//             --preserve-fds 1 <id>` in the foreground with sandbox-init's control socket as
+//             fd 3; the capture pipes reach sandbox-init with its configuration (the runtime
+//             holds its own stdio, which goes to <ws>/runtime.log). runsc passes nothing but
+//             stdio: there the control socket is stdin and the pipes are stdout and stderr
+//             (stream mode, core/init_protocol.hpp). The container joins the run's cgroup
+//             (linux.cgroupsPath), so limits, OOM events, usage and kill-and-confirm are the
+//             process backend's.
 //   release   when every process is confirmed dead: unmount <ws>/out, then always
-//             `<runtime> delete --force <id>` (asynchronously, bounded by a timer).
+//             `<runtime> delete --force <id>` (queued off the result's path, bounded by a
+//             timer), then the container's cgroups the runtime left in other hierarchies.
 // Host quirks:
 //   - crun refuses cgroup v1 hosts that also mount a cgroup2 hierarchy with controllers
 //     ("hybrid"): it runs in a private mount namespace with that mount detached, where it
@@ -87,6 +92,7 @@ class oci_launcher final : public init_launcher,
     std::filesystem::path init_file;   // sandbox-init on the host (bound into containers)
     std::string cgroup_parent;
     std::string detach_mount;      // crun on a hybrid host
+    std::string cpuacct_mount;     // a v1 hierarchy with cpuacct, if mounted
     asio::any_io_executor executor;
     log_sink log;
   };
@@ -209,16 +215,32 @@ class oci_launcher final : public init_launcher,
   bool stdio_over_control() const noexcept override { return !stream_control(); }
   bool kill_launched_process() const noexcept override { return false; }
 
+  // The runtime joins the container's cgroup in every v1 hierarchy, cpuacct included, which
+  // the run cgroup does not read (it takes CPU time from the unified hierarchy on a hybrid
+  // host, where crun and runsc put nothing).
+  std::optional<std::uint64_t> cpu_usage_usec(const std::string& cgroup_path) const override {
+    if (s_.cpuacct_mount.empty() || cgroup_path.find("..") != std::string::npos) return std::nullopt;
+    std::ifstream in(s_.cpuacct_mount + cgroup_path + "/cpuacct.usage");
+    std::uint64_t ns = 0;
+    if (!(in >> ns)) return std::nullopt;
+    return ns / 1000;
+  }
+
   // gVisor's sentry and gofer run in the run's cgroup: their threads count against pids.max
   // (with the ptrace platform, one host thread per sandboxed thread as well) and their
   // memory against the limit. Without room for them the sentry cannot start a thread and
   // the whole sandbox dies. The program itself is still held to the request's figures by
   // the sandbox's own kernel only as far as the cgroup allows: see docs/security.md.
+  // With the ptrace platform each sandboxed process costs several host tasks (its stub and
+  // the sentry threads that trace it): about six were measured; the request's pids limit is
+  // enforced inside the sandbox kernel instead (RLIMIT_NPROC, see add_config), and the host
+  // limit leaves room for that many processes and the sentry's own threads.
+  static constexpr std::uint32_t gvisor_host_tasks_per_process = 8;
   static constexpr std::uint32_t gvisor_pids_overhead = 256;
   static constexpr std::uint64_t gvisor_memory_overhead = 96ULL << 20;
   void adjust_limits(cgroup_limits& l) const override {
     if (s_.kind != oci::runtime_kind::runsc) return;
-    l.max_pids += gvisor_pids_overhead;
+    l.max_pids = l.max_pids * gvisor_host_tasks_per_process + gvisor_pids_overhead;
     l.memory_bytes += gvisor_memory_overhead;
   }
   bool stream_control() const noexcept override { return s_.kind == oci::runtime_kind::runsc; }
@@ -240,7 +262,12 @@ class oci_launcher final : public init_launcher,
   void add_config(const launch_request& r, init_protocol::config_writer& w) override {
     (void)r;
     w.add("launch", "oci");
-    if (stream_control()) w.add("notify", "0");  // gVisor has no seccomp user notification
+    if (stream_control()) {
+      w.add("notify", "0");  // gVisor has no seccomp user notification
+      // The program's processes are capped inside the sandbox kernel at the request's pids
+      // limit (the host's pids.max also counts the sentry: see adjust_limits).
+      w.add("nproc", std::uint64_t{r.job.policy.max_pids});
+    }
   }
 
   void release(const std::string& instance_id, const run_workspace& ws) noexcept override {
@@ -475,8 +502,10 @@ class oci_launcher final : public init_launcher,
 };
 
 // Writes the sandbox-init image to `path` (0555, root-owned; replaced atomically).
-bool install_init_file(const std::filesystem::path& path) {
-  int src = open_init_executable({});
+bool install_init_file(const std::filesystem::path& path, const std::filesystem::path& from) {
+  // The configured debugging copy, else the one built into the library (a sealed memfd).
+  int src = from.empty() ? open_init_executable({})
+                         : ::open(from.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (src < 0) return false;
   auto tmp = path.string() + ".tmp";
   ::unlink(tmp.c_str());
@@ -537,13 +566,31 @@ std::variant<std::shared_ptr<backend>, std::string> make_oci_backend(
   ::chmod((state / "runtime").c_str(), 0700);
   s.state_root = state / "runtime";
   s.init_file = state / "sandbox-init";
-  if (!install_init_file(s.init_file)) return "cannot write the sandbox-init executable";
+  if (!install_init_file(s.init_file, ctx.options.init_path)) {
+    return "cannot write the sandbox-init executable";
+  }
   s.cgroup_parent = ctx.options.cgroup_parent;
   if (s.kind == oci::runtime_kind::crun && hybrid_cgroups(ctx.options.cgroup_root)) {
     s.detach_mount = (ctx.options.cgroup_root / "unified").string();
   }
   s.executor = ctx.executor;
   s.log = ctx.log;
+  {
+    std::ifstream mi("/proc/self/mountinfo");
+    std::string line;
+    while (std::getline(mi, line)) {
+      auto dash = line.find(" - ");
+      if (dash == std::string::npos) continue;
+      std::istringstream pre(line.substr(0, dash)), post(line.substr(dash + 3));
+      std::string id, parent, devno, root, point, fstype, source, opts;
+      pre >> id >> parent >> devno >> root >> point;
+      post >> fstype >> source >> opts;
+      if (fstype == "cgroup" && ("," + opts + ",").find(",cpuacct,") != std::string::npos) {
+        s.cpuacct_mount = point;
+        break;
+      }
+    }
+  }
   auto launcher = std::make_shared<oci_launcher>(std::move(s));
   if (!launcher->open_binary()) return std::string(launcher->name()) + ": cannot open the binary";
   init_backend_context c = ctx;

@@ -67,6 +67,13 @@ void report(int fd, child_report r) { (void)!write(fd, &r, sizeof r); }
       setrlimit(RLIMIT_FSIZE, &fsize) < 0) {
     child_fail(info_fd, step::rlimits, errno);
   }
+  // Under gVisor the host's pids.max counts the sandbox kernel's own threads as well, and
+  // reaching it kills the whole sandbox: the program's processes are capped inside first
+  // (every process of the run has the run's uid; sandbox-init, root, is not counted).
+  if (cfg.nproc > 0) {
+    const rlimit nproc{cfg.nproc, cfg.nproc};
+    if (setrlimit(RLIMIT_NPROC, &nproc) < 0) child_fail(info_fd, step::rlimits, errno);
+  }
   // 4. Drop privileges, in the order that works: lock securebits (needs CAP_SETPCAP), empty
   //    the bounding and ambient sets, supplementary groups, gid, uid, then clear the
   //    remaining sets and verify nothing is left.

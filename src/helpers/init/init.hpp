@@ -37,6 +37,7 @@ struct config {
   std::uint64_t tmp_bytes = 0, home_bytes = 0, shm_bytes = 0, out_bytes = 0;
   std::uint64_t tmpfs_inodes = 4096, out_inodes = 256;
   std::uint64_t nofile = 256, fsize_bytes = 1ULL << 30;
+  std::uint64_t nproc = 0;   ///< RLIMIT_NPROC when > 0 (gVisor: see child.cpp)
   std::vector<std::string> argv;
   std::vector<std::string> env;
 };

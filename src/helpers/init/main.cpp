@@ -227,6 +227,7 @@ bool read_config(config* cfg) {
     else if (k == "out_inodes") cfg->out_inodes = to_u64(v);
     else if (k == "nofile") cfg->nofile = to_u64(v);
     else if (k == "fsize_bytes") cfg->fsize_bytes = to_u64(v);
+    else if (k == "nproc") cfg->nproc = to_u64(v);
   }
   return cfg->oci || (!cfg->rootfs.empty() && !cfg->staging.empty());
 }
