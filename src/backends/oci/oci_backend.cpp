@@ -79,6 +79,23 @@ bool hybrid_cgroups(const std::filesystem::path& root) {
   return ::statfs(unified.c_str(), &uni) == 0 && uni.f_type == CGROUP2_SUPER_MAGIC;
 }
 
+// Calls `f(mount point, fstype, super options)` for every cgroup and cgroup2 mount in
+// /proc/self/mountinfo (proc(5)).
+template <class F>
+void for_each_cgroup_mount(F&& f) {
+  std::ifstream mi("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(mi, line)) {
+    auto dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream pre(line.substr(0, dash)), post(line.substr(dash + 3));
+    std::string id, parent, devno, root, point, fstype, source, opts;
+    pre >> id >> parent >> devno >> root >> point;
+    post >> fstype >> source >> opts;
+    if (fstype == "cgroup" || fstype == "cgroup2") f(point, fstype, opts);
+  }
+}
+
 class oci_launcher final : public init_launcher,
                            public std::enable_shared_from_this<oci_launcher> {
  public:
@@ -367,17 +384,11 @@ class oci_launcher final : public init_launcher,
   // whatever is still there after it (an interrupted runtime) is removed here, when empty.
   static void remove_runtime_cgroups(const std::string& cgroup_path) noexcept {
     if (cgroup_path.empty() || cgroup_path.find("..") != std::string::npos) return;
-    std::ifstream mi("/proc/self/mountinfo");
-    std::string line;
-    while (std::getline(mi, line)) {
-      auto dash = line.find(" - ");
-      if (dash == std::string::npos) continue;
-      std::istringstream pre(line.substr(0, dash)), post(line.substr(dash + 3));
-      std::string id, parent, devno, root, point, fstype;
-      pre >> id >> parent >> devno >> root >> point;
-      post >> fstype;
-      if (fstype != "cgroup" && fstype != "cgroup2") continue;
-      ::rmdir((point + cgroup_path).c_str());  // fails harmlessly when absent, busy or ours
+    try {
+      for_each_cgroup_mount([&](const std::string& point, const std::string&, const std::string&) {
+        ::rmdir((point + cgroup_path).c_str());  // fails harmlessly when absent, busy or ours
+      });
+    } catch (...) {
     }
   }
 
@@ -575,22 +586,13 @@ std::variant<std::shared_ptr<backend>, std::string> make_oci_backend(
   }
   s.executor = ctx.executor;
   s.log = ctx.log;
-  {
-    std::ifstream mi("/proc/self/mountinfo");
-    std::string line;
-    while (std::getline(mi, line)) {
-      auto dash = line.find(" - ");
-      if (dash == std::string::npos) continue;
-      std::istringstream pre(line.substr(0, dash)), post(line.substr(dash + 3));
-      std::string id, parent, devno, root, point, fstype, source, opts;
-      pre >> id >> parent >> devno >> root >> point;
-      post >> fstype >> source >> opts;
-      if (fstype == "cgroup" && ("," + opts + ",").find(",cpuacct,") != std::string::npos) {
-        s.cpuacct_mount = point;
-        break;
-      }
+  for_each_cgroup_mount([&](const std::string& point, const std::string& fstype,
+                            const std::string& opts) {
+    if (s.cpuacct_mount.empty() && fstype == "cgroup" &&
+        ("," + opts + ",").find(",cpuacct,") != std::string::npos) {
+      s.cpuacct_mount = point;
     }
-  }
+  });
   auto launcher = std::make_shared<oci_launcher>(std::move(s));
   if (!launcher->open_binary()) return std::string(launcher->name()) + ": cannot open the binary";
   init_backend_context c = ctx;
