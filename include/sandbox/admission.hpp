@@ -53,7 +53,11 @@ struct admitted {
  * 5. `runtime_unavailable` — no backend at the ticket's level or stronger (a network run
  *    needs `container` or stronger: the process level never gets the host's network); or
  *    the runtime's image is not installed.
- * 6. `digest_mismatch` — `runtime_digest` is set and differs from the installed digest.
+ * 6. `digest_mismatch` — the ticket pins `runtime_digest` and the installed image of the
+ *    request's runtime has another digest (message `ticket.runtime_digest: …`); then the
+ *    request's `runtime_digest` is set and differs from the ticket's pin; then it is set and
+ *    differs from the installed digest. Only the installed (current) image ever runs, so a
+ *    pin, the ticket's or the request's, can only confirm it.
  *
  * Then clamps the timeout to min(ticket, policy) and the memory limit likewise, recording
  * that in the flags. Blob existence is not checked here (that needs the store).

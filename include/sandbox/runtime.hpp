@@ -228,7 +228,10 @@ class runtime {
   /// Status of every backend this runtime tried to register, with reasons.
   std::vector<backend_status> backends() const;
 
-  /// What admission sees: registered levels and runtimes with installed digests.
+  /// What admission sees: registered levels and runtimes with installed digests. A runtime
+  /// name keeps the image that was current when this runtime was created for its whole life,
+  /// and runs only that one: a request or ticket pinning any other `runtime_digest` gets
+  /// `digest_mismatch` (to roll an image, create a new runtime).
   host_catalog catalog() const;
 
   /// The blob store runs read inputs from and write outputs to.

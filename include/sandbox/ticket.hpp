@@ -10,6 +10,7 @@
 #include <boost/system/result.hpp>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -46,6 +47,23 @@ struct ticket_spec {
   sandbox::isolation isolation = sandbox::isolation::process;
   std::chrono::milliseconds max_timeout{8000};      ///< ceiling for `run_request.timeout`
   std::uint64_t max_memory_bytes = 512ULL << 20;    ///< ceiling for `memory_limit_bytes`
+  /**
+   * Optional pin of the runtime image: its manifest digest, `sha256:` and 64 lowercase hex
+   * digits (`is_valid_blob_id` syntax; anything else makes `issue` fail). Absent (the
+   * default): runs use whatever image the host has installed.
+   *
+   * When set, every run under this ticket must use exactly that image, whatever the request
+   * says: admission answers `digest_mismatch` when the installed image of the request's
+   * runtime has another digest (the host rolled its image forward or back since the ticket
+   * was issued), and when the request pins a different `runtime_digest` of its own. So a
+   * run approved or checkpointed against one image never silently runs on another. A runtime
+   * serves only its current image (the one resolved when the `runtime` was created), so the
+   * pin selects nothing: it only refuses to run on anything else.
+   *
+   *     ticket_spec{.id = "t-1", .tenant = "acme",
+   *                 .runtime_digest = result.runtime.digest}  // the image the first run used
+   */
+  std::optional<std::string> runtime_digest;
   bool operator==(const ticket_spec&) const = default;
 };
 
@@ -76,6 +94,9 @@ class ticket {
   sandbox::isolation isolation() const noexcept { return spec_.isolation; }
   std::chrono::milliseconds max_timeout() const noexcept { return spec_.max_timeout; }
   std::uint64_t max_memory_bytes() const noexcept { return spec_.max_memory_bytes; }
+  /// The pinned runtime image digest (see `ticket_spec::runtime_digest`), or `std::nullopt`
+  /// when the ticket accepts whatever image is installed. Valid syntax whenever set.
+  const std::optional<std::string>& runtime_digest() const noexcept { return spec_.runtime_digest; }
   bool operator==(const ticket&) const = default;
 
  private:
@@ -90,7 +111,8 @@ class ticket {
 class ticket_issuer {
  public:
   /// Mints a ticket granting `code.execute` (when `spec.execute`) and nothing else.
-  /// Returns `errc::invalid_argument` for a malformed id or tenant, or non-positive ceilings.
+  /// Returns `errc::invalid_argument` for a malformed id or tenant, non-positive ceilings,
+  /// or a `runtime_digest` that is set but not `sha256:` and 64 lowercase hex digits.
   result<ticket> issue(const ticket_spec& spec) const;
   /// Mints a ticket that also grants `code.network`.
   result<ticket> issue(const ticket_spec& spec, network_grant) const;
@@ -98,15 +120,17 @@ class ticket_issuer {
   /**
    * Decodes a ticket from JSON (see docs/protocol.md), e.g.
    * `{"v":1,"id":"t-1","tenant":"acme","actions":["code.execute"],"isolation":"process",
-   *   "max_timeout_ms":8000,"max_memory_bytes":536870912}`.
+   *   "max_timeout_ms":8000,"max_memory_bytes":536870912}`, optionally with
+   * `"runtime_digest":"sha256:<64 lowercase hex>"`.
    * This *trusts its input*: use it only for ticket files the local operator controls (the
-   * CLI does). Unknown fields, wrong types and unknown actions are `invalid_request` with a
-   * message naming the field.
+   * CLI does). Unknown fields, wrong types, unknown actions and a malformed `runtime_digest`
+   * are `invalid_request` with a message naming the field.
    */
   boost::system::result<ticket, rejection> decode(std::string_view json) const;
 };
 
-/// Encodes a ticket as JSON (the form `ticket_issuer::decode` reads).
+/// Encodes a ticket as JSON (the form `ticket_issuer::decode` reads); `runtime_digest` is
+/// written only when the ticket pins one.
 std::string encode(const ticket& t);
 
 }  // namespace sandbox

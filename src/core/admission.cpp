@@ -147,7 +147,21 @@ std::variant<admitted, rejection> admit(const run_request& request, const ticket
                          " is not installed"};
   }
 
-  // 6. The caller's pin.
+  // 6. The pins. The ticket's comes first: it binds every run under the ticket, so when the
+  //    host's image moved on, no request can make it run. Then the request's, against the
+  //    ticket's (a caller cannot pin another image than the one its ticket was issued for),
+  //    and, with no ticket pin, against the installed image. A runtime serves only its
+  //    current image, so a pin selects nothing: it only refuses to run on anything else.
+  //    Messages name the field and the runtime, never a digest or a host path.
+  if (const auto& pin = ticket.runtime_digest(); pin && *pin != *rt->second) {
+    return rejection{code::digest_mismatch,
+                     "ticket.runtime_digest: does not match the installed image of " +
+                         quote_for_message(request.runtime)};
+  }
+  if (request.runtime_digest && ticket.runtime_digest() &&
+      *request.runtime_digest != *ticket.runtime_digest()) {
+    return rejection{code::digest_mismatch, "runtime_digest: does not match ticket.runtime_digest"};
+  }
   if (request.runtime_digest && *request.runtime_digest != *rt->second) {
     return rejection{code::digest_mismatch,
                      "runtime_digest: does not match the installed image of " +

@@ -805,6 +805,8 @@ void run_op::start_impl() {
     return;
   }
 
+  // The rootfs is the image whose digest admission checked the ticket's and the request's
+  // pins against: both come from resolve_runtimes and never change afterwards.
   run_job job{.run_id = run_id_,
               .admitted = std::move(adm),
               .runtime = *spec,

@@ -31,6 +31,9 @@ std::optional<std::string> check_spec(const ticket_spec& spec) {
   }
   if (spec.max_timeout.count() <= 0) return "max_timeout_ms: must be greater than 0";
   if (spec.max_memory_bytes == 0) return "max_memory_bytes: must be greater than 0";
+  if (spec.runtime_digest && !is_valid_blob_id(*spec.runtime_digest)) {
+    return "runtime_digest: expected 'sha256:' and 64 lowercase hex digits";
+  }
   return std::nullopt;
 }
 
@@ -61,8 +64,9 @@ boost::system::result<ticket, rejection> ticket_issuer::decode(std::string_view 
     }
     const json& o = detail::as_object(doc, "");
     detail::check_version(o);
-    detail::check_known_fields(o, "", {"v", "id", "tenant", "actions", "isolation",
-                                       "max_timeout_ms", "max_memory_bytes"});
+    detail::check_known_fields(o, "",
+                               {"v", "id", "tenant", "actions", "isolation", "max_timeout_ms",
+                                "max_memory_bytes", "runtime_digest"});
     ticket_spec spec;
     spec.id = detail::as_string(detail::require_member(o, "", "id"), "id");
     spec.tenant = detail::as_string(detail::require_member(o, "", "tenant"), "tenant");
@@ -93,6 +97,10 @@ boost::system::result<ticket, rejection> ticket_issuer::decode(std::string_view 
         std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max()));
     spec.max_memory_bytes =
         detail::as_unsigned(detail::require_member(o, "", "max_memory_bytes"), "max_memory_bytes");
+    // Optional; null is not absence (a wrong type, like everywhere else).
+    if (const json* digest = detail::find_member(o, "runtime_digest")) {
+      spec.runtime_digest = detail::as_string(*digest, "runtime_digest");
+    }
     if (auto problem = check_spec(spec)) return rejection{code::invalid_request, *problem};
     return ticket(std::move(spec), network);
   } catch (const detail::decode_error& e) {
@@ -114,6 +122,7 @@ std::string encode(const ticket& t) {
   j["isolation"] = std::string(to_string(t.isolation()));
   j["max_timeout_ms"] = static_cast<std::int64_t>(t.max_timeout().count());
   j["max_memory_bytes"] = t.max_memory_bytes();
+  if (t.runtime_digest()) j["runtime_digest"] = *t.runtime_digest();
   return detail::dump_compact(j);
 }
 

@@ -5,7 +5,7 @@
 // must re-encode to JSON that decodes to the same value (else abort()); every rejection must
 // be invalid_request with a message that is valid UTF-8 without control characters and of
 // bounded size. Decoded requests also go through admission, whose admitted values must
-// respect the ceilings.
+// respect the ceilings and the ticket's and request's image pins.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -42,15 +42,23 @@ void check_rejection(const boost::system::result<T, sandbox::rejection>& r) {
   check_message(r.error().message);
 }
 
-const sandbox::ticket& ticket(bool network, sandbox::isolation level) {
-  static const auto make = [](bool net, sandbox::isolation l) {
+const std::string python_digest = "sha256:" + std::string(64, 'a');  // the catalog's
+const std::string other_digest = "sha256:" + std::string(64, 'b');
+
+const sandbox::ticket& ticket(bool network, sandbox::isolation level, const std::string& pin = {}) {
+  static const auto make = [](bool net, sandbox::isolation l, const std::string& digest) {
     sandbox::ticket_spec spec{.id = "fuzz", .tenant = "fuzz", .isolation = l};
+    if (!digest.empty()) spec.runtime_digest = digest;
     sandbox::ticket_issuer issuer;
     return net ? *issuer.issue(spec, sandbox::network_grant{}) : *issuer.issue(spec);
   };
-  static const sandbox::ticket plain = make(false, sandbox::isolation::process);
-  static const sandbox::ticket net = make(true, sandbox::isolation::process);
-  static const sandbox::ticket strong = make(false, sandbox::isolation::gvisor);
+  static const sandbox::ticket plain = make(false, sandbox::isolation::process, {});
+  static const sandbox::ticket net = make(true, sandbox::isolation::process, {});
+  static const sandbox::ticket strong = make(false, sandbox::isolation::gvisor, {});
+  static const sandbox::ticket pinned = make(true, sandbox::isolation::process, python_digest);
+  static const sandbox::ticket rolled = make(true, sandbox::isolation::process, other_digest);
+  if (pin == python_digest) return pinned;
+  if (pin == other_digest) return rolled;
   if (level == sandbox::isolation::gvisor) return strong;
   return network ? net : plain;
 }
@@ -63,10 +71,12 @@ void check_admission(const sandbox::run_request& request) {
   }();
   static const sandbox::host_catalog catalog{
       .levels = {sandbox::isolation::process, sandbox::isolation::container},
-      .runtimes = {{"python3", "sha256:" + std::string(64, 'a')}, {"node", std::nullopt}}};
-  for (const auto* t : {&ticket(false, sandbox::isolation::process),
-                        &ticket(true, sandbox::isolation::process),
-                        &ticket(false, sandbox::isolation::gvisor)}) {
+      .runtimes = {{"python3", python_digest}, {"node", std::nullopt}}};
+  for (const auto* t :
+       {&ticket(false, sandbox::isolation::process), &ticket(true, sandbox::isolation::process),
+        &ticket(false, sandbox::isolation::gvisor),
+        &ticket(true, sandbox::isolation::process, python_digest),
+        &ticket(true, sandbox::isolation::process, other_digest)}) {
     const auto outcome = sandbox::admit(request, *t, policy, catalog);
     if (const auto* rej = std::get_if<sandbox::rejection>(&outcome)) {
       check_message(rej->message);
@@ -95,6 +105,9 @@ void check_admission(const sandbox::run_request& request) {
         fail("admitted env", name);
     }
     if (!sandbox::is_at_least(a.isolation, t->isolation())) fail("admitted weaker isolation");
+    if (r.runtime_digest && *r.runtime_digest != a.runtime.digest) fail("admitted request pin");
+    if (t->runtime_digest() && *t->runtime_digest() != a.runtime.digest)
+      fail("admitted ticket pin");
     if (r.network && (!t->allows(sandbox::action::code_network) ||
                       !sandbox::is_at_least(a.isolation, sandbox::isolation::container)))
       fail("admitted network");

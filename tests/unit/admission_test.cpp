@@ -360,6 +360,70 @@ TEST_CASE("runtime_digest must be sha256 syntax when set", "[admission][digest]"
   CHECK(rej.message == "runtime_digest: does not match the installed image of 'python3'");
 }
 
+TEST_CASE("a ticket's runtime_digest pins the image every run must use", "[admission][digest]") {
+  const auto pinned_to = [](const std::string& digest) {
+    return make_ticket({.id = "t-1", .tenant = "acme", .runtime_digest = digest});
+  };
+  auto r = request();
+  SECTION("the pin equals the installed image: admitted, with or without a request pin") {
+    const auto a = accepted(run_admit(r, pinned_to(python_digest)));
+    CHECK(a.runtime.digest == python_digest);
+    CHECK_FALSE(a.request.runtime_digest);  // the request is not rewritten
+    r.runtime_digest = python_digest;
+    CHECK(accepted(run_admit(r, pinned_to(python_digest))).runtime.digest == python_digest);
+    // Network tickets carry the pin too.
+    r.network = true;
+    const auto net = make_ticket({.id = "t-1", .tenant = "acme", .runtime_digest = python_digest},
+                                 /*network=*/true);
+    CHECK(accepted(run_admit(r, net)).isolation == isolation::container);
+  }
+  SECTION("the host rolled its image: digest_mismatch naming ticket.runtime_digest") {
+    const auto rej = refused(run_admit(r, pinned_to(other_digest)));
+    CHECK(rej.code == code::digest_mismatch);
+    CHECK(rej.message == "ticket.runtime_digest: does not match the installed image of 'python3'");
+    // Whatever the request says: its own pin of the installed image does not override.
+    r.runtime_digest = python_digest;
+    CHECK(refused(run_admit(r, pinned_to(other_digest))).message ==
+          "ticket.runtime_digest: does not match the installed image of 'python3'");
+    // Nor does a request pin equal to the ticket's.
+    r.runtime_digest = other_digest;
+    CHECK(refused(run_admit(r, pinned_to(other_digest))).message ==
+          "ticket.runtime_digest: does not match the installed image of 'python3'");
+    // Rolled back, or another runtime's image: the same.
+    host_catalog rolled = catalog();
+    rolled.runtimes["python3"] = other_digest;
+    r.runtime_digest.reset();
+    CHECK(refused(run_admit(r, pinned_to(python_digest), policy(), rolled)).code ==
+          code::digest_mismatch);
+    CHECK(accepted(run_admit(r, pinned_to(other_digest), policy(), rolled)).runtime.digest ==
+          other_digest);
+  }
+  SECTION("a request pin other than the ticket's: digest_mismatch") {
+    r.runtime_digest = other_digest;
+    const auto rej = refused(run_admit(r, pinned_to(python_digest)));
+    CHECK(rej.code == code::digest_mismatch);
+    CHECK(rej.message == "runtime_digest: does not match ticket.runtime_digest");
+  }
+  SECTION("messages never carry a digest or a host path") {
+    r.runtime_digest = other_digest;
+    for (const auto& t : {pinned_to(other_digest), pinned_to(python_digest)}) {
+      const auto message = refused(run_admit(r, t)).message;
+      CHECK(message.find("sha256") == std::string::npos);
+      CHECK(message.find('/') == std::string::npos);
+    }
+  }
+  SECTION("earlier steps still come first") {
+    // 5 before 6: an absent image is runtime_unavailable, not a mismatch.
+    r.runtime = "node";
+    CHECK(refused(run_admit(r, pinned_to(python_digest))).code == code::runtime_unavailable);
+    // 1 before 6: a malformed request pin is invalid_request, not a mismatch.
+    r.runtime = "python3";
+    r.runtime_digest = "sha256:" + std::string(64, 'A');
+    CHECK(invalid(run_admit(r, pinned_to(other_digest))) ==
+          "runtime_digest: expected 'sha256:' and 64 lowercase hex digits");
+  }
+}
+
 TEST_CASE("source: 32 KiB accepted, one byte more is source_too_large", "[admission][source]") {
   auto r = request();
   r.source = std::string(32768, 's');
@@ -469,6 +533,18 @@ TEST_CASE("checks run in the documented order", "[admission][order]") {
   r.runtime_digest = other_digest;
   CHECK(refused(run_admit(r, high)).code == code::runtime_unavailable);
   CHECK(refused(run_admit(r)).code == code::digest_mismatch);
+  // Within 6: the ticket's pin against the installed image, then the request's pin against
+  // the ticket's, then against the installed image.
+  const auto pinned_other =
+      make_ticket({.id = "t-1", .tenant = "acme", .runtime_digest = other_digest});
+  const auto pinned_python =
+      make_ticket({.id = "t-1", .tenant = "acme", .runtime_digest = python_digest});
+  r.runtime_digest = "sha256:" + std::string(64, 'e');
+  CHECK(refused(run_admit(r, pinned_other)).message.rfind("ticket.runtime_digest: ", 0) == 0);
+  CHECK(refused(run_admit(r, pinned_python)).message ==
+        "runtime_digest: does not match ticket.runtime_digest");
+  CHECK(refused(run_admit(r)).message ==
+        "runtime_digest: does not match the installed image of 'python3'");
   // Within step 1, field order: version, runtime, timeout, memory, files_in, env, digest.
   r = request();
   r.v = 7;

@@ -264,6 +264,25 @@ TEST_CASE("admission codes come back through the runtime", "[runtime]") {
     req.runtime_digest = fake_digest("python3");
     CHECK(rt.run(req, t).code == code::ok);
   }
+  SECTION("digest_mismatch: the ticket's pin, whatever the request says") {
+    auto spec = sandbox::ticket_spec{
+        .id = "t-pin", .tenant = "acme", .runtime_digest = "sha256:" + std::string(64, 'a')};
+    const auto rolled = sandbox::ticket_issuer{}.issue(spec).value();
+    auto req = py("print(1)");
+    auto r = rt.run(req, rolled);
+    CHECK(r.code == code::digest_mismatch);
+    CHECK(r.message == "ticket.runtime_digest: does not match the installed image of 'python3'");
+    req.runtime_digest = fake_digest("python3");
+    CHECK(rt.run(req, rolled).code == code::digest_mismatch);
+    spec.runtime_digest = fake_digest("python3");
+    const auto current = sandbox::ticket_issuer{}.issue(spec).value();
+    req.runtime_digest = "sha256:" + std::string(64, 'a');
+    CHECK(rt.run(req, current).code == code::digest_mismatch);
+    req.runtime_digest = fake_digest("python3");
+    r = rt.run(req, current);
+    CHECK(r.code == code::ok);
+    CHECK(r.runtime.digest == fake_digest("python3"));
+  }
   SECTION("rejections carry a run id and nothing else") {
     auto req = py("print(1)");
     req.v = 7;
@@ -273,7 +292,7 @@ TEST_CASE("admission codes come back through the runtime", "[runtime]") {
     CHECK(r.files_out.empty());
     CHECK_FALSE(r.exit_code.has_value());
   }
-  // Nothing rejected reached the backend; the digest_mismatch section's second run did.
+  // Nothing rejected reached the backend; the digest_mismatch sections' last runs did.
   for (const auto& a : fake->requests()) CHECK(a.request.runtime_digest == fake_digest("python3"));
 }
 

@@ -149,6 +149,37 @@ TEST_CASE("issue refuses malformed ids, tenants and ceilings", "[ticket]") {
   CHECK(refuses(s));
   s.max_memory_bytes = 1;
   CHECK(accepts(s));
+
+  s = spec();
+  for (const std::string digest :
+       {""s, "sha256:"s, "latest"s, "sha256:" + std::string(63, 'a'),
+        "sha256:" + std::string(65, 'a'), "sha256:" + std::string(64, 'A'),
+        "SHA256:" + std::string(64, 'a'), "sha512:" + std::string(64, 'a'),
+        "sha256:" + std::string(64, 'a') + " ", " sha256:" + std::string(64, 'a'),
+        "sha256:" + std::string(63, 'a') + "g", "sha256:" + std::string(63, 'a') + "\0"s}) {
+    s.runtime_digest = digest;
+    CHECK(refuses(s));
+  }
+  s.runtime_digest = "sha256:0123456789abcdef" + std::string(48, 'f');
+  CHECK(accepts(s));
+  s.runtime_digest.reset();
+  CHECK(accepts(s));
+}
+
+TEST_CASE("a ticket can pin the runtime image digest", "[ticket][digest]") {
+  const std::string digest = "sha256:" + std::string(64, 'd');
+  auto unpinned = ticket_issuer{}.issue(spec());
+  REQUIRE(unpinned.has_value());
+  CHECK_FALSE(unpinned->runtime_digest());
+  auto s = spec();
+  s.runtime_digest = digest;
+  auto pinned = ticket_issuer{}.issue(s);
+  auto networked = ticket_issuer{}.issue(s, sandbox::network_grant{});
+  REQUIRE(pinned.has_value());
+  REQUIRE(networked.has_value());
+  CHECK(pinned->runtime_digest() == digest);
+  CHECK(networked->runtime_digest() == digest);
+  CHECK_FALSE(*pinned == *unpinned);  // the pin is part of the capability
 }
 
 TEST_CASE("a ticket decodes from its documented JSON form", "[ticket][json]") {
@@ -164,6 +195,12 @@ TEST_CASE("a ticket decodes from its documented JSON form", "[ticket][json]") {
   CHECK(full->allows(action::code_network));
   CHECK(full->isolation() == sandbox::isolation::gvisor);
   CHECK(full->max_timeout() == std::chrono::milliseconds(1));
+
+  const std::string digest = "sha256:" + std::string(32, '0') + std::string(32, 'f');
+  auto pinned = ticket_issuer{}.decode(ticket_with("runtime_digest", "\"" + digest + "\""));
+  REQUIRE(decoded(pinned));
+  CHECK(pinned->runtime_digest() == digest);
+  CHECK_FALSE(t->runtime_digest());  // absent: no pin
 
   auto none = ticket_issuer{}.decode(ticket_with("actions", "[]"));
   REQUIRE(none.has_value());
@@ -192,6 +229,9 @@ TEST_CASE("tickets round-trip through JSON", "[ticket][json]") {
     s.max_memory_bytes = UINT64_MAX;
     tickets.push_back(*issuer.issue(s));
     tickets.push_back(*issuer.issue(s, sandbox::network_grant{}));
+    s.runtime_digest = "sha256:" + std::string(64, '0');
+    tickets.push_back(*issuer.issue(s));
+    tickets.push_back(*issuer.issue(s, sandbox::network_grant{}));
   }
   for (const auto& t : tickets) {
     const std::string text = sandbox::encode(t);
@@ -204,6 +244,19 @@ TEST_CASE("tickets round-trip through JSON", "[ticket][json]") {
   CHECK(sandbox::encode(tickets[1]) ==
         R"({"v":1,"id":"t-1","tenant":"acme","actions":["code.execute","code.network"],)"
         R"("isolation":"process","max_timeout_ms":8000,"max_memory_bytes":536870912})");
+  // The pin is written only when set, last.
+  auto pinned_spec = spec();
+  pinned_spec.runtime_digest = "sha256:" + std::string(64, 'e');
+  const auto pinned = *issuer.issue(pinned_spec);
+  const std::string pinned_text = sandbox::encode(pinned);
+  CHECK(pinned_text ==
+        R"({"v":1,"id":"t-1","tenant":"acme","actions":["code.execute"],"isolation":"process",)"
+        R"("max_timeout_ms":8000,"max_memory_bytes":536870912,"runtime_digest":"sha256:)" +
+            std::string(64, 'e') + R"("})");
+  auto back = issuer.decode(pinned_text);
+  REQUIRE(decoded(back));
+  CHECK(*back == pinned);
+  CHECK(back->runtime_digest() == pinned_spec.runtime_digest);
 }
 
 TEST_CASE("ticket fields are checked strictly, naming the field", "[ticket][json]") {
@@ -212,6 +265,7 @@ TEST_CASE("ticket fields are checked strictly, naming the field", "[ticket][json
     std::string value;  // empty: remove the field
     std::string message;
   };
+  const std::string bad_digest = "expected 'sha256:' and 64 lowercase hex digits";
   const field_case cases[] = {
       {"id", "", "id: required field is missing"},
       {"tenant", "", "tenant: required field is missing"},
@@ -250,6 +304,26 @@ TEST_CASE("ticket fields are checked strictly, naming the field", "[ticket][json
       {"max_memory_bytes", "-1", "max_memory_bytes: expected a non-negative integer"},
       {"max_memory_bytes", "18446744073709551616",
        "max_memory_bytes: out of range (at most 18446744073709551615)"},
+      {"runtime_digest", "null", "runtime_digest: expected a string"},
+      {"runtime_digest", "5", "runtime_digest: expected a string"},
+      {"runtime_digest", R"(["sha256:)" + std::string(64, 'a') + R"("])",
+       "runtime_digest: expected a string"},
+      {"runtime_digest", R"("")", "runtime_digest: " + bad_digest},
+      {"runtime_digest", R"("latest")", "runtime_digest: " + bad_digest},
+      {"runtime_digest", R"("sha256:)" + std::string(64, 'A') + "\"",
+       "runtime_digest: " + bad_digest},
+      {"runtime_digest", R"("sha256:)" + std::string(63, 'a') + "\"",
+       "runtime_digest: " + bad_digest},
+      {"runtime_digest", R"("sha256:)" + std::string(65, 'a') + "\"",
+       "runtime_digest: " + bad_digest},
+      {"runtime_digest", R"("sha256:)" + std::string(64, 'a') + " \"",
+       "runtime_digest: " + bad_digest},
+      {"runtime_digest", R"("sha256:)" + std::string(64, 'a') + "\\n\"",
+       "runtime_digest: " + bad_digest},
+      {"runtime_digest", R"("sha256:)" + std::string(63, 'a') + "\\u0000\"",
+       "runtime_digest: " + bad_digest},
+      {"runtime_digest", R"("SHA256:)" + std::string(64, 'a') + "\"",
+       "runtime_digest: " + bad_digest},
       {"network", "true", "unknown field 'network'"},
       {"expires", "0", "unknown field 'expires'"},
   };

@@ -54,6 +54,10 @@ SEEDS = {
     "result_minimal": b'{"code":"timeout"}',
     "ticket_valid": b'{"v":1,"id":"t-1","tenant":"acme","actions":["code.execute","code.network"],'
                     b'"isolation":"container","max_timeout_ms":8000,"max_memory_bytes":536870912}',
+    "ticket_runtime_digest": b'{"v":1,"id":"t-1","tenant":"acme","actions":["code.execute"],'
+                             b'"isolation":"process","max_timeout_ms":8000,'
+                             b'"max_memory_bytes":536870912,"runtime_digest":"'
+                             + DIGEST.encode() + b'"}',
     # --- syntax
     "empty": b"",
     "nul_only": b"\0",
@@ -90,6 +94,9 @@ SEEDS = {
                              b'"isolation":"process","max_timeout_ms":1,"max_memory_bytes":1}',
     "ticket_bad_tenant": b'{"id":"t","tenant":"../x","actions":[],'
                          b'"isolation":"process","max_timeout_ms":1,"max_memory_bytes":1}',
+    "ticket_runtime_digest_upper": b'{"id":"t","tenant":"a","actions":["code.execute"],'
+                                   b'"isolation":"process","max_timeout_ms":1,"max_memory_bytes":1,'
+                                   b'"runtime_digest":"sha256:' + b"A" * 64 + b'"}',
     # --- fields
     "unknown_field": req(foo=1),
     "version_2": req(v=2),
