@@ -121,10 +121,21 @@ const std::vector<backend_profile>& profiles() {
       v.push_back({.name = "gvisor (runsc)",
                    .level = sandbox::isolation::gvisor,
                    .make = [](std::string* why) { return make_process_with(why, "runsc", {}, "runsc"); },
+                   // See each field's comment (suite.hpp); the gaps are library bugs and
+                   // findings, reported, not differences the level is allowed.
                    .expect = {.host_kernel = false, .distinct_uids = true,
-                              .syscall_abi_on_host = false},
+                              .syscall_abi_on_host = false,
+                              .init_hidden = false,
+                              .egress_recorded = false,
+                              .sandbox_kernel_memory_bytes = 96ULL << 20,
+                              .special_files_on_host = false,
+                              .parent_of_home_reachable = false,
+                              .syscall_slowdown = 20,
+                              .gap_fork_bomb_ends_on_memory = true,
+                              .gap_tmpfs_inode_limit = true},
                    .host_config = R"({"v":1,"backends":{"gvisor":{"runtime":"runsc"}}})",
-                   .ci_budget = std::chrono::seconds(900)});
+                   // 100-135 s measured on a loaded 2-core host.
+                   .ci_budget = std::chrono::seconds(600)});
     }
     // Later backends (microvm) register here.
     return v;

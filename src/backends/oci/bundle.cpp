@@ -384,6 +384,12 @@ json build_config(const bundle_params& p, const image_view& img) {
   //    random, urandom, tty) and the device cgroup allows only those.
   mounts.push_back(
       tmpfs_mount("/dev", {"nosuid", "noexec", "strictatime", "mode=755", "size=65536"}));
+  // runsc always adds its own devpts at /dev/pts; an empty read-only tmpfs over it leaves the
+  // program no pseudo-terminal to open, as at the other levels.
+  if (p.kind == runtime_kind::runsc) {
+    mounts.push_back(tmpfs_mount("/dev/pts", {"ro", "nosuid", "noexec", "nodev", "size=4096",
+                                              "nr_inodes=16", "mode=755"}));
+  }
   // 4. Writable scratch space, capped in bytes and inodes (ENOSPC before the memory limit).
   mounts.push_back(tmpfs_mount(
       "/dev/shm",

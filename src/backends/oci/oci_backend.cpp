@@ -283,7 +283,9 @@ class oci_launcher final : public init_launcher,
       w.add("notify", "0");  // gVisor has no seccomp user notification
       // The program's processes are capped inside the sandbox kernel at the request's pids
       // limit (the host's pids.max also counts the sentry: see adjust_limits).
-      w.add("nproc", std::uint64_t{r.job.policy.max_pids});
+      // gVisor lets the main process have RLIMIT_NPROC children besides itself: one less
+      // makes it `max_pids` processes in all, as the pids controller counts elsewhere.
+      w.add("nproc", std::uint64_t{std::max<std::uint32_t>(r.job.policy.max_pids, 2) - 1});
     }
   }
 

@@ -247,6 +247,17 @@ bool has_dns(const sandbox::run_result& r, const std::string& name) {
   return false;
 }
 
+/// The code of a run that tried to leave: `network_disabled` where the host records every
+/// direct-IP attempt; where it cannot (expectations::egress_recorded), only when something —
+/// a DNS query to the run's resolver — was recorded, else `ok`.
+code egress_code(const conformance::backend& b, const sandbox::run_result& r) {
+  return b.expect().egress_recorded || !r.egress_attempts.empty() ? code::network_disabled
+                                                                  : code::ok;
+}
+
+/// Whether a direct-IP attempt (proto tcp/udp, address, port) must be in the record.
+bool must_record_ip(const conformance::backend& b) { return b.expect().egress_recorded; }
+
 std::string list_attempts(const sandbox::run_result& r) {
   std::string out;
   for (const auto& a : r.egress_attempts) {
@@ -453,7 +464,7 @@ attempt('udp 255.255.255.255 67', broadcast)
 print(json.dumps(RESULTS))
 )PY"));
   INFO("attempts recorded:\n" << list_attempts(r));
-  CHECK(r.code == code::network_disabled);
+  CHECK(r.code == egress_code(b, r));
   REQUIRE(r.exit_code == 0);
   auto j = json::parse(b.blob(r.std_out.blob));
   INFO("inside: " << j.dump());
@@ -461,12 +472,13 @@ print(json.dumps(RESULTS))
   for (auto& [label, result] : j.items()) {
     INFO(label << " -> " << result);
     CHECK(result != "OK");  // nothing left the run
-    // Each attempt is in the record with its protocol, address and port.
+    // Each attempt is in the record with its protocol, address and port (where the host
+    // sees direct-IP attempts at all).
     std::istringstream in(label);
     std::string proto, addr;
     int port = 0;
     in >> proto >> addr >> port;
-    CHECK(has_attempt(r, proto, addr, static_cast<std::uint16_t>(port)));
+    if (must_record_ip(b)) CHECK(has_attempt(r, proto, addr, static_cast<std::uint16_t>(port)));
   }
   for (const auto& a : r.egress_attempts) {
     CHECK_FALSE(a.allowed);
@@ -536,7 +548,7 @@ out['udp 9.9.9.9 53'] = 'OK' if rc == 2 else e(rc) if rc < 0 else 'partial %d' %
 print(json.dumps(out))
 )PY"));
   INFO("attempts recorded:\n" << list_attempts(r));
-  CHECK(r.code == code::network_disabled);
+  CHECK(r.code == egress_code(b, r));
   REQUIRE(r.exit_code == 0);
   auto j = json::parse(b.blob(r.std_out.blob));
   INFO("inside: " << j.dump());
@@ -548,8 +560,9 @@ print(json.dumps(out))
     std::string proto, addr;
     int port = 0;
     in >> proto >> addr >> port;
-    CHECK(has_attempt(r, proto, addr, static_cast<std::uint16_t>(port)));
+    if (must_record_ip(b)) CHECK(has_attempt(r, proto, addr, static_cast<std::uint16_t>(port)));
   }
+  for (const auto& a : r.egress_attempts) CHECK_FALSE(a.allowed);
 }
 
 TEST_CASE(
@@ -636,7 +649,7 @@ print(json.dumps({'results': RESULTS, 'resolv': resolv, 'servers': servers, 'hos
     if (label.rfind("dns ", 0) == 0) CHECK(has_dns(r, label.substr(4)));
   }
   CHECK(has_dns(r, "exfil-by-name.attacker.example"));
-  CHECK(has_attempt(r, "udp", "8.8.8.8", 53));
+  if (must_record_ip(b)) CHECK(has_attempt(r, "udp", "8.8.8.8", 53));
   // resolv.conf: only resolvers on the run's own loopback; nothing of the host's.
   REQUIRE(!j["servers"].empty());
   for (const auto& s : j["servers"]) {
@@ -737,7 +750,7 @@ function lookup(label, fn) {
     std::string proto, addr;
     int port = 0;
     in >> proto >> addr >> port;
-    if (proto == "tcp" || proto == "udp")
+    if ((proto == "tcp" || proto == "udp") && must_record_ip(b))
       CHECK(has_attempt(r, proto, addr, static_cast<std::uint16_t>(port)));
     if (proto == "dns") CHECK(has_dns(r, addr));
   }

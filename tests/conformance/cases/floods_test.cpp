@@ -179,7 +179,10 @@ TEST_CASE("floods: stderr alone, and both streams at once", "[floods][core]") {
   rss_probe rss;
   auto rs = b.run_all({py(R"PY(
 import os
-for i in range(32): os.write(2, b'e' * (1 << 20))
+chunk = b'e' * (1 << 20)
+for i in range(32):
+    view = memoryview(chunk)
+    while view: view = view[os.write(2, view):]  # a pipe write may be short (gVisor)
 )PY",
                           8000ms),
                        py(R"PY(
@@ -267,7 +270,9 @@ console.log(JSON.stringify(res));
       CHECK(v[1].get<std::uint64_t>() * MiB < r.memory_limit_bytes);
     }
     CHECK(j.size() == 5);
-    CHECK(r.usage.peak_memory_bytes <= r.memory_limit_bytes);
+    // (A sandbox kernel charged to the run's cgroup counts too: expectations.)
+    CHECK(r.usage.peak_memory_bytes <=
+          r.memory_limit_bytes + b.expect().sandbox_kernel_memory_bytes);
     // The full output file is over the byte cap: dropped and flagged, never half-returned.
     std::size_t seen = 0;
     for (const auto& d : r.files_dropped) {
@@ -288,14 +293,19 @@ console.log(JSON.stringify(res));
 TEST_CASE("floods: inode exhaustion gives ENOSPC; every output entry is accounted for",
           "[floods][disk][core]") {
   CONFORMANCE_BACKEND(b);
-  auto rs = b.run_all({py(R"PY(
+  // Where the tmpfs inode cap is a known gap (expectations::gap_tmpfs_inode_limit), each
+  // directory stops at a little over the cap instead of running into the memory limit.
+  const int cap = b.expect().gap_tmpfs_inode_limit
+                      ? static_cast<int>(sandbox::policy{}.tmpfs_inodes) + 904
+                      : 200000;
+  auto rs = b.run_all({py("CAP = " + std::to_string(cap) + R"PY(
 import errno, json, os
 out = os.environ['SANDBOX_OUTPUT_DIR']
 res = {}
 for d in ['/tmp', os.environ['HOME'], '/dev/shm', out]:
     n = 0
     try:
-        while n < 200000:
+        while n < CAP:
             if n % 3 == 0: open(f'{d}/f{n}', 'w').close()
             elif n % 3 == 1: os.mkdir(f'{d}/d{n}')
             else: os.symlink('x', f'{d}/l{n}')
@@ -311,9 +321,15 @@ print(json.dumps({'res': res, 'entries': len(os.listdir(out))}))
   REQUIRE(r.code == code::ok);
   auto j = nlohmann::json::parse(b.blob(r.std_out.blob));
   for (auto& [dir, v] : j["res"].items()) {
-    INFO(dir);
+    INFO(dir << ": " << v.dump());
+    if (b.expect().gap_tmpfs_inode_limit && dir != "/sandbox/out" && v[0] == "none") {
+      WARN("GAP (gap_tmpfs_inode_limit): " << dir << " took " << v[1]
+                                           << " entries, over its inode cap of "
+                                           << sandbox::policy{}.tmpfs_inodes);
+      continue;
+    }
     CHECK(v[0] == "ENOSPC");
-    CHECK(v[1].get<int>() < 200000);
+    CHECK(v[1].get<int>() < cap);
   }
   // The output directory held `entries` names: each came back or was listed with a reason.
   CHECK(r.files_out.size() + r.files_dropped.size() == j["entries"].get<std::size_t>());
@@ -355,8 +371,19 @@ print(made, failed)
 )PY",
           6000ms),
        unrelated()});
-  INFO("bomb: exit " << rs[0].exit_code.value_or(-1) << ", stderr: " << rs[0].std_err.summary);
-  CHECK(rs[0].code == code::timeout);
+  INFO("bomb: exit " << rs[0].exit_code.value_or(-1) << ", signal "
+                      << rs[0].signal.value_or(0) << ", stderr: " << rs[0].std_err.summary);
+  INFO("counter: code " << to_string(rs[1].code) << ", signal " << rs[1].signal.value_or(0)
+                        << ", stdout: " << rs[1].std_out.summary);
+  if (b.expect().gap_fork_bomb_ends_on_memory && rs[0].code != code::timeout) {
+    // The known gap (suite.hpp): the bomb's interpreters fill the memory limit first.
+    WARN("GAP (gap_fork_bomb_ends_on_memory): the fork bomb ended "
+         << to_string(rs[0].code) << " (signal " << rs[0].signal.value_or(0) << "): "
+         << rs[0].message);
+    CHECK((rs[0].code == code::oom || rs[0].code == code::internal));
+  } else {
+    CHECK(rs[0].code == code::timeout);
+  }
   CHECK(rs[0].std_out.summary.rfind("bomb\n", 0) == 0);
   REQUIRE(rs[1].code == code::ok);
   int made = 0, failed = 0;
@@ -395,7 +422,9 @@ for (;;) chunks.push(Buffer.alloc(16 << 20, 1));
     CHECK(r.signal == 9);
     CHECK_FALSE(r.exit_code);
     CHECK(r.std_out.summary == "allocating\n");
-    CHECK(r.usage.peak_memory_bytes <= r.memory_limit_bytes);
+    // (A sandbox kernel charged to the run's cgroup counts too: expectations.)
+    CHECK(r.usage.peak_memory_bytes <=
+          r.memory_limit_bytes + b.expect().sandbox_kernel_memory_bytes);
   }
   check_unrelated(rs[2]);
   rss.check(32 * MiB, "memory bombs");
@@ -421,7 +450,8 @@ time.sleep(30)
   // One OOM kill ends the whole run: the parent's sleep never finishes (that would be a
   // timeout), and its output so far is kept.
   CHECK(r.std_out.summary.rfind("parent\n", 0) == 0);
-  CHECK(r.usage.peak_memory_bytes <= r.memory_limit_bytes);
+  CHECK(r.usage.peak_memory_bytes <=
+        r.memory_limit_bytes + b.expect().sandbox_kernel_memory_bytes);
   check_unrelated(rs[1]);
   rss.check(32 * MiB, "a child's memory bomb");
 }

@@ -227,7 +227,8 @@ TEST_CASE("lying: a stream of nothing but control bytes keeps its summary bounde
   // Every byte escapes to four: the summary must still respect its bound.
   auto r = b.run(py(R"PY(
 import os
-os.write(1, bytes(range(0, 32)) * 2048 + b'\xff' * 65536)
+view = memoryview(bytes(range(0, 32)) * 2048 + b'\xff' * 65536)
+while view: view = view[os.write(1, view):]  # a pipe write may be short (gVisor)
 )PY"));
   check_no_evidence(r);
   CHECK(r.exit_code == 0);
