@@ -337,6 +337,12 @@ int run_example(const sandbox::runtime_options& options, sandbox::isolation leve
   print_usage(q);
   check.expect(q.code == sandbox::code::ok, "run 1 ended ok");
   check.expect(q.exit_code == 0, "run 1 exited 0");
+  // The result names what ran it: "process", or the OCI runtime and its version.
+  check.expect(level == sandbox::isolation::process
+                   ? q.backend == "process"
+                   : q.backend.rfind(level == sandbox::isolation::gvisor ? "runsc " : "", 0) == 0 &&
+                         q.backend.find(' ') != std::string::npos,
+               "run 1 names its backend (" + q.backend + ")");
   check.expect(q.egress_attempts.empty(), "run 1 attempted no egress");
   check.expect(quote_doc.is_object(), "run 1 wrote quote.json holding a JSON object");
   if (quote_doc.is_object()) {

@@ -173,6 +173,10 @@ struct run_result {
   /// For `seccomp_violation`: the name of the forbidden system call, e.g. "ptrace".
   std::optional<std::string> violation;
   std::string run_id;  ///< unique id of this run, for correlating host logs and spans
+  /// The mechanism that ran it and its version: "process", "crun 1.8.1", "runc 1.1.5+ds1",
+  /// "runsc 0.0~20221219.0" (the OCI runtime's own `--version`). Empty when no backend ran
+  /// (refused before a sandbox was made).
+  std::string backend;
   /// Queue figures when the run was refused by the scheduler (`capacity`, `queue_timeout`);
   /// wire name "queue", `null` otherwise.
   std::optional<queue_info> queue;

@@ -1219,6 +1219,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
     const auto& req = job_.admitted.request;
     r.run_id = job_.run_id;
     r.isolation = shared_->launcher->isolation();
+    r.backend = shared_->launcher->describe();
     r.runtime = job_.admitted.runtime;
     r.timeout = req.timeout;
     r.memory_limit_bytes = req.memory_limit_bytes;

@@ -172,7 +172,8 @@ run_result decode_result_body(const json& doc) {
       o, "", {"v", "code", "message", "exit_code", "signal", "stdout", "stderr", "files_out",
               "files_dropped", "usage", "oom_kills", "timeout_clamped", "memory_clamped",
               "timeout_ms", "memory_limit_bytes", "isolation", "runtime", "egress_attempts",
-              "egress_attempts_dropped", "violation", "run_id", "queue", "queue_wait_ms"});
+              "egress_attempts_dropped", "violation", "run_id", "queue", "queue_wait_ms",
+              "backend"});
   run_result r;
   {
     const std::string name = as_string(require_member(o, "", "code"), "code");
@@ -312,6 +313,10 @@ run_result decode_result_body(const json& doc) {
     r.queue_wait = std::chrono::milliseconds(
         static_cast<std::int64_t>(as_unsigned(v, p, static_cast<std::uint64_t>(int64_max))));
   });
+  optional_member(o, "", "backend", [&](const json& v, const std::string& p) {
+    r.backend = as_string(v, p);
+    if (r.backend.size() > 128) fail(p, "longer than 128 bytes");
+  });
   return r;
 }
 
@@ -426,6 +431,7 @@ std::string encode(const run_result& r) {
     j["queue"] = nullptr;
   }
   j["queue_wait_ms"] = r.queue_wait.count();
+  j["backend"] = r.backend;
   return detail::dump_compact(j);
 }
 

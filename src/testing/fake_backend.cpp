@@ -221,6 +221,7 @@ run_result build_result(const run_job& job, scripted_run run) {
 
   r.run_id = job.run_id;
   r.isolation = job.admitted.isolation;
+  r.backend = "fake";
   r.runtime = job.admitted.runtime;
   r.timeout = job.admitted.request.timeout;
   r.memory_limit_bytes = job.admitted.request.memory_limit_bytes;

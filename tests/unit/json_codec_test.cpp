@@ -574,7 +574,10 @@ TEST_CASE("results round-trip through JSON", "[json][result]") {
   extremes.egress_attempts_dropped = UINT32_MAX;
   extremes.memory_limit_bytes = UINT64_MAX;
   extremes.violation = "";
-  for (const auto& value : {sandbox::run_result{}, full_result(), rejected, extremes}) {
+  extremes.backend = std::string(128, 'b');
+  sandbox::run_result contained;
+  contained.backend = "runsc 0.0~20221219.0";
+  for (const auto& value : {sandbox::run_result{}, full_result(), rejected, extremes, contained}) {
     const std::string text = sandbox::encode(value);
     INFO(text);
     CHECK(text.find('\n') == std::string::npos);  // one line
@@ -583,6 +586,19 @@ TEST_CASE("results round-trip through JSON", "[json][result]") {
     CHECK(*back == value);
     CHECK(sandbox::encode(*back) == text);
   }
+}
+
+TEST_CASE("a result's backend is a bounded string", "[json][result]") {
+  sandbox::run_result r;
+  r.backend = std::string(129, 'b');
+  auto bad = decode_run_result(sandbox::encode(r));
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().message.find("backend") != std::string::npos);
+  std::string text = sandbox::encode(sandbox::run_result{});
+  text.replace(text.find("\"backend\":\"\""), 12, "\"backend\":7");
+  auto wrong = decode_run_result(text);
+  REQUIRE_FALSE(wrong.has_value());
+  CHECK(wrong.error().message.find("backend") != std::string::npos);
 }
 
 TEST_CASE("every code round-trips by its wire string", "[json][result]") {
@@ -609,7 +625,7 @@ TEST_CASE("encode writes the documented result fields", "[json][result]") {
         R"("oom_kills":0,"timeout_clamped":false,"memory_clamped":false,"timeout_ms":0,)"
         R"("memory_limit_bytes":0,"isolation":"process","runtime":{"name":"","digest":""},)"
         R"("egress_attempts":[],"egress_attempts_dropped":0,"violation":null,"run_id":"",)"
-        R"("queue":null,"queue_wait_ms":0})");
+        R"("queue":null,"queue_wait_ms":0,"backend":""})");
 }
 
 TEST_CASE("encoding invalid UTF-8 still gives valid JSON", "[json][result]") {
