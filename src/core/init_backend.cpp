@@ -897,10 +897,22 @@ class init_run : public std::enable_shared_from_this<init_run> {
                              self->record_egress(std::move(ev->attempt));
                            }
                            if (!ev) {
-                             // Nothing pending: either a dead target or every filter user
-                             // has exited (the listener then polls as hung up).
+                             // Nothing pending: either a dead target, every filter user has
+                             // exited (the listener then polls as hung up), or a wake-up
+                             // with nothing behind it (handle_notification never receives
+                             // then: a receive would block this thread). The last is
+                             // re-armed after a moment, so it can never spin.
                              pollfd p{self->listener_.native_handle(), POLLIN, 0};
-                             if (::poll(&p, 1, 0) == 1 && (p.revents & POLLHUP)) return;
+                             const int n = ::poll(&p, 1, 0);
+                             if (n == 1 && (p.revents & POLLHUP) && !(p.revents & POLLIN)) return;
+                             if (n == 0) {
+                               auto t = std::make_shared<asio::steady_timer>(
+                                   self->strand_, std::chrono::milliseconds(1));
+                               t->async_wait([self, t](boost::system::error_code) {
+                                 if (!self->finishing_) self->watch_notifications();
+                               });
+                               return;
+                             }
                            }
                            self->watch_notifications();
                          });

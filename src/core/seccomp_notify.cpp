@@ -7,6 +7,7 @@
 #include <linux/seccomp.h>
 #include <netinet/in.h>
 #include <seccomp.h>
+#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -310,6 +311,13 @@ int notify_mem_cache::get(std::uint32_t pid, bool reopen) {
 }
 
 std::optional<notify_event> handle_notification(int listener_fd, notify_mem_cache& mem) {
+  // RECV blocks until a notification is pending, whatever the descriptor's flags. The
+  // listener also polls readable when every filter user has gone (POLLHUP) with nothing
+  // pending: receiving then would block this thread for good. Only POLLIN — a pending
+  // notification — lets RECV proceed; if its task is killed in between, the kernel has
+  // already counted it, and RECV fails with ENOENT instead of waiting.
+  pollfd p{listener_fd, POLLIN, 0};
+  if (poll(&p, 1, 0) != 1 || (p.revents & POLLIN) == 0) return std::nullopt;
   std::vector<std::uint8_t> buf(notif_sizes().notif, 0);
   auto* n = reinterpret_cast<seccomp_notif*>(buf.data());
   if (ioctl(listener_fd, SECCOMP_IOCTL_NOTIF_RECV, n) < 0) return std::nullopt;
