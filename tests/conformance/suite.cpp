@@ -389,9 +389,10 @@ host_snapshot settled_snapshot() {
 
 host_snapshot snapshot_back_to(const host_snapshot& before) {
   host_snapshot now = take_snapshot();
-  // Up to 5 s: an OCI runtime's `delete` runs after the result (runsc's takes a while on a
-  // loaded host), and its descriptors are the supervisor's until it ends.
-  for (int i = 0; i < 250 && !(now == before); ++i) {
+  // Up to 15 s: an OCI runtime's `delete` runs after the result (runsc's takes seconds on a
+  // loaded host after a memory bomb), and its descriptors are the supervisor's until it ends;
+  // the library kills a delete that takes 10 s. Returns as soon as the host is back.
+  for (int i = 0; i < 750 && !(now == before); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     now = take_snapshot();
   }
