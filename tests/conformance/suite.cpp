@@ -313,7 +313,16 @@ host_snapshot take_snapshot() {
       }
     }
   }
-  s.fds = static_cast<int>(list_dir("/proc/self/fd").size());
+  // Pidfds are the library's handles on its own child processes (an OCI runtime's `delete`,
+  // reaped after the result, bounded by a kill at 10 s): not a run's leftovers. A process
+  // left behind shows in `sandbox_processes`; every other descriptor is counted.
+  s.fds = 0;
+  for (const auto& fd : list_dir("/proc/self/fd")) {
+    std::error_code ec;
+    auto target = fs::read_symlink(fs::path("/proc/self/fd") / fd, ec);
+    if (!ec && target.string() == "anon_inode:[pidfd]") continue;
+    ++s.fds;
+  }
   s.threads = static_cast<int>(list_dir("/proc/self/task").size());
   for (const auto& c : canary_files()) {
     struct stat sb{};

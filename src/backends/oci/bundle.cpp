@@ -863,21 +863,21 @@ std::string check_config(const nlohmann::json& config,
   }
   // linux
   if (!config.contains("linux") || !config["linux"].is_object()) return "linux is missing";
-  const json& linux = config["linux"];
-  if (linux.contains("sysctl")) return "linux.sysctl is not allowed";
-  if (linux.contains("devices") && !linux["devices"].empty()) {
+  const json& lx = config["linux"];
+  if (lx.contains("sysctl")) return "linux.sysctl is not allowed";
+  if (lx.contains("devices") && !lx["devices"].empty()) {
     return "linux.devices is not allowed";
   }
-  if (linux.contains("rootfsPropagation")) {
-    const json& prop = linux["rootfsPropagation"];
+  if (lx.contains("rootfsPropagation")) {
+    const json& prop = lx["rootfsPropagation"];
     if (prop == "shared" || prop == "rshared") return "linux.rootfsPropagation is shared";
   }
-  if (!linux.contains("namespaces") || !linux["namespaces"].is_array()) {
+  if (!lx.contains("namespaces") || !lx["namespaces"].is_array()) {
     return "linux.namespaces is missing";
   }
   std::vector<std::string> types;
-  for (std::size_t i = 0; i < linux["namespaces"].size(); ++i) {
-    const json& ns = linux["namespaces"][i];
+  for (std::size_t i = 0; i < lx["namespaces"].size(); ++i) {
+    const json& ns = lx["namespaces"][i];
     if (!ns.is_object() || !ns.contains("type") || !ns["type"].is_string()) {
       return fmt::format("linux.namespaces[{}] has no type", i);
     }
@@ -891,8 +891,8 @@ std::string check_config(const nlohmann::json& config,
       return fmt::format("linux.namespaces lacks {}", t);
     }
   }
-  if (linux.contains("resources") && linux["resources"].contains("devices")) {
-    for (const json& d : linux["resources"]["devices"]) {
+  if (lx.contains("resources") && lx["resources"].contains("devices")) {
+    for (const json& d : lx["resources"]["devices"]) {
       if (d.contains("allow") && d["allow"] != false) {
         return "linux.resources.devices allows a device";
       }
