@@ -376,23 +376,27 @@ void runtime_impl::resolve_runtimes(const runtime_options& o) {
   }
 }
 
+#if defined(SANDBOX_HAS_PROCESS_BACKEND) || defined(SANDBOX_HAS_OCI_BACKEND)
+init_backend_context runtime_impl::backend_context(const runtime_options& o) {
+  return {.executor = executor_, .options = o.process, .state_dir = o.state_dir, .log = log_,
+          .policy = policy_,
+          .resolve_runtime =
+              [this](std::string_view name)
+              -> std::optional<std::pair<runtime_spec, std::filesystem::path>> {
+            const runtime_spec* s = spec(name);
+            auto root = rootfs_of(name);
+            if (s == nullptr || root.empty()) return std::nullopt;
+            return std::make_pair(*s, root);
+          }};
+}
+#endif
+
 void runtime_impl::register_process_backend(const runtime_options& o) {
   if (!o.process_backend) return;
   backend_status st{.isolation = isolation::process, .name = "process", .reason = {}};
 #ifdef SANDBOX_HAS_PROCESS_BACKEND
   try {
-    detail::process_backend_context ctx{
-        .executor = executor_, .options = o.process, .state_dir = o.state_dir, .log = log_,
-        .policy = policy_,
-        .resolve_runtime =
-            [this](std::string_view name)
-            -> std::optional<std::pair<runtime_spec, std::filesystem::path>> {
-          const runtime_spec* s = spec(name);
-          auto root = rootfs_of(name);
-          if (s == nullptr || root.empty()) return std::nullopt;
-          return std::make_pair(*s, root);
-        }};
-    auto made = detail::make_process_backend(ctx);
+    auto made = detail::make_process_backend(backend_context(o));
     if (auto* b = std::get_if<std::shared_ptr<backend>>(&made); b != nullptr && *b) {
       st.registered = true;
       std::lock_guard lk(mu_);
@@ -422,18 +426,7 @@ void runtime_impl::register_oci_backend(const runtime_options& o, const oci_back
   backend_status st{.isolation = level, .name = oci.runtime, .reason = {}};
 #ifdef SANDBOX_HAS_OCI_BACKEND
   try {
-    detail::init_backend_context ctx{
-        .executor = executor_, .options = o.process, .state_dir = o.state_dir, .log = log_,
-        .policy = policy_,
-        .resolve_runtime =
-            [this](std::string_view name)
-            -> std::optional<std::pair<runtime_spec, std::filesystem::path>> {
-          const runtime_spec* s = spec(name);
-          auto root = rootfs_of(name);
-          if (s == nullptr || root.empty()) return std::nullopt;
-          return std::make_pair(*s, root);
-        }};
-    auto made = detail::make_oci_backend(ctx, oci);
+    auto made = detail::make_oci_backend(backend_context(o), oci);
     if (auto* b = std::get_if<std::shared_ptr<backend>>(&made); b != nullptr && *b) {
       if ((*b)->isolation() != level) {
         st.reason = "runtime '" + oci.runtime + "' does not provide this level";

@@ -40,6 +40,7 @@ using run_handler =
     boost::asio::any_completion_handler<void(boost::system::error_code, run_result)>;
 
 class run_op;
+struct init_backend_context;
 
 class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
  public:
@@ -89,6 +90,8 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
  private:
   boost::system::error_code open_stores(runtime_options& o);
   void resolve_runtimes(const runtime_options& o);
+  /// What every backend built on sandbox-init gets from this runtime (process, OCI).
+  init_backend_context backend_context(const runtime_options& o);
   void register_process_backend(const runtime_options& o);
   void register_oci_backend(const runtime_options& o, const oci_backend_options& oci,
                             isolation level);
