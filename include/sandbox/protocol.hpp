@@ -52,7 +52,16 @@ struct run_request {
   /// invalid_request; above the ticket's or policy's ceiling it is clamped and the result
   /// says so (`timeout_clamped`).
   std::chrono::milliseconds timeout{2000};
-  bool network = false;             ///< needs `code.network` on the ticket
+  /// The run needs the network: needs `code.network` on the ticket (or an approval, see
+  /// sandbox/approval.hpp) and a non-empty `egress`. The run then reaches only the named
+  /// hosts, through the host's egress proxy (HTTP `CONNECT` and plain HTTP), never directly.
+  bool network = false;
+  /// Host names a network run may reach: exact names or `*.suffix` wildcards
+  /// (sandbox/egress.hpp, `canonical_egress_pattern`), at most `max_egress_patterns`.
+  /// Required (non-empty) when `network`; must be empty otherwise. Admission canonicalizes
+  /// them (lower case, no trailing dot, duplicates dropped) and rejects the request as
+  /// `invalid_request` naming the entry when one is malformed.
+  std::vector<std::string> egress;
   std::vector<input_file> files_in; ///< at most 16 entries (policy)
   output_limits files_out;          ///< caps on returned output files
   /// Memory limit of the whole run (every process, tmpfs pages included). Default 256 MiB;
@@ -126,6 +135,8 @@ struct egress_attempt {
   std::uint16_t port = 0;
   bool allowed = false;  ///< false: it was refused (always, when network is off)
   std::string reason;    ///< short reason, e.g. "network disabled"
+  std::uint64_t bytes_up = 0;    ///< bytes the code sent through the proxy on this attempt
+  std::uint64_t bytes_down = 0;  ///< bytes the code received through the proxy on it
   bool operator==(const egress_attempt&) const = default;
 };
 

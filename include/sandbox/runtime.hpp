@@ -123,9 +123,11 @@ struct runtime_options {
   bool process_backend = true;
   process_backend_options process;
   /// The `container` level (crun by default, or runc).
-  oci_backend_options container{.runtime = "crun"};
+  oci_backend_options container{.enabled = false, .runtime = "crun", .path = {},
+                                .platform = "ptrace", .warm_pool = {}};
   /// The `gvisor` level (runsc).
-  oci_backend_options gvisor{.runtime = "runsc"};
+  oci_backend_options gvisor{.enabled = false, .runtime = "runsc", .path = {},
+                             .platform = "ptrace", .warm_pool = {}};
   std::shared_ptr<span_sink> spans;  ///< receives one span per run; may be null
   log_sink log;                      ///< host log lines; empty: warnings and errors to stderr
 };

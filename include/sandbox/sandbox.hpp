@@ -5,6 +5,7 @@
 #include "sandbox/backend.hpp"
 #include "sandbox/blob_store.hpp"
 #include "sandbox/code.hpp"
+#include "sandbox/egress.hpp"
 #include "sandbox/error.hpp"
 #include "sandbox/image_store.hpp"
 #include "sandbox/json.hpp"

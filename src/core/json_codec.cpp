@@ -73,7 +73,7 @@ run_request decode_request_body(const json& doc) {
   const json& o = as_object(doc, "");
   detail::check_version(o);
   check_known_fields(o, "", {"v", "runtime", "source", "timeout_ms", "network", "files_in",
-                             "files_out", "memory_limit_bytes", "env", "runtime_digest"});
+                             "files_out", "memory_limit_bytes", "env", "runtime_digest", "egress"});
   run_request r;
   r.runtime = as_string(require_member(o, "", "runtime"), "runtime");
   r.source = as_string(require_member(o, "", "source"), "source");
@@ -110,6 +110,11 @@ run_request decode_request_body(const json& doc) {
   });
   optional_member(o, "", "runtime_digest", [&](const json& v, const std::string& p) {
     r.runtime_digest = as_string(v, p);
+  });
+  optional_member(o, "", "egress", [&](const json& v, const std::string& p) {
+    const json& a = as_array(v, p);
+    r.egress.reserve(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) r.egress.push_back(as_string(a[i], index_path(p, i)));
   });
   return r;
 }
@@ -258,7 +263,8 @@ run_result decode_result_body(const json& doc) {
   });
   decode_records(o, "egress_attempts", r.egress_attempts, [](const json& v, const std::string& p) {
     const json& e = as_object(v, p);
-    check_known_fields(e, p, {"protocol", "host", "address", "port", "allowed", "reason"});
+    check_known_fields(e, p, {"protocol", "host", "address", "port", "allowed", "reason",
+                              "bytes_up", "bytes_down"});
     egress_attempt a;
     optional_member(e, p, "protocol",
                     [&](const json& x, const std::string& q) { a.protocol = as_string(x, q); });
@@ -273,6 +279,10 @@ run_result decode_result_body(const json& doc) {
                     [&](const json& x, const std::string& q) { a.allowed = as_bool(x, q); });
     optional_member(e, p, "reason",
                     [&](const json& x, const std::string& q) { a.reason = as_string(x, q); });
+    optional_member(e, p, "bytes_up",
+                    [&](const json& x, const std::string& q) { a.bytes_up = as_unsigned(x, q); });
+    optional_member(e, p, "bytes_down",
+                    [&](const json& x, const std::string& q) { a.bytes_down = as_unsigned(x, q); });
     return a;
   });
   optional_member(o, "", "egress_attempts_dropped", [&](const json& v, const std::string& p) {
@@ -349,6 +359,7 @@ std::string encode(const run_request& r) {
   j["source"] = r.source;
   j["timeout_ms"] = static_cast<std::int64_t>(r.timeout.count());
   j["network"] = r.network;
+  if (!r.egress.empty()) j["egress"] = r.egress;
   j["files_in"] = ordered_json::array();
   for (const auto& f : r.files_in) {
     ordered_json e;
@@ -416,6 +427,8 @@ std::string encode(const run_result& r) {
     e["port"] = a.port;
     e["allowed"] = a.allowed;
     e["reason"] = a.reason;
+    e["bytes_up"] = a.bytes_up;
+    e["bytes_down"] = a.bytes_down;
     j["egress_attempts"].push_back(std::move(e));
   }
   j["egress_attempts_dropped"] = r.egress_attempts_dropped;

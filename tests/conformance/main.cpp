@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
     }
     return 77;
   }
+  conformance::start_case_watchdog();
   int rc = Catch::Session().run(argc, argv);
   for (const auto& [name, secs] : conformance::suite_seconds()) {
     double budget = 0;

@@ -3,10 +3,13 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <fmt/format.h>
 #include <cstdlib>
 #include <fstream>
 #include <future>
@@ -491,8 +494,83 @@ void settle(backend& b) {
   }
 }
 
+namespace {
+
+// What the watchdog watches: the case now running, and since when.
+struct watched_case {
+  std::mutex mu;
+  std::string what;
+  std::chrono::steady_clock::time_point since;
+  bool active = false;
+};
+watched_case& watched() {
+  static watched_case w;
+  return w;
+}
+
+// Prints what a hung case leaves for diagnosis: the host's process tree, each of our
+// threads' kernel wait channel, and (when gdb is installed) every thread's stack.
+void dump_hang(const std::string& what, long seconds) {
+  std::fprintf(stderr,
+               "\nconformance: WATCHDOG: case '%s' still running after %ld s; "
+               "diagnostics follow, then the suite aborts\n",
+               what.c_str(), seconds);
+  std::fflush(stderr);
+  const pid_t self = getpid();
+  std::string cmd =
+      "ps -eo pid,ppid,user,stat,etimes,wchan:32,args --forest | "
+      "awk '$1 != 2 && $2 != 2' | cut -c1-240 1>&2; ";
+  cmd += fmt::format(
+      "for t in /proc/{0}/task/*; do echo \"thread ${{t##*/}} $(cat $t/comm) "
+      "wchan=$(cat $t/wchan)\"; cat $t/stack 2>/dev/null; done 1>&2; ",
+      self);
+  cmd += fmt::format(
+      "command -v gdb >/dev/null && timeout 120 gdb -p {} -batch -nx -ex 'set pagination off' "
+      "-ex 'thread apply all bt' 1>&2",
+      self);
+  if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "conformance: (diagnostics incomplete)\n");
+}
+
+}  // namespace
+
+void start_case_watchdog() {
+  long limit = 300;
+  if (const char* v = std::getenv("SANDBOX_CONFORMANCE_CASE_LIMIT_S"); v != nullptr && *v != '\0') {
+    limit = std::max(1L, std::strtol(v, nullptr, 10));
+  }
+  // A child (gdb) may trace us even under Yama's ptrace_scope=1.
+  (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  std::thread([limit] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      std::string what;
+      long running = 0;
+      {
+        std::lock_guard lock(watched().mu);
+        if (!watched().active) continue;
+        running = static_cast<long>(std::chrono::duration_cast<std::chrono::seconds>(
+                                        std::chrono::steady_clock::now() - watched().since)
+                                        .count());
+        what = watched().what;
+      }
+      if (running < limit) continue;
+      dump_hang(what, running);
+      std::_Exit(1);
+    }
+  }).detach();
+}
+
 case_guard::case_guard(backend* b)
-    : b_(b), before_((settle(*b), settled_snapshot())), start_(std::chrono::steady_clock::now()) {}
+    : b_(b),
+      before_((watch_case(*b), settle(*b), settled_snapshot())),
+      start_(std::chrono::steady_clock::now()) {}
+
+void case_guard::watch_case(backend& b) {
+  std::lock_guard lock(watched().mu);
+  watched().what = Catch::getResultCapture().getCurrentTestName() + " [" + b.name() + "]";
+  watched().since = std::chrono::steady_clock::now();
+  watched().active = true;
+}
 
 case_guard::~case_guard() {
   settle(*b_);
@@ -502,6 +580,8 @@ case_guard::~case_guard() {
   check_unchanged(before_, snapshot_back_to(before_));
   suite_seconds()[b_->name()] +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  std::lock_guard lock(watched().mu);
+  watched().active = false;
 }
 
 std::map<std::string, double>& suite_seconds() {

@@ -222,7 +222,8 @@ backend* ensure(std::size_t index, std::string* why);
 backend* acquire(std::size_t index);
 
 /// Per-case RAII: snapshots the host, times the case for its backend, and checks the host
-/// after the case.
+/// after the case. The case is watched (`start_case_watchdog`) from construction until the
+/// host check ends.
 class case_guard {
  public:
   explicit case_guard(backend* b);
@@ -231,10 +232,18 @@ class case_guard {
   case_guard& operator=(const case_guard&) = delete;
 
  private:
+  static void watch_case(backend& b);
   backend* b_;
   host_snapshot before_;
   std::chrono::steady_clock::time_point start_;
 };
+
+/// Starts the hang watchdog: a case (with its host checks) still running after
+/// SANDBOX_CONFORMANCE_CASE_LIMIT_S seconds (default 300; the slowest core case takes ~60 s)
+/// gets the host's process tree, our threads' kernel stacks and, with gdb installed, every
+/// thread's backtrace printed to stderr, and the suite exits 1 — a named failure instead of
+/// CTest's silent timeout.
+void start_case_watchdog();
 
 /// Seconds spent per backend so far (printed by main at the end).
 std::map<std::string, double>& suite_seconds();
