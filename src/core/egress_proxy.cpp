@@ -606,14 +606,16 @@ namespace {
 
 class system_resolver final : public egress_resolver {
  public:
-  explicit system_resolver(asio::any_io_executor ex) : ex_(std::move(ex)) {}
+  system_resolver(asio::any_io_executor ex, bool fully_qualified)
+      : ex_(std::move(ex)), fully_qualified_(fully_qualified) {}
 
   void async_resolve(const std::string& host,
                      std::function<void(boost::system::error_code, answer)> done) override {
     // One resolver per lookup, so concurrent lookups never cancel each other.
     auto r = std::make_shared<tcp::resolver>(ex_);
+    const bool dot = fully_qualified_ && !host.empty() && host.back() != '.';
     r->async_resolve(
-        host, "", tcp::resolver::numeric_service,
+        dot ? host + "." : host, "", tcp::resolver::numeric_service,
         [r, done = std::move(done)](boost::system::error_code ec,
                                     const tcp::resolver::results_type& results) {
           answer a;
@@ -631,6 +633,7 @@ class system_resolver final : public egress_resolver {
 
  private:
   asio::any_io_executor ex_;
+  bool fully_qualified_;
 };
 
 std::string resolver_key(std::string_view name) {
@@ -662,8 +665,9 @@ class static_resolver final : public egress_resolver {
 
 }  // namespace
 
-std::shared_ptr<egress_resolver> make_system_resolver(asio::any_io_executor ex) {
-  return std::make_shared<system_resolver>(std::move(ex));
+std::shared_ptr<egress_resolver> make_system_resolver(asio::any_io_executor ex,
+                                                      bool fully_qualified) {
+  return std::make_shared<system_resolver>(std::move(ex), fully_qualified);
 }
 
 std::shared_ptr<egress_resolver> make_static_resolver(

@@ -230,8 +230,12 @@ class egress_resolver {
 };
 
 /// The host's resolver (getaddrinfo through Asio) running on `ex`; answers are not pinned and
-/// hold at most 16 addresses.
-std::shared_ptr<egress_resolver> make_system_resolver(boost::asio::any_io_executor ex);
+/// hold at most 16 addresses. `fully_qualified`: names are looked up with a trailing dot, so
+/// resolv.conf's search list never turns an approved name that does not exist into a name of
+/// the host's own domain; false only for names that live in /etc/hosts (glibc does not match
+/// those with a trailing dot), as tests do.
+std::shared_ptr<egress_resolver> make_system_resolver(boost::asio::any_io_executor ex,
+                                                      bool fully_qualified = true);
 
 /// For tests: name → addresses (names compared case-insensitively, one trailing dot ignored);
 /// unknown names fail with `host_not_found`; answers are `pinned` unless `pinned` is false

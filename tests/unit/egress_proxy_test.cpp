@@ -809,7 +809,7 @@ TEST_CASE("egress: denial responses and displayed hosts", "[egress]") {
 
 TEST_CASE("egress: the system resolver answers unpinned", "[egress]") {
   asio::io_context io;
-  auto resolver = make_system_resolver(io.get_executor());
+  auto resolver = make_system_resolver(io.get_executor(), false);  // /etc/hosts: not qualified
   std::optional<egress_resolver::answer> got;
   boost::system::error_code got_ec;
   resolver->async_resolve("localhost",
@@ -1160,7 +1160,7 @@ TEST_CASE("egress proxy: the system resolver's loopback answer is refused", "[eg
   {
     proxy_fixture p(grant_for({"db.example.com"}, 443),
                     std::make_shared<alias_resolver>(
-                        make_system_resolver(resolver_io.get_executor()),
+                        make_system_resolver(resolver_io.get_executor(), false),
                         std::map<std::string, std::string>{{"db.example.com", "localhost"}}));
     const auto answer = ask(p.port(), connect_request("db.example.com:443"));
     CHECK(answer.status == 403);
