@@ -129,8 +129,12 @@ struct run_usage {
 
 /// One attempt of the sandboxed code to reach the network (or a name server).
 struct egress_attempt {
-  std::string protocol;  ///< "tcp", "udp", "dns", "unix", "other"
-  std::string host;      ///< DNS name asked for (protocol "dns"), else empty
+  /// "tcp", "udp", "dns", "unix", "other"; through the egress proxy: "https" (CONNECT) or
+  /// "http" (a plain-HTTP request)
+  std::string protocol;
+  /// DNS name asked for (protocol "dns"), or the host a proxy request named ("https", "http";
+  /// escaped, at most 253 bytes), else empty
+  std::string host;
   std::string address;   ///< numeric address tried, e.g. "93.184.216.34"; empty for dns
   std::uint16_t port = 0;
   bool allowed = false;  ///< false: it was refused (always, when network is off)
