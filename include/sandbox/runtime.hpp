@@ -97,6 +97,31 @@ struct oci_backend_options {
   std::vector<warm_pool_class> warm_pool;
 };
 
+/// The host side of network runs: each run granted the network gets its own egress proxy,
+/// served by the host on a socket listening on the run's own loopback (127.0.0.1:3128, given
+/// to the program as HTTP_PROXY / HTTPS_PROXY). It forwards HTTP `CONNECT` (HTTPS; the TLS
+/// ClientHello's SNI must equal the CONNECT host) and plain HTTP to the run's approved names
+/// only (`run_request.egress`), resolving them on the host and refusing loopback, private,
+/// link-local and metadata addresses (docs/security.md, "Egress proxy").
+struct egress_proxy_options {
+  /// Names the proxy resolves to these numeric addresses (IPv4 or IPv6 text) instead of
+  /// asking the host's resolver, like an /etc/hosts of the proxy's own. A pinned answer is
+  /// trusted, so it may be a loopback or private address, which a resolved name never may
+  /// (the DNS-rebinding defence): for internal services the operator means to expose, and for
+  /// tests. Only names a run is also approved for are ever reached.
+  std::map<std::string, std::vector<std::string>> pinned_hosts;
+  /// Ports `CONNECT` may reach (default: 443).
+  std::vector<std::uint16_t> connect_ports{443};
+  /// Ports plain HTTP may reach (default: 80).
+  std::vector<std::uint16_t> http_ports{80};
+  /// Client connections a run may open through its proxy, in all (beyond: 403).
+  std::uint32_t max_connections = 32;
+  /// Bytes a run may send (up) and receive (down) through its proxy, in all; past either,
+  /// its tunnels are closed.
+  std::uint64_t max_bytes_up = 16ULL << 20;
+  std::uint64_t max_bytes_down = 64ULL << 20;
+};
+
 /// Everything a runtime is configured with. Defaults work for root and ordinary users.
 struct runtime_options {
   /// Per-host state: run work dirs, locks. Empty: `/run/agent-sandbox` for root, else
@@ -128,6 +153,8 @@ struct runtime_options {
   /// The `gvisor` level (runsc).
   oci_backend_options gvisor{.enabled = false, .runtime = "runsc", .path = {},
                              .platform = "ptrace", .warm_pool = {}};
+  /// Network runs' egress proxy (pinned names, ports, per-run budgets).
+  egress_proxy_options egress;
   std::shared_ptr<span_sink> spans;  ///< receives one span per run; may be null
   log_sink log;                      ///< host log lines; empty: warnings and errors to stderr
 };

@@ -1286,6 +1286,21 @@ void egress_proxy::stop() {
   asio::post(strand_, [self = shared_from_this()] { self->do_stop(); });
 }
 
+void egress_proxy::stop(std::function<void()> on_stopped) {
+  asio::post(strand_, [self = shared_from_this(), f = std::move(on_stopped)]() mutable {
+    self->on_stopped_ = std::move(f);
+    self->do_stop();
+    self->maybe_stopped();
+  });
+}
+
+void egress_proxy::maybe_stopped() {
+  if (!stopped_ || !sessions_.empty() || !on_stopped_) return;
+  auto f = std::move(on_stopped_);
+  on_stopped_ = nullptr;
+  f();
+}
+
 void egress_proxy::do_stop() {
   if (stopped_) return;
   stopped_ = true;
@@ -1350,6 +1365,7 @@ void egress_proxy::finish_session(std::uint64_t id, bool over_limit, sandbox::eg
   sessions_.erase(id);
   if (over_limit) --refusing_;
   record(std::move(a));
+  maybe_stopped();
 }
 
 void egress_proxy::record(sandbox::egress_attempt a) {

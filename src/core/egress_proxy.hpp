@@ -288,6 +288,10 @@ class egress_proxy : public std::enable_shared_from_this<egress_proxy> {
   /// time the handlers have run, with its final byte counts; undecided ones get "proxy
   /// stopped". Idempotent; callable from any thread (it posts to the strand).
   void stop();
+  /// `stop()`, then `on_stopped` (on the proxy's strand) once every session has been
+  /// reported. A session waiting for the host's resolver reports when the lookup returns,
+  /// so a caller that must not wait long bounds the wait itself.
+  void stop(std::function<void()> on_stopped);
 
   /// Attempts not reported because `max_recorded_egress_attempts` were already. Any thread.
   std::uint64_t dropped() const noexcept { return dropped_.load(std::memory_order_relaxed); }
@@ -303,6 +307,8 @@ class egress_proxy : public std::enable_shared_from_this<egress_proxy> {
   void accept_next();
   void on_accept(boost::system::error_code ec, boost::asio::ip::tcp::socket socket);
   void do_stop();
+  /// Calls `on_stopped_` once stopped with no session left.
+  void maybe_stopped();
   /// Reports (or counts) `a`, and forgets session `id`.
   void finish_session(std::uint64_t id, bool over_limit, sandbox::egress_attempt a);
   void record(sandbox::egress_attempt a);
@@ -322,6 +328,7 @@ class egress_proxy : public std::enable_shared_from_this<egress_proxy> {
   std::shared_ptr<egress_resolver> resolver_;
   attempt_sink on_attempt_;
   bool stopped_ = false;
+  std::function<void()> on_stopped_;
   std::uint32_t accepted_ = 0;   // connections served within max_connections
   std::uint32_t refusing_ = 0;   // over-limit connections being answered now
   std::uint64_t used_up_ = 0;    // budget taken, client→upstream

@@ -56,9 +56,12 @@
 #include "core/cgroup.hpp"
 #include "core/collector.hpp"
 #include "core/dns_sink.hpp"
+#include "core/egress_proxy.hpp"
 #include "core/init_protocol.hpp"
 #include "core/seccomp_notify.hpp"
 #include "core/spawn.hpp"
+#include "core/text_util.hpp"
+#include "sandbox/egress.hpp"
 #include "core/uid_pool.hpp"
 #include "core/workspace.hpp"
 
@@ -163,6 +166,8 @@ struct backend_shared {
   std::filesystem::path instance_lock_path;
   std::atomic<bool> shutting_down{false};
   std::atomic<bool> left_for_reclaim{false};  ///< a cgroup or work dir outlived its run
+  /// Network runs' name resolution: the pinned names, then the host's resolver.
+  std::shared_ptr<egress_resolver> resolver;
   ~backend_shared() {
     // A clean shutdown leaves nothing behind: the (empty) runs dir and the instance lock go.
     // Anything a failed teardown left stays, with the lock file, for the next start's reclaim.
@@ -212,6 +217,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
         stderr_park_(strand_) {}
 
   ~init_run() {
+    if (proxy_) proxy_->stop();  // (normally stopped at teardown already; idempotent)
     close_fd(stdout_parked_);
     close_fd(stderr_parked_);
     emergency_cleanup();
@@ -420,6 +426,11 @@ class init_run : public std::enable_shared_from_this<init_run> {
     helper_pid_ = sp->pid;
     pidfd_desc_.assign(::dup(sp->pidfd));
     t_spawned_ = clock::now();
+    if (sp->egress_listener >= 0) {
+      // The launcher made the run's network namespace (makes_network_namespace).
+      if (network_granted()) start_proxy(sp->egress_listener);
+      else ::close(sp->egress_listener);
+    }
 
     // 6. The output directory, when the launcher made it on the host.
     if (auto out = shared_->launcher->host_output_dir(ws_); !out.empty()) {
@@ -538,7 +549,35 @@ class init_run : public std::enable_shared_from_this<init_run> {
     w.add("env", "LANG=C.UTF-8");
     w.add("env", "SANDBOX_INPUT_DIR=/sandbox/" + input_name_);
     w.add("env", "SANDBOX_OUTPUT_DIR=/sandbox/out");
-    for (const auto& [k, v] : req.env) w.add("env", k + "=" + v);
+    if (network_granted() && !proxy_ && shared_->launcher->stream_control()) {
+      // (A launcher without descriptor passing makes the namespace itself; this instance
+      // has none: a warm-pool one, which network runs never take.)
+      return fail_setup("network run on an instance without its own network namespace");
+    }
+    if (network_granted()) {
+      // The proxy, for the clients that honour the usual variables (curl, urllib, requests,
+      // pip, the node image's preload). Ours come first: the first of equal names wins.
+      // sandbox-init makes its listener unless the launcher already did.
+      if (!proxy_) w.add("egress_proxy", std::uint64_t{ip::egress_proxy_port});
+      const std::string url = fmt::format("http://127.0.0.1:{}", ip::egress_proxy_port);
+      for (const char* n : {"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"}) {
+        w.add("env", std::string(n) + "=" + url);
+      }
+      w.add("env", "NO_PROXY=localhost,127.0.0.1,::1");
+      w.add("env", "no_proxy=localhost,127.0.0.1,::1");
+      // Node's http, https and fetch ignore those variables: the preload makes them use it.
+      if (auto preload = shared_->launcher->node_proxy_preload_path(); !preload.empty()) {
+        w.add("env", "NODE_OPTIONS=--require " + preload);
+      }
+    }
+    for (const auto& [k, v] : req.env) {
+      // (A network run's proxy settings are ours; the request cannot point them elsewhere.)
+      static constexpr std::string_view ours[] = {"HTTP_PROXY", "HTTPS_PROXY", "http_proxy",
+                                                  "https_proxy", "NO_PROXY", "no_proxy",
+                                                  "NODE_OPTIONS"};
+      if (network_granted() && std::find(std::begin(ours), std::end(ours), k) != std::end(ours)) continue;
+      w.add("env", k + "=" + v);
+    }
 
     ip::init_header h{ip::msg::go, 0, 0};
     std::string packet(reinterpret_cast<const char*>(&h), sizeof h);
@@ -746,6 +785,16 @@ class init_run : public std::enable_shared_from_this<init_run> {
           f(true);
         }
         break;
+      case ip::msg::egress_proxy: {
+        int l = take(0);
+        if (l < 0 || proxy_ || !network_granted()) {
+          close_fd(l);
+          fail_setup("unexpected egress proxy socket from sandbox-init");
+          break;
+        }
+        start_proxy(l);
+        break;
+      }
       case ip::msg::started: {
         int l = take(0);
         if (l < 0 && !stream_) {
@@ -916,6 +965,28 @@ class init_run : public std::enable_shared_from_this<init_run> {
                            }
                            self->watch_notifications();
                          });
+  }
+
+  // A network run: granted (admission checked the ticket and the request's egress list).
+  bool network_granted() const noexcept {
+    return !selftest_ && job_.admitted.request.network && !job_.admitted.request.egress.empty();
+  }
+
+  // Serves the run's egress proxy on `listener` (from sandbox-init, in the run's netns).
+  void start_proxy(int listener) {
+    const auto& o = shared_->ctx.egress;
+    egress_grant g;
+    g.domains = job_.admitted.request.egress;
+    g.connect_ports = o.connect_ports;
+    g.http_ports = o.http_ports;
+    g.max_connections = o.max_connections;
+    g.max_bytes_up = o.max_bytes_up;
+    g.max_bytes_down = o.max_bytes_down;
+    std::weak_ptr<init_run> weak = weak_from_this();
+    proxy_ = egress_proxy::start(strand_, listener, std::move(g), shared_->resolver,
+                                 [weak](egress_attempt a) {
+                                   if (auto self = weak.lock()) self->record_egress(std::move(a));
+                                 });
   }
 
   // Lists each distinct attempt once; repeats and attempts past the cap are only counted.
@@ -1117,6 +1188,26 @@ class init_run : public std::enable_shared_from_this<init_run> {
   }
 
   void teardown() {
+    // A network run's proxy first: its connections end with the run, each recorded with its
+    // final bytes before the result is made (waited for at most 2 s: a name lookup on the
+    // host reports only when it returns; later records are dropped).
+    if (proxy_ && !proxy_drained_) {
+      if (proxy_stop_requested_) return;
+      proxy_stop_requested_ = true;
+      auto self = shared_from_this();
+      auto resume = [self] {
+        if (self->proxy_drained_) return;
+        self->proxy_drained_ = true;
+        self->teardown_timer_.cancel();
+        self->teardown();
+      };
+      proxy_->stop([self, resume] { asio::dispatch(self->strand_, resume); });
+      teardown_timer_.expires_after(std::chrono::seconds(2));
+      teardown_timer_.async_wait([resume](boost::system::error_code ec) {
+        if (!ec) resume();
+      });
+      return;
+    }
     t_dead_ = clock::now();
     fire_on_started();  // never started: whoever waited for the start must not wait forever
     // Everything is dead: what is left in the pipes is final.
@@ -1295,7 +1386,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
       r.code = sandbox::code::seccomp_violation;
       r.violation = violation_;
       r.message = fmt::format("forbidden system call '{}'; all processes were killed", *violation_);
-    } else if (!egress_.empty()) {
+    } else if (!egress_.empty() && !network_granted()) {
       r.code = sandbox::code::network_disabled;
       r.message = fmt::format("network access is disabled for this run; {} attempt(s) refused",
                               egress_.size() + egress_dropped_);
@@ -1437,6 +1528,9 @@ class init_run : public std::enable_shared_from_this<init_run> {
   std::optional<std::size_t> blob_missing_;
   std::vector<egress_attempt> egress_;
   std::uint32_t egress_dropped_ = 0;
+  std::shared_ptr<egress_proxy> proxy_;  ///< network runs: the run's egress proxy
+  bool proxy_stop_requested_ = false;    ///< teardown asked it to stop
+  bool proxy_drained_ = false;           ///< it reported every session (or 2 s passed)
   notify_mem_cache mem_cache_;
   std::string unstored_;  ///< streams that could not be stored ("stdout and stderr")
   clock::time_point notify_window_start_{};
@@ -1584,8 +1678,10 @@ class init_backend final : public backend,
     bool retry_scheduled = false;
   };
 
-  static bool matches(const pool_state& p, const run_job& job) {
+  bool matches(const pool_state& p, const run_job& job) const {
     const auto& req = job.admitted.request;
+    // A network run of a launcher that makes its namespace at launch goes cold.
+    if (req.network && shared_->launcher->makes_network_namespace()) return false;
     return job.runtime.name == p.cls.runtime &&
            req.memory_limit_bytes == p.cls.memory_limit_bytes &&
            req.files_out == p.cls.files_out;
@@ -1824,6 +1920,59 @@ sandbox_size_set sandbox_sizes(const run_job& job) {
   return s;
 }
 
+namespace {
+
+// The operator's pinned names (trusted answers), then the host's resolver for the rest.
+class pinned_then_system_resolver final : public egress_resolver {
+ public:
+  pinned_then_system_resolver(std::shared_ptr<egress_resolver> pinned,
+                              std::set<std::string> pinned_names,
+                              std::shared_ptr<egress_resolver> system)
+      : pinned_(std::move(pinned)), names_(std::move(pinned_names)), system_(std::move(system)) {}
+  void async_resolve(const std::string& host,
+                     std::function<void(boost::system::error_code, answer)> done) override {
+    auto canonical = canonical_egress_pattern(host);
+    if (canonical && names_.contains(*canonical)) return pinned_->async_resolve(*canonical, std::move(done));
+    system_->async_resolve(host, std::move(done));
+  }
+
+ private:
+  std::shared_ptr<egress_resolver> pinned_;
+  std::set<std::string> names_;
+  std::shared_ptr<egress_resolver> system_;
+};
+
+}  // namespace
+
+std::variant<std::shared_ptr<egress_resolver>, std::string> make_egress_resolver(
+    asio::any_io_executor ex, const std::map<std::string, std::vector<std::string>>& pinned) {
+  std::map<std::string, std::vector<asio::ip::address>> names;
+  for (const auto& [name, addresses] : pinned) {
+    auto canonical = canonical_egress_pattern(name);
+    if (!canonical || canonical->starts_with("*.")) {
+      return fmt::format("egress.pinned_hosts: {} is not a host name",
+                         detail::quote_for_message(name));
+    }
+    auto& out = names[*canonical];
+    for (const auto& a : addresses) {
+      boost::system::error_code ec;
+      auto addr = asio::ip::make_address(a, ec);
+      if (ec) {
+        return fmt::format("egress.pinned_hosts[{}]: {} is not an IP address",
+                           detail::quote_for_message(name), detail::quote_for_message(a));
+      }
+      out.push_back(addr);
+    }
+    if (out.empty()) {
+      return fmt::format("egress.pinned_hosts[{}]: no address", detail::quote_for_message(name));
+    }
+  }
+  std::set<std::string> keys;
+  for (const auto& [n, _] : names) keys.insert(n);
+  return std::make_shared<pinned_then_system_resolver>(make_static_resolver(std::move(names)),
+                                                       std::move(keys), make_system_resolver(ex));
+}
+
 std::variant<std::shared_ptr<backend>, std::string> make_init_backend(
     const init_backend_context& ctx_in, std::shared_ptr<init_launcher> launcher) {
   auto shared = std::make_shared<backend_shared>();
@@ -1856,6 +2005,11 @@ std::variant<std::shared_ptr<backend>, std::string> make_init_backend(
   shared->instance_lock_path = lock_path;
   launcher->set_backend_instance(shared->instance_id);
   shared->runs_dir = ctx.state_dir / "runs" / shared->instance_id;
+  {
+    auto resolver = make_egress_resolver(ctx.executor, ctx.egress.pinned_hosts);
+    if (auto* why = std::get_if<std::string>(&resolver)) return *why;
+    shared->resolver = std::get<std::shared_ptr<egress_resolver>>(resolver);
+  }
 
   // cgroups.
   std::string parent = ctx.options.cgroup_parent;

@@ -45,6 +45,10 @@ struct launch_request {
 struct launched {
   pid_t pid = -1;
   int pidfd = -1;  ///< owned by the caller, O_CLOEXEC
+  /// Network runs of a launcher that made the run's network namespace itself
+  /// (`makes_network_namespace`): the egress proxy's listening socket in it (owned by the
+  /// caller); -1 otherwise (sandbox-init then makes it: init_protocol `egress_proxy`).
+  int egress_listener = -1;
 };
 
 /// How one backend starts sandbox-init. Implementations are thread-safe.
@@ -91,6 +95,13 @@ class init_launcher {
   /// there is no seccomp user notification, and `quiet` marks the end of the program's
   /// output (the runtime holds the capture pipes too). See core/init_protocol.hpp.
   virtual bool stream_control() const noexcept { return false; }
+  /// True when a network run's launch makes the run's network namespace on the host and
+  /// returns the egress proxy's listener in `launched` (runsc: its sandbox cannot pass a
+  /// descriptor out). Such runs never take a warm-pool instance (those have no network).
+  virtual bool makes_network_namespace() const noexcept { return false; }
+  /// Where the run sees the Node proxy preload (network runs get
+  /// `NODE_OPTIONS=--require <path>`); empty: not provided.
+  virtual std::string node_proxy_preload_path() const { return {}; }
 
   /// The run cgroup's limits, from the request's: a launcher whose runtime puts its own
   /// processes into the run's cgroup (gVisor's sentry and gofer) adds their overhead here,
@@ -155,6 +166,7 @@ struct init_backend_context {
   /// the runtime or its image is unavailable.
   std::function<std::optional<std::pair<runtime_spec, std::filesystem::path>>(std::string_view)>
       resolve_runtime;
+  egress_proxy_options egress;      ///< network runs' egress proxy
 };
 
 /**
@@ -165,6 +177,13 @@ struct init_backend_context {
  */
 std::variant<std::shared_ptr<backend>, std::string> make_init_backend(
     const init_backend_context& ctx, std::shared_ptr<init_launcher> launcher);
+
+class egress_resolver;
+/// The resolver of network runs' egress proxies: `pinned` names (egress_proxy_options) answer
+/// with their fixed, trusted addresses; other names go to the host's resolver. A reason
+/// (naming the entry) when a pinned name or address is malformed.
+std::variant<std::shared_ptr<egress_resolver>, std::string> make_egress_resolver(
+    boost::asio::any_io_executor ex, const std::map<std::string, std::vector<std::string>>& pinned);
 
 /// Sizes and limits inside one run's sandbox, derived from its request and the policy
 /// (bytes, counts). Every tmpfs size has a 64 KiB floor: tmpfs reads size=0 as unlimited.

@@ -13,6 +13,10 @@
 //                             config; a warm-pool instance waits, ready, until it is handed
 //                             out (its inputs and source are staged into the already-bound
 //                             workspace files first). Either way init runs the same steps.
+//                             `egress_proxy=<port>` (network runs only): see below.
+//   init → host   egress_proxy  fds: [a TCP socket listening on 127.0.0.1:<port> in the run's
+//                             network namespace], sent before the program starts; the host
+//                             serves the run's egress proxy on it (core/egress_proxy.hpp)
 //   init → host   started    fds: [seccomp user-notification listener]; a = pid (inside)
 //   init → host   exited     a = wait status of the main process
 //   init → host   failed     a = setup step, b = errno; payload = step name (host logs only)
@@ -44,6 +48,7 @@ enum class msg : std::uint32_t {
   failed = 13,
   dns = 14,    ///< payload = the name a DNS query asked for (stream mode: init serves the sink)
   quiet = 15,  ///< the main process was reported and no process of the run is left
+  egress_proxy = 16,  ///< fds: [the egress proxy's listening socket, in the run's netns]
 };
 
 /// Stream mode (a launcher whose runtime cannot pass descriptors, e.g. runsc: the control
@@ -79,7 +84,11 @@ enum class step : std::uint32_t {
   seccomp,
   exec,
   drop_init_privileges,
+  egress_proxy,
 };
+
+/// Port of the egress proxy on the run's loopback (HTTP_PROXY=http://127.0.0.1:3128).
+inline constexpr std::uint16_t egress_proxy_port = 3128;
 
 struct init_header {
   msg type;

@@ -387,7 +387,8 @@ init_backend_context runtime_impl::backend_context(const runtime_options& o) {
             auto root = rootfs_of(name);
             if (s == nullptr || root.empty()) return std::nullopt;
             return std::make_pair(*s, root);
-          }};
+          },
+          .egress = o.egress};
 }
 #endif
 

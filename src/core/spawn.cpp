@@ -30,6 +30,7 @@ struct child_args {
   int nfds;
   bool ambient_caps;
   const char* detach_mount;  // or nullptr
+  int netns_fd;              // or -1
   std::atomic<int> err;  // written by the child (shared memory), read after it exec'd or died
 };
 
@@ -42,6 +43,12 @@ long raw(long nr, long a = 0, long b = 0, long c = 0, long d = 0, long e = 0) {
 // (CLONE_VFORK) until exec or exit, so writing errno and `err` cannot race with it.
 int child_fn(void* p) {
   auto* a = static_cast<child_args*>(p);
+  // The run's network namespace first: its descriptor number may be one the shuffle below
+  // reuses.
+  if (a->netns_fd >= 0 && raw(SYS_setns, a->netns_fd, CLONE_NEWNET) < 0) {
+    a->err.store(errno);
+    raw(SYS_exit_group, 127);
+  }
   // Move every source above the target range first, so dup2 never clobbers a source.
   int tmp[5];
   for (int i = 0; i < a->nfds; ++i) {
@@ -122,6 +129,10 @@ result<spawned_process> spawn_process(const spawn_request& req) {
   args.ambient_caps = (req.clone_flags & CLONE_NEWUSER) != 0;
   args.detach_mount = req.detach_mount.empty() ? nullptr : req.detach_mount.c_str();
   if (args.detach_mount != nullptr && (req.clone_flags & CLONE_NEWNS) == 0) {
+    return boost::system::error_code(EINVAL, boost::system::generic_category());
+  }
+  args.netns_fd = req.netns_fd;
+  if (req.netns_fd >= 0 && (req.clone_flags & CLONE_NEWNET) != 0) {
     return boost::system::error_code(EINVAL, boost::system::generic_category());
   }
   args.err.store(0);

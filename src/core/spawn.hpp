@@ -30,6 +30,9 @@ struct spawn_request {
   /// With CLONE_NEWNS: make every mount private in the new namespace, then detach this mount
   /// (e.g. "/sys/fs/cgroup/unified", so crun sees a pure cgroup v1 host). Empty: nothing.
   std::string detach_mount;
+  /// A network namespace (an nsfs descriptor) the child joins (setns(2)) before anything
+  /// else; -1: the parent's, or a new one with CLONE_NEWNET.
+  int netns_fd = -1;
 };
 
 struct spawned_process {

@@ -32,6 +32,17 @@ std::unique_ptr<sandbox::runtime> make_process_with(std::string* why, const char
   if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
   if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
   opts.blobs = sandbox::make_memory_blob_store(1ULL << 30);
+  // The egress cases' origins (suite.hpp): pinned names, their ports, small budgets.
+  const auto& origin = egress_origin();
+  for (const char* name : {egress_approved_name, egress_other_name}) {
+    opts.egress.pinned_hosts[name] = {"127.0.0.1"};
+  }
+  if (origin.ok) {
+    opts.egress.connect_ports = {443, origin.https_port};
+    opts.egress.http_ports = {80, origin.http_port};
+  }
+  opts.egress.max_connections = egress_max_connections;
+  opts.egress.max_bytes_down = egress_max_bytes_down;
   // The suite tests containment, not scheduling (unit-tested in scheduler_test): let up to 64
   // runs of any tenants run at once, so the crosstalk kind really has 64 concurrent runs.
   opts.scheduler.max_running = 64;
@@ -82,13 +93,13 @@ const std::vector<backend_profile>& profiles() {
                  .level = sandbox::isolation::process,
                  .make = make_process,
                  .expect = {.host_kernel = true, .distinct_uids = root,
-                            .syscall_abi_on_host = true},
+                            .syscall_abi_on_host = true, .egress_proxy = false},
                  .ci_budget = std::chrono::seconds(600)});
     v.push_back({.name = root ? "process (warm pool)" : "process (warm pool, unprivileged)",
                  .level = sandbox::isolation::process,
                  .make = make_process_pooled,
                  .expect = {.host_kernel = true, .distinct_uids = root,
-                            .syscall_abi_on_host = true},
+                            .syscall_abi_on_host = true, .egress_proxy = false},
                  .ci_budget = std::chrono::seconds(600)});
     if (root) {  // the OCI backends need root
       v.push_back({.name = "container (crun)",
@@ -131,6 +142,7 @@ const std::vector<backend_profile>& profiles() {
                               .special_files_on_host = false,
                               .parent_of_home_reachable = false,
                               .syscall_slowdown = 20,
+                              .egress_proxy = false,
                               .gap_fork_bomb_ends_on_memory = true,
                               .gap_tmpfs_inode_limit = true},
                    .host_config = R"({"v":1,"backends":{"gvisor":{"runtime":"runsc"}}})",

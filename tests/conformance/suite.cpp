@@ -1,6 +1,10 @@
 #include "conformance/suite.hpp"
 
 #include <dirent.h>
+#include <sys/socket.h>
+#include <poll.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/prctl.h>
@@ -15,6 +19,7 @@
 #include <future>
 #include <iostream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <openssl/evp.h>
 #include <sstream>
 #include <thread>
@@ -232,6 +237,100 @@ std::string backend::put(const std::string& bytes, const std::string& tenant) {
   auto id = rt_.blobs()->put(tenant, bytes);
   REQUIRE(id.has_value());
   return *id;
+}
+
+// --- egress origins ---------------------------------------------------------------------------
+
+namespace {
+
+// GET `path` from 127.0.0.1:`port` (plain HTTP); the body, or "" on failure.
+std::string http_get_loopback(std::uint16_t port, const std::string& path) {
+  int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return {};
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{5, 0};
+  ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string out;
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    const std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    if (::send(s, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = ::recv(s, buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(s);
+  auto body = out.find("\r\n\r\n");
+  return body == std::string::npos ? std::string() : out.substr(body + 4);
+}
+
+egress_origin_info start_egress_origin() {
+  egress_origin_info info;
+  const fs::path dir = state_root() / "egress-origin";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const std::string cert = (dir / "cert.pem").string(), key = (dir / "key.pem").string();
+  const std::string gen = fmt::format(
+      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 "
+      "-subj /CN={0} -addext subjectAltName=DNS:{0},DNS:{1} -keyout {2} -out {3} "
+      ">/dev/null 2>&1",
+      egress_approved_name, egress_other_name, key, cert);
+  if (std::system(gen.c_str()) != 0) {
+    info.why = "openssl req could not make the origins' certificate (is openssl installed?)";
+    return info;
+  }
+  std::ifstream in(cert);
+  info.ca_pem.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  // The server lives as long as this process: its stdin is a pipe we never close, and it
+  // is in our process group... so it dies with us (stdin EOF) at the latest.
+  int to_child[2], from_child[2];
+  if (::pipe2(to_child, O_CLOEXEC) < 0 || ::pipe2(from_child, O_CLOEXEC) < 0) {
+    info.why = "pipe failed";
+    return info;
+  }
+  const std::string script = std::string(SANDBOX_TEST_HELPERS_DIR) + "/egress_origin.py";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(to_child[0], 0);
+    ::dup2(from_child[1], 1);
+    const char* argv[] = {"/usr/bin/python3", script.c_str(), cert.c_str(), key.c_str(), nullptr};
+    ::execv(argv[0], const_cast<char**>(argv));
+    ::_exit(127);
+  }
+  ::close(to_child[0]);
+  ::close(from_child[1]);
+  if (pid < 0) {
+    info.why = "fork failed";
+    return info;
+  }
+  // (to_child[1] stays open for good: the server exits when we do.)
+  std::string line;
+  char c;
+  pollfd p{from_child[0], POLLIN, 0};
+  while (line.size() < 256 && ::poll(&p, 1, 10000) > 0 && ::read(from_child[0], &c, 1) == 1 && c != '\n') {
+    line.push_back(c);
+  }
+  ::close(from_child[0]);
+  auto j = nlohmann::json::parse(line, nullptr, false);
+  if (!j.is_object() || !j.contains("http") || !j.contains("https")) {
+    info.why = "egress_origin.py did not start: '" + line + "'";
+    return info;
+  }
+  info.http_port = j["http"].get<std::uint16_t>();
+  info.https_port = j["https"].get<std::uint16_t>();
+  info.ok = true;
+  return info;
+}
+
+}  // namespace
+
+std::string egress_origin_info::stats() const { return http_get_loopback(http_port, "/stats"); }
+
+const egress_origin_info& egress_origin() {
+  static const egress_origin_info info = start_egress_origin();
+  return info;
 }
 
 // --- snapshots ---------------------------------------------------------------------------------

@@ -93,6 +93,11 @@ struct expectations {
   // each). A case consults one only to WARN about the gap and to keep asserting what still
   // holds; fixing the gap means turning its flag off here.
 
+  /// Network runs work: each gets its egress proxy on its loopback (container levels).
+  /// false: a network run at this level ends without running the code (process: admission
+  /// answers `runtime_unavailable` when no stronger level is registered).
+  bool egress_proxy = true;
+
   /// GAP (finding): under gVisor every forked interpreter is charged about in full to the
   /// run's memory (no sharing of the parent's pages as on the host kernel), so `max_pids`
   /// Python processes do not fit the default memory limit: a fork bomb ends on memory before
@@ -204,6 +209,29 @@ const std::filesystem::path& state_root();
 /// image): the supervising process itself, and the image's interpreters and libc as stored on
 /// the host. Compare before and after a case that attacks them.
 std::map<std::string, std::string> host_binary_hashes(sandbox::runtime& rt);
+
+/// The egress proxy cases' origin servers: tests/helpers/egress_origin.py on the host's
+/// loopback, one plain HTTP and one HTTPS server (a certificate for the pinned names below,
+/// made with the openssl CLI). Every runtime of the suite pins `egress_origin_names` to
+/// 127.0.0.1 and allows these two ports, so a run approved for a name reaches them only
+/// through its proxy. Started once, on first use (before any runtime exists).
+struct egress_origin_info {
+  bool ok = false;
+  std::string why;               ///< why the servers could not start
+  std::uint16_t http_port = 0;
+  std::uint16_t https_port = 0;
+  std::string ca_pem;            ///< the servers' certificate (self-signed; the client trusts it)
+  /// GET /stats from the HTTP server: {"http":{"connections":N,"requests":N},"https":{...}}.
+  std::string stats() const;
+};
+const egress_origin_info& egress_origin();
+/// Names pinned to 127.0.0.1 in every suite runtime: "rates.approved.test" (the runs'
+/// approved name), "other.test" (pinned, reachable, but never approved).
+inline constexpr const char* egress_approved_name = "rates.approved.test";
+inline constexpr const char* egress_other_name = "other.test";
+/// Per-run proxy budgets of the suite's runtimes.
+inline constexpr std::uint32_t egress_max_connections = 8;
+inline constexpr std::uint64_t egress_max_bytes_down = 2ULL << 20;
 
 /// Resident set size of this (the supervising) process, in bytes.
 std::uint64_t self_rss_bytes();

@@ -27,6 +27,10 @@
 #include "core/text_util.hpp"
 #include "core/workspace.hpp"
 
+// The embedded Node preload (src/CMakeLists.txt: node_proxy_preload_blob.S).
+extern "C" const char sandbox_node_proxy_preload_begin[];
+extern "C" const char sandbox_node_proxy_preload_end[];
+
 namespace sandbox::detail::oci {
 namespace {
 
@@ -232,6 +236,10 @@ std::optional<boost::system::error_code> validate(const bundle_params& p, std::s
     return refuse(why, "cgroups_path " + quote_for_message(p.cgroups_path, 200) +
                            " must be a clean absolute path other than \"/\"");
   }
+  if (p.runtime_network_namespace && p.kind != runtime_kind::runsc) {
+    // crun and runc would run the container in the host's network namespace.
+    return refuse(why, "runtime_network_namespace is for runsc only");
+  }
   if (p.uid == 0 || p.gid == 0) {
     // No user namespace: uid 0 in the container is root on the host.
     return refuse(why, "uid and gid must not be 0");
@@ -411,11 +419,17 @@ json build_config(const bundle_params& p, const image_view& img) {
   }
   // 7. sandbox-init, the container's first process.
   mounts.push_back(bind_mount("/.sandbox-init", p.init_executable.native(), opts_init));
+  // 8. The bundle's files, for what runs need besides /etc: the Node proxy preload
+  //    (`node_proxy_preload_path`).
+  mounts.push_back(bind_mount("/.sandbox-etc", files_dir, opts_data_ro));
 
   json caps = json::array();
   for (auto c : init_capabilities) caps.push_back(c);
   json namespaces = json::array();
-  for (auto n : run_namespaces) namespaces.push_back({{"type", n}});
+  for (auto n : run_namespaces) {
+    if (n == "network" && p.runtime_network_namespace) continue;  // the runtime's own (see hpp)
+    namespaces.push_back({{"type", n}});
+  }
   json masked = json::array();
   for (auto m : masked_paths) masked.push_back(m);
   if (p.kind == runtime_kind::runc) masked.push_back(boot_id_path);
@@ -741,6 +755,9 @@ std::string build_tree(int bundle_fd, const bundle_params& p, const image_view& 
   if (int e = make_file(rfd.get(), ".sandbox-init", 0555)) {
     return failed("create", root + "/.sandbox-init", e);
   }
+  if (int e = make_dir(rfd.get(), ".sandbox-etc", 0755)) {
+    return failed("mkdir", root + "/.sandbox-etc", e);
+  }
   {
     unique_fd sfd(openat(rfd.get(), "sandbox", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!sfd) return failed("open", root + "/sandbox", errno);
@@ -767,6 +784,9 @@ std::string build_tree(int bundle_fd, const bundle_params& p, const image_view& 
       return failed("create", files + "/" + name, e);
     }
   }
+  if (int e = make_file(ffd.get(), "node-proxy.cjs", 0444, node_proxy_preload())) {
+    return failed("create", files + "/node-proxy.cjs", e);
+  }
   std::string boot_id = random_uuid();
   if (boot_id.empty()) return failed("getrandom for", files + "/boot_id", errno);
   if (int e = make_file(ffd.get(), "boot_id", 0444, boot_id + "\n")) {
@@ -776,6 +796,11 @@ std::string build_tree(int bundle_fd, const bundle_params& p, const image_view& 
 }
 
 }  // namespace
+
+std::string_view node_proxy_preload() noexcept {
+  return {sandbox_node_proxy_preload_begin,
+          static_cast<std::size_t>(sandbox_node_proxy_preload_end - sandbox_node_proxy_preload_begin)};
+}
 
 nlohmann::json seccomp_section(runtime_kind kind) {
   json syscalls = json::array();
@@ -821,7 +846,8 @@ result<nlohmann::json> make_config(const bundle_params& p, std::string* why) {
 }
 
 std::string check_config(const nlohmann::json& config,
-                         const std::vector<std::filesystem::path>& allowed) {
+                         const std::vector<std::filesystem::path>& allowed,
+                         bool runtime_network_namespace) {
   if (!config.is_object()) return "the document is not an object";
   if (config.contains("hooks")) return "hooks are not allowed";
   // The allowed roots, in normal form; "/" and relative paths allow nothing.
@@ -887,6 +913,7 @@ std::string check_config(const nlohmann::json& config,
     types.push_back(ns["type"].get<std::string>());
   }
   for (auto t : required_namespaces) {
+    if (t == "network" && runtime_network_namespace) continue;
     if (std::find(types.begin(), types.end(), t) == types.end()) {
       return fmt::format("linux.namespaces lacks {}", t);
     }
@@ -938,7 +965,7 @@ result<bundle> write_bundle(const bundle_params& p, std::string* why) {
   // symlinked or socket input, source or init executable is refused here).
   const std::vector<fs::path> allowed = {p.image_root, p.inputs,        p.source,
                                          p.output_dir, b.dir / "files", p.init_executable};
-  if (std::string bad = check_config(b.config, allowed); !bad.empty()) {
+  if (std::string bad = check_config(b.config, allowed, p.runtime_network_namespace); !bad.empty()) {
     return fail(make_error_code(errc::invalid_argument), "generated config.json refused: " + bad);
   }
   if (int e = make_file(bfd.get(), "config.json", 0600, b.config.dump(2) + "\n")) {

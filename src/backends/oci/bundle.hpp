@@ -28,6 +28,12 @@
 
 namespace sandbox::detail::oci {
 
+/// The Node preload (src/helpers/node/proxy_preload.js) that makes node's http, https and
+/// fetch honour HTTP(S)_PROXY; every bundle carries it read-only at `node_proxy_preload_path`
+/// (network runs load it through NODE_OPTIONS).
+std::string_view node_proxy_preload() noexcept;
+inline constexpr const char* node_proxy_preload_path = "/.sandbox-etc/node-proxy.cjs";
+
 /// Which OCI runtime the bundle is for (a few fields differ: see make_config).
 enum class runtime_kind { crun, runc, runsc };
 
@@ -52,6 +58,11 @@ struct bundle_params {
   std::uint64_t tmpfs_inodes = 4096;       ///< nr_inodes of /tmp, $HOME, /dev/shm
   std::uint64_t nofile = 256;              ///< RLIMIT_NOFILE
   std::uint64_t fsize_bytes = 1ULL << 30;  ///< RLIMIT_FSIZE
+  /// runsc network runs only: the runtime itself is started inside the run's own network
+  /// namespace (core/netns.hpp: loopback and the egress proxy's listener, nothing else) with
+  /// `--network=host`, so the config has no network namespace entry (gVisor's sockets are
+  /// then host sockets of that namespace). Refused for crun and runc.
+  bool runtime_network_namespace = false;
 };
 
 /// The generated bundle.
@@ -137,13 +148,16 @@ nlohmann::json seccomp_section(runtime_kind kind);
  * noNewPrivileges true, no capability outside the four above and none inheritable or
  * ambient; no "hooks"; no linux.sysctl, no linux.devices, no device allowed in
  * linux.resources.devices, no shared rootfsPropagation; linux.namespaces has pid, network,
- * ipc, uts and mount, none with a `path` (joining an existing namespace). `allowed` entries
+ * ipc, uts and mount (network may be absent only with `runtime_network_namespace`: the
+ * runtime runs in the run's own namespace), none with a `path` (joining an existing
+ * namespace). `allowed` entries
  * that are relative or "/" allow nothing. Because sources are checked on the host, run it
  * on a written bundle (as `write_bundle` does). Returns an empty string when it holds, else
  * the first violation ("mounts[3].source /run/docker.sock is outside the allowed paths").
  */
 std::string check_config(const nlohmann::json& config,
-                         const std::vector<std::filesystem::path>& allowed);
+                         const std::vector<std::filesystem::path>& allowed,
+                         bool runtime_network_namespace = false);
 
 /**
  * Creates <ws>/bundle (mode 0711): the root skeleton, the bundle's files, and config.json

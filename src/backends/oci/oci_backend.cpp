@@ -59,6 +59,7 @@
 #include <fmt/format.h>
 
 #include "backends/oci/bundle.hpp"
+#include "core/netns.hpp"
 #include "core/spawn.hpp"
 #include "core/tool_process.hpp"
 
@@ -178,6 +179,17 @@ class oci_launcher final : public init_launcher,
     p.tmpfs_inodes = sizes.tmpfs_inodes;
     p.nofile = sizes.nofile;
     p.fsize_bytes = sizes.fsize_bytes;
+    // A gVisor network run: the runtime runs in a network namespace of the run's own, made
+    // here with the egress proxy's listener on its loopback (core/netns.hpp).
+    const bool own_netns = makes_network_namespace() && !r.selftest &&
+                           r.job.admitted.request.network && !r.job.admitted.request.egress.empty();
+    run_netns netns;
+    if (own_netns) {
+      auto made = make_run_netns(init_protocol::egress_proxy_port, why);
+      if (!made) return made.error();
+      netns = std::move(*made);
+      p.runtime_network_namespace = true;
+    }
     auto b = oci::write_bundle(p, why);
     if (!b) return b.error();
     // 3. The runtime, in the foreground: it exits when the container's init does. Its own
@@ -193,7 +205,8 @@ class oci_launcher final : public init_launcher,
     }
     spawn_request sr;
     sr.exec_fd = exec_fd_;
-    sr.argv = global_args();
+    sr.argv = global_args(own_netns);
+    sr.netns_fd = netns.ns_fd();
     for (const char* a : {"run", "--bundle"}) sr.argv.emplace_back(a);
     sr.argv.push_back(b->dir.string());
     if (s_.kind != oci::runtime_kind::runsc) {
@@ -226,7 +239,13 @@ class oci_launcher final : public init_launcher,
       *why = "spawning " + s_.name + ": " + sp.error().message();
       return sp.error();
     }
-    return launched{sp->pid, sp->pidfd};
+    return launched{sp->pid, sp->pidfd, own_netns ? netns.release_listener() : -1};
+  }
+
+  std::string node_proxy_preload_path() const override { return oci::node_proxy_preload_path; }
+
+  bool makes_network_namespace() const noexcept override {
+    return s_.kind == oci::runtime_kind::runsc;
   }
 
   bool stdio_over_control() const noexcept override { return !stream_control(); }
@@ -367,11 +386,14 @@ class oci_launcher final : public init_launcher,
   void set_backend_instance(const std::string& id) override { instance_tag_ = id; }
 
  private:
-  std::vector<std::string> global_args() const {
+  // `host_network` (runsc network runs): gVisor's sockets are host sockets of the run's own
+  // network namespace, where the runtime is started (launch); otherwise its netstack has
+  // loopback only.
+  std::vector<std::string> global_args(bool host_network = false) const {
     std::vector<std::string> a{s_.name, "--root", s_.state_root.string()};
     if (s_.kind == oci::runtime_kind::runsc) {
       a.push_back("--platform=" + s_.platform);
-      a.emplace_back("--network=none");
+      a.emplace_back(host_network ? "--network=host" : "--network=none");
       a.emplace_back("--oci-seccomp");
     }
     return a;

@@ -40,6 +40,7 @@ struct config {
   std::uint64_t nproc = 0;   ///< RLIMIT_NPROC when > 0 (gVisor: see child.cpp)
   std::vector<std::string> argv;
   std::vector<std::string> env;
+  std::uint16_t egress_proxy_port = 0;  ///< > 0: listen there for the host's egress proxy
 };
 
 /// A failed step: which, and the errno.

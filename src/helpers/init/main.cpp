@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -94,6 +95,22 @@ bool send_msg(ip::msg type, std::uint32_t a, std::int64_t b, std::string_view pa
   }
 }
 
+// A TCP socket listening on 127.0.0.1:`port`; -errno on failure.
+int open_listener(std::uint16_t port) {
+  int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return -errno;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0 || listen(s, 64) < 0) {
+    int e = errno;
+    close(s);
+    return -e;
+  }
+  return s;
+}
+
 [[noreturn]] void fail(const failure& f) {
   static const char* names[] = {"",         "config",     "cgroup_namespace", "mount_private",
                                 "root_tmpfs", "rootfs_bind", "proc",          "dev",
@@ -101,7 +118,7 @@ bool send_msg(ip::msg type, std::uint32_t a, std::int64_t b, std::string_view pa
                                 "etc_files", "hostname",  "loopback",         "dns_socket",
                                 "pivot_root", "remount_readonly", "fork",     "rlimits",
                                 "drop_privileges", "no_new_privs", "seccomp", "exec",
-                                "drop_init_privileges"};
+                                "drop_init_privileges", "egress_proxy"};
   auto idx = static_cast<std::uint32_t>(f.where);
   const char* name = idx < sizeof names / sizeof names[0] ? names[idx] : "?";
   send_msg(ip::msg::failed, idx, f.err, name, nullptr, 0);
@@ -185,6 +202,7 @@ bool read_go(config* cfg) {
   for (auto [k, v] : ip::parse_config(payload)) {
     if (k == "argv") cfg->argv.emplace_back(v);
     else if (k == "env") cfg->env.emplace_back(v);
+    else if (k == "egress_proxy") cfg->egress_proxy_port = static_cast<std::uint16_t>(to_u64(v));
   }
   return !cfg->argv.empty();
 }
@@ -404,6 +422,16 @@ int main(int argc, char** argv) {
   // (Not in a container: its root and /dev are the runtime's mounts, and sandbox-init has no
   // CAP_SYS_ADMIN to make them writable for the moment it takes.)
   if (!cfg.oci && !refresh_times(&f)) fail(f);
+
+  // 5a'. A network run's egress proxy: a socket listening on the run's loopback (its own
+  //      network namespace: nothing else listens there), handed to the host, which serves
+  //      it. Made before the program starts, so its first connection is queued, not refused.
+  if (cfg.egress_proxy_port > 0) {
+    int l = open_listener(cfg.egress_proxy_port);
+    if (l < 0) fail({step::egress_proxy, -l});
+    if (!send_msg(ip::msg::egress_proxy, 0, 0, {}, &l, 1)) _exit(1);
+    close(l);
+  }
 
   // 5. The user program. SIGCHLD is blocked first so no exit is lost before supervise().
   sigset_t chld;

@@ -1,0 +1,310 @@
+// Kind 13 — network by approval only: a run granted the network reaches its approved names
+// through its egress proxy and nothing else. Origins are real loopback servers on the host
+// (suite.hpp, `egress_origin`): the approved name and a second, pinned but unapproved name
+// both point at them, so "it did not get through" is proved by the origins' own counters,
+// not by the client's word.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "conformance/suite.hpp"
+
+using conformance::py;
+using nlohmann::json;
+using sandbox::code;
+
+namespace {
+
+/// A ticket granting `code.network` for `egress` at the backend's level.
+sandbox::ticket network_ticket(const conformance::backend& b, std::vector<std::string> egress) {
+  return sandbox::ticket_issuer{}
+      .issue({.id = "egress", .tenant = "conformance", .isolation = b.profile().level,
+              .max_timeout = std::chrono::milliseconds(8000), .max_memory_bytes = 1ULL << 30,
+              .egress = std::move(egress)},
+             sandbox::network_grant{})
+      .value();
+}
+
+/// A network request for the approved name, with the origins' certificate as input `ca.pem`.
+sandbox::run_request network_request(conformance::backend& b, std::string source) {
+  auto req = py(std::move(source), std::chrono::milliseconds(8000));
+  req.network = true;
+  req.egress = {conformance::egress_approved_name};
+  req.files_in = {{.name = "ca.pem", .blob = b.put(conformance::egress_origin().ca_pem)}};
+  return req;
+}
+
+/// The JSON document the program printed last on stdout.
+json report_of(const sandbox::run_result& r) {
+  const auto& s = r.std_out.summary;
+  auto start = s.rfind("\n{");
+  return json::parse(start == std::string::npos ? s : s.substr(start + 1), nullptr, false);
+}
+
+/// Connections each origin has accepted so far.
+std::pair<int, int> origin_connections() {
+  auto j = json::parse(conformance::egress_origin().stats(), nullptr, false);
+  if (!j.is_object()) return {-1, -1};
+  return {j["http"]["connections"].get<int>(), j["https"]["connections"].get<int>()};
+}
+
+/// Python prelude: HTTP(S) through the environment's proxy with the origins' CA trusted;
+/// `get(url)` returns [status, body-or-error].
+std::string prelude() {
+  const auto& o = conformance::egress_origin();
+  return fmt::format(R"PY(
+import json, os, socket, ssl, urllib.request, urllib.error
+HTTP = 'http://{0}:{1}'
+HTTPS = 'https://{0}:{2}'
+OTHER_HTTPS = 'https://{3}:{2}'
+OTHER_HTTP = 'http://{3}:{1}'
+ctx = ssl.create_default_context(cafile=os.environ['SANDBOX_INPUT_DIR'] + '/ca.pem')
+opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx))
+def get(url):
+    try:
+        with opener.open(url, timeout=5) as r:
+            return [r.status, r.read().decode()]
+    except urllib.error.HTTPError as e:
+        return [e.code, e.read().decode(errors='replace')]
+    except Exception as e:
+        return [0, type(e).__name__ + ': ' + str(e)]
+)PY",
+                     conformance::egress_approved_name, o.http_port, o.https_port,
+                     conformance::egress_other_name);
+}
+
+const sandbox::egress_attempt* find_attempt(const sandbox::run_result& r, const std::string& host,
+                                            bool allowed) {
+  for (const auto& a : r.egress_attempts) {
+    if (a.host == host && a.allowed == allowed) return &a;
+  }
+  return nullptr;
+}
+
+std::string attempts_text(const sandbox::run_result& r) {
+  std::string out;
+  for (const auto& a : r.egress_attempts) {
+    out += fmt::format("{} host={} addr={} port={} allowed={} reason='{}' up={} down={}\n",
+                       a.protocol, a.host, a.address, a.port, a.allowed, a.reason, a.bytes_up,
+                       a.bytes_down);
+  }
+  return out;
+}
+
+/// Skips (laptop) or fails (CI) when the origins could not start; true when they run.
+bool origins_ready() {
+  const auto& o = conformance::egress_origin();
+  if (o.ok) return true;
+  if (conformance::must_work()) FAIL("egress origins unavailable: " << o.why);
+  WARN("egress origins unavailable, case skipped: " << o.why);
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("egress: an approved name is reachable over HTTPS and HTTP through the proxy only",
+          "[egress][core]") {
+  CONFORMANCE_BACKEND(b);
+  if (!origins_ready()) return;
+  auto req = network_request(b, prelude() + R"PY(
+report = {'https': get(HTTPS + '/rates'), 'http': get(HTTP + '/echo'),
+          'proxy': os.environ.get('HTTPS_PROXY')}
+print(json.dumps(report))
+)PY");
+  auto r = b.rt().run(req, network_ticket(b, {conformance::egress_approved_name}));
+  INFO("stdout: " << r.std_out.summary << "\nstderr: " << r.std_err.summary << "\nattempts:\n"
+                  << attempts_text(r));
+  if (!b.expect().egress_proxy) {
+    // No proxy at this level: the run never starts (or ends without running the code).
+    CHECK(r.code != code::ok);
+    CHECK(r.std_out.summary.empty());
+    return;
+  }
+  REQUIRE(r.code == code::ok);
+  auto j = report_of(r);
+  REQUIRE(j.is_object());
+  CHECK(j["https"][0] == 200);
+  CHECK(j["https"][1].get<std::string>().find("\"per_kg\": 1.75") != std::string::npos);
+  CHECK(j["http"][0] == 200);
+  // Plain HTTP: the origin saw the approved Host and an origin-form path.
+  auto echo = json::parse(j["http"][1].get<std::string>(), nullptr, false);
+  CHECK(echo["path"] == "/echo");
+  CHECK(echo["host"].get<std::string>().rfind(conformance::egress_approved_name, 0) == 0);
+  // Both are listed as allowed, with bytes both ways.
+  const auto* https = find_attempt(r, conformance::egress_approved_name, true);
+  REQUIRE(https != nullptr);
+  int allowed = 0;
+  for (const auto& a : r.egress_attempts) {
+    if (!a.allowed) continue;
+    ++allowed;
+    CHECK(a.bytes_up > 0);
+    CHECK(a.bytes_down > 0);
+    CHECK(a.address == "127.0.0.1");
+  }
+  CHECK(allowed == 2);
+}
+
+TEST_CASE("egress: other names, direct IPs and in-sandbox DNS stay refused in a network run",
+          "[egress][core]") {
+  CONFORMANCE_BACKEND(b);
+  if (!origins_ready()) return;
+  if (!b.expect().egress_proxy) return;  // covered by the first case
+  const auto before = origin_connections();
+  const auto& o = conformance::egress_origin();
+  auto req = network_request(b, prelude() + fmt::format(R"PY(
+report = {{}}
+report['other_https'] = get(OTHER_HTTPS + '/rates')
+report['other_http'] = get(OTHER_HTTP + '/rates')
+# A direct IP through the proxy (by hand: NO_PROXY keeps clients off it for loopback), and
+# straight out (no proxy).
+def connect_via_proxy(target):
+    s = socket.create_connection(('127.0.0.1', 3128), timeout=5)
+    s.sendall(b'CONNECT ' + target.encode() + b' HTTP/1.1\r\nHost: ' + target.encode() + b'\r\n\r\n')
+    data = b''
+    while True:
+        chunk = s.recv(4096)
+        if not chunk: break
+        data += chunk
+    s.close()
+    return data.decode(errors='replace')
+report['ip_via_proxy'] = connect_via_proxy('93.184.216.34:443')
+def direct(addr, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        s.connect((addr, port)); return 'connected'
+    except OSError as e:
+        return type(e).__name__
+    finally:
+        s.close()
+report['direct_loopback'] = direct('127.0.0.1', {0})     # the run's own loopback: nothing there
+report['direct_public'] = direct('93.184.216.34', 443)
+report['direct_metadata'] = direct('169.254.169.254', 80)
+try:
+    socket.getaddrinfo('{1}', 443)
+    report['dns'] = 'resolved'
+except OSError as e:
+    report['dns'] = type(e).__name__
+print(json.dumps(report))
+)PY",
+                                                                   o.https_port,
+                                                                   conformance::egress_approved_name));
+  auto r = b.rt().run(req, network_ticket(b, {conformance::egress_approved_name}));
+  INFO("stdout: " << r.std_out.summary << "\nstderr: " << r.std_err.summary << "\nattempts:\n"
+                  << attempts_text(r));
+  REQUIRE(r.code == code::ok);
+  auto j = report_of(r);
+  REQUIRE(j.is_object());
+  // Refused by the proxy with a reason the code can read (HTTPS: the tunnel's 403).
+  CHECK(j["other_http"][0] == 403);
+  CHECK(j["other_http"][1].get<std::string>().find("domain not approved") != std::string::npos);
+  CHECK(j["other_https"][0] == 0);
+  CHECK(j["other_https"][1].get<std::string>().find("403") != std::string::npos);
+  CHECK(j["ip_via_proxy"].get<std::string>().rfind("HTTP/1.1 403", 0) == 0);
+  CHECK(j["ip_via_proxy"].get<std::string>().find("direct IP not allowed") != std::string::npos);
+  CHECK(j["direct_loopback"] != "connected");
+  CHECK(j["direct_public"] != "connected");
+  CHECK(j["direct_metadata"] != "connected");
+  CHECK(j["dns"] != "resolved");
+  // Nothing of it reached an origin.
+  CHECK(origin_connections() == before);
+  // Every attempt is listed, refused, with its reason.
+  const auto* other = find_attempt(r, conformance::egress_other_name, false);
+  REQUIRE(other != nullptr);
+  CHECK(other->reason == "domain not approved");
+  CHECK(other->bytes_up == 0);
+  bool ip_refused = false, dns_listed = false;
+  for (const auto& a : r.egress_attempts) {
+    CHECK_FALSE(a.allowed);
+    if (a.reason == "direct IP not allowed") ip_refused = true;
+    if (a.protocol == "dns" && a.host == conformance::egress_approved_name) dns_listed = true;
+  }
+  CHECK(ip_refused);
+  if (b.expect().egress_recorded) CHECK(dns_listed);
+}
+
+TEST_CASE("egress: a tunnel whose TLS SNI is not its CONNECT host carries nothing",
+          "[egress][core]") {
+  CONFORMANCE_BACKEND(b);
+  if (!origins_ready()) return;
+  if (!b.expect().egress_proxy) return;
+  const auto before = origin_connections();
+  // CONNECT to the approved name, then a real TLS handshake naming another host (the
+  // domain-fronting shape an SNI check can see): the proxy closes before forwarding a byte.
+  auto req = network_request(b, prelude() + fmt::format(R"PY(
+def fronted(sni):
+    s = socket.create_connection(('127.0.0.1', 3128), timeout=5)
+    s.sendall(b'CONNECT {0}:{1} HTTP/1.1\r\nHost: {0}:{1}\r\n\r\n')
+    head = b''
+    while b'\r\n\r\n' not in head:
+        chunk = s.recv(1)
+        if not chunk: break
+        head += chunk
+    if not head.startswith(b'HTTP/1.1 200'):
+        return 'refused: ' + head.decode(errors='replace')[:60]
+    c = ssl.create_default_context(cafile=os.environ['SANDBOX_INPUT_DIR'] + '/ca.pem')
+    c.check_hostname = False
+    try:
+        t = c.wrap_socket(s, server_hostname=sni)
+        t.sendall(b'GET /rates HTTP/1.1\r\nHost: {0}\r\nConnection: close\r\n\r\n')
+        return 'handshake ok: ' + t.recv(100).decode(errors='replace')
+    except Exception as e:
+        return 'closed: ' + type(e).__name__
+print(json.dumps({{'fronted': fronted('{2}'), 'no_sni': fronted(None)}}))
+)PY",
+                                                                   conformance::egress_approved_name,
+                                                                   conformance::egress_origin().https_port,
+                                                                   conformance::egress_other_name));
+  auto r = b.rt().run(req, network_ticket(b, {conformance::egress_approved_name}));
+  INFO("stdout: " << r.std_out.summary << "\nstderr: " << r.std_err.summary << "\nattempts:\n"
+                  << attempts_text(r));
+  REQUIRE(r.code == code::ok);
+  auto j = report_of(r);
+  REQUIRE(j.is_object());
+  CHECK(j["fronted"].get<std::string>().rfind("closed", 0) == 0);
+  CHECK(j["no_sni"].get<std::string>().rfind("closed", 0) == 0);
+  CHECK(origin_connections().second == before.second);
+  int mismatches = 0;
+  for (const auto& a : r.egress_attempts) {
+    CHECK_FALSE(a.allowed);
+    if (a.reason == "SNI does not match CONNECT host" || a.reason == "no SNI") ++mismatches;
+  }
+  CHECK(mismatches == 2);
+}
+
+TEST_CASE("egress: the run's connection and byte budgets hold", "[egress][core]") {
+  CONFORMANCE_BACKEND(b);
+  if (!origins_ready()) return;
+  if (!b.expect().egress_proxy) return;
+  auto req = network_request(b, prelude() + fmt::format(R"PY(
+big = get(HTTP + '/bytes/{0}')
+statuses = [get(HTTP + '/rates')[0] for _ in range({1})]
+print(json.dumps({{'big_len': len(big[1]) if big[0] == 200 else -1, 'big_status': big[0],
+                  'statuses': statuses}}))
+)PY",
+                                                                   4 * conformance::egress_max_bytes_down,
+                                                                   conformance::egress_max_connections + 2));
+  auto r = b.rt().run(req, network_ticket(b, {conformance::egress_approved_name}));
+  INFO("stdout: " << r.std_out.summary << "\nstderr: " << r.std_err.summary << "\nattempts:\n"
+                  << attempts_text(r));
+  REQUIRE(r.code == code::ok);
+  auto j = report_of(r);
+  REQUIRE(j.is_object());
+  // The download was cut at the byte budget (never delivered in full).
+  CHECK(j["big_len"].get<long long>() < static_cast<long long>(4 * conformance::egress_max_bytes_down));
+  std::uint64_t down = 0;
+  bool byte_limit = false;
+  int conn_limit = 0;
+  for (const auto& a : r.egress_attempts) {
+    down += a.bytes_down;
+    if (a.reason == "byte limit") byte_limit = true;
+    if (a.reason == "connection limit") ++conn_limit;
+  }
+  CHECK(byte_limit);
+  CHECK(down <= conformance::egress_max_bytes_down + 65536);
+  // The first request used one connection; past the budget, new connections get 403.
+  int refused = 0;
+  for (const auto& s : j["statuses"]) refused += s == 403 ? 1 : 0;
+  CHECK(refused >= 2);
+  CHECK(conn_limit + static_cast<int>(r.egress_attempts_dropped) >= 2);
+}
