@@ -235,7 +235,8 @@ struct run_result {
 
 /// A request refused before anything started: an admission code (`invalid_request`,
 /// `source_too_large`, `action_denied`, `runtime_unavailable`, `digest_mismatch`,
-/// `blob_not_found`) and a short message that names the offending field.
+/// `blob_not_found`, `approval_required`, `approval_denied`) and a short message that names
+/// the offending field.
 struct rejection {
   sandbox::code code = sandbox::code::invalid_request;
   std::string message;
