@@ -136,8 +136,8 @@ class ticket_verifier {
    * ("signed ticket: expired"). Every link of the chain must be signed by a trusted key.
    * Never throws or crashes on hostile input.
    */
-  boost::system::result<ticket, rejection> verify(
-      std::string_view document, std::chrono::system_clock::time_point now) const;
+  boost::system::result<ticket, rejection> verify(std::string_view document,
+                                                  std::chrono::system_clock::time_point now) const;
 
  private:
   struct impl;

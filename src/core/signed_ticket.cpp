@@ -96,7 +96,9 @@ result<std::string> read_small_file(const fs::path& path) {
   return out;
 }
 
-bool is_ed25519(const EVP_PKEY* k) noexcept { return k != nullptr && EVP_PKEY_get_id(k) == EVP_PKEY_ED25519; }
+bool is_ed25519(const EVP_PKEY* k) noexcept {
+  return k != nullptr && EVP_PKEY_get_id(k) == EVP_PKEY_ED25519;
+}
 
 pkey_ptr read_private_pem(std::string_view pem) {
   if (pem.size() > max_key_file_bytes) return nullptr;
@@ -148,8 +150,8 @@ bool ed25519_verify(EVP_PKEY* k, std::string_view message, std::string_view sig)
   if (sig.size() != ed25519_signature_bytes) return false;
   md_ctx_ptr ctx(EVP_MD_CTX_new());
   if (!ctx || EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr, k) != 1) return false;
-  return EVP_DigestVerify(ctx.get(), reinterpret_cast<const unsigned char*>(sig.data()),
-                          sig.size(), reinterpret_cast<const unsigned char*>(message.data()),
+  return EVP_DigestVerify(ctx.get(), reinterpret_cast<const unsigned char*>(sig.data()), sig.size(),
+                          reinterpret_cast<const unsigned char*>(message.data()),
                           message.size()) == 1;
 }
 
@@ -195,7 +197,7 @@ struct refused : std::runtime_error {
 struct parsed_document {
   ticket t;
   std::string kid;
-  std::string sig;  // raw signature bytes
+  std::string sig;                                        // raw signature bytes
   std::optional<std::pair<ticket, ordered_json>> parent;  // with its canonical document
 };
 
@@ -322,17 +324,18 @@ result<std::string> ticket_signer::sign(const ticket& t, std::string_view parent
     json doc;
     decode_options opt;
     opt.max_document_bytes = max_signed_ticket_bytes;
-    if (detail::parse_strict(parent_document, opt, doc)) return make_error_code(errc::invalid_argument);
+    if (detail::parse_strict(parent_document, opt, doc))
+      return make_error_code(errc::invalid_argument);
     parsed_document parent = parse_document(doc, "", t.ancestors().size() - 1);
     // The rules that do not depend on the time: judged as if now were the latest moment
     // the child's expiry allows (a child without expiry fails anyway). Whether it is too
     // long-lived or expired is for the verifier, at its time.
-    const auto when = t.expires_at() ? *t.expires_at() - max_derived_ttl
-                                     : std::chrono::system_clock::now();
+    const auto when =
+        t.expires_at() ? *t.expires_at() - max_derived_ttl : std::chrono::system_clock::now();
     if (check_derivation(parent.t, t, when)) return make_error_code(errc::invalid_argument);
-    ordered_json canonical = signing_input(detail::ticket_to_json(parent.t),
-                                           parent.parent ? &parent.parent->second : nullptr,
-                                           parent.kid);
+    ordered_json canonical =
+        signing_input(detail::ticket_to_json(parent.t),
+                      parent.parent ? &parent.parent->second : nullptr, parent.kid);
     canonical["sig"] = detail::base64url_encode(parent.sig);
     return sign_document(impl_->key.get(), impl_->kid, t, &canonical);
   } catch (const std::exception&) {
@@ -440,8 +443,8 @@ parsed_document parse_document(const json& doc, const std::string& path, std::si
       detail::fail(field(path, "parent"), "the chain is deeper than its ticket's derived_from");
     }
     parsed_document p = parse_document(*parent, field(path, "parent"), depth - 1);
-    ordered_json canonical = signing_input(detail::ticket_to_json(p.t),
-                                           p.parent ? &p.parent->second : nullptr, p.kid);
+    ordered_json canonical =
+        signing_input(detail::ticket_to_json(p.t), p.parent ? &p.parent->second : nullptr, p.kid);
     canonical["sig"] = detail::base64url_encode(p.sig);
     out.parent.emplace(std::move(p.t), std::move(canonical));
   }
@@ -471,9 +474,8 @@ boost::system::result<ticket, rejection> ticket_verifier::verify(std::string_vie
         [&](const json& d, const std::string& path, std::size_t depth) -> verified_link {
       const json& o = detail::as_object(d, path);
       std::optional<verified_link> parent;
-      if (const json* p = detail::find_member(o, "parent"); p != nullptr && p->is_object() &&
-                                                           depth > 0 &&
-                                                           depth <= max_ticket_ancestors) {
+      if (const json* p = detail::find_member(o, "parent");
+          p != nullptr && p->is_object() && depth > 0 && depth <= max_ticket_ancestors) {
         parent = check(*p, field(path, "parent"), depth - 1);
       }
       // Structure (and, for the parent, the same structure again: cheap and bounded).
@@ -483,9 +485,8 @@ boost::system::result<ticket, rejection> ticket_verifier::verify(std::string_vie
         throw refused((path.empty() ? "" : path + ": ") + "unknown key id " +
                       detail::quote_for_message(self.kid));
       }
-      const ordered_json input =
-          signing_input(detail::ticket_to_json(self.t), parent ? &parent->canonical : nullptr,
-                        self.kid);
+      const ordered_json input = signing_input(detail::ticket_to_json(self.t),
+                                               parent ? &parent->canonical : nullptr, self.kid);
       if (!ed25519_verify(key->second.get(), detail::dump_compact(input), self.sig)) {
         throw refused((path.empty() ? "" : path + ": ") + "bad signature (key " +
                       detail::quote_for_message(self.kid) + ")");

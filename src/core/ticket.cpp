@@ -49,9 +49,9 @@ bool is_hex_sha256(std::string_view s) noexcept {
 
 namespace {
 
+using detail::quote_for_message;
 using nlohmann::json;
 using nlohmann::ordered_json;
-using detail::quote_for_message;
 namespace chrono = std::chrono;
 using time_point = chrono::system_clock::time_point;
 
@@ -68,8 +68,8 @@ std::optional<std::string> canonicalize_egress(std::vector<std::string>& pattern
   for (std::size_t i = 0; i < patterns.size(); ++i) {
     auto c = canonical_egress_pattern(patterns[i]);
     if (!c) {
-      return "egress[" + std::to_string(i) + "]: not a host name or '*.' wildcard pattern: " +
-             quote_for_message(patterns[i]);
+      return "egress[" + std::to_string(i) +
+             "]: not a host name or '*.' wildcard pattern: " + quote_for_message(patterns[i]);
     }
     if (std::find(out.begin(), out.end(), *c) == out.end()) out.push_back(std::move(*c));
   }
@@ -173,8 +173,7 @@ std::string format_rfc3339(time_point t) {
   std::snprintf(buf.data(), buf.size(), "%04d-%02u-%02uT%02d:%02d:%02dZ",
                 static_cast<int>(ymd.year()), static_cast<unsigned>(ymd.month()),
                 static_cast<unsigned>(ymd.day()), static_cast<int>(hms.hours().count()),
-                static_cast<int>(hms.minutes().count()),
-                static_cast<int>(hms.seconds().count()));
+                static_cast<int>(hms.minutes().count()), static_cast<int>(hms.seconds().count()));
   return buf.data();
 }
 
@@ -196,7 +195,8 @@ std::optional<time_point> parse_rfc3339(std::string_view s) {
   const auto hour = number(11, 2), minute = number(14, 2), second = number(17, 2);
   if (!year || !month || !day || !hour || !minute || !second) return std::nullopt;
   if (*year < 1970 || *hour > 23 || *minute > 59 || *second > 59) return std::nullopt;
-  const chrono::year_month_day ymd{chrono::year{*year}, chrono::month{static_cast<unsigned>(*month)},
+  const chrono::year_month_day ymd{chrono::year{*year},
+                                   chrono::month{static_cast<unsigned>(*month)},
                                    chrono::day{static_cast<unsigned>(*day)}};
   if (!ymd.ok()) return std::nullopt;
   return time_point(chrono::sys_days{ymd} + chrono::hours(*hour) + chrono::minutes(*minute) +
@@ -293,12 +293,12 @@ approval_request approval_from_json(const json& v, const std::string& path) {
     if (d.size() > max_egress_patterns) {
       fail(p, "more than " + std::to_string(max_egress_patterns) + " patterns");
     }
-    for (std::size_t i = 0; i < d.size(); ++i) a.domains.push_back(as_string(d[i], index_path(p, i)));
+    for (std::size_t i = 0; i < d.size(); ++i)
+      a.domains.push_back(as_string(d[i], index_path(p, i)));
   }
-  a.timeout = chrono::milliseconds(as_signed(require_member(o, path, "timeout_ms"),
-                                             field("timeout_ms"),
-                                             std::numeric_limits<std::int64_t>::min(),
-                                             std::numeric_limits<std::int64_t>::max()));
+  a.timeout = chrono::milliseconds(as_signed(
+      require_member(o, path, "timeout_ms"), field("timeout_ms"),
+      std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max()));
   a.memory_limit_bytes =
       as_unsigned(require_member(o, path, "memory_limit_bytes"), field("memory_limit_bytes"));
   {
@@ -384,10 +384,10 @@ ordered_json ticket_to_json(const ticket& t) {
 ticket ticket_from_json(const json& doc, const std::string& path) {
   const json& o = as_object(doc, path);
   check_nested_version(o, path);
-  check_known_fields(o, path,
-                     {"v", "id", "tenant", "actions", "isolation", "max_timeout_ms",
-                      "max_memory_bytes", "runtime_digest", "egress", "expires_at",
-                      "derived_from", "approval"});
+  check_known_fields(
+      o, path,
+      {"v", "id", "tenant", "actions", "isolation", "max_timeout_ms", "max_memory_bytes",
+       "runtime_digest", "egress", "expires_at", "derived_from", "approval"});
   auto field = [&](std::string_view key) { return member_path(path, key); };
   ticket_spec spec;
   spec.id = as_string(require_member(o, path, "id"), field("id"));
@@ -430,15 +430,15 @@ ticket ticket_from_json(const json& doc, const std::string& path) {
       fail(p, std::to_string(a.size()) + " patterns, more than the limit of " +
                   std::to_string(max_egress_patterns));
     }
-    for (std::size_t i = 0; i < a.size(); ++i) spec.egress.push_back(as_string(a[i], index_path(p, i)));
+    for (std::size_t i = 0; i < a.size(); ++i)
+      spec.egress.push_back(as_string(a[i], index_path(p, i)));
   }
   if (const json* expires = find_member(o, "expires_at")) {
     const std::string p = field("expires_at");
     const std::string text = as_string(*expires, p);
     const auto t = parse_rfc3339(text);
     if (!t) {
-      fail(p, "expected RFC 3339 UTC time 'YYYY-MM-DDTHH:MM:SSZ', got " +
-                  quote_for_message(text));
+      fail(p, "expected RFC 3339 UTC time 'YYYY-MM-DDTHH:MM:SSZ', got " + quote_for_message(text));
     }
     spec.expires_at = *t;
   }
@@ -494,8 +494,7 @@ result<ticket> ticket_issuer::issue(const ticket_spec& spec, network_grant) cons
 result<ticket> ticket_issuer::derive(const ticket& parent, const approval_request& approval,
                                      derive_options options) const {
   const auto bad = make_error_code(errc::invalid_argument);
-  const time_point now =
-      options.now == time_point{} ? chrono::system_clock::now() : options.now;
+  const time_point now = options.now == time_point{} ? chrono::system_clock::now() : options.now;
   if (detail::approval_problem(approval)) return bad;
   if (approval.ticket_id != parent.id() || approval.tenant != parent.tenant()) return bad;
   if (!parent.allows(action::code_execute) || parent.is_expired(now)) return bad;
@@ -578,8 +577,7 @@ std::optional<std::string> check_derivation(const ticket& parent, const ticket& 
     return "expires_at: later than the parent's";
   }
   if (*child.expires_at() > now + max_derived_ttl) {
-    return "expires_at: more than " + std::to_string(max_derived_ttl.count()) +
-           " s from now";
+    return "expires_at: more than " + std::to_string(max_derived_ttl.count()) + " s from now";
   }
   // 4. The network grant: inherited (narrowed) or approved.
   if (child.allows(action::code_network) && parent.allows(action::code_network) &&

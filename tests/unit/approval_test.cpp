@@ -67,14 +67,15 @@ sandbox::run_request net_py(std::string source = "print(1)",
 
 /// A fake runtime (container-level fake backend), with `s`'s approver when `with_approver`.
 sandbox::runtime fake_runtime(std::shared_ptr<fake_backend> fake, scripted* s) {
-  auto made = sandbox::testing::make_runtime(std::move(fake), {},
-                                             s != nullptr ? s->approver() : nullptr);
+  auto made =
+      sandbox::testing::make_runtime(std::move(fake), {}, s != nullptr ? s->approver() : nullptr);
   REQUIRE(made.has_value());
   return std::move(*made);
 }
 
 struct fixture {
-  std::shared_ptr<fake_backend> fake = std::make_shared<fake_backend>(sandbox::isolation::container);
+  std::shared_ptr<fake_backend> fake =
+      std::make_shared<fake_backend>(sandbox::isolation::container);
   scripted s;
   sandbox::runtime rt;
   sandbox::ticket parent = make_ticket("acme");
@@ -103,8 +104,7 @@ sandbox::ticket forged(const sandbox::ticket& t,
 
 }  // namespace
 
-TEST_CASE("no approver: a network request without code.network is action_denied",
-          "[approval]") {
+TEST_CASE("no approver: a network request without code.network is action_denied", "[approval]") {
   fixture f(false);
   auto r = f.rt.run(net_py(), f.parent);
   CHECK(r.code == code::action_denied);
@@ -120,8 +120,8 @@ TEST_CASE("approve: the run proceeds under the derived ticket", "[approval]") {
   f.s.decide = [&](const approval_request& q) {
     return approval_decision::approve(derive(f.parent, q));
   };
-  auto req = net_py("print(open('data.csv').read())", {"API.Example.com.", "*.cdn.example",
-                                                       "api.example.com"});
+  auto req = net_py("print(open('data.csv').read())",
+                    {"API.Example.com.", "*.cdn.example", "api.example.com"});
   req.files_in = {{.name = "data.csv", .blob = *blob}};
   req.timeout = 60s;  // clamped to the ticket's 8 s
   auto r = f.rt.run(req, f.parent);
@@ -257,8 +257,7 @@ TEST_CASE("defer, checkpoint, resume with the derived ticket", "[approval]") {
   }
 }
 
-TEST_CASE("a derived ticket broader than the approval is refused; nothing starts",
-          "[approval]") {
+TEST_CASE("a derived ticket broader than the approval is refused; nothing starts", "[approval]") {
   fixture f;
   const std::string other_digest = "sha256:" + std::string(64, 'b');
   struct forgery {
@@ -301,7 +300,9 @@ TEST_CASE("a derived ticket broader than the approval is refused; nothing starts
        },
        "max_memory_bytes: above the parent's"},
       {"no expiry",
-       [](auto& p, auto& q) { return forged(derive(p, q), [](auto& j) { j.erase("expires_at"); }); },
+       [](auto& p, auto& q) {
+         return forged(derive(p, q), [](auto& j) { j.erase("expires_at"); });
+       },
        "expires_at: a derived ticket must expire"},
       {"an expiry more than an hour away",
        [](auto& p, auto& q) {
@@ -501,11 +502,11 @@ TEST_CASE("cancelling a run waiting for approval withdraws the question", "[appr
   REQUIRE(rt.has_value());
   asio::cancellation_signal cancel;
   std::promise<std::pair<boost::system::error_code, run_result>> done;
-  rt->async_run(net_py(), make_ticket("acme"),
-                asio::bind_cancellation_slot(
-                    cancel.slot(), [&](boost::system::error_code ec, run_result r) {
-                      done.set_value({ec, std::move(r)});
-                    }));
+  rt->async_run(
+      net_py(), make_ticket("acme"),
+      asio::bind_cancellation_slot(cancel.slot(), [&](boost::system::error_code ec, run_result r) {
+        done.set_value({ec, std::move(r)});
+      }));
   REQUIRE(eventually([&] {
     std::lock_guard lk(a->mu);
     return a->held.has_value();
@@ -523,11 +524,10 @@ TEST_CASE("a late answer after cancellation is ignored", "[approval]") {
   fixture f;  // keeps every callback
   asio::cancellation_signal cancel;
   std::promise<boost::system::error_code> done;
-  f.rt.async_run(net_py(), f.parent,
-                 asio::bind_cancellation_slot(cancel.slot(),
-                                              [&](boost::system::error_code ec, run_result) {
-                                                done.set_value(ec);
-                                              }));
+  f.rt.async_run(
+      net_py(), f.parent,
+      asio::bind_cancellation_slot(
+          cancel.slot(), [&](boost::system::error_code ec, run_result) { done.set_value(ec); }));
   REQUIRE(eventually([&] { return f.s.asked_count() == 1; }));
   cancel.emit(asio::cancellation_type::terminal);
   CHECK(done.get_future().get() == asio::error::operation_aborted);
@@ -584,12 +584,14 @@ TEST_CASE("approval requests round-trip through JSON, strictly", "[approval][jso
   q.source_bytes = 8;
   q.runtime = {"python3", "sha256:" + std::string(64, '3')};
   const std::string text = sandbox::encode(q);
-  CHECK(text ==
-        R"({"v":1,"ticket_id":"t-1","tenant":"acme","domains":["api.example.com"],)"
-        R"("timeout_ms":2000,"memory_limit_bytes":268435456,"files_in":[{"name":"dé.csv",)"
-        R"("sha256":")" + std::string(64, '1') + R"(","bytes":3}],"source_sha256":")" +
-            std::string(64, '2') + R"(","source_bytes":8,"isolation":"container",)"
-        R"("runtime":{"name":"python3","digest":"sha256:)" + std::string(64, '3') + R"("}})");
+  CHECK(text == R"({"v":1,"ticket_id":"t-1","tenant":"acme","domains":["api.example.com"],)"
+                R"("timeout_ms":2000,"memory_limit_bytes":268435456,"files_in":[{"name":"dé.csv",)"
+                R"("sha256":")" +
+                    std::string(64, '1') + R"(","bytes":3}],"source_sha256":")" +
+                    std::string(64, '2') +
+                    R"(","source_bytes":8,"isolation":"container",)"
+                    R"("runtime":{"name":"python3","digest":"sha256:)" +
+                    std::string(64, '3') + R"("}})");
   auto back = sandbox::decode_approval_request(text);
   REQUIRE(back.has_value());
   CHECK(*back == q);
@@ -620,8 +622,7 @@ TEST_CASE("approval requests round-trip through JSON, strictly", "[approval][jso
   CHECK(error(with("timeout_ms", "0")) == "timeout_ms: must be greater than 0");
   CHECK(error(with("tenant", "")) == "tenant: required field is missing");
   CHECK(error(with("files_in", R"([{"name":"a/b","sha256":")" + std::string(64, '1') +
-                                   R"(","bytes":1}])")) ==
-        "files_in[0].name: contains '/'");
+                                   R"(","bytes":1}])")) == "files_in[0].name: contains '/'");
   CHECK(error("[]") == "expected a JSON object");
   CHECK(error("{").rfind("malformed JSON", 0) == 0);
   // A result carrying one.

@@ -1,5 +1,7 @@
 // Signed ticket documents: keys and key files, signing, verification with rotated keys,
 // derivation chains, and hostile documents (tampered, truncated, garbled, forged chains).
+#include "sandbox/signed_ticket.hpp"
+
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <sys/stat.h>
@@ -10,7 +12,6 @@
 #include <string>
 
 #include "core/base64url.hpp"
-#include "sandbox/signed_ticket.hpp"
 #include "test_files.hpp"
 
 using namespace std::chrono_literals;
@@ -195,20 +196,20 @@ TEST_CASE("tampered documents are refused", "[ticket][signed]") {
   CHECK(refusal(v, edit([](auto& j) { j["ticket"]["isolation"] = "container"; })) == bad_sig);
   CHECK(refusal(v, edit([](auto& j) { j["ticket"].erase("expires_at"); })) == bad_sig);
   CHECK(refusal(v, edit([](auto& j) {
-          j["ticket"]["actions"].push_back("code.network");
-          j["ticket"]["egress"] = {"evil.example"};
-        })) == bad_sig);
+                  j["ticket"]["actions"].push_back("code.network");
+                  j["ticket"]["egress"] = {"evil.example"};
+                })) == bad_sig);
   CHECK(refusal(v, edit([](auto& j) { j["kid"] = "k2"; })) ==
         "signed ticket: bad signature (key 'k2')");
   CHECK(refusal(v, edit([](auto& j) {
-          std::string s = j["sig"];
-          s[10] = s[10] == 'A' ? 'B' : 'A';
-          j["sig"] = s;
-        })) == bad_sig);
+                  std::string s = j["sig"];
+                  s[10] = s[10] == 'A' ? 'B' : 'A';
+                  j["sig"] = s;
+                })) == bad_sig);
   CHECK(refusal(v, edit([](auto& j) {
-          std::string s = j["sig"];
-          j["sig"] = s.substr(0, 85);
-        })) == "signed ticket: sig: not a base64url Ed25519 signature (86 characters)");
+                  std::string s = j["sig"];
+                  j["sig"] = s.substr(0, 85);
+                })) == "signed ticket: sig: not a base64url Ed25519 signature (86 characters)");
   CHECK(refusal(v, edit([](auto& j) { j["sig"] = std::string(86, '+'); })) ==
         "signed ticket: sig: not a base64url Ed25519 signature (86 characters)");
   CHECK(refusal(v, edit([](auto& j) { j["extra"] = true; })) ==
@@ -223,8 +224,8 @@ TEST_CASE("tampered documents are refused", "[ticket][signed]") {
         "signed ticket: sig: required field is missing");
   CHECK(refusal(v, edit([](auto& j) { j["kid"] = "../k1"; })) ==
         "signed ticket: kid: not a key id: '../k1'");
-  CHECK(refusal(v, edit([](auto& j) { j["ticket"]["tenant"] = "../x"; })).rfind(
-            "signed ticket: ticket.tenant: must be", 0) == 0);
+  CHECK(refusal(v, edit([](auto& j) { j["ticket"]["tenant"] = "../x"; }))
+            .rfind("signed ticket: ticket.tenant: must be", 0) == 0);
   CHECK(refusal(v, edit([&](auto& j) { j["parent"] = nlohmann::ordered_json::parse(doc); })) ==
         "signed ticket: parent: only a derived ticket carries its parent's document");
   // Duplicate keys (a parser differential) are refused before anything else.
@@ -343,8 +344,7 @@ TEST_CASE("wrongly derived chains are refused even when every link is signed",
         "'t-1'");
   // A chain longer than its ticket says.
   j = good;
-  CHECK(refusal(v, sign_raw(k, j, sign_raw(k, good, parent_doc))).rfind("signed ticket: ", 0) ==
-        0);
+  CHECK(refusal(v, sign_raw(k, j, sign_raw(k, good, parent_doc))).rfind("signed ticket: ", 0) == 0);
 }
 
 TEST_CASE("hostile documents never crash the verifier", "[ticket][signed][fuzz]") {
@@ -382,12 +382,12 @@ TEST_CASE("hostile documents never crash the verifier", "[ticket][signed][fuzz]"
   }
   CHECK(accepted < 30);
   // Assorted garbage.
-  for (const std::string junk :
-       {""s, "null"s, "[]"s, "{}"s, "\"x\""s, "{\"v\":1}"s, std::string(10000, '{'),
-        std::string(100, '[') + std::string(100, ']'), "\xef\xbb\xbf{}"s,
-        R"({"v":1,"ticket":1,"kid":"k1","sig":""})"s,
-        R"({"v":1,"ticket":{},"kid":"k1","sig":""})"s,
-        R"({"v":1,"ticket":{"derived_from":["a","b","c","d","e","f"]},"parent":{"parent":{}},"kid":"k1","sig":""})"s}) {
+  for (
+      const std::string junk :
+      {""s, "null"s, "[]"s, "{}"s, "\"x\""s, "{\"v\":1}"s, std::string(10000, '{'),
+       std::string(100, '[') + std::string(100, ']'), "\xef\xbb\xbf{}"s,
+       R"({"v":1,"ticket":1,"kid":"k1","sig":""})"s, R"({"v":1,"ticket":{},"kid":"k1","sig":""})"s,
+       R"({"v":1,"ticket":{"derived_from":["a","b","c","d","e","f"]},"parent":{"parent":{}},"kid":"k1","sig":""})"s}) {
     auto r = v.verify(junk, noon);
     REQUIRE_FALSE(r.has_value());
     CHECK(r.error().code == code::action_denied);
@@ -450,14 +450,16 @@ TEST_CASE("key files: keygen, load, directories, bad keys", "[ticket][signed][ke
 
   // Bad key files: nothing is added from a directory holding one.
   sandbox::test::temp_dir bad;
-  sandbox::test::write_text(bad.path / "a.pub.pem", sandbox::test::read_text(dir.path / "k1.pub.pem"));
+  sandbox::test::write_text(bad.path / "a.pub.pem",
+                            sandbox::test::read_text(dir.path / "k1.pub.pem"));
   sandbox::test::write_text(bad.path / "b.pub.pem", "-----BEGIN PUBLIC KEY-----\ngarbage\n");
   ticket_verifier partial;
   CHECK(partial.load_keys(bad.path).error() == sandbox::make_error_code(errc::invalid_argument));
   CHECK(partial.empty());
   sandbox::test::temp_dir empty;
   CHECK(partial.load_keys(empty.path).error() == sandbox::make_error_code(errc::not_found));
-  CHECK(partial.load_keys(empty.path / "nope").error() == sandbox::make_error_code(errc::not_found));
+  CHECK(partial.load_keys(empty.path / "nope").error() ==
+        sandbox::make_error_code(errc::not_found));
   // A private key is not a public key; an RSA or EC key is not Ed25519.
   CHECK(partial.load_key(dir.path / "k1.pem").error() ==
         sandbox::make_error_code(errc::invalid_argument));
