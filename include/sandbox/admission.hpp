@@ -3,6 +3,7 @@
 // unit-tested exhaustively and fuzzed.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
@@ -40,15 +41,22 @@ struct admitted {
 };
 
 /**
- * Decides whether `request` may run under `ticket` on this host. Returns either the
- * normalized `admitted` request or a `rejection`, checking in this order:
+ * Decides whether `request` may run under `ticket` on this host at time `now`. Returns
+ * either the normalized `admitted` request or a `rejection`, checking in this order:
  *
- * 1. `invalid_request` — version ≠ 1, empty runtime, timeout ≤ 0, memory below the policy
- *    minimum, bad `files_in` (count, names, duplicates, blob id syntax), bad `files_out`,
- *    `env` names not allowed, bad `runtime_digest` syntax; the message names the field.
+ * 1. `invalid_request` — version ≠ 1, empty runtime, timeout ≤ 0; `egress` non-empty
+ *    without `network`, or empty with it, an entry that is not an egress pattern
+ *    (`egress[i]: …`), more than `max_egress_patterns` distinct ones; memory below the
+ *    policy minimum, bad `files_in` (count, names, duplicates, blob id syntax), bad
+ *    `files_out`, `env` names not allowed, bad `runtime_digest` syntax; the message names
+ *    the field.
  * 2. `source_too_large` — `source` longer than `policy.max_source_bytes` (never truncated).
- * 3. `action_denied` — no `code.execute`; or `network` without `code.network`; or the
- *    ticket's memory ceiling is below the policy's minimum.
+ * 3. `action_denied` — the ticket is expired at `now` ("ticket expired"); no
+ *    `code.execute`; `network` without `code.network`; a canonical egress pattern the
+ *    ticket's `egress` does not cover (`egress_subset`; the message names the first one); a
+ *    ticket derived from an approval (`ticket::approval()`) and a request that is not the
+ *    approved run (runtime, source or inputs differ); the ticket's memory ceiling is below
+ *    the policy's minimum.
  * 4. `invalid_request` — runtime name not configured on this host.
  * 5. `runtime_unavailable` — no backend at the ticket's level or stronger (a network run
  *    needs `container` or stronger: the process level never gets the host's network); or
@@ -60,10 +68,32 @@ struct admitted {
  *    pin, the ticket's or the request's, can only confirm it.
  *
  * Then clamps the timeout to min(ticket, policy) and the memory limit likewise, recording
- * that in the flags. Blob existence is not checked here (that needs the store).
+ * that in the flags, and replaces `egress` by its canonical form. Blob existence is not
+ * checked here (that needs the store). Pure and deterministic: the same arguments always
+ * give the same answer.
  */
 std::variant<admitted, rejection> admit(const run_request& request, const ticket& ticket,
+                                        const policy& policy, const host_catalog& catalog,
+                                        std::chrono::system_clock::time_point now);
+
+/// `admit` at `std::chrono::system_clock::now()` (so not deterministic for an expiring
+/// ticket; tests and replays pass `now`).
+std::variant<admitted, rejection> admit(const run_request& request, const ticket& ticket,
                                         const policy& policy, const host_catalog& catalog);
+
+/**
+ * What `admit` would answer once an approval granted the request's domains: for a network
+ * request whose ticket lacks `code.network`, every check of `admit` except the network grant
+ * (step 3's `code.network` and domain checks), so the admitted request says what the run
+ * would get (level at least `container`, clamped limits, canonical egress). For any other
+ * request exactly `admit`. The runtime asks its approver only when this admits
+ * (sandbox/approval.hpp).
+ */
+std::variant<admitted, rejection> admit_pending_approval(const run_request& request,
+                                                         const ticket& ticket,
+                                                         const policy& policy,
+                                                         const host_catalog& catalog,
+                                                         std::chrono::system_clock::time_point now);
 
 /// The result to return for a rejected request: `code` and `message` from `r`, everything
 /// else empty; `run_id` as given.

@@ -20,9 +20,10 @@ enum class code : std::uint8_t {
   ok,                   ///< ran to completion; see `exit_code` / `signal`
   invalid_request,      ///< malformed or out-of-range request, unknown field/runtime/version
   source_too_large,     ///< source over the policy cap (rejected, never truncated)
-  action_denied,        ///< ticket lacks `code.execute`, or `code.network` for a network run
-  approval_required,    ///< network needs a human decision (later issue)
-  approval_denied,      ///< the human said no (later issue)
+  action_denied,        ///< ticket lacks `code.execute` or `code.network` (no approver), or is
+                        ///< expired, tampered, or wrongly derived
+  approval_required,    ///< network needs a human decision: `run_result::approval` says what
+  approval_denied,      ///< the approver said no (sandbox/approval.hpp)
   network_disabled,     ///< the code attempted egress in a run without network
   timeout,              ///< our wall-clock timer fired; everything killed and confirmed dead
   oom,                  ///< the run cgroup's OOM killer fired and killed the run

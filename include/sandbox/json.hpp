@@ -36,4 +36,15 @@ boost::system::result<run_result, rejection> decode_run_result(std::string_view 
 /// Encodes a result as one line of JSON (no trailing newline).
 std::string encode(const run_result& r);
 
+/// Decodes an approval request (docs/protocol.md, "Approval"), e.g. one a host checkpointed
+/// from `run_result::approval`. Strict like every document; beyond types it checks the
+/// request's syntax (ticket id, tenant, canonical domains, hex digests, file names, isolation
+/// at least `container`), naming the field in an `invalid_request` rejection.
+boost::system::result<approval_request, rejection> decode_approval_request(
+    std::string_view json, const decode_options& = {});
+
+/// Encodes an approval request as one line of JSON; `decode_approval_request(encode(a)) == a`
+/// for every valid `a`.
+std::string encode(const approval_request& a);
+
 }  // namespace sandbox

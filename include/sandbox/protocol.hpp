@@ -160,6 +160,39 @@ struct queue_info {
   bool operator==(const queue_info&) const = default;
 };
 
+/// One input file as an approval request shows it: what the human is asked to let reach
+/// the network.
+struct approval_file {
+  std::string name;         ///< the file's name in the run (`input_file::name`)
+  std::string sha256;       ///< 64 lowercase hex digits: the content's SHA-256 (the blob id's hex)
+  std::uint64_t bytes = 0;  ///< its size, from the blob store
+  bool operator==(const approval_file&) const = default;
+};
+
+/**
+ * What a human (or a policy service) is asked when a network run's ticket lacks
+ * `code.network` (sandbox/approval.hpp). Built by the runtime from the admitted request, so
+ * every figure is the one the run would get; carried in `run_result::approval` when the
+ * decision is deferred, so that the host can checkpoint it, ask, and resume with the derived
+ * ticket (`ticket_issuer::derive`). Wire form: docs/protocol.md, "Approval".
+ */
+struct approval_request {
+  std::string ticket_id;             ///< the ticket the run was submitted under (the parent)
+  std::string tenant;                ///< its tenant
+  /// The domains the run asks for: canonical egress patterns (sandbox/egress.hpp), in the
+  /// request's order, duplicates dropped.
+  std::vector<std::string> domains;
+  std::chrono::milliseconds timeout{0};  ///< the run's timeout, after clamping (wire: timeout_ms)
+  std::uint64_t memory_limit_bytes = 0;  ///< the run's memory limit, after clamping
+  std::vector<approval_file> files_in;   ///< every input, in the request's order
+  std::string source_sha256;             ///< 64 lowercase hex digits: SHA-256 of `source`
+  std::uint64_t source_bytes = 0;        ///< size of `source`
+  /// The level the run will get (at least `container`: network never runs weaker).
+  sandbox::isolation isolation = sandbox::isolation::container;
+  runtime_info runtime;                  ///< runtime name and its installed image digest
+  bool operator==(const approval_request&) const = default;
+};
+
 /// Everything a caller learns about one run. Codes, flags and counters come from the
 /// sandbox's own evidence, never from what the code printed or how it exited.
 struct run_result {
@@ -197,12 +230,17 @@ struct run_result {
   std::optional<queue_info> queue;
   /// How long the run waited for a slot before it started (wire: queue_wait_ms).
   std::chrono::milliseconds queue_wait{0};
+  /// For `approval_required`: the approval request the runtime would have asked (wire name
+  /// "approval", `null` otherwise). The host checkpoints it, asks, mints the derived ticket
+  /// with `ticket_issuer::derive`, and resubmits the same request under that ticket.
+  std::optional<approval_request> approval;
   bool operator==(const run_result&) const = default;
 };
 
 /// A request refused before anything started: an admission code (`invalid_request`,
 /// `source_too_large`, `action_denied`, `runtime_unavailable`, `digest_mismatch`,
-/// `blob_not_found`) and a short message that names the offending field.
+/// `blob_not_found`, `approval_required`, `approval_denied`) and a short message that names
+/// the offending field.
 struct rejection {
   sandbox::code code = sandbox::code::invalid_request;
   std::string message;

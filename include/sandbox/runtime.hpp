@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "sandbox/admission.hpp"
+#include "sandbox/approval.hpp"
 #include "sandbox/backend.hpp"
 #include "sandbox/blob_store.hpp"
 #include "sandbox/error.hpp"
@@ -157,6 +158,9 @@ struct runtime_options {
   egress_proxy_options egress;
   std::shared_ptr<span_sink> spans;  ///< receives one span per run; may be null
   log_sink log;                      ///< host log lines; empty: warnings and errors to stderr
+  /// Asked when a network request's ticket lacks `code.network` (sandbox/approval.hpp).
+  /// Null (the default): such requests are `action_denied`.
+  std::shared_ptr<sandbox::approver> approver;
 };
 
 /// Defaults resolved for the current user (the paths above).
@@ -223,9 +227,11 @@ class runtime {
   ~runtime();
 
   /**
-   * Admits `request` under `ticket`, waits for a slot (sandbox/scheduler.hpp: `capacity`
-   * at once when the queue is full, `queue_timeout` past the tenant's deadline), and runs
-   * it. Completes once with `(error_code, run_result)`
+   * Admits `request` under `ticket`, asks the approver when the request needs the network
+   * and the ticket does not grant it (sandbox/approval.hpp: `approval_denied`,
+   * `approval_required`, or the run proceeds under the approved derived ticket), waits for a
+   * slot (sandbox/scheduler.hpp: `capacity` at once when the queue is full, `queue_timeout`
+   * past the tenant's deadline), and runs it. A run waiting for approval holds no slot. Completes once with `(error_code, run_result)`
    * on the handler's associated executor (default: the runtime's), never inside this call.
    * Admission failures and every way the run can end are in `run_result.code`; the error
    * code is only `operation_aborted` (cancelled via the handler's cancellation slot, or the

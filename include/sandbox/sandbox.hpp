@@ -2,6 +2,7 @@
 #pragma once
 
 #include "sandbox/admission.hpp"
+#include "sandbox/approval.hpp"
 #include "sandbox/backend.hpp"
 #include "sandbox/blob_store.hpp"
 #include "sandbox/code.hpp"
@@ -12,5 +13,6 @@
 #include "sandbox/policy.hpp"
 #include "sandbox/protocol.hpp"
 #include "sandbox/runtime.hpp"
+#include "sandbox/signed_ticket.hpp"
 #include "sandbox/span.hpp"
 #include "sandbox/ticket.hpp"

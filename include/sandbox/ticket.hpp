@@ -5,6 +5,11 @@
 // A `ticket` cannot be built from parts by ordinary code: only a `ticket_issuer` mints one.
 // Dangerous grants (network) need an explicit tag type, so they are visible at the call site
 // (the pattern of Sandbox2's `allowlists/*.h`). What a ticket does not grant is denied.
+//
+// A ticket may expire (`expires_at`), and may be *derived*: minted by
+// `ticket_issuer::derive` from a parent ticket and an approval request (sandbox/approval.hpp),
+// never broader than either. Tickets that cross a process boundary are signed
+// (sandbox/signed_ticket.hpp).
 #pragma once
 
 #include <boost/system/result.hpp>
@@ -13,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "sandbox/code.hpp"
 #include "sandbox/error.hpp"
@@ -64,8 +70,39 @@ struct ticket_spec {
    *                 .runtime_digest = result.runtime.digest}  // the image the first run used
    */
   std::optional<std::string> runtime_digest;
+  /**
+   * The domains a network ticket allows: egress patterns (sandbox/egress.hpp,
+   * `canonical_egress_pattern`: exact host names or `*.suffix` wildcards), at most
+   * `max_egress_patterns` after canonicalization. `issue(spec, network_grant{})` needs it
+   * non-empty; `issue(spec)` needs it empty (a ticket without `code.network` allows no
+   * domain). The ticket keeps the canonical forms (lower case, no trailing dot), in order,
+   * duplicates dropped. A network request must name only domains this list covers
+   * (`egress_subset`), else `action_denied`.
+   */
+  std::vector<std::string> egress;
+  /**
+   * When the ticket stops granting anything (exclusive: at `expires_at` it is expired).
+   * Absent (the default): it never expires. The ticket keeps whole seconds (rounded down),
+   * the precision of its JSON form (`"expires_at":"2026-11-30T12:00:00Z"`). Admission answers
+   * `action_denied` ("ticket expired") from then on.
+   */
+  std::optional<std::chrono::system_clock::time_point> expires_at;
   bool operator==(const ticket_spec&) const = default;
 };
+
+/// Longest derivation chain: a ticket has at most this many ancestors.
+inline constexpr std::size_t max_ticket_ancestors = 4;
+
+/// Longest time-to-live of a derived ticket: its expiry is at most this far from the moment
+/// it is checked (`check_derivation`).
+inline constexpr std::chrono::seconds max_derived_ttl{3600};
+
+/// Formats `t` (rounded down to the second) as RFC 3339 UTC, e.g. "2026-11-30T12:00:00Z".
+std::string format_rfc3339(std::chrono::system_clock::time_point t);
+
+/// Parses exactly `YYYY-MM-DDTHH:MM:SSZ` (upper-case `T` and `Z`, no fraction, no offset,
+/// years 1970..9999, a real calendar date); `std::nullopt` for anything else.
+std::optional<std::chrono::system_clock::time_point> parse_rfc3339(std::string_view text);
 
 /// True for a tenant name of 1..64 characters from `[A-Za-z0-9._-]`, starting with a letter
 /// or digit. Tenant names become directory names in stores, so nothing else is accepted.
@@ -81,7 +118,12 @@ constexpr bool is_valid_tenant(std::string_view t) noexcept {
   return true;
 }
 
-/// An immutable capability. Copyable; comparable. Obtain one from a `ticket_issuer`.
+namespace detail {
+struct ticket_access;  // src/core: decoding and verification build tickets too
+}
+
+/// An immutable capability. Copyable; comparable. Obtain one from a `ticket_issuer` (or a
+/// `ticket_verifier`, for a signed ticket document).
 class ticket {
  public:
   const std::string& id() const noexcept { return spec_.id; }
@@ -97,13 +139,58 @@ class ticket {
   /// The pinned runtime image digest (see `ticket_spec::runtime_digest`), or `std::nullopt`
   /// when the ticket accepts whatever image is installed. Valid syntax whenever set.
   const std::optional<std::string>& runtime_digest() const noexcept { return spec_.runtime_digest; }
+  /// The domains a network run may reach (canonical patterns; see `ticket_spec::egress`).
+  /// Empty exactly when the ticket does not grant `code.network`.
+  const std::vector<std::string>& egress() const noexcept { return spec_.egress; }
+  /// When the ticket expires (whole seconds), or `std::nullopt` when it never does.
+  const std::optional<std::chrono::system_clock::time_point>& expires_at() const noexcept {
+    return spec_.expires_at;
+  }
+  /// True when the ticket has an expiry and `now` is at or past it.
+  bool is_expired(std::chrono::system_clock::time_point now) const noexcept {
+    return spec_.expires_at && now >= *spec_.expires_at;
+  }
+  /// Ids of the tickets this one was derived from, the root first and the parent last; empty
+  /// for a ticket minted by `issue` (at most `max_ticket_ancestors`).
+  const std::vector<std::string>& ancestors() const noexcept { return ancestors_; }
+  /// The parent's id for a derived ticket, else `std::nullopt`.
+  std::optional<std::string> parent_id() const {
+    if (ancestors_.empty()) return std::nullopt;
+    return ancestors_.back();
+  }
+  /// True for a ticket minted by `ticket_issuer::derive`.
+  bool is_derived() const noexcept { return !ancestors_.empty(); }
+  /// For a ticket derived from an approval: the approval request it answers. Runs under the
+  /// ticket must be exactly that run (runtime, source and inputs; admission checks), at the
+  /// approved domains or fewer.
+  const std::optional<approval_request>& approval() const noexcept { return approval_; }
+  /// The spec the ticket was minted from (canonical egress, expiry in whole seconds).
+  const ticket_spec& spec() const noexcept { return spec_; }
   bool operator==(const ticket&) const = default;
 
  private:
   friend class ticket_issuer;
+  friend struct detail::ticket_access;
   ticket(ticket_spec spec, bool network) : spec_(std::move(spec)), network_(network) {}
   ticket_spec spec_;
   bool network_ = false;
+  std::vector<std::string> ancestors_;
+  std::optional<approval_request> approval_;
+};
+
+/// What `ticket_issuer::derive` is told besides the parent and the approval request.
+struct derive_options {
+  /// The moment of derivation; the epoch (the default) means `system_clock::now()`.
+  std::chrono::system_clock::time_point now{};
+  /// How long the derived ticket lives: 1 s .. `max_derived_ttl`; default 10 minutes. Its
+  /// expiry is `now + ttl` rounded down to the second, or the parent's expiry if earlier.
+  std::chrono::seconds ttl{600};
+  /// The derived ticket's id (1..128 printable ASCII); empty (the default): "d-" and 16
+  /// random lowercase hex digits.
+  std::string id;
+  /// The domains approved: canonical patterns, each within the request's `domains`
+  /// (`egress_subset`), non-empty. `std::nullopt` (the default): all the requested domains.
+  std::optional<std::vector<std::string>> domains;
 };
 
 /// Mints tickets. Whoever holds an issuer decides what runs; keep it with the code that
@@ -114,23 +201,77 @@ class ticket_issuer {
   /// Returns `errc::invalid_argument` for a malformed id or tenant, non-positive ceilings,
   /// or a `runtime_digest` that is set but not `sha256:` and 64 lowercase hex digits.
   result<ticket> issue(const ticket_spec& spec) const;
-  /// Mints a ticket that also grants `code.network`.
+  /// Mints a ticket granting `code.execute` (when `spec.execute`) and `code.network` for the
+  /// domains in `spec.egress`. Returns `errc::invalid_argument` as `issue(spec)` does, and
+  /// also for an empty `egress`, an entry that is not an egress pattern, or more than
+  /// `max_egress_patterns` distinct ones. (`issue(spec)` refuses a non-empty `egress`.)
   result<ticket> issue(const ticket_spec& spec, network_grant) const;
+
+  /**
+   * Mints the ticket that answers `approval` (sandbox/approval.hpp) for a run under
+   * `parent`: the parent's id recorded (`ancestors()` = the parent's ancestors + its id),
+   * the same tenant and `code.execute`, `code.network` for exactly the approved domains
+   * (`options.domains`, default all of `approval.domains`; never more), isolation
+   * max(parent's, `container`), ceilings min(parent's, the approval's timeout and memory
+   * limit), `runtime_digest` pinned to `approval.runtime.digest`, expiry
+   * min(now + `options.ttl`, parent's expiry), and `approval()` = `approval`.
+   *
+   *     auto derived = issuer.derive(parent, *result.approval);  // a human said yes
+   *     rt.async_run(request, *derived, handler);                // resume
+   *
+   * Returns `errc::invalid_argument` when `approval` is not for `parent` (ticket id or
+   * tenant differ), the parent does not grant `code.execute` or is expired at `now`, the
+   * chain would exceed `max_ticket_ancestors`, the approval is malformed (no or invalid
+   * domains, a timeout or memory limit of 0, a runtime digest that is not `sha256:` and 64
+   * lowercase hex, hashes that are not 64 lowercase hex), `options.domains` is empty or
+   * not within the requested ones, `options.ttl` is out of range, or `options.id` is
+   * malformed.
+   */
+  result<ticket> derive(const ticket& parent, const approval_request& approval,
+                        derive_options options = {}) const;
 
   /**
    * Decodes a ticket from JSON (see docs/protocol.md), e.g.
    * `{"v":1,"id":"t-1","tenant":"acme","actions":["code.execute"],"isolation":"process",
    *   "max_timeout_ms":8000,"max_memory_bytes":536870912}`, optionally with
-   * `"runtime_digest":"sha256:<64 lowercase hex>"`.
+   * `"runtime_digest":"sha256:<64 lowercase hex>"`, `"egress":["api.example.com"]` (required
+   * with `code.network`, refused without), `"expires_at":"2026-11-30T12:00:00Z"`, and for a
+   * derived ticket `"derived_from":["<root id>",…,"<parent id>"]` and `"approval":{…}`.
    * This *trusts its input*: use it only for ticket files the local operator controls (the
-   * CLI does). Unknown fields, wrong types, unknown actions and a malformed `runtime_digest`
-   * are `invalid_request` with a message naming the field.
+   * CLI does); a ticket from anyone else comes signed (`ticket_verifier`). Unknown fields,
+   * wrong types, unknown actions, a malformed `runtime_digest`, egress pattern or expiry are
+   * `invalid_request` with a message naming the field.
    */
   boost::system::result<ticket, rejection> decode(std::string_view json) const;
 };
 
-/// Encodes a ticket as JSON (the form `ticket_issuer::decode` reads); `runtime_digest` is
-/// written only when the ticket pins one.
+/// Encodes a ticket as JSON (the form `ticket_issuer::decode` reads): one line, members in
+/// the documented order; `runtime_digest`, `egress`, `expires_at`, `derived_from` and
+/// `approval` are written only when set. Deterministic: equal tickets encode to equal bytes
+/// (the bytes a signature covers, sandbox/signed_ticket.hpp).
 std::string encode(const ticket& t);
+
+/**
+ * Why `child` is not a valid derivation of `parent` at `now`, or `std::nullopt` when it is.
+ * The rules (docs/protocol.md, "Derived tickets"):
+ *
+ * 1. `child.ancestors()` is `parent.ancestors()` followed by `parent.id()`;
+ * 2. same tenant; `code.execute` only if the parent grants it; isolation at least the
+ *    parent's; `max_timeout` and `max_memory_bytes` at most the parent's; the parent's
+ *    `runtime_digest` pin, when set, kept;
+ * 3. an expiry, no later than the parent's (when it has one) and at most `max_derived_ttl`
+ *    after `now`;
+ * 4. the network grant: a child with `code.network` under a parent with it allows no domain
+ *    the parent does not (`egress_subset`); a child that gains `code.network` must answer an
+ *    approval (`approval()` set) — and whenever `approval()` is set: it names the parent
+ *    (`ticket_id`) and the tenant, the child's domains are non-empty and within the
+ *    approval's `domains`, its isolation is at least `container`, and its `runtime_digest`
+ *    is set and equals the approval's `runtime.digest`.
+ *
+ * The message is short and names the rule, e.g. "egress: 'evil.example' was not approved".
+ * Expiry of the child itself (`is_expired`) is not judged here.
+ */
+std::optional<std::string> check_derivation(const ticket& parent, const ticket& child,
+                                            std::chrono::system_clock::time_point now);
 
 }  // namespace sandbox

@@ -69,9 +69,13 @@ const char* top_usage =
     "  image verify DIGEST|NAME                      re-hash every blob of an image\n"
     "  image rm DIGEST                               remove an image that is not current\n"
     "  doctor                                        which backends work on this host, and why not\n"
+    "  ticket keygen --kid K --out DIR               new Ed25519 key pair DIR/K.pem, DIR/K.pub.pem\n"
+    "  ticket sign --key K.pem [--parent DOC] TICKET.json\n"
+    "                                                print the signed ticket document\n"
+    "  ticket verify --trusted-keys PATH DOC         check a signed ticket; print its ticket\n"
     "  serve (--socket PATH | --stdio) [--config FILE] [--max-running N]\n"
     "      [--max-queued N] [--tenant-max-running N] [--tenant-max-queued N]\n"
-    "      [--queue-deadline-ms N]\n"
+    "      [--queue-deadline-ms N] [--trusted-keys PATH]...\n"
     "                                                a daemon: the JSON protocol, one line per\n"
     "                                                request, host-wide caps (serve --help)\n"
     "\n"
@@ -84,7 +88,8 @@ const char* top_usage =
     "exit status: run: 0 when the result's code is ok, 1 for any other code, 2 for usage\n"
     "errors, 128+N when interrupted by signal N (the run is killed and cleaned up first).\n"
     "Other commands: 0 success, 1 failure, 2 usage. The program's output is escaped when\n"
-    "it goes to a terminal. The CLI trusts its caller: ticket files are the operator's.\n";
+    "it goes to a terminal. The CLI trusts its caller: ticket files are the operator's\n"
+    "(a signed ticket document needs --trusted-keys, and is then verified).\n";
 
 // Reads at most `max_bytes + 1` bytes of `path` ('-' = stdin): enough for the caller to tell
 // "too large" without ever holding more (a request naming /dev/zero must not eat the host).
@@ -141,6 +146,7 @@ constexpr std::size_t max_request_file = 8ULL << 20;  // decode_options' default
 
 struct common {
   std::string state_dir, image_dir, blob_dir, cgroup_parent, tenant, ticket_path, config_path;
+  std::vector<std::string> trusted_keys;  ///< --trusted-keys: verify signed ticket files
   bool verbose = false;
 };
 
@@ -187,12 +193,44 @@ po::variables_map parse(const std::vector<std::string>& args, const po::options_
   return vm;
 }
 
-// A ticket file: decoded by the local issuer (the CLI trusts its caller).
-boost::system::result<sandbox::ticket, sandbox::rejection> load_ticket(const std::string& path) {
-  sandbox::ticket_issuer issuer;
-  auto text = read_file(path, max_ticket_file);
-  if (text.size() > max_ticket_file) throw usage_error(fmt::format("ticket file {} is too large", quote_name(path)));
-  auto r = issuer.decode(text);
+// The verifier of --trusted-keys (empty when none were given).
+sandbox::ticket_verifier trusted_keys_of(const std::vector<std::string>& paths) {
+  sandbox::ticket_verifier v;
+  for (const auto& path : paths) {
+    auto loaded = v.load_keys(std::filesystem::absolute(path));
+    if (!loaded) {
+      throw usage_error(
+          fmt::format("--trusted-keys {}: {}", quote_name(path), loaded.error().message()));
+    }
+  }
+  return v;
+}
+
+// A ticket file. A plain ticket is decoded by the local issuer (the CLI trusts its caller);
+// a signed document is verified against --trusted-keys, which it needs; with --trusted-keys,
+// only signed documents are accepted (as the daemon does).
+boost::system::result<sandbox::ticket, sandbox::rejection> load_ticket(
+    const std::string& path, const std::vector<std::string>& trusted_keys = {}) {
+  auto text = read_file(path, std::max(max_ticket_file, sandbox::max_signed_ticket_bytes));
+  const bool is_signed = sandbox::is_signed_ticket_document(text);
+  if (text.size() > (is_signed ? sandbox::max_signed_ticket_bytes : max_ticket_file)) {
+    throw usage_error(fmt::format("ticket file {} is too large", quote_name(path)));
+  }
+  boost::system::result<sandbox::ticket, sandbox::rejection> r =
+      sandbox::rejection{sandbox::code::internal, "internal error"};
+  if (!trusted_keys.empty()) {
+    if (!is_signed) {
+      r = sandbox::rejection{sandbox::code::action_denied,
+                             "unsigned ticket: --trusted-keys accepts only signed tickets"};
+    } else {
+      r = trusted_keys_of(trusted_keys).verify(text, std::chrono::system_clock::now());
+    }
+  } else if (is_signed) {
+    throw usage_error(fmt::format(
+        "ticket file {} is a signed ticket: give --trusted-keys to verify it", quote_name(path)));
+  } else {
+    r = sandbox::ticket_issuer{}.decode(text);
+  }
   if (!r) {
     auto rej = r.error();
     rej.message = "ticket: " + rej.message;
@@ -206,7 +244,7 @@ std::string tenant_of(const common& c) {
     throw usage_error("give --tenant or --ticket, not both");
   }
   if (!c.ticket_path.empty()) {
-    auto t = load_ticket(c.ticket_path);
+    auto t = load_ticket(c.ticket_path, c.trusted_keys);
     if (!t) throw usage_error(t.error().message);
     return t->tenant();
   }
@@ -238,6 +276,7 @@ int cmd_blob(const std::vector<std::string>& args) {
   d.add_options()("verb", po::value(&verb))("arg", po::value(&arg))(
       "tenant", po::value(&c.tenant), "tenant (default: \"default\")")(
       "ticket", po::value(&c.ticket_path), "take the tenant from this ticket")(
+      "trusted-keys", po::value(&c.trusted_keys), "verify a signed --ticket with these keys")(
       "output,o", po::value(&out), "write to FILE instead of stdout");
   po::positional_options_description pos;
   pos.add("verb", 1).add("arg", 1);
@@ -565,7 +604,10 @@ int cmd_run(const std::vector<std::string>& args) {
   bool json = false, force = false;
   auto d = common_options(c);
   d.add_options()("request", po::value(&request_path), "request JSON file ('-' = stdin)")(
-      "ticket", po::value(&c.ticket_path), "ticket JSON file")(
+      "ticket", po::value(&c.ticket_path), "ticket JSON file (or signed ticket document)")(
+      "trusted-keys", po::value(&c.trusted_keys),
+      "Ed25519 public key file or directory of <kid>.pub.pem: --ticket must be a signed "
+      "ticket that verifies against them (repeatable)")(
       "file", po::value(&files), "input NAME=PATH (repeatable)")(
       "timeout-ms", po::value(&timeout_text), "timeout")(
       "runtime", po::value(&runtime), "runtime name (default: from the extension, else python3)")(
@@ -602,7 +644,7 @@ int cmd_run(const std::vector<std::string>& args) {
     }
   } out_dfd;
   if (!out_dir.empty()) out_dfd.fd = open_out_dir(out_dir);
-  auto ticket = load_ticket(c.ticket_path);
+  auto ticket = load_ticket(c.ticket_path, c.trusted_keys);
   if (!ticket) return print_result(sandbox::rejected_result(ticket.error()), true, nullptr, {});
 
   auto opts = options_from(c);
@@ -664,6 +706,91 @@ int cmd_run(const std::vector<std::string>& args) {
   return rc;
 }
 
+// --- ticket ------------------------------------------------------------------------------
+
+// `ticket keygen --kid K --out DIR`, `ticket sign --key FILE [--kid K] [--parent DOC] T.json`,
+// `ticket verify --trusted-keys PATH... DOC`.
+int cmd_ticket(const std::vector<std::string>& args) {
+  std::string verb, file, kid, out_dir, key_path, parent_path;
+  std::vector<std::string> trusted;
+  po::options_description d("ticket options");
+  d.add_options()("verb", po::value(&verb))("file", po::value(&file))(
+      "kid", po::value(&kid), "key id (keygen: required; sign: default from the key file)")(
+      "out", po::value(&out_dir), "keygen: directory for <kid>.pem and <kid>.pub.pem")(
+      "key", po::value(&key_path), "sign: the private key file (<kid>.pem)")(
+      "parent", po::value(&parent_path), "sign: the parent's signed document (derived ticket)")(
+      "trusted-keys", po::value(&trusted), "verify: public key file or directory (repeatable)");
+  po::positional_options_description pos;
+  pos.add("verb", 1).add("file", 1);
+  parse(args, d, pos);
+  if (verb == "keygen") {
+    if (kid.empty() || out_dir.empty()) throw usage_error("ticket keygen: --kid and --out needed");
+    if (!sandbox::is_valid_key_id(kid)) {
+      throw usage_error(fmt::format("ticket keygen: invalid key id {} (1-64 of [A-Za-z0-9._-])",
+                                    quote_name(kid)));
+    }
+    auto r = sandbox::write_ed25519_key_files(std::filesystem::absolute(out_dir), kid);
+    if (!r) {
+      std::cerr << fmt::format("sandboxctl: ticket keygen: {}: {}\n", quote_name(out_dir),
+                               r.error().message());
+      return exit_fail;
+    }
+    std::cout << (std::filesystem::path(out_dir) / (kid + ".pem")).string() << "\n"
+              << (std::filesystem::path(out_dir) / (kid + ".pub.pem")).string() << "\n";
+    return exit_ok;
+  }
+  if (verb == "sign") {
+    if (key_path.empty() || file.empty()) throw usage_error("ticket sign: --key FILE and TICKET.json needed");
+    auto signer = sandbox::ticket_signer::load(std::filesystem::absolute(key_path), kid);
+    if (!signer) {
+      std::cerr << fmt::format("sandboxctl: ticket sign: --key {}: {}\n", quote_name(key_path),
+                               signer.error().message());
+      return exit_fail;
+    }
+    auto text = read_file(file, max_ticket_file);
+    if (text.size() > max_ticket_file) throw usage_error(fmt::format("ticket file {} is too large", quote_name(file)));
+    auto t = sandbox::ticket_issuer{}.decode(text);
+    if (!t) {
+      std::cerr << "sandboxctl: ticket sign: ticket: " << t.error().message << "\n";
+      return exit_fail;
+    }
+    sandbox::result<std::string> doc = sandbox::make_error_code(sandbox::errc::invalid_argument);
+    if (t->is_derived()) {
+      if (parent_path.empty()) {
+        throw usage_error("ticket sign: a derived ticket needs --parent (its parent's signed document)");
+      }
+      auto parent = read_file(parent_path, sandbox::max_signed_ticket_bytes);
+      doc = signer->sign(*t, parent);
+    } else {
+      if (!parent_path.empty()) throw usage_error("ticket sign: --parent is for derived tickets only");
+      doc = signer->sign(*t);
+    }
+    if (!doc) {
+      std::cerr << "sandboxctl: ticket sign: " << doc.error().message()
+                << (t->is_derived() ? " (is --parent the signed parent of this ticket?)" : "")
+                << "\n";
+      return exit_fail;
+    }
+    std::cout << *doc << "\n";
+    return exit_ok;
+  }
+  if (verb == "verify") {
+    if (trusted.empty() || file.empty()) {
+      throw usage_error("ticket verify: --trusted-keys PATH and a signed ticket document needed");
+    }
+    auto keys = trusted_keys_of(trusted);
+    auto text = read_file(file, sandbox::max_signed_ticket_bytes);
+    auto t = keys.verify(text, std::chrono::system_clock::now());
+    if (!t) {
+      std::cerr << "sandboxctl: ticket verify: " << t.error().message << "\n";
+      return exit_fail;
+    }
+    std::cout << sandbox::encode(*t) << "\n";
+    return exit_ok;
+  }
+  throw usage_error("ticket: expected keygen, sign or verify");
+}
+
 // Host tuning the operator may want (never applied by us: it is a host-wide kernel setting).
 // Moving a process between cgroups takes a global lock whose write side waits for an RCU
 // grace period unless some cgroup hierarchy is mounted with `favordynmods` (Linux ≥ 6.1;
@@ -719,6 +846,7 @@ int main(int argc, char** argv) {
     if (cmd == "blob") return cmd_blob(args);
     if (cmd == "image") return cmd_image(args);
     if (cmd == "doctor") return cmd_doctor(args);
+    if (cmd == "ticket") return cmd_ticket(args);
     if (cmd == "serve") return sandboxctl::cmd_serve(args);
     throw usage_error(fmt::format("unknown command {}", quote_name(cmd)));
   } catch (const usage_error& e) {

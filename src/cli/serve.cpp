@@ -386,6 +386,7 @@ class service {
   sandbox::runtime& rt() { return rt_; }
   asio::thread_pool& pool() { return pool_; }
   const service_limits& limits() const { return options_.limits; }
+  const sandbox::ticket_verifier& trusted_keys() const { return options_.trusted_keys; }
   sandbox::log_sink& log() { return log_; }
 
  private:
@@ -756,10 +757,22 @@ void connection::handle_line(std::string_view line) {
 }
 
 void connection::start_run(std::string id, const json& doc) {
-  // The ticket is trusted as `sandboxctl run` trusts ticket files: the socket's
-  // permissions decide who may send one.
-  sandbox::ticket_issuer issuer;
-  auto ticket = issuer.decode(dump(doc["ticket"]));
+  // Without trusted keys, the ticket is trusted as `sandboxctl run` trusts ticket files: the
+  // socket's permissions decide who may send one. With them, only a signed document whose
+  // whole chain verifies is a ticket.
+  const json& ticket_doc = doc["ticket"];
+  boost::system::result<sandbox::ticket, sandbox::rejection> ticket =
+      sandbox::rejection{sandbox::code::internal, "internal error"};
+  if (const auto& keys = svc_.trusted_keys(); !keys.empty()) {
+    if (!ticket_doc.is_object() || sandbox::detail::find_member(ticket_doc, "sig") == nullptr) {
+      ticket = sandbox::rejection{sandbox::code::action_denied,
+                                  "unsigned ticket: this daemon accepts only signed tickets"};
+    } else {
+      ticket = keys.verify(dump(ticket_doc), std::chrono::system_clock::now());
+    }
+  } else {
+    ticket = sandbox::ticket_issuer{}.decode(dump(ticket_doc));
+  }
   if (!ticket) {
     auto rej = ticket.error();
     rej.message = "ticket: " + rej.message;
@@ -1350,6 +1363,7 @@ namespace {
 
 int cmd_serve(const std::vector<std::string>& args) {
   std::string socket, state_dir, image_dir, blob_dir, cgroup_parent, config_path;
+  std::vector<std::string> trusted_keys;
   bool stdio = false, verbose = false, help = false;
   // Numbers are read as text and checked strictly below: "-1" must not wrap to 2^32-1.
   std::string max_running, max_queued, tenant_max_running, tenant_max_queued, queue_deadline_ms;
@@ -1368,6 +1382,9 @@ int cmd_serve(const std::vector<std::string>& args) {
       "tenant-max-running", po::value(&tenant_max_running), "runs of one tenant at once")(
       "tenant-max-queued", po::value(&tenant_max_queued), "queued runs of one tenant")(
       "queue-deadline-ms", po::value(&queue_deadline_ms), "longest wait for a slot")(
+      "trusted-keys", po::value(&trusted_keys),
+      "accept only tickets signed by these Ed25519 public keys: a <kid>.pub.pem file, or a "
+      "directory of them (repeatable)")(
       "verbose,v", po::bool_switch(&verbose), "host log lines on stderr")(
       "help,h", po::bool_switch(&help), "this text");
   po::variables_map vm;
@@ -1381,8 +1398,9 @@ int cmd_serve(const std::vector<std::string>& args) {
   if (help) {
     std::cout << "usage: sandboxctl serve (--socket PATH | --stdio) [options]\n\n"
                  "Serves the JSON protocol, one request per line (docs/protocol.md,\n"
-                 "\"Service mode\"). Clients' tickets are trusted: the socket's permissions\n"
-                 "(0660) are the access control. SIGINT/SIGTERM: cancel every run, remove\n"
+                 "\"Service mode\"). Without --trusted-keys, clients' tickets are trusted: the\n"
+                 "socket's permissions (0660) are the access control; with it, only signed\n"
+                 "tickets that verify are accepted. SIGINT/SIGTERM: cancel every run, remove\n"
                  "the socket, exit 0.\n\n"
               << d;
     return exit_ok;
@@ -1441,6 +1459,14 @@ int cmd_serve(const std::vector<std::string>& args) {
     if (auto why = read_config(config_path, text); !why.empty()) return bad_config(why);
     if (auto applied = sandbox::apply_config(text, o.runtime); !applied) {
       return bad_config(applied.error().message);
+    }
+  }
+  for (const auto& path : trusted_keys) {
+    auto loaded = o.trusted_keys.load_keys(std::filesystem::absolute(path));
+    if (!loaded) {
+      std::cerr << "sandboxctl: serve: --trusted-keys " << quote_name(path) << ": "
+                << loaded.error().message() << "\n";
+      return exit_usage;
     }
   }
   auto& s = o.runtime.scheduler;

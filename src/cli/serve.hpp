@@ -3,9 +3,11 @@
 // stdin/stdout) with the protocol's JSON documents, one line per request and one line per
 // answer (docs/protocol.md, "Service mode").
 //
-// The daemon trusts the tickets its clients send, exactly as `sandboxctl run` trusts ticket
-// files: whoever can connect to the socket decides what runs, so the socket's permissions
-// (0660: the daemon's user and group) are the access control.
+// Without trusted keys, the daemon trusts the tickets its clients send, exactly as
+// `sandboxctl run` trusts ticket files: whoever can connect to the socket decides what runs,
+// so the socket's permissions (0660: the daemon's user and group) are the access control.
+// With trusted keys (`--trusted-keys`), it accepts only signed ticket documents whose chain
+// verifies against them (sandbox/signed_ticket.hpp); an unsigned ticket is `action_denied`.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "sandbox/runtime.hpp"
+#include "sandbox/signed_ticket.hpp"
 
 namespace sandboxctl {
 
@@ -53,6 +56,11 @@ struct serve_options {
   sandbox::runtime_options runtime;  ///< stores, scheduler caps, policy, log sink
   service_limits limits;
   unsigned threads = 2;  ///< threads running the daemon's io_context (≥ 1)
+  /// Trusted ticket-signing public keys. Empty (the default): tickets are trusted as sent.
+  /// Non-empty: every run's ticket must be a signed document that verifies against them
+  /// (`ticket_verifier::verify`, at the moment the line is read); anything else, an unsigned
+  /// ticket included, is answered with an `action_denied` result.
+  sandbox::ticket_verifier trusted_keys;
 };
 
 /**

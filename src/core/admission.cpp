@@ -11,9 +11,11 @@
 #include <map>
 #include <optional>
 
-#include "core/json_strict.hpp"
 #include "core/env_rules.hpp"
+#include "core/json_strict.hpp"
 #include "core/text_util.hpp"
+#include "core/ticket_json.hpp"
+#include "sandbox/egress.hpp"
 
 namespace sandbox {
 namespace {
@@ -76,11 +78,38 @@ std::optional<rejection> check_env(const run_request& r, const policy& p) {
   return std::nullopt;
 }
 
-/// Step 1: request syntax and ranges.
-std::optional<rejection> check_request(const run_request& r, const policy& p) {
+/// `network` and `egress` agree; every entry is a pattern; canonicalized into `out` (order
+/// kept, duplicates dropped), at most `max_egress_patterns`.
+std::optional<rejection> check_egress(const run_request& r, std::vector<std::string>& out) {
+  if (!r.network) {
+    if (!r.egress.empty()) return invalid("egress: only a request with network may list domains");
+    return std::nullopt;
+  }
+  if (r.egress.empty()) return invalid("egress: a request with network must list its domains");
+  for (std::size_t i = 0; i < r.egress.size(); ++i) {
+    auto c = canonical_egress_pattern(r.egress[i]);
+    if (!c) {
+      return invalid("egress[" + std::to_string(i) +
+                     "]: not a host name or '*.' wildcard pattern: " +
+                     quote_for_message(r.egress[i]));
+    }
+    if (std::find(out.begin(), out.end(), *c) == out.end()) out.push_back(std::move(*c));
+  }
+  if (out.size() > max_egress_patterns) {
+    return invalid("egress: " + std::to_string(out.size()) +
+                   " distinct patterns, more than the limit of " +
+                   std::to_string(max_egress_patterns));
+  }
+  return std::nullopt;
+}
+
+/// Step 1: request syntax and ranges. `egress` receives the canonical egress list.
+std::optional<rejection> check_request(const run_request& r, const policy& p,
+                                       std::vector<std::string>& egress) {
   if (r.v != protocol_version) return invalid(detail::unsupported_version_message(r.v));
   if (r.runtime.empty()) return invalid("runtime: must not be empty");
   if (r.timeout.count() <= 0) return invalid("timeout_ms: must be greater than 0");
+  if (auto rej = check_egress(r, egress)) return rej;
   if (r.memory_limit_bytes < p.min_memory_bytes) {
     return invalid("memory_limit_bytes: below the minimum of " +
                    std::to_string(p.min_memory_bytes));
@@ -94,12 +123,15 @@ std::optional<rejection> check_request(const run_request& r, const policy& p) {
   return std::nullopt;
 }
 
-}  // namespace
-
-std::variant<admitted, rejection> admit(const run_request& request, const ticket& ticket,
-                                        const policy& policy, const host_catalog& catalog) {
+/// `admit`, or (with `pending_approval`) the same checks for a network request whose
+/// ticket lacks `code.network`, as if the approval had granted exactly its domains.
+std::variant<admitted, rejection> admit_impl(const run_request& request, const ticket& ticket,
+                                             const policy& policy, const host_catalog& catalog,
+                                             std::chrono::system_clock::time_point now,
+                                             bool pending_approval) {
   // 1. Syntax and ranges of the request itself.
-  if (auto rej = check_request(request, policy)) return *rej;
+  std::vector<std::string> egress;
+  if (auto rej = check_request(request, policy, egress)) return *rej;
 
   // 2. Source size: rejected, never truncated.
   if (request.source.size() > policy.max_source_bytes) {
@@ -108,12 +140,28 @@ std::variant<admitted, rejection> admit(const run_request& request, const ticket
                          " bytes, over the limit of " + std::to_string(policy.max_source_bytes)};
   }
 
-  // 3. The ticket's grants.
+  // 3. The ticket's grants: unexpired, code.execute, code.network for the request's domains
+  //    (or, pending approval, none yet), and for a ticket derived from an approval, exactly
+  //    the approved run.
+  if (ticket.is_expired(now)) return rejection{code::action_denied, "ticket expired"};
   if (!ticket.allows(action::code_execute)) {
     return rejection{code::action_denied, "ticket does not grant code.execute"};
   }
-  if (request.network && !ticket.allows(action::code_network)) {
-    return rejection{code::action_denied, "network: ticket does not grant code.network"};
+  if (request.network && !pending_approval) {
+    if (!ticket.allows(action::code_network)) {
+      return rejection{code::action_denied, "network: ticket does not grant code.network"};
+    }
+    for (const auto& p : egress) {
+      if (!egress_subset(std::span(&p, 1), ticket.egress())) {
+        return rejection{code::action_denied,
+                         "egress: " + quote_for_message(p) + " is not allowed by the ticket"};
+      }
+    }
+  }
+  if (const auto& approval = ticket.approval()) {
+    if (auto why = detail::approval_mismatch(request, *approval)) {
+      return rejection{code::action_denied, *why};
+    }
   }
   // A ticket whose ceilings leave less than the policy's minimum grants nothing usable.
   if (std::min(ticket.max_memory_bytes(), policy.max_memory_bytes) < policy.min_memory_bytes) {
@@ -175,6 +223,7 @@ std::variant<admitted, rejection> admit(const run_request& request, const ticket
              .isolation = *level,
              .runtime = runtime_info{request.runtime, *rt->second}};
   a.request.v = protocol_version;
+  a.request.egress = std::move(egress);
   const auto max_timeout = std::min(ticket.max_timeout(), policy.max_timeout);
   if (a.request.timeout > max_timeout) {
     a.request.timeout = max_timeout;
@@ -194,6 +243,30 @@ std::variant<admitted, rejection> admit(const run_request& request, const ticket
     a.files_out_clamped = true;
   }
   return a;
+}
+
+}  // namespace
+
+std::variant<admitted, rejection> admit(const run_request& request, const ticket& ticket,
+                                        const policy& policy, const host_catalog& catalog,
+                                        std::chrono::system_clock::time_point now) {
+  return admit_impl(request, ticket, policy, catalog, now, false);
+}
+
+std::variant<admitted, rejection> admit(const run_request& request, const ticket& ticket,
+                                        const policy& policy, const host_catalog& catalog) {
+  return admit_impl(request, ticket, policy, catalog, std::chrono::system_clock::now(), false);
+}
+
+std::variant<admitted, rejection> admit_pending_approval(const run_request& request,
+                                                         const ticket& ticket,
+                                                         const policy& policy,
+                                                         const host_catalog& catalog,
+                                                         std::chrono::system_clock::time_point now) {
+  if (!request.network || ticket.allows(action::code_network)) {
+    return admit_impl(request, ticket, policy, catalog, now, false);
+  }
+  return admit_impl(request, ticket, policy, catalog, now, true);
 }
 
 run_result rejected_result(const rejection& r, std::string run_id) {

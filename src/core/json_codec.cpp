@@ -9,6 +9,7 @@
 
 #include "core/json_strict.hpp"
 #include "core/text_util.hpp"
+#include "core/ticket_json.hpp"
 #include "sandbox/json.hpp"
 
 namespace sandbox {
@@ -178,7 +179,7 @@ run_result decode_result_body(const json& doc) {
               "files_dropped", "usage", "oom_kills", "timeout_clamped", "memory_clamped",
               "timeout_ms", "memory_limit_bytes", "isolation", "runtime", "egress_attempts",
               "egress_attempts_dropped", "violation", "run_id", "queue", "queue_wait_ms",
-              "backend"});
+              "backend", "approval"});
   run_result r;
   {
     const std::string name = as_string(require_member(o, "", "code"), "code");
@@ -327,6 +328,13 @@ run_result decode_result_body(const json& doc) {
     r.backend = as_string(v, p);
     if (r.backend.size() > 128) fail(p, "longer than 128 bytes");
   });
+  optional_member(o, "", "approval", [&](const json& v, const std::string& p) {
+    if (v.is_null()) {
+      r.approval.reset();
+    } else {
+      r.approval = detail::approval_from_json(v, p);
+    }
+  });
   return r;
 }
 
@@ -445,6 +453,26 @@ std::string encode(const run_result& r) {
   }
   j["queue_wait_ms"] = r.queue_wait.count();
   j["backend"] = r.backend;
+  j["approval"] = r.approval ? detail::approval_to_json(*r.approval) : ordered_json(nullptr);
+  return detail::dump_compact(j);
+}
+
+boost::system::result<approval_request, rejection> decode_approval_request(
+    std::string_view json_text, const decode_options& options) {
+  return decode_with<approval_request>(json_text, options, [](const json& doc) {
+    detail::check_version(as_object(doc, ""));
+    // "v" is accepted at the top level of a standalone document, like every document's.
+    json body = doc;
+    body.erase("v");
+    return detail::approval_from_json(body, "");
+  });
+}
+
+std::string encode(const approval_request& a) {
+  ordered_json j;
+  j["v"] = protocol_version;
+  const ordered_json body = detail::approval_to_json(a);
+  for (const auto& [key, value] : body.items()) j[key] = value;
   return detail::dump_compact(j);
 }
 

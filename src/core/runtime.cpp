@@ -29,6 +29,7 @@
 #include <variant>
 
 #include "core/runtime_impl.hpp"
+#include "core/sha256.hpp"
 #include "sandbox/admission.hpp"
 
 #ifdef SANDBOX_HAS_PROCESS_BACKEND
@@ -259,6 +260,7 @@ error_code runtime_impl::init(runtime_options o) noexcept {
   try {
     policy_ = o.policy;
     spans_ = o.spans;
+    approver_ = o.approver;
     scheduler_ = scheduler::create(executor_, o.scheduler);
     if (o.state_dir.empty()) o.state_dir = default_state_dir();
     if (auto ec = open_stores(o)) return ec;
@@ -699,6 +701,9 @@ std::optional<run_op::completion> run_op::take_locked() {
   std::optional<completion> c;
   c.emplace(completion{std::move(*handler_), std::move(handler_ex_), std::move(handler_work_)});
   handler_.reset();
+  // A run waiting for its approver kept itself alive; every caller here holds a reference of
+  // its own, so this never destroys the run under its lock.
+  awaiting_self_.reset();
   return c;
 }
 
@@ -739,8 +744,13 @@ void run_op::start_impl() {
     std::lock_guard lk(mu_);
     if (done_) return;  // cancelled before it started
   }
-  // 1. Admission: request × ticket × policy × what this host has.
-  auto verdict = admit(request_, ticket_, rt_->policy(), rt_->catalog());
+  // 1. Admission: request × ticket × policy × what this host has, now. A network request
+  //    whose ticket lacks code.network goes to the approver, if the host installed one,
+  //    once everything else admits.
+  const auto now = std::chrono::system_clock::now();
+  const bool ask = request_.network && !ticket_.allows(action::code_network) && rt_->approver();
+  auto verdict = ask ? admit_pending_approval(request_, ticket_, rt_->policy(), rt_->catalog(), now)
+                     : admit(request_, ticket_, rt_->policy(), rt_->catalog(), now);
   if (auto* rej = std::get_if<rejection>(&verdict)) {
     finish({}, rejected_result(*rej, run_id_), false);
     return;
@@ -756,23 +766,38 @@ void run_op::start_impl() {
     known_.memory_clamped = adm.memory_clamped;
   }
 
-  // 2. Inputs: every blob must exist for this tenant. Another tenant's blob answers exactly
-  //    like a missing one (the store says not_found for both; so do we).
-  //    Their total (each name counts, even when two name the same blob) is capped: inputs are
-  //    staged on the host's disk for the run.
+  // 2. Inputs (before asking anyone: a question about a run that cannot start is wasted).
+  std::vector<std::uint64_t> sizes;
+  if (!check_inputs(adm, sizes)) return;
+
+  // 2a. The approval. The run does not start before the answer.
+  if (ask) {
+    ask_approval(adm, sizes);
+    return;
+  }
+  proceed(std::move(adm));
+}
+
+bool run_op::check_inputs(const admitted& adm, std::vector<std::uint64_t>& sizes) {
+  // Every blob must exist for this tenant. Another tenant's blob answers exactly like a
+  // missing one (the store says not_found for both; so do we). Their total (each name
+  // counts, even when two name the same blob) is capped: inputs are staged on the host's
+  // disk for the run.
   const auto& store = rt_->blob_store_ref();
   std::uint64_t total_input = 0;
+  sizes.clear();
   for (std::size_t i = 0; i < adm.request.files_in.size(); ++i) {
     const auto& f = adm.request.files_in[i];
     auto size = store->size(adm.tenant, f.blob);
     if (size) {
+      sizes.push_back(*size);
       total_input += *size;
       if (total_input > rt_->policy().max_input_bytes) {
         rejection rej{.code = code::invalid_request,
                       .message = "files_in: inputs total more than " +
                                  std::to_string(rt_->policy().max_input_bytes) + " bytes"};
         finish({}, rejected_result(rej, run_id_), false);
-        return;
+        return false;
       }
       continue;
     }
@@ -780,15 +805,19 @@ void run_op::start_impl() {
       rt_->log(log_level::error, "run " + run_id_ + ": blob store failed on files_in[" +
                                      std::to_string(i) + "]: " + size.error().message());
       finish({}, internal_result("the blob store failed", run_id_), false);
-      return;
+      return false;
     }
     rejection rej{.code = code::blob_not_found,
                   .message = "files_in[" + std::to_string(i) + "].blob: blob not found"};
     finish({}, rejected_result(rej, run_id_), false);
-    return;
+    return false;
   }
+  return true;
+}
 
+void run_op::proceed(admitted adm) {
   // 3. The backend registered at the level admission chose (never a weaker one).
+  const auto& store = rt_->blob_store_ref();
   auto b = rt_->backend_at(adm.isolation);
   const runtime_spec* spec = rt_->spec(adm.runtime.name);
   if (!b || spec == nullptr) {
@@ -837,6 +866,174 @@ void run_op::start_impl() {
     lk2.unlock();
     self->launch(std::move(pending->first), std::move(pending->second));
   });
+}
+
+// --- approval ---------------------------------------------------------------------------
+
+run_op::approval_wait::~approval_wait() {
+  // The approver dropped its handler without answering: the run ends as if deferred (the
+  // host still gets the approval request and can ask again).
+  if (answered.load()) return;
+  if (auto o = op.lock()) {
+    o->post_approval({}, approval_decision::defer("the approver gave no answer"));
+  }
+}
+
+void run_op::ask_approval(const admitted& adm, const std::vector<std::uint64_t>& sizes) {
+  // What the human is asked: the run exactly as admission would let it start once approved.
+  approval_request q;
+  q.ticket_id = ticket_.id();
+  q.tenant = ticket_.tenant();
+  q.domains = adm.request.egress;
+  q.timeout = adm.request.timeout;
+  q.memory_limit_bytes = adm.request.memory_limit_bytes;
+  for (std::size_t i = 0; i < adm.request.files_in.size(); ++i) {
+    const auto& f = adm.request.files_in[i];
+    // Blob ids are `sha256:` and the hex SHA-256 of the content (blob_store.hpp), so the
+    // id's hex is the file's hash.
+    q.files_in.push_back(approval_file{.name = f.name,
+                                       .sha256 = f.blob.substr(std::string_view("sha256:").size()),
+                                       .bytes = i < sizes.size() ? sizes[i] : 0});
+  }
+  q.source_sha256 = sha256_hex(adm.request.source);
+  q.source_bytes = adm.request.source.size();
+  q.isolation = adm.isolation;
+  q.runtime = adm.runtime;
+  if (q.source_sha256.empty()) {
+    finish({}, internal_result("internal error", run_id_), false);
+    return;
+  }
+
+  auto wait = std::make_shared<approval_wait>();
+  wait->op = weak_from_this();
+  {
+    std::lock_guard lk(mu_);
+    if (done_) return;
+    approval_ = q;
+    approval_wait_ = wait;
+    awaiting_self_ = shared_from_this();
+  }
+  // The handler holds `wait` (and so the signal its slot is bound to) and reaches the run
+  // only weakly; it has no associated executor: whatever thread runs it, post_approval
+  // re-posts to the runtime's executor.
+  auto& slot_signal = wait->signal;
+  auto handler = asio::bind_cancellation_slot(
+      slot_signal.slot(), [wait = std::move(wait)](error_code ec, approval_decision d) mutable {
+        if (wait->answered.exchange(true)) return;
+        if (auto o = wait->op.lock()) o->post_approval(ec, std::move(d));
+      });
+  try {
+    rt_->approver()->async_approve(std::move(q), std::move(handler));
+  } catch (const std::exception& e) {
+    rt_->log(log_level::error, "run " + run_id_ + ": the approver threw: " + e.what());
+    post_approval(asio::error::fault, approval_decision::defer());
+  }
+}
+
+void run_op::post_approval(error_code ec, approval_decision d) noexcept {
+  if (!rt_->executor_alive()) return;
+  try {
+    asio::post(rt_->executor(), [self = shared_from_this(), ec, d = std::move(d)]() mutable {
+      self->on_approval(ec, std::move(d));
+    });
+  } catch (...) {
+    rt_->log(log_level::error, "run " + run_id_ + ": approval answer lost (allocation failed)");
+  }
+}
+
+void run_op::on_approval(error_code ec, approval_decision d) noexcept {
+  try {
+    on_approval_impl(ec, std::move(d));
+  } catch (const std::exception& e) {
+    rt_->log(log_level::error, "run " + run_id_ + ": " + e.what());
+    finish({}, internal_result("internal error", run_id_), false);
+  } catch (...) {
+    finish({}, internal_result("internal error", run_id_), false);
+  }
+}
+
+void run_op::on_approval_impl(error_code ec, approval_decision d) {
+  std::shared_ptr<run_op> keep;  // the run's own reference while it waited
+  approval_request q;
+  {
+    std::lock_guard lk(mu_);
+    if (done_ || !approval_ || !awaiting_self_) return;  // cancelled, aborted, or answered
+    keep = std::move(awaiting_self_);
+    approval_wait_.reset();
+    q = *approval_;
+  }
+  // Host text goes into a result: escaped and capped.
+  auto reason = [&](const std::string& prefix) {
+    return d.reason.empty() ? prefix : prefix + ": " + display_capped(d.reason, 200);
+  };
+  auto end_with_request = [&](code c, std::string message) {
+    run_result r = rejected_result(rejection{c, std::move(message)}, run_id_);
+    r.approval = q;
+    finish({}, std::move(r), false);
+  };
+  if (ec) {
+    rt_->log(log_level::warning, "run " + run_id_ + ": the approver failed: " + ec.message());
+    end_with_request(code::approval_required,
+                     "network needs approval: the approver failed; ask again and resume with "
+                     "a derived ticket");
+    return;
+  }
+  switch (d.verdict) {
+    case approval_verdict::deny:
+      finish({}, rejected_result(rejection{code::approval_denied, reason("approval denied")},
+                                 run_id_),
+             false);
+      return;
+    case approval_verdict::defer:
+      end_with_request(code::approval_required, reason("network needs approval"));
+      return;
+    case approval_verdict::approve:
+      break;
+  }
+  // Approved: the derived ticket is checked, never trusted.
+  if (!d.derived) {
+    finish({}, rejected_result(rejection{code::action_denied,
+                                         "approval: approved without a derived ticket"},
+                               run_id_),
+           false);
+    return;
+  }
+  const auto now = std::chrono::system_clock::now();
+  if (auto why = check_derived_ticket(ticket_, q, *d.derived, now)) {
+    rt_->log(log_level::warning, "run " + run_id_ + ": derived ticket refused: " + *why);
+    finish({}, rejected_result(rejection{code::action_denied,
+                                         "approval: derived ticket refused: " + *why},
+                               run_id_),
+           false);
+    return;
+  }
+  {
+    // The run proceeds under the derived ticket, reaching only the approved domains (a
+    // subset of the requested ones).
+    std::lock_guard lk(mu_);
+    if (done_) return;
+    ticket_ = *d.derived;
+    request_.egress = d.derived->egress();
+  }
+  auto verdict = admit(request_, ticket_, rt_->policy(), rt_->catalog(), now);
+  if (auto* rej = std::get_if<rejection>(&verdict)) {
+    finish({}, rejected_result(*rej, run_id_), false);
+    return;
+  }
+  admitted& adm = std::get<admitted>(verdict);
+  {
+    std::lock_guard lk(mu_);
+    known_.isolation = adm.isolation;
+    known_.runtime = adm.runtime;
+    known_.timeout = adm.request.timeout;
+    known_.memory_limit_bytes = adm.request.memory_limit_bytes;
+    known_.timeout_clamped = adm.timeout_clamped;
+    known_.memory_clamped = adm.memory_clamped;
+  }
+  // The inputs again: they may have been deleted while the human thought.
+  std::vector<std::uint64_t> sizes;
+  if (!check_inputs(adm, sizes)) return;
+  proceed(std::move(adm));
 }
 
 void run_op::launch(std::shared_ptr<backend> b, run_job job) {
@@ -925,6 +1122,7 @@ void run_op::abort_locked(std::unique_lock<std::recursive_mutex>& lk,
   std::optional<completion> c;
   run_result r;
   bool started = false;
+  std::shared_ptr<approval_wait> asking = approval_wait_.lock();
   try {
     r = aborted_result(message);
     started = backend_started_;
@@ -934,6 +1132,16 @@ void run_op::abort_locked(std::unique_lock<std::recursive_mutex>& lk,
   }
   lk.unlock();
   if (!c) return;
+  if (asking && rt_->executor_alive()) {
+    // The approver still holds its question: tell it (on the runtime's executor, where its
+    // slot handler may run) that nobody waits for the answer any more.
+    try {
+      asio::post(rt_->executor(), [asking = std::move(asking)] {
+        asking->signal.emit(asio::cancellation_type::terminal);
+      });
+    } catch (...) {
+    }
+  }
   if (started && rt_->executor_alive()) {
     // A backend whose shutdown() does not kill its runs (the fake) still learns of the end
     // through its cancellation slot, so that it stops holding work on the executor.

@@ -86,6 +86,8 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   std::filesystem::path rootfs_of(std::string_view name) const;
   const std::shared_ptr<blob_store>& blob_store_ref() const noexcept { return blobs_; }
   const std::shared_ptr<scheduler>& sched() const noexcept { return scheduler_; }
+  /// The host's approver (null: none). Immutable after init().
+  const std::shared_ptr<sandbox::approver>& approver() const noexcept { return approver_; }
 
  private:
   boost::system::error_code open_stores(runtime_options& o);
@@ -112,6 +114,7 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   std::shared_ptr<image_store> images_;
   std::shared_ptr<span_sink> spans_;
   std::shared_ptr<scheduler> scheduler_;
+  std::shared_ptr<sandbox::approver> approver_;
   log_sink log_;
 
   mutable std::mutex mu_;  // guards everything below
@@ -164,7 +167,36 @@ class run_op : public std::enable_shared_from_this<run_op> {
   run_result aborted_result(std::string_view message) const;
   void fill_known(run_result& r) const;
   void start_impl();
+  /// Step 2: every input blob exists for the tenant (their sizes into `sizes`), else the run
+  /// is finished and false returned.
+  bool check_inputs(const admitted& adm, std::vector<std::uint64_t>& sizes);
+  /// Steps 3-4: the backend at the admitted level, then a scheduler slot, then `launch`.
+  void proceed(admitted adm);
+  /// Asks the approver about `adm` (a network run whose ticket lacks code.network).
+  void ask_approval(const admitted& adm, const std::vector<std::uint64_t>& sizes);
+  /// The approver answered (any thread): re-posted to the runtime's executor.
+  void post_approval(boost::system::error_code ec, approval_decision d) noexcept;
+  /// The approver's answer, on the runtime's executor.
+  void on_approval(boost::system::error_code ec, approval_decision d) noexcept;
+  void on_approval_impl(boost::system::error_code ec, approval_decision d);
   void launch(std::shared_ptr<backend> b, run_job job);
+
+ public:
+  /// Owned by the approver's handler (and only by it): the cancellation signal its slot is
+  /// bound to (so the signal outlives the handler) and the run, weakly (an approver that
+  /// keeps the handler never keeps the run or the runtime alive). Destroyed unanswered (the
+  /// approver dropped the handler): the run ends as if deferred.
+  struct approval_wait {
+    boost::asio::cancellation_signal signal;
+    std::weak_ptr<run_op> op;
+    std::atomic<bool> answered{false};
+    approval_wait() = default;
+    approval_wait(const approval_wait&) = delete;
+    approval_wait& operator=(const approval_wait&) = delete;
+    ~approval_wait();
+  };
+
+ private:
 
   std::shared_ptr<runtime_impl> rt_;
   run_request request_;
@@ -183,6 +215,12 @@ class run_op : public std::enable_shared_from_this<run_op> {
   std::shared_ptr<scheduler::slot> slot_;        ///< held from dispatch until the backend ends
   boost::asio::cancellation_signal backend_cancel_;
   run_result known_;
+  std::optional<approval_request> approval_;     ///< the question asked, once asked
+  std::weak_ptr<approval_wait> approval_wait_;   ///< while the approver holds its handler
+  /// Keeps the run alive while only the approver's (weak) handler refers to it; released
+  /// when the run completes or the answer arrives. The runtime's shutdown aborts the run, which
+  /// breaks this cycle.
+  std::shared_ptr<run_op> awaiting_self_;
 };
 
 /// 16 random lowercase hex characters (getrandom).

@@ -509,8 +509,10 @@ std::string fake_digest(std::string_view runtime_name) {
   return blob_id_of("agent-sandbox fake runtime image: " + std::string(runtime_name));
 }
 
-result<runtime> make_runtime(std::shared_ptr<fake_backend> fake, sandbox::policy policy) {
+result<runtime> make_runtime(std::shared_ptr<fake_backend> fake, sandbox::policy policy,
+                             std::shared_ptr<sandbox::approver> approver) {
   runtime_options o;
+  o.approver = std::move(approver);
   o.blobs = make_memory_blob_store();
   o.policy = std::move(policy);
   o.runtimes = default_runtimes();

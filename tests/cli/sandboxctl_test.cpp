@@ -141,8 +141,13 @@ TEST_CASE("run: an unknown field is invalid_request naming it", "[input]") {
 }
 
 TEST_CASE("run: network true without code.network is action_denied", "[input]") {
-  auto o = run_request("net.json", R"j({"runtime":"python3","source":"print(1)","network":true})j");
+  auto o = run_request(
+      "net.json",
+      R"j({"runtime":"python3","source":"print(1)","network":true,"egress":["api.example.com"]})j");
   refused(o, "action_denied", "code.network");
+  o = run_request("net-no-egress.json",
+                  R"j({"runtime":"python3","source":"print(1)","network":true})j");
+  refused(o, "invalid_request", "egress: a request with network must list its domains");
 }
 
 TEST_CASE("run: a malformed ticket file is refused as invalid_request", "[input]") {
@@ -640,4 +645,161 @@ TEST_CASE("names in the CLI's messages are escaped: no raw bidi or control chara
   CHECK(o.status == 1);
   CHECK(contains(o.err, "\\u202esock' exists and is not a socket"));
   CHECK_FALSE(contains(o.err, rlo));
+}
+
+// --- ticket keygen / sign / verify, signed tickets in run and serve ----------------------
+
+namespace {
+
+/// A fresh key directory under scratch with keys `kids` (made by `ticket keygen`).
+std::filesystem::path key_dir(const std::string& name, const std::vector<std::string>& kids) {
+  auto dir = clitest::scratch() / name;
+  std::filesystem::create_directories(dir);
+  for (const auto& kid : kids) {
+    auto o = sandboxctl({"ticket", "keygen", "--kid", kid, "--out", dir.string()});
+    INFO(o.err);
+    REQUIRE(o.status == 0);
+  }
+  return dir;
+}
+
+/// `ticket sign` of `ticket` (JSON text) with `key`; the signed document's path.
+std::filesystem::path signed_ticket(const std::string& name, const std::string& ticket,
+                                    const std::filesystem::path& key) {
+  auto plain = clitest::write_scratch(name + ".plain.json", ticket);
+  auto o = sandboxctl({"ticket", "sign", "--key", key.string(), plain.string()});
+  INFO(o.err);
+  REQUIRE(o.status == 0);
+  REQUIRE(!o.out.empty());
+  return clitest::write_scratch(name, o.out);
+}
+
+}  // namespace
+
+TEST_CASE("ticket keygen writes a key pair; never over an existing one", "[input][ticket]") {
+  auto dir = key_dir("keys-gen", {"k1"});
+  struct stat st {};
+  REQUIRE(::stat((dir / "k1.pem").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK(contains(clitest::read_file(dir / "k1.pem"), "BEGIN PRIVATE KEY"));
+  CHECK(contains(clitest::read_file(dir / "k1.pub.pem"), "BEGIN PUBLIC KEY"));
+  auto again = sandboxctl({"ticket", "keygen", "--kid", "k1", "--out", dir.string()});
+  CHECK(again.status == 1);
+  CHECK(contains(again.err, "ticket keygen"));
+  usage_error(sandboxctl({"ticket", "keygen", "--out", dir.string()}), "--kid and --out needed");
+  usage_error(sandboxctl({"ticket", "keygen", "--kid", "../k", "--out", dir.string()}),
+              "invalid key id '../k'");
+  usage_error(sandboxctl({"ticket", "frobnicate"}), "expected keygen, sign or verify");
+}
+
+TEST_CASE("ticket sign and verify; rotation by key id", "[input][ticket]") {
+  auto dir = key_dir("keys-sv", {"k1", "k2"});
+  auto doc = signed_ticket("signed-k2.json", ticket_json, dir / "k2.pem");
+  const std::string text = clitest::read_file(doc);
+  auto j = json::parse(text);
+  CHECK(j["kid"] == "k2");
+  CHECK(j["ticket"] == json::parse(ticket_json));
+  CHECK(j["sig"].get<std::string>().size() == 86);
+
+  auto v = sandboxctl({"ticket", "verify", "--trusted-keys", dir.string(), doc.string()});
+  INFO(v.err);
+  CHECK(v.status == 0);
+  CHECK(json::parse(v.out) == json::parse(ticket_json));
+  // Only k1 trusted: k2's document is refused.
+  auto only_k1 = sandboxctl({"ticket", "verify", "--trusted-keys", (dir / "k1.pub.pem").string(),
+                             doc.string()});
+  CHECK(only_k1.status == 1);
+  CHECK(contains(only_k1.err, "signed ticket: unknown key id 'k2'"));
+  // Tampered.
+  j["ticket"]["max_timeout_ms"] = 9000;
+  auto tampered = clitest::write_scratch("tampered.json", j.dump());
+  auto t = sandboxctl({"ticket", "verify", "--trusted-keys", dir.string(), tampered.string()});
+  CHECK(t.status == 1);
+  CHECK(contains(t.err, "signed ticket: bad signature (key 'k2')"));
+  // Usage.
+  usage_error(sandboxctl({"ticket", "verify", doc.string()}), "--trusted-keys PATH");
+  usage_error(sandboxctl({"ticket", "verify", "--trusted-keys",
+                          (clitest::scratch() / "no-keys").string(), doc.string()}),
+              "--trusted-keys");
+  auto bad_key = sandboxctl({"ticket", "sign", "--key", (dir / "k1.pub.pem").string(),
+                             ticket_file()});
+  CHECK(bad_key.status == 1);
+  CHECK(contains(bad_key.err, "--key"));
+}
+
+TEST_CASE("run with signed tickets: verified with --trusted-keys, refused otherwise",
+          "[input][ticket]") {
+  auto dir = key_dir("keys-run", {"k1"});
+  auto doc = signed_ticket("signed-run.json", ticket_json, dir / "k1.pem");
+  auto req = clitest::write_scratch(
+      "net-signed.json",
+      R"j({"runtime":"python3","source":"print(1)","network":true,"egress":["api.example.com"]})j");
+  auto run = [&](const std::string& ticket, std::vector<std::string> extra) {
+    return sandboxctl(with(with({"run", "--request", req.string(), "--ticket", ticket}, extra),
+                           clitest::private_store_flags()));
+  };
+  // Verified and used: the ticket is the signed one (no code.network: action_denied).
+  refused(run(doc.string(), {"--trusted-keys", dir.string()}), "action_denied",
+          "network: ticket does not grant code.network");
+  // A signed ticket needs keys to be read at all.
+  usage_error(run(doc.string(), {}), "is a signed ticket: give --trusted-keys");
+  // With keys, an unsigned ticket is refused.
+  refused(run(ticket_file(), {"--trusted-keys", dir.string()}), "action_denied",
+          "ticket: unsigned ticket");
+  // Tampered or signed by an unknown key.
+  auto j = json::parse(clitest::read_file(doc));
+  j["ticket"]["tenant"] = "other";
+  auto tampered = clitest::write_scratch("tampered-run.json", j.dump());
+  refused(run(tampered.string(), {"--trusted-keys", dir.string()}), "action_denied",
+          "ticket: signed ticket: bad signature (key 'k1')");
+  auto other = key_dir("keys-run-other", {"k9"});
+  refused(run(doc.string(), {"--trusted-keys", other.string()}), "action_denied",
+          "signed ticket: unknown key id 'k1'");
+  // blob --ticket takes the tenant from a verified signed ticket.
+  auto ls = sandboxctl(with({"blob", "ls", "--ticket", doc.string(), "--trusted-keys",
+                             dir.string()},
+                            clitest::private_store_flags()));
+  CHECK(ls.status == 0);
+}
+
+TEST_CASE("ticket sign: a derived ticket needs its parent's document", "[input][ticket]") {
+  auto dir = key_dir("keys-derived", {"k1"});
+  const std::string derived = R"({"v":1,"id":"d-1","tenant":"acme",)"
+                              R"("actions":["code.execute","code.network"],"isolation":"container",)"
+                              R"("max_timeout_ms":2000,"max_memory_bytes":268435456,)"
+                              R"("runtime_digest":"sha256:)" + std::string(64, 'a') +
+                              R"(","egress":["api.example.com"],)"
+                              R"("expires_at":"2099-01-01T00:10:00Z","derived_from":["t-1"],)"
+                              R"("approval":{"ticket_id":"t-1","tenant":"acme",)"
+                              R"("domains":["api.example.com"],"timeout_ms":2000,)"
+                              R"("memory_limit_bytes":268435456,"files_in":[],"source_sha256":")" +
+                              std::string(64, 'e') +
+                              R"(","source_bytes":8,"isolation":"container","runtime":)"
+                              R"({"name":"python3","digest":"sha256:)" + std::string(64, 'a') +
+                              R"("}}})";
+  auto plain = clitest::write_scratch("derived.json", derived);
+  usage_error(sandboxctl({"ticket", "sign", "--key", (dir / "k1.pem").string(), plain.string()}),
+              "needs --parent");
+  auto parent = signed_ticket("parent-signed.json", ticket_json, dir / "k1.pem");
+  auto o = sandboxctl({"ticket", "sign", "--key", (dir / "k1.pem").string(), "--parent",
+                       parent.string(), plain.string()});
+  INFO(o.err);
+  REQUIRE(o.status == 0);
+  auto doc = json::parse(o.out);
+  CHECK(doc["parent"] == json::parse(clitest::read_file(parent)));
+  usage_error(sandboxctl({"ticket", "sign", "--key", (dir / "k1.pem").string(), "--parent",
+                          parent.string(), ticket_file()}),
+              "--parent is for derived tickets only");
+}
+
+TEST_CASE("serve --trusted-keys: a missing or empty key directory stops the daemon",
+          "[input][ticket]") {
+  auto empty = clitest::scratch() / "keys-empty";
+  std::filesystem::create_directories(empty);
+  auto o = sandboxctl(with({"serve", "--stdio", "--trusted-keys", empty.string()},
+                           clitest::private_store_flags()));
+  usage_error(o, "--trusted-keys '" + empty.string() + "'");
+  o = sandboxctl(with({"serve", "--stdio", "--trusted-keys", (empty / "none").string()},
+                      clitest::private_store_flags()));
+  usage_error(o, "--trusted-keys");
 }

@@ -1,7 +1,8 @@
 // Fuzz target for the protocol decoders (libFuzzer interface; tests/fuzz/replay_main.cpp
 // replays a corpus through it under g++).
 //
-// For every input: decode it as a run_request, a run_result and a ticket. Whatever decodes
+// For every input: decode it as a run_request, a run_result, a ticket, an approval request
+// and a signed ticket document. Whatever decodes
 // must re-encode to JSON that decodes to the same value (else abort()); every rejection must
 // be invalid_request with a message that is valid UTF-8 without control characters and of
 // bounded size. Decoded requests also go through admission, whose admitted values must
@@ -15,7 +16,9 @@
 #include <variant>
 
 #include "sandbox/admission.hpp"
+#include "sandbox/egress.hpp"
 #include "sandbox/json.hpp"
+#include "sandbox/signed_ticket.hpp"
 #include "sandbox/ticket.hpp"
 
 namespace {
@@ -49,6 +52,7 @@ const sandbox::ticket& ticket(bool network, sandbox::isolation level, const std:
   static const auto make = [](bool net, sandbox::isolation l, const std::string& digest) {
     sandbox::ticket_spec spec{.id = "fuzz", .tenant = "fuzz", .isolation = l};
     if (!digest.empty()) spec.runtime_digest = digest;
+    if (net) spec.egress = {"*.example.com", "api.example.org"};
     sandbox::ticket_issuer issuer;
     return net ? *issuer.issue(spec, sandbox::network_grant{}) : *issuer.issue(spec);
   };
@@ -111,6 +115,12 @@ void check_admission(const sandbox::run_request& request) {
     if (r.network && (!t->allows(sandbox::action::code_network) ||
                       !sandbox::is_at_least(a.isolation, sandbox::isolation::container)))
       fail("admitted network");
+    if (r.network != !r.egress.empty() || r.egress.size() > sandbox::max_egress_patterns ||
+        !sandbox::egress_subset(r.egress, t->egress()))
+      fail("admitted egress");
+    for (const auto& p : r.egress) {
+      if (sandbox::canonical_egress_pattern(p) != p) fail("admitted egress pattern", p);
+    }
   }
 }
 
@@ -144,6 +154,29 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (!again || *again != *t) fail("ticket round trip", text);
   } else {
     check_rejection(t);
+  }
+
+  if (auto q = sandbox::decode_approval_request(input)) {
+    const std::string text = sandbox::encode(*q);
+    auto again = sandbox::decode_approval_request(text);
+    if (!again || *again != *q) fail("approval_request round trip", text);
+  } else {
+    check_rejection(q);
+  }
+
+  // A signed ticket document: whatever the input, the verifier answers action_denied with a
+  // clean message (no key verifies a document made up by the fuzzer), never anything else.
+  static const sandbox::ticket_verifier verifier = [] {
+    sandbox::ticket_verifier v;
+    auto keys = sandbox::generate_ed25519_key();
+    if (!keys || !v.add_key("k1", keys->public_pem)) fail("verifier setup");
+    return v;
+  }();
+  if (auto t = verifier.verify(input, std::chrono::system_clock::now())) {
+    fail("a made-up signed ticket verified");
+  } else {
+    if (t.error().code != sandbox::code::action_denied) fail("verify code", t.error().message);
+    check_message(t.error().message);
   }
   return 0;
 }

@@ -12,7 +12,9 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <ctime>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -600,4 +602,140 @@ TEST_CASE("the Python client never waits forever: unsendable lines fail at once,
   CHECK(o.status == 0);
   CHECK_FALSE(contains(o.out, "FAIL"));
   CHECK(contains(o.out, "ok   20-deep nesting"));
+}
+
+// --- signed tickets ------------------------------------------------------------------------
+
+namespace {
+
+/// RFC 3339 UTC of now + `ahead`, e.g. "2026-11-30T12:10:00Z".
+std::string utc_in(std::chrono::seconds ahead) {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now() +
+                                                             ahead);
+  std::tm tm{};
+  ::gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+/// `sandboxctl ticket sign` of `ticket` with `key` (and `parent`, a signed document path).
+json sign(const json& ticket, const fs::path& key, const std::string& name,
+          const std::optional<fs::path>& parent = std::nullopt) {
+  auto plain = clitest::write_scratch(name, ticket.dump());
+  std::vector<std::string> args{"ticket", "sign", "--key", key.string()};
+  if (parent) args.insert(args.end(), {"--parent", parent->string()});
+  args.push_back(plain.string());
+  auto o = clitest::sandboxctl(args);
+  INFO(o.err);
+  REQUIRE(o.status == 0);
+  return json::parse(o.out);
+}
+
+std::string line_with(const std::string& id, const json& ticket, const json& request) {
+  return json{{"id", id}, {"ticket", ticket}, {"request", request}}.dump() + "\n";
+}
+
+}  // namespace
+
+TEST_CASE("with --trusted-keys the daemon accepts only signed tickets", "[service][ticket]") {
+  const fs::path keys = clitest::scratch() / "svc-keys";
+  fs::create_directories(keys);
+  for (const char* kid : {"issuer-1", "issuer-2"}) {
+    REQUIRE(clitest::sandboxctl({"ticket", "keygen", "--kid", kid, "--out", keys.string()})
+                .status == 0);
+  }
+  // The daemon trusts issuer-1 only (its public key file); issuer-2 is unknown to it.
+  svctest::daemon d({"--trusted-keys", (keys / "issuer-1.pub.pem").string()});
+  svctest::client c(d.socket());
+  auto result_of = [&](const std::string& line) {
+    c.send(line);
+    auto a = c.answer();
+    INFO(a.dump().substr(0, 400));
+    REQUIRE(a.contains("result"));
+    return a["result"];
+  };
+
+  // Unsigned: refused before anything starts.
+  auto r = result_of(run_line("unsigned", python("print(1)")));
+  CHECK(r["code"] == "action_denied");
+  CHECK(contains(r["message"], "ticket: unsigned ticket"));
+
+  // Signed by a trusted key: runs.
+  const json doc = sign(svctest::ticket(), keys / "issuer-1.pem", "svc-ticket.json");
+  r = result_of(line_with("signed", doc, python("print(6 * 7)")));
+  CHECK(r["code"] == "ok");
+  CHECK(r["stdout"]["summary"] == "42\n");
+
+  // Tampered, unknown key, expired.
+  json tampered = doc;
+  tampered["ticket"]["tenant"] = "other";
+  r = result_of(line_with("tampered", tampered, python("print(1)")));
+  CHECK(r["code"] == "action_denied");
+  CHECK(r["message"] == "ticket: signed ticket: bad signature (key 'issuer-1')");
+  r = result_of(line_with("unknown", sign(svctest::ticket(), keys / "issuer-2.pem", "svc-2.json"),
+                          python("print(1)")));
+  CHECK(r["code"] == "action_denied");
+  CHECK(r["message"] == "ticket: signed ticket: unknown key id 'issuer-2'");
+  json expiring = svctest::ticket();
+  expiring["expires_at"] = "2020-01-01T00:00:00Z";
+  r = result_of(line_with("expired", sign(expiring, keys / "issuer-1.pem", "svc-old.json"),
+                          python("print(1)")));
+  CHECK(r["code"] == "action_denied");
+  CHECK(r["message"] == "ticket: signed ticket: expired");
+
+  // A derived ticket with its chain: verified and used. This host may have no container
+  // level (then runtime_unavailable); with one, the pin to an image the host does not have
+  // answers digest_mismatch — resuming an approved run on another image never runs.
+  const std::string source = "print(6 * 7)";
+  auto src_file = clitest::write_scratch("svc-source.py", source);
+  auto put = clitest::sandboxctl(
+      {"blob", "put", src_file.string(), "--blob-dir", (clitest::scratch() / "sha").string()});
+  REQUIRE(put.status == 0);
+  const std::string source_sha256 = put.out.substr(7, 64);
+  const std::string other_image = "sha256:" + std::string(64, '0');
+  auto parent_path = clitest::write_scratch("svc-parent.json", doc.dump());
+  json derived{{"v", 1},
+               {"id", "d-svc"},
+               {"tenant", "acme"},
+               {"actions", {"code.execute", "code.network"}},
+               {"isolation", "container"},
+               {"max_timeout_ms", 8000},
+               {"max_memory_bytes", 268435456},
+               {"runtime_digest", other_image},
+               {"egress", {"api.example.com"}},
+               {"expires_at", utc_in(std::chrono::seconds(600))},
+               {"derived_from", {"svc-test"}},
+               {"approval",
+                {{"ticket_id", "svc-test"},
+                 {"tenant", "acme"},
+                 {"domains", {"api.example.com"}},
+                 {"timeout_ms", 8000},
+                 {"memory_limit_bytes", 268435456},
+                 {"files_in", json::array()},
+                 {"source_sha256", source_sha256},
+                 {"source_bytes", source.size()},
+                 {"isolation", "container"},
+                 {"runtime", {{"name", "python3"}, {"digest", other_image}}}}}};
+  const json derived_doc = sign(derived, keys / "issuer-1.pem", "svc-derived.json", parent_path);
+  json net = python(source);
+  net["network"] = true;
+  net["egress"] = {"api.example.com"};
+  r = result_of(line_with("resume", derived_doc, net));
+  INFO(r.dump());
+  CHECK((r["code"] == "digest_mismatch" || r["code"] == "runtime_unavailable"));
+  // The same chain with the parent link altered: refused as a whole.
+  json broken = derived_doc;
+  broken["parent"]["ticket"]["max_timeout_ms"] = 60000;
+  r = result_of(line_with("broken", broken, net));
+  CHECK(r["code"] == "action_denied");
+  CHECK(r["message"] == "ticket: signed ticket: parent: bad signature (key 'issuer-1')");
+  // Another program under the approved ticket: refused by the approval it carries.
+  r = result_of(line_with("other-source", derived_doc, [&] {
+    json other = net;
+    other["source"] = "print('other')";
+    return other;
+  }()));
+  CHECK(r["code"] == "action_denied");
+  CHECK(r["message"] == "source: not the source the ticket's approval is for");
 }

@@ -5,6 +5,7 @@
 
 #include "core/text_util.hpp"
 #include "sandbox/admission.hpp"
+#include "sandbox/blob_store.hpp"
 #include "sandbox/json.hpp"
 
 using namespace std::string_literals;
@@ -34,6 +35,8 @@ const std::string blob = "sha256:" + std::string(64, 'c');
 sandbox::ticket make_ticket(ticket_spec s = {.id = "t-1", .tenant = "acme"},
                             bool network = false) {
   sandbox::ticket_issuer issuer;
+  // A network ticket names its domains; these tests' network requests ask for this one.
+  if (network && s.egress.empty()) s.egress = {"api.example.com"};
   auto t = network ? issuer.issue(s, sandbox::network_grant{}) : issuer.issue(s);
   REQUIRE(t.has_value());
   return *t;
@@ -373,6 +376,7 @@ TEST_CASE("a ticket's runtime_digest pins the image every run must use", "[admis
     CHECK(accepted(run_admit(r, pinned_to(python_digest))).runtime.digest == python_digest);
     // Network tickets carry the pin too.
     r.network = true;
+    r.egress = {"api.example.com"};
     const auto net = make_ticket({.id = "t-1", .tenant = "acme", .runtime_digest = python_digest},
                                  /*network=*/true);
     CHECK(accepted(run_admit(r, net)).isolation == isolation::container);
@@ -442,6 +446,7 @@ TEST_CASE("the ticket must grant code.execute, and code.network for network", "[
 
   auto r = request();
   r.network = true;
+  r.egress = {"api.example.com"};
   rej = refused(run_admit(r));
   CHECK(rej.code == code::action_denied);
   CHECK(rej.message == "network: ticket does not grant code.network");
@@ -472,6 +477,7 @@ TEST_CASE("unknown runtimes are invalid_request; missing levels or images unavai
   // A network run needs container or stronger, even under a process-level ticket.
   auto net = request();
   net.network = true;
+  net.egress = {"api.example.com"};
   rej = refused(run_admit(net, make_ticket({.id = "t", .tenant = "a"}, true), policy(),
                           host_catalog{.levels = {isolation::process},
                                        .runtimes = catalog().runtimes}));
@@ -490,6 +496,7 @@ TEST_CASE("the weakest registered level at or above the minimum is chosen", "[ad
   auto level = [&](isolation min, bool network) {
     auto r = request();
     r.network = network;
+    if (network) r.egress = {"api.example.com"};
     return accepted(run_admit(r, make_ticket({.id = "t", .tenant = "a", .isolation = min}, network),
                               policy(), unsorted))
         .isolation;
@@ -504,6 +511,7 @@ TEST_CASE("the weakest registered level at or above the minimum is chosen", "[ad
                           .runtimes = catalog().runtimes};
   auto net = request();
   net.network = true;
+  net.egress = {"api.example.com"};
   CHECK(accepted(run_admit(net, make_ticket({.id = "t", .tenant = "a"}, true), policy(), gaps))
             .isolation == isolation::gvisor);
   CHECK(accepted(run_admit(request(), make_ticket(), policy(), gaps)).isolation ==
@@ -617,4 +625,186 @@ TEST_CASE("admission: a ticket whose memory ceiling is below the policy minimum 
   auto v = sandbox::admit(req, ok, policy, catalog);
   REQUIRE(std::holds_alternative<sandbox::admitted>(v));
   CHECK(std::get<sandbox::admitted>(v).request.memory_limit_bytes == policy.min_memory_bytes);
+}
+
+// --- egress, expiry, approvals ----------------------------------------------------------
+
+namespace {
+
+using sys_clock = std::chrono::system_clock;
+
+const sys_clock::time_point noon =
+    sys_clock::time_point(std::chrono::sys_days{std::chrono::year{2026} / 11 / 30} + 12h);
+
+run_request net_request(std::vector<std::string> egress = {"api.example.com"}) {
+  auto r = request();
+  r.network = true;
+  r.egress = std::move(egress);
+  return r;
+}
+
+sandbox::ticket net_ticket(std::vector<std::string> egress) {
+  return make_ticket({.id = "t", .tenant = "a", .egress = std::move(egress)}, true);
+}
+
+}  // namespace
+
+TEST_CASE("egress: required with network, refused without, canonicalized",
+          "[admission][egress]") {
+  auto r = request();
+  r.egress = {"api.example.com"};
+  CHECK(invalid(run_admit(r)) == "egress: only a request with network may list domains");
+  r = net_request({});
+  CHECK(invalid(run_admit(r, net_ticket({"api.example.com"}))) ==
+        "egress: a request with network must list its domains");
+  r = net_request({"api.example.com", "http://x.example"});
+  CHECK(invalid(run_admit(r, net_ticket({"api.example.com"}))) ==
+        "egress[1]: not a host name or '*.' wildcard pattern: 'http://x.example'");
+  r = net_request({"10.0.0.1"});
+  CHECK(invalid(run_admit(r, net_ticket({"api.example.com"}))) ==
+        "egress[0]: not a host name or '*.' wildcard pattern: '10.0.0.1'");
+  r = net_request({"a\nb.example"});
+  CHECK(invalid(run_admit(r, net_ticket({"api.example.com"}))) ==
+        "egress[0]: not a host name or '*.' wildcard pattern: 'a\\x0ab.example'");
+
+  // Canonical form, duplicates dropped, order kept; the limit counts distinct patterns.
+  r = net_request({"API.Example.COM.", "*.cdn.example", "api.example.com"});
+  const auto a = accepted(run_admit(r, net_ticket({"api.example.com", "*.CDN.example"})));
+  CHECK(a.request.egress == std::vector<std::string>{"api.example.com", "*.cdn.example"});
+  std::vector<std::string> many(100, "api.example.com");
+  CHECK(accepted(run_admit(net_request(many), net_ticket({"api.example.com"}))).request.egress ==
+        std::vector<std::string>{"api.example.com"});
+  many.clear();
+  for (int i = 0; i < 33; ++i) many.push_back("h" + std::to_string(i) + ".example.com");
+  CHECK(invalid(run_admit(net_request(many), net_ticket({"*.example.com"}))) ==
+        "egress: 33 distinct patterns, more than the limit of 32");
+  many.pop_back();
+  CHECK(accepted(run_admit(net_request(many), net_ticket({"*.example.com"}))).request.egress ==
+        many);
+}
+
+TEST_CASE("egress: only what the ticket allows", "[admission][egress]") {
+  const auto t = net_ticket({"api.example.com", "*.cdn.example"});
+  CHECK(accepted(run_admit(net_request({"api.example.com"}), t)).request.network);
+  CHECK(accepted(run_admit(net_request({"img.cdn.example", "*.eu.cdn.example"}), t))
+            .isolation == isolation::container);
+  for (const auto& [asked, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"api.example.com", "evil.example"}, "'evil.example'"},
+           {{"cdn.example"}, "'cdn.example'"},  // the wildcard is strictly below
+           {{"*.example.com"}, "'*.example.com'"},
+           {{"x.api.example.com"}, "'x.api.example.com'"},
+           {{"*.cdn.example", "EVIL.example", "b.example"}, "'evil.example'"}}) {
+    const auto rej = refused(run_admit(net_request(asked), t));
+    CHECK(rej.code == code::action_denied);
+    CHECK(rej.message == "egress: " + named + " is not allowed by the ticket");
+  }
+}
+
+TEST_CASE("an expired ticket grants nothing", "[admission][expiry]") {
+  auto s = ticket_spec{.id = "t", .tenant = "a", .expires_at = noon};
+  const auto t = make_ticket(s);
+  CHECK(accepted(admit(request(), t, policy(), catalog(), noon - 1s)).tenant == "a");
+  for (auto now : {noon, noon + 1s, noon + 24h}) {
+    const auto rej = refused(admit(request(), t, policy(), catalog(), now));
+    CHECK(rej.code == code::action_denied);
+    CHECK(rej.message == "ticket expired");
+  }
+  // Before the other grants (an expired ticket is not asked what it grants), after the
+  // request's own syntax and size.
+  s.execute = false;
+  CHECK(refused(admit(request(), make_ticket(s), policy(), catalog(), noon)).message ==
+        "ticket expired");
+  auto bad = request();
+  bad.timeout = 0ms;
+  CHECK(invalid(admit(bad, t, policy(), catalog(), noon)) == "timeout_ms: must be greater than 0");
+  // A ticket without expiry never expires.
+  CHECK(accepted(admit(request(), make_ticket(), policy(), catalog(),
+                       sys_clock::time_point::max()))
+            .ticket_id == "t-1");
+}
+
+TEST_CASE("admit_pending_approval judges everything but the network grant",
+          "[admission][approval]") {
+  const auto plain = make_ticket({.id = "t", .tenant = "a"});
+  auto r = net_request({"API.example.com", "api.example.com"});
+  CHECK(refused(admit(r, plain, policy(), catalog(), noon)).message ==
+        "network: ticket does not grant code.network");
+  const auto a = accepted(sandbox::admit_pending_approval(r, plain, policy(), catalog(), noon));
+  CHECK(a.isolation == isolation::container);
+  CHECK(a.request.egress == std::vector<std::string>{"api.example.com"});
+  CHECK(a.ticket_id == "t");
+  // Every other refusal is still refused, with its own code.
+  auto no_level = catalog();
+  no_level.levels = {isolation::process};
+  CHECK(refused(sandbox::admit_pending_approval(r, plain, policy(), no_level, noon)).code ==
+        code::runtime_unavailable);
+  CHECK(refused(sandbox::admit_pending_approval(
+                    r, make_ticket({.id = "t", .tenant = "a", .execute = false}), policy(),
+                    catalog(), noon))
+            .message == "ticket does not grant code.execute");
+  CHECK(refused(sandbox::admit_pending_approval(
+                    r, make_ticket({.id = "t", .tenant = "a", .expires_at = noon}), policy(),
+                    catalog(), noon))
+            .message == "ticket expired");
+  CHECK(invalid(sandbox::admit_pending_approval(net_request({"bad host"}), plain, policy(),
+                                                catalog(), noon)) ==
+        "egress[0]: not a host name or '*.' wildcard pattern: 'bad host'");
+  // Not a pending approval: exactly admit.
+  CHECK(sandbox::admit_pending_approval(request(), plain, policy(), catalog(), noon) ==
+        admit(request(), plain, policy(), catalog(), noon));
+  const auto granted = net_ticket({"*.example.com"});
+  CHECK(refused(sandbox::admit_pending_approval(net_request({"x.other"}), granted, policy(),
+                                                catalog(), noon))
+            .message == "egress: 'x.other' is not allowed by the ticket");
+}
+
+TEST_CASE("a ticket derived from an approval admits only the approved run",
+          "[admission][approval]") {
+  const sandbox::ticket_issuer issuer;
+  const auto parent = make_ticket({.id = "t", .tenant = "a"});
+  auto r = net_request({"api.example.com"});
+  r.files_in = {{.name = "data.csv", .blob = blob}};
+  sandbox::approval_request q;
+  q.ticket_id = "t";
+  q.tenant = "a";
+  q.domains = {"api.example.com"};
+  q.timeout = r.timeout;
+  q.memory_limit_bytes = r.memory_limit_bytes;
+  q.files_in = {{.name = "data.csv", .sha256 = blob.substr(7), .bytes = 3}};
+  q.source_sha256 = sandbox::blob_id_of(r.source).substr(7);
+  q.source_bytes = r.source.size();
+  q.runtime = {"python3", python_digest};
+  const auto d = *issuer.derive(parent, q, {.now = noon});
+  CHECK(accepted(admit(r, d, policy(), catalog(), noon + 1min)).ticket_id == d.id());
+  CHECK(refused(admit(r, d, policy(), catalog(), noon + 10min)).message == "ticket expired");
+  auto other = r;
+  other.source += " ";
+  CHECK(refused(admit(other, d, policy(), catalog(), noon)).message ==
+        "source: not the source the ticket's approval is for");
+  other = r;
+  other.source = std::string(r.source.size(), 'x');  // same size, other bytes
+  CHECK(refused(admit(other, d, policy(), catalog(), noon)).code == code::action_denied);
+  other = r;
+  other.files_in[0].name = "other.csv";
+  CHECK(refused(admit(other, d, policy(), catalog(), noon)).message ==
+        "files_in[0]: not the input the ticket's approval is for");
+  other = r;
+  other.files_in[0].blob = other_digest;
+  CHECK(refused(admit(other, d, policy(), catalog(), noon)).code == code::action_denied);
+  other = r;
+  other.files_in.clear();
+  CHECK(refused(admit(other, d, policy(), catalog(), noon)).message ==
+        "files_in: not the inputs the ticket's approval is for");
+  other = r;
+  other.runtime = "node";
+  CHECK(refused(admit(other, d, policy(), catalog(), noon)).message ==
+        "runtime: the ticket's approval is for runtime 'python3'");
+  other = r;
+  other.egress = {"api.example.com", "more.example"};
+  CHECK(refused(admit(other, d, policy(), catalog(), noon)).message ==
+        "egress: 'more.example' is not allowed by the ticket");
+  // The pin: a host that rolled its image refuses the approved run.
+  auto rolled = catalog();
+  rolled.runtimes["python3"] = other_digest;
+  CHECK(refused(admit(r, d, policy(), rolled, noon)).code == code::digest_mismatch);
 }

@@ -625,7 +625,7 @@ TEST_CASE("encode writes the documented result fields", "[json][result]") {
         R"("oom_kills":0,"timeout_clamped":false,"memory_clamped":false,"timeout_ms":0,)"
         R"("memory_limit_bytes":0,"isolation":"process","runtime":{"name":"","digest":""},)"
         R"("egress_attempts":[],"egress_attempts_dropped":0,"violation":null,"run_id":"",)"
-        R"("queue":null,"queue_wait_ms":0,"backend":""})");
+        R"("queue":null,"queue_wait_ms":0,"backend":"","approval":null})");
 }
 
 TEST_CASE("encoding invalid UTF-8 still gives valid JSON", "[json][result]") {

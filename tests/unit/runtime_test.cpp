@@ -254,6 +254,7 @@ TEST_CASE("admission codes come back through the runtime", "[runtime]") {
   SECTION("action_denied: network without code.network") {
     auto req = py("print(1)");
     req.network = true;
+    req.egress = {"api.example.com"};
     CHECK(rt.run(req, t).code == code::action_denied);
   }
   SECTION("digest_mismatch") {

@@ -109,8 +109,10 @@ std::string fake_digest(std::string_view runtime_name);
 /**
  * A runtime with an in-memory blob store, no image store, runtimes "python3" and "node"
  * (digests from `fake_digest`), and `fake` registered as its only backend (a microvm-level
- * fake serves every ticket level). Runs on a private io_context thread.
+ * fake serves every ticket level). Runs on a private io_context thread. `approver`, when
+ * set, is installed as `runtime_options::approver` (to test a tool's approval flow).
  */
-result<runtime> make_runtime(std::shared_ptr<fake_backend> fake, sandbox::policy policy = {});
+result<runtime> make_runtime(std::shared_ptr<fake_backend> fake, sandbox::policy policy = {},
+                             std::shared_ptr<sandbox::approver> approver = nullptr);
 
 }  // namespace sandbox::testing

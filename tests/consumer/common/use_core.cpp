@@ -74,6 +74,7 @@ int main() {
   }
   auto network = *request;
   network.network = true;
+  network.egress = {"api.example.com"};
   auto denied = sandbox::admit(network, *ticket, sandbox::policy{}, catalog);
   const auto* rejection = std::get_if<sandbox::rejection>(&denied);
   expect(rejection != nullptr && rejection->code == sandbox::code::action_denied,

@@ -25,6 +25,14 @@ def files(*names, blob=BLOB):
     return [{"name": n, "blob": blob} for n in names]
 
 
+APPROVAL = {
+    "ticket_id": "t-1", "tenant": "acme", "domains": ["api.example.com"], "timeout_ms": 2000,
+    "memory_limit_bytes": 268435456,
+    "files_in": [{"name": "data.csv", "sha256": "c" * 64, "bytes": 12}],
+    "source_sha256": "e" * 64, "source_bytes": 9, "isolation": "container",
+    "runtime": {"name": "python3", "digest": DIGEST}}
+
+
 SEEDS = {
     # --- valid documents
     "request_minimal": req(),
@@ -53,7 +61,40 @@ SEEDS = {
         "egress_attempts_dropped": 0, "violation": None, "run_id": "r1"}).encode(),
     "result_minimal": b'{"code":"timeout"}',
     "ticket_valid": b'{"v":1,"id":"t-1","tenant":"acme","actions":["code.execute","code.network"],'
-                    b'"isolation":"container","max_timeout_ms":8000,"max_memory_bytes":536870912}',
+                    b'"isolation":"container","max_timeout_ms":8000,"max_memory_bytes":536870912,'
+                    b'"egress":["api.example.com","*.cdn.example"],"expires_at":"2026-11-30T12:00:00Z"}',
+    "ticket_derived": json.dumps({
+        "v": 1, "id": "d-1", "tenant": "acme", "actions": ["code.execute", "code.network"],
+        "isolation": "container", "max_timeout_ms": 2000, "max_memory_bytes": 268435456,
+        "runtime_digest": DIGEST, "egress": ["api.example.com"],
+        "expires_at": "2026-11-30T12:10:00Z", "derived_from": ["t-1"],
+        "approval": APPROVAL}).encode(),
+    "ticket_network_no_egress": b'{"id":"t","tenant":"a","actions":["code.network"],'
+                                b'"isolation":"process","max_timeout_ms":1,"max_memory_bytes":1}',
+    "ticket_bad_expiry": b'{"id":"t","tenant":"a","actions":[],"isolation":"process",'
+                         b'"max_timeout_ms":1,"max_memory_bytes":1,"expires_at":"2026-02-30T00:00:00Z"}',
+    "approval_valid": json.dumps(dict(APPROVAL, v=1)).encode(),
+    "approval_process": json.dumps(dict(APPROVAL, isolation="process")).encode(),
+    "signed_ticket": json.dumps({
+        "v": 1, "ticket": {"v": 1, "id": "t-1", "tenant": "acme", "actions": ["code.execute"],
+                           "isolation": "process", "max_timeout_ms": 8000,
+                           "max_memory_bytes": 536870912},
+        "kid": "k1", "sig": "A" * 86}).encode(),
+    "signed_ticket_chain": json.dumps({
+        "v": 1, "ticket": {"v": 1, "id": "d-1", "tenant": "acme",
+                           "actions": ["code.execute", "code.network"], "isolation": "container",
+                           "max_timeout_ms": 2000, "max_memory_bytes": 268435456,
+                           "runtime_digest": DIGEST, "egress": ["api.example.com"],
+                           "expires_at": "2026-11-30T12:10:00Z", "derived_from": ["t-1"],
+                           "approval": APPROVAL},
+        "parent": {"v": 1, "ticket": {"id": "t-1", "tenant": "acme", "actions": ["code.execute"],
+                                      "isolation": "process", "max_timeout_ms": 8000,
+                                      "max_memory_bytes": 536870912},
+                   "kid": "k1", "sig": "B" * 86},
+        "kid": "k2", "sig": "C" * 86}).encode(),
+    "request_network": req(network=True, egress=["API.example.com.", "*.cdn.example", "x.example.org"]),
+    "request_network_bad_egress": req(network=True, egress=["10.0.0.1", "a b"]),
+    "request_egress_without_network": req(egress=["api.example.com"]),
     "ticket_runtime_digest": b'{"v":1,"id":"t-1","tenant":"acme","actions":["code.execute"],'
                              b'"isolation":"process","max_timeout_ms":8000,'
                              b'"max_memory_bytes":536870912,"runtime_digest":"'

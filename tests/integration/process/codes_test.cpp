@@ -23,12 +23,15 @@ TEST_CASE("codes: admission answers through the real runtime start nothing", "[c
 
   auto net = base;
   net.network = true;
+  net.egress = {"api.example.com"};
   auto r = itest::run(net, itest::ticket());
   CHECK(r.code == code::action_denied);
   CHECK(r.message.find("code.network") != std::string::npos);
 
   // Network granted still never means the host's network at the process level.
-  auto granted = issuer.issue({.id = "t", .tenant = "itest"}, sandbox::network_grant{}).value();
+  auto granted = issuer.issue({.id = "t", .tenant = "itest", .egress = {"api.example.com"}},
+                              sandbox::network_grant{})
+                     .value();
   CHECK(itest::run(net, granted).code == code::runtime_unavailable);
 
   auto container = issuer.issue({.id = "t", .tenant = "itest",
