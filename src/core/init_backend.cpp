@@ -991,6 +991,11 @@ class init_run : public std::enable_shared_from_this<init_run> {
 
   // Lists each distinct attempt once; repeats and attempts past the cap are only counted.
   void record_egress(egress_attempt a) {
+    if (network_granted() && a.protocol != "https" && a.protocol != "http" && !a.allowed) {
+      // Seen outside the proxy (seccomp notification, the DNS sink): refused even in a network run.
+      a.reason = a.protocol == "dns" ? "DNS from inside is not allowed: use the proxy"
+                                     : "direct connection not allowed: use the proxy";
+    }
     for (const auto& e : egress_) {
       if (e == a) {
         ++egress_dropped_;

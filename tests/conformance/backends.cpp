@@ -142,7 +142,6 @@ const std::vector<backend_profile>& profiles() {
                               .special_files_on_host = false,
                               .parent_of_home_reachable = false,
                               .syscall_slowdown = 20,
-                              .egress_proxy = false,
                               .gap_fork_bomb_ends_on_memory = true,
                               .gap_tmpfs_inode_limit = true},
                    .host_config = R"({"v":1,"backends":{"gvisor":{"runtime":"runsc"}}})",

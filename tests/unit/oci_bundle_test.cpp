@@ -208,8 +208,9 @@ TEST_CASE("oci bundle: write_bundle builds the skeleton, files and a checked con
       auto opts = options_of(m);
       CHECK(std::find(opts.begin(), opts.end(), "rbind") == opts.end());
     }
-    // VERSION, etc, usr, boot_id, inputs, out, main.py, resolv.conf, init: nothing else.
-    CHECK(binds == 9);
+    // VERSION, etc, usr, boot_id, inputs, out, main.py, resolv.conf, init, the bundle's
+    // files (/.sandbox-etc): nothing else.
+    CHECK(binds == 10);
   }
 
   SECTION("mounts come in order, with the documented options") {
@@ -229,7 +230,8 @@ TEST_CASE("oci bundle: write_bundle builds the skeleton, files and a checked con
         "/sandbox/out",
         "/sandbox/main.py",
         "/etc/resolv.conf",  // hosts is a symlink in the image: not bound
-        "/.sandbox-init"};
+        "/.sandbox-init",
+        "/.sandbox-etc"};
     CHECK(dests == expected);
 
     using v = std::vector<std::string>;
@@ -300,7 +302,7 @@ TEST_CASE("oci bundle: write_bundle builds the skeleton, files and a checked con
     CHECK((mode_of(root / "sandbox" / "out") & 07777) == 0755);
     CHECK((mode_of(root / "sandbox" / "main.py") & 07777) == 0444);
     CHECK(S_ISREG(mode_of(root / "sandbox" / "main.py")));
-    CHECK(listing(root) == std::set<std::string>{".sandbox-init", "VERSION", "dev", "etc", "home",
+    CHECK(listing(root) == std::set<std::string>{".sandbox-etc", ".sandbox-init", "VERSION", "dev", "etc", "home",
                                                  "lib", "proc", "sandbox", "tmp", "usr"});
     // The image is untouched.
     CHECK(listing(f.image) == before);

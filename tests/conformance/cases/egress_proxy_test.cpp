@@ -4,6 +4,8 @@
 // both point at them, so "it did not get through" is proved by the origins' own counters,
 // not by the client's word.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
+
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -41,11 +43,18 @@ json report_of(const sandbox::run_result& r) {
   return json::parse(start == std::string::npos ? s : s.substr(start + 1), nullptr, false);
 }
 
-/// Connections each origin has accepted so far.
-std::pair<int, int> origin_connections() {
+/// What the origins have seen so far, not counting the /stats requests that ask.
+struct origin_counts {
+  int http_connections = -1, https_connections = -1, https_requests = -1;
+  bool operator==(const origin_counts&) const = default;
+};
+origin_counts origin_seen() {
+  static int asked = 0;  // our own /stats connections (each counts itself)
   auto j = json::parse(conformance::egress_origin().stats(), nullptr, false);
-  if (!j.is_object()) return {-1, -1};
-  return {j["http"]["connections"].get<int>(), j["https"]["connections"].get<int>()};
+  ++asked;
+  if (!j.is_object()) return {};
+  return {j["http"]["connections"].get<int>() - asked, j["https"]["connections"].get<int>(),
+          j["https"]["requests"].get<int>()};
 }
 
 /// Python prelude: HTTP(S) through the environment's proxy with the origins' CA trusted;
@@ -149,7 +158,7 @@ TEST_CASE("egress: other names, direct IPs and in-sandbox DNS stay refused in a 
   CONFORMANCE_BACKEND(b);
   if (!origins_ready()) return;
   if (!b.expect().egress_proxy) return;  // covered by the first case
-  const auto before = origin_connections();
+  const auto before = origin_seen();
   const auto& o = conformance::egress_origin();
   auto req = network_request(b, prelude() + fmt::format(R"PY(
 report = {{}}
@@ -207,7 +216,7 @@ print(json.dumps(report))
   CHECK(j["direct_metadata"] != "connected");
   CHECK(j["dns"] != "resolved");
   // Nothing of it reached an origin.
-  CHECK(origin_connections() == before);
+  CHECK(origin_seen() == before);
   // Every attempt is listed, refused, with its reason.
   const auto* other = find_attempt(r, conformance::egress_other_name, false);
   REQUIRE(other != nullptr);
@@ -228,7 +237,7 @@ TEST_CASE("egress: a tunnel whose TLS SNI is not its CONNECT host carries nothin
   CONFORMANCE_BACKEND(b);
   if (!origins_ready()) return;
   if (!b.expect().egress_proxy) return;
-  const auto before = origin_connections();
+  const auto before = origin_seen();
   // CONNECT to the approved name, then a real TLS handshake naming another host (the
   // domain-fronting shape an SNI check can see): the proxy closes before forwarding a byte.
   auto req = network_request(b, prelude() + fmt::format(R"PY(
@@ -263,7 +272,9 @@ print(json.dumps({{'fronted': fronted('{2}'), 'no_sni': fronted(None)}}))
   REQUIRE(j.is_object());
   CHECK(j["fronted"].get<std::string>().rfind("closed", 0) == 0);
   CHECK(j["no_sni"].get<std::string>().rfind("closed", 0) == 0);
-  CHECK(origin_connections().second == before.second);
+  // Not a byte of the handshakes reached the origin: no request was ever made (the proxy may
+  // have opened the TCP connection to the approved origin before it saw the ClientHello).
+  CHECK(origin_seen().https_requests == before.https_requests);
   int mismatches = 0;
   for (const auto& a : r.egress_attempts) {
     CHECK_FALSE(a.allowed);
@@ -307,4 +318,63 @@ print(json.dumps({{'big_len': len(big[1]) if big[0] == 200 else -1, 'big_status'
   for (const auto& s : j["statuses"]) refused += s == 403 ? 1 : 0;
   CHECK(refused >= 2);
   CHECK(conn_limit + static_cast<int>(r.egress_attempts_dropped) >= 2);
+}
+
+TEST_CASE("egress: Node's https, http and fetch use the proxy (the image's preload)",
+          "[egress][core][node]") {
+  CONFORMANCE_BACKEND(b);
+  if (!origins_ready()) return;
+  if (!b.expect().egress_proxy) return;
+  const auto& o = conformance::egress_origin();
+  auto req = conformance::js(fmt::format(R"JS(
+const https = require('https'), http = require('http'), fs = require('fs');
+const ca = fs.readFileSync(process.env.SANDBOX_INPUT_DIR + '/ca.pem');
+function get(mod, url, opts) {{
+  return new Promise((resolve) => {{
+    mod.get(url, opts || {{}}, (res) => {{
+      let body = '';
+      res.on('data', (d) => body += d);
+      res.on('end', () => resolve([res.statusCode, body]));
+    }}).on('error', (e) => resolve([0, String(e.message)]));
+  }});
+}}
+(async () => {{
+  const report = {{}};
+  report.https = await get(https, 'https://{0}:{2}/rates', {{ca}});
+  report.http = await get(http, 'http://{0}:{1}/rates');
+  try {{
+    const r = await fetch('http://{0}:{1}/rates');
+    report.fetch = [r.status, await r.text()];
+  }} catch (e) {{ report.fetch = [0, String(e.cause || e)]; }}
+  try {{
+    const r = await fetch('http://{3}:{1}/rates');
+    report.fetch_denied = [r.status, await r.text()];
+  }} catch (e) {{ report.fetch_denied = [0, String(e.cause || e)]; }}
+  report.https_denied = await get(https, 'https://{3}:{2}/rates', {{ca}});
+  console.log(JSON.stringify(report));
+}})();
+)JS",
+                                         conformance::egress_approved_name, o.http_port,
+                                         o.https_port, conformance::egress_other_name),
+                             std::chrono::milliseconds(8000));
+  req.network = true;
+  req.egress = {conformance::egress_approved_name};
+  req.files_in = {{.name = "ca.pem", .blob = b.put(o.ca_pem)}};
+  auto r = b.rt().run(req, network_ticket(b, {conformance::egress_approved_name}));
+  INFO("stdout: " << r.std_out.summary << "\nstderr: " << r.std_err.summary << "\nattempts:\n"
+                  << attempts_text(r));
+  REQUIRE(r.code == code::ok);
+  auto j = report_of(r);
+  REQUIRE(j.is_object());
+  CHECK(j["https"][0] == 200);
+  CHECK(j["https"][1].get<std::string>().find("\"per_kg\": 1.75") != std::string::npos);
+  CHECK(j["http"][0] == 200);
+  CHECK(j["fetch"][0] == 200);
+  CHECK(j["fetch_denied"][0] == 403);
+  CHECK(j["https_denied"][0] == 0);
+  CHECK(j["https_denied"][1].get<std::string>().find("domain not approved") != std::string::npos);
+  int allowed = 0, denied = 0;
+  for (const auto& a : r.egress_attempts) (a.allowed ? allowed : denied) += 1;
+  CHECK(allowed == 3);
+  CHECK(denied == 2);
 }
