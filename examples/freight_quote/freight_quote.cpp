@@ -12,10 +12,17 @@
 //      quote.json back from the blob store by its blob id,
 //   5. runs snippet 2, which tries to fetch live rates over HTTPS: the run has no network,
 //      so it ends `network_disabled` and the DNS lookup it tried is listed,
-//   6. prints the span the runtime recorded for each run.
+//   6. (--isolation container or gvisor) asks again, this time *for* the network: the request
+//      names its one domain, the ticket still has no `code.network`, so the runtime asks the
+//      host's approver. The example's approver prints what a human would confirm (domain,
+//      timeout, digests of the source and inputs, isolation, image), approves with a derived
+//      ticket, and the run fetches live rates from a local test server through its egress
+//      proxy ("api.freight-rates.example" is pinned to that server on 127.0.0.1),
+//   7. prints the span the runtime recorded for each run.
 //
-// Exit status: 0 when snippet 1 ended `ok` with the expected quote and snippet 2 ended
-// `network_disabled` with its DNS attempt listed; 1 otherwise, or when this host cannot run
+// Exit status: 0 when snippet 1 ended `ok` with the expected quote, snippet 2 ended
+// `network_disabled` with its DNS attempt listed and (container, gvisor) snippet 3 was
+// approved once and fetched the live rates through the proxy; 1 otherwise, or when this host cannot run
 // the process backend (the backends' statuses are printed); 2 for bad options. With
 // --skip-unavailable, an unavailable backend or image exits 77 instead (CTest's "skipped"),
 // unless CI=true or SANDBOX_MUST_WORK=1.
@@ -26,6 +33,8 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/program_options.hpp>
 #include <chrono>
@@ -137,6 +146,40 @@ with urllib.request.urlopen("https://api.freight-rates.example/v1/live", timeout
     print(json.load(r))
 )py";
 
+// Snippet 3: the same wish, asked properly: the request names the domain and the host's
+// approver decides. {url} is the local test server's address under the pinned name.
+constexpr const char* approved_live_rates_snippet = R"py(import json, urllib.request
+with urllib.request.urlopen("{url}", timeout=5) as r:
+    live = json.load(r)
+print(f"live rate NLRTM-USCHI ocean: USD {live['ocean_usd_per_kg']}/kg (as of {live['as_of']})")
+)py";
+
+// The live-rates server's one document.
+constexpr const char* live_rates_json =
+    R"({"lane":"NLRTM-USCHI","ocean_usd_per_kg":0.69,"air_usd_per_kg":3.38,"as_of":"2026-11-30T06:00:00Z"})";
+constexpr const char* live_rates_host = "api.freight-rates.example";
+
+// A tiny HTTP/1.1 server on 127.0.0.1 standing in for the rates API: one response per
+// connection, whatever was asked. Runs on the example's io_context until closed.
+asio::awaitable<void> serve_live_rates(asio::ip::tcp::acceptor& acceptor, int& requests) {
+  for (;;) {
+    auto [ec, sock] = co_await acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
+    if (ec) co_return;  // closed
+    std::string head;
+    char buf[1024];
+    while (head.find("\r\n\r\n") == std::string::npos && head.size() < 16384) {
+      auto [rec, n] = co_await sock.async_read_some(asio::buffer(buf), asio::as_tuple(asio::use_awaitable));
+      if (rec) break;
+      head.append(buf, n);
+    }
+    ++requests;
+    std::string body = live_rates_json;
+    std::string resp = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+                       std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+    co_await asio::async_write(sock, asio::buffer(resp), asio::as_tuple(asio::use_awaitable));
+  }
+}
+
 // --- a span sink that keeps the spans ---------------------------------------------------
 
 class collecting_span_sink final : public sandbox::span_sink {
@@ -221,14 +264,18 @@ std::string env_or_empty(const char* name) {
 struct outcome {
   sandbox::run_result quote;
   sandbox::run_result live;
+  std::optional<sandbox::run_result> approved;  ///< run 3 (container and gvisor levels)
   std::optional<std::string> quote_blob_error;
   std::string quote_file;
 };
 
-// The agent's two tool calls, one after the other, on the runtime's executor.
+// The agent's tool calls, one after the other, on the runtime's executor. `approved_request`
+// is empty at the process level (network runs need container or stronger).
 asio::awaitable<void> walkthrough(sandbox::runtime& rt, const sandbox::ticket& ticket,
                                   const sandbox::run_request& quote_request,
-                                  const sandbox::run_request& live_request, outcome& out) {
+                                  const sandbox::run_request& live_request,
+                                  std::optional<sandbox::run_request> approved_request,
+                                  asio::ip::tcp::acceptor& rates_server, outcome& out) {
   auto token = asio::as_tuple(asio::use_awaitable);
   auto [ec1, quote] = co_await rt.async_run(quote_request, ticket, token);
   if (ec1) quote.message += " (operation: " + ec1.message() + ")";
@@ -236,12 +283,56 @@ asio::awaitable<void> walkthrough(sandbox::runtime& rt, const sandbox::ticket& t
   auto [ec2, live] = co_await rt.async_run(live_request, ticket, token);
   if (ec2) live.message += " (operation: " + ec2.message() + ")";
   out.live = std::move(live);
+  if (approved_request) {
+    auto [ec3, approved] = co_await rt.async_run(*approved_request, ticket, token);
+    if (ec3) approved.message += " (operation: " + ec3.message() + ")";
+    out.approved = std::move(approved);
+  }
+  boost::system::error_code ignored;
+  rates_server.close(ignored);  // lets io.run() return
 }
 
-int run_example(const sandbox::runtime_options& options, sandbox::isolation level,
+int run_example(sandbox::runtime_options options, sandbox::isolation level,
                 bool skip_unavailable) {
   // 1. The runtime, on our own io_context: handlers and the coroutine run on this thread.
   asio::io_context io;
+  // The stand-in rates API, and the host's egress settings that make its name reachable (a
+  // pinned name: resolved names never reach loopback addresses).
+  asio::ip::tcp::acceptor rates_server(io, {asio::ip::make_address("127.0.0.1"), 0});
+  const std::uint16_t rates_port = rates_server.local_endpoint().port();
+  int rates_requests = 0;
+  options.egress.pinned_hosts[live_rates_host] = {"127.0.0.1"};
+  options.egress.http_ports = {80, rates_port};
+  // The approver: what a human would see on the confirmation page, then a derived ticket.
+  // (A real host would show the page and wait; this one approves what it printed.)
+  int approvals_asked = 0;
+  std::optional<sandbox::ticket> parent_ticket;  // set below, before any run
+  sandbox::ticket_issuer issuer;                 // kept by the code that authorizes tool calls
+  options.approver = sandbox::make_callback_approver(
+      [&](sandbox::approval_request req, sandbox::approval_callback answer) {
+        ++approvals_asked;
+        std::cout << "\n== approval asked: may this run reach the network?\n"
+                  << "  ticket:    " << req.ticket_id << " (tenant " << req.tenant << ")\n"
+                  << "  domains:  ";
+        for (const auto& d : req.domains) std::cout << " " << d;
+        std::cout << "\n  timeout:   " << req.timeout.count() << " ms, memory "
+                  << req.memory_limit_bytes << " bytes\n"
+                  << "  source:    sha256 " << req.source_sha256 << " (" << req.source_bytes
+                  << " bytes)\n";
+        for (const auto& f : req.files_in) {
+          std::cout << "  input:     " << f.name << " sha256 " << f.sha256 << " (" << f.bytes
+                    << " bytes)\n";
+        }
+        std::cout << "  isolation: " << sandbox::to_string(req.isolation) << "\n"
+                  << "  image:     " << req.runtime.name << " " << req.runtime.digest << "\n";
+        auto derived = issuer.derive(*parent_ticket, req);
+        if (!derived) {
+          std::cout << "  cannot derive a ticket: " << derived.error().message() << "\n";
+          return answer(sandbox::approval_decision::deny("no derived ticket"));
+        }
+        std::cout << "  approved:  derived ticket " << derived->id() << "\n";
+        answer(sandbox::approval_decision::approve(*derived));
+      });
   auto rt = sandbox::runtime::create(io.get_executor(), options);
   if (!rt) {
     std::cout << "cannot create the runtime: " << rt.error().message() << "\n";
@@ -274,7 +365,6 @@ int run_example(const sandbox::runtime_options& options, sandbox::isolation leve
             << *python->second << "\n";
 
   // 2. The ticket: code.execute for tenant acme, at the chosen isolation, no network grant.
-  sandbox::ticket_issuer issuer;  // kept by the code that authorizes tool calls
   auto ticket = issuer.issue({.id = "freight-quote-1",
                               .tenant = tenant,
                               .isolation = level,
@@ -285,6 +375,7 @@ int run_example(const sandbox::runtime_options& options, sandbox::isolation leve
     return exit_fail;
   }
   std::cout << "ticket:  " << sandbox::encode(*ticket) << "\n";
+  parent_ticket = *ticket;
 
   // 3. Inputs go in as blobs of the ticket's tenant; the request names only blob ids.
   auto rates = rt->blobs()->put(tenant, rate_table_csv);
@@ -307,9 +398,28 @@ int run_example(const sandbox::runtime_options& options, sandbox::isolation leve
   sandbox::run_request live_request{
       .runtime = "python3", .source = live_rates_snippet, .timeout = 5000ms};
 
-  // 4 and 5. Both runs, asynchronously, on our io_context.
+  // Run 3 asks for exactly one domain, with the rate table as input (its digest is on the
+  // confirmation page).
+  std::optional<sandbox::run_request> approved_request;
+  const std::string rates_url =
+      "http://" + std::string(live_rates_host) + ":" + std::to_string(rates_port) + "/v1/live";
+  if (level != sandbox::isolation::process) {
+    std::string src = approved_live_rates_snippet;
+    src.replace(src.find("{url}"), 5, rates_url);
+    approved_request = sandbox::run_request{.runtime = "python3",
+                                            .source = src,
+                                            .timeout = 5000ms,
+                                            .network = true,
+                                            .egress = {live_rates_host},
+                                            .files_in = {{.name = "rates.csv", .blob = *rates}}};
+  }
+
+  // 4, 5 and 6. The runs, asynchronously, on our io_context (with the rates server).
   outcome out;
-  asio::co_spawn(io, walkthrough(*rt, *ticket, quote_request, live_request, out),
+  asio::co_spawn(io, serve_live_rates(rates_server, rates_requests), asio::detached);
+  asio::co_spawn(io,
+                 walkthrough(*rt, *ticket, quote_request, live_request, approved_request,
+                             rates_server, out),
                  [](std::exception_ptr e) {
                    if (e) std::rethrow_exception(e);
                  });
@@ -377,15 +487,45 @@ int run_example(const sandbox::runtime_options& options, sandbox::isolation leve
   check.expect(l.code == sandbox::code::network_disabled, "run 2 ended network_disabled");
   check.expect(dns_listed, "run 2 lists the refused DNS lookup of api.freight-rates.example");
 
-  // 6. The spans the runtime recorded, one per run, in order.
+  // Run 3: live rates again, asked for properly and approved.
+  if (out.approved) {
+    const auto& a = *out.approved;
+    print_head("run 3: fetch live rates, with the domain named and a human's approval", a);
+    std::cout << "  stdout:\n" << indent(a.std_out.summary);
+    if (!a.std_err.summary.empty()) std::cout << "  stderr:\n" << indent(a.std_err.summary);
+    bool fetched_through_proxy = false;
+    for (const auto& e : a.egress_attempts) {
+      std::cout << "  egress:    " << e.protocol << " " << e.host << " port " << e.port << " via "
+                << e.address << ", " << (e.allowed ? "allowed" : "refused") << " (" << e.reason
+                << "), " << e.bytes_up << " bytes up, " << e.bytes_down << " bytes down\n";
+      if (e.protocol == "http" && e.host == live_rates_host && e.allowed && e.bytes_down > 0) {
+        fetched_through_proxy = true;
+      }
+    }
+    print_usage(a);
+    check.expect(approvals_asked == 1, "run 3 asked the approver once");
+    check.expect(a.code == sandbox::code::ok, "run 3 ended ok");
+    check.expect(a.std_out.summary.find("USD 0.69/kg") != std::string::npos,
+                 "run 3 printed the live ocean rate");
+    check.expect(fetched_through_proxy, "run 3 lists its proxied request with bytes");
+    check.expect(rates_requests == 1, "the rates server answered exactly one request");
+  } else {
+    std::cout << "\n== run 3 (network by approval) needs --isolation container or gvisor\n";
+    check.expect(approvals_asked == 0, "no approval asked");
+  }
+
+  // 7. The spans the runtime recorded, one per run, in order.
   auto spans = std::static_pointer_cast<collecting_span_sink>(options.spans)->spans();
   const std::vector<std::string> required{
       "sandbox.tenant",         "sandbox.isolation",
       "sandbox.timeout",        "error_code",
       "sandbox.runtime_digest", "sandbox.usage.wall_ms",
       "sandbox.usage.cpu_ms",   "sandbox.usage.peak_memory_bytes"};
-  check.expect(spans.size() == 2, "two spans recorded");
-  for (std::size_t i = 0; i < spans.size(); ++i) {
+  const std::vector<const sandbox::run_result*> runs =
+      out.approved ? std::vector<const sandbox::run_result*>{&q, &l, &*out.approved}
+                   : std::vector<const sandbox::run_result*>{&q, &l};
+  check.expect(spans.size() == runs.size(), std::to_string(runs.size()) + " spans recorded");
+  for (std::size_t i = 0; i < spans.size() && i < runs.size(); ++i) {
     const auto& s = spans[i];
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(s.end - s.start).count();
     std::cout << "\n== span " << i + 1 << ": " << s.name << " (" << ms << " ms)\n";
@@ -395,15 +535,16 @@ int run_example(const sandbox::runtime_options& options, sandbox::isolation leve
     for (const auto& key : required) {
       check.expect(s.attributes.count(key) == 1, "span " + std::to_string(i + 1) + " has " + key);
     }
-    const auto& r = i == 0 ? q : l;
+    const auto& r = *runs[i];
     auto attr = [&](const char* key) {
       auto it = s.attributes.find(key);
       return it == s.attributes.end() ? std::string() : attribute_text(it->second);
     };
     check.expect(attr("error_code") == sandbox::to_string(r.code),
                  "span " + std::to_string(i + 1) + " error_code matches its result");
-    check.expect(attr("sandbox.isolation") == sandbox::to_string(level),
-                 "span isolation is " + std::string(sandbox::to_string(level)));
+    check.expect(attr("sandbox.isolation") == sandbox::to_string(r.isolation) &&
+                     (i < 2 ? r.isolation == level : sandbox::is_at_least(r.isolation, sandbox::isolation::container)),
+                 "span isolation is " + std::string(sandbox::to_string(r.isolation)));
     check.expect(attr("sandbox.tenant") == tenant, "span tenant is acme");
     check.expect(attr("sandbox.runtime_digest") == r.runtime.digest, "span digest matches");
   }
