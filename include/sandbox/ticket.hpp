@@ -81,8 +81,8 @@ struct ticket_spec {
    */
   std::vector<std::string> egress;
   /**
-   * When the ticket stops granting anything (exclusive: at `expires_at` it is expired).
-   * Absent (the default): it never expires. The ticket keeps whole seconds (rounded down),
+   * When the ticket stops granting anything (exclusive: at `expires_at` it is expired),
+   * between 1970 and the end of 2199. Absent (the default): it never expires. The ticket keeps whole seconds (rounded down),
    * the precision of its JSON form (`"expires_at":"2026-11-30T12:00:00Z"`). Admission answers
    * `action_denied` ("ticket expired") from then on.
    */
@@ -101,7 +101,7 @@ inline constexpr std::chrono::seconds max_derived_ttl{3600};
 std::string format_rfc3339(std::chrono::system_clock::time_point t);
 
 /// Parses exactly `YYYY-MM-DDTHH:MM:SSZ` (upper-case `T` and `Z`, no fraction, no offset,
-/// years 1970..9999, a real calendar date); `std::nullopt` for anything else.
+/// years 1970..2199, a real calendar date); `std::nullopt` for anything else.
 std::optional<std::chrono::system_clock::time_point> parse_rfc3339(std::string_view text);
 
 /// True for a tenant name of 1..64 characters from `[A-Za-z0-9._-]`, starting with a letter

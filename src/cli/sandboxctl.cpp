@@ -73,6 +73,8 @@ const char* top_usage =
     "  ticket sign --key K.pem [--parent DOC] TICKET.json\n"
     "                                                print the signed ticket document\n"
     "  ticket verify --trusted-keys PATH DOC         check a signed ticket; print its ticket\n"
+    "  ticket derive --ticket T.json --approval A.json [--domain D]... [--ttl-s N]\n"
+    "                                                print the ticket derived from an approval\n"
     "  serve (--socket PATH | --stdio) [--config FILE] [--max-running N]\n"
     "      [--max-queued N] [--tenant-max-running N] [--tenant-max-queued N]\n"
     "      [--queue-deadline-ms N] [--trusted-keys PATH]...\n"
@@ -708,18 +710,34 @@ int cmd_run(const std::vector<std::string>& args) {
 
 // --- ticket ------------------------------------------------------------------------------
 
+// True when `flag` was given (also as `flag=value`), even with an empty value.
+bool vm_has(const std::vector<std::string>& args, const std::string& flag) {
+  for (const auto& a : args) {
+    if (a == flag || a.rfind(flag + "=", 0) == 0) return true;
+  }
+  return false;
+}
+
 // `ticket keygen --kid K --out DIR`, `ticket sign --key FILE [--kid K] [--parent DOC] T.json`,
-// `ticket verify --trusted-keys PATH... DOC`.
+// `ticket verify --trusted-keys PATH... DOC`, `ticket derive --ticket T --approval A [...]`.
 int cmd_ticket(const std::vector<std::string>& args) {
-  std::string verb, file, kid, out_dir, key_path, parent_path;
-  std::vector<std::string> trusted;
+  std::string verb, file, kid, out_dir, key_path, parent_path, ticket_path, approval_path, id;
+  std::string ttl_text;
+  std::vector<std::string> trusted, domains;
   po::options_description d("ticket options");
   d.add_options()("verb", po::value(&verb))("file", po::value(&file))(
       "kid", po::value(&kid), "key id (keygen: required; sign: default from the key file)")(
       "out", po::value(&out_dir), "keygen: directory for <kid>.pem and <kid>.pub.pem")(
       "key", po::value(&key_path), "sign: the private key file (<kid>.pem)")(
       "parent", po::value(&parent_path), "sign: the parent's signed document (derived ticket)")(
-      "trusted-keys", po::value(&trusted), "verify: public key file or directory (repeatable)");
+      "trusted-keys", po::value(&trusted), "verify: public key file or directory (repeatable)")(
+      "ticket", po::value(&ticket_path), "derive: the parent ticket (plain, or signed with "
+                                         "--trusted-keys)")(
+      "approval", po::value(&approval_path),
+      "derive: the approval request (or a run result carrying one)")(
+      "domain", po::value(&domains), "derive: approve only this domain (repeatable)")(
+      "ttl-s", po::value(&ttl_text), "derive: lifetime in seconds (1-3600, default 600)")(
+      "id", po::value(&id), "derive: the derived ticket's id (default: random)");
   po::positional_options_description pos;
   pos.add("verb", 1).add("file", 1);
   parse(args, d, pos);
@@ -788,7 +806,43 @@ int cmd_ticket(const std::vector<std::string>& args) {
     std::cout << sandbox::encode(*t) << "\n";
     return exit_ok;
   }
-  throw usage_error("ticket: expected keygen, sign or verify");
+  if (verb == "derive") {
+    if (ticket_path.empty() || approval_path.empty()) {
+      throw usage_error("ticket derive: --ticket PARENT and --approval FILE needed");
+    }
+    auto parent = load_ticket(ticket_path, trusted);
+    if (!parent) {
+      std::cerr << "sandboxctl: ticket derive: " << parent.error().message << "\n";
+      return exit_fail;
+    }
+    // An approval request, or the approval_required result that carries one.
+    const auto text = read_file(approval_path, max_request_file);
+    std::optional<sandbox::approval_request> approval;
+    if (auto q = sandbox::decode_approval_request(text)) {
+      approval = std::move(*q);
+    } else if (auto r = sandbox::decode_run_result(text); r && r->approval) {
+      approval = std::move(*r->approval);
+    } else {
+      std::cerr << "sandboxctl: ticket derive: --approval: " << q.error().message << "\n";
+      return exit_fail;
+    }
+    sandbox::derive_options o;
+    o.id = id;
+    if (!ttl_text.empty() || vm_has(args, "--ttl-s")) {
+      o.ttl = std::chrono::seconds(parse_number<std::int64_t>(
+          "ttl-s", ttl_text, 1, sandbox::max_derived_ttl.count()));
+    }
+    if (!domains.empty()) o.domains = domains;
+    auto d = sandbox::ticket_issuer{}.derive(*parent, *approval, o);
+    if (!d) {
+      std::cerr << "sandboxctl: ticket derive: the approval is not for this ticket, or the "
+                   "options are out of range (domains must be among the requested ones)\n";
+      return exit_fail;
+    }
+    std::cout << sandbox::encode(*d) << "\n";
+    return exit_ok;
+  }
+  throw usage_error("ticket: expected keygen, sign, verify or derive");
 }
 
 // Host tuning the operator may want (never applied by us: it is a host-wide kernel setting).

@@ -1203,7 +1203,19 @@ int serve(const serve_options& options) {
   std::optional<sandbox::runtime> rt;
   std::optional<service> svc;
   {
-    auto created = sandbox::runtime::create(io.get_executor(), options.runtime);
+    sandbox::runtime_options rt_options = options.runtime;
+    if (!options.trusted_keys.empty() && !rt_options.approver) {
+      // With signed tickets, a network request whose ticket lacks code.network is answered
+      // approval_required with its approval request: the client's approval service (which
+      // holds a trusted key) can then derive and sign the ticket, and the client resubmits.
+      // Without keys a client could grant itself anything, so nothing changes there.
+      rt_options.approver = sandbox::make_callback_approver(
+          [](sandbox::approval_request, sandbox::approval_callback answer) {
+            answer(sandbox::approval_decision::defer(
+                "resume with a derived ticket signed by a trusted key"));
+          });
+    }
+    auto created = sandbox::runtime::create(io.get_executor(), std::move(rt_options));
     if (!created) {
       std::cerr << "sandboxctl: serve: cannot start the runtime: " << created.error().message()
                 << "\n";

@@ -59,7 +59,10 @@ struct serve_options {
   /// Trusted ticket-signing public keys. Empty (the default): tickets are trusted as sent.
   /// Non-empty: every run's ticket must be a signed document that verifies against them
   /// (`ticket_verifier::verify`, at the moment the line is read); anything else, an unsigned
-  /// ticket included, is answered with an `action_denied` result.
+  /// ticket included, is answered with an `action_denied` result. A network request whose
+  /// ticket lacks `code.network` is then answered `approval_required` with its approval
+  /// request (unless `runtime.approver` is set), for the client to resume under a derived
+  /// ticket signed by a trusted key.
   sandbox::ticket_verifier trusted_keys;
 };
 

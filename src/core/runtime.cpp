@@ -625,7 +625,22 @@ void runtime_impl::shutdown() noexcept {
   }
   // 1. Queued runs are refused; backends kill their live runs and confirm them dead
   //    (bounded by their budget).
-  if (scheduler_) scheduler_->shutdown();
+  if (scheduler_ && executor_alive()) {
+    scheduler_->shutdown();
+  } else if (scheduler_) {
+    // The executor's execution context is already gone: the scheduler's timer and queued
+    // completions belong to it, and touching them (cancel, post, or destroy) would use freed
+    // memory. Keep the scheduler for the life of the process instead (as abort_locked leaks
+    // such completions), reachable so that leak checkers do not report it.
+    static std::mutex graveyard_mu;
+    static auto* graveyard = new std::vector<std::shared_ptr<scheduler>>();  // NOLINT
+    try {
+      std::lock_guard lk(graveyard_mu);
+      graveyard->push_back(std::move(scheduler_));
+    } catch (...) {
+      new std::shared_ptr<scheduler>(std::move(scheduler_));  // NOLINT: out of memory
+    }
+  }
   for (auto& b : bs) b->shutdown();
   // 2. Every run still in flight completes with operation_aborted (posted to its executor).
   for (auto& w : ops) {
@@ -655,6 +670,10 @@ void runtime_impl::shutdown() noexcept {
       thread_.detach();
     } else if (thread_.joinable()) {
       thread_.join();
+      // I/O objects go before the io_context they belong to: the scheduler's deadline timer
+      // would otherwise be destroyed (with this impl) after its timer service. Nothing runs
+      // on the executor any more, and every run was aborted above, so nobody reads it.
+      scheduler_.reset();
     }
     own_io_.reset();  // off-thread: destroys the io_context and every handler still queued
   }

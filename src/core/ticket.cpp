@@ -55,9 +55,11 @@ using nlohmann::ordered_json;
 namespace chrono = std::chrono;
 using time_point = chrono::system_clock::time_point;
 
-// 1970-01-01T00:00:00Z .. 9999-12-31T23:59:59Z: what the JSON form can write.
+// 1970-01-01T00:00:00Z .. 2199-12-31T23:59:59Z: what the JSON form writes, and well inside
+// what a system_clock::time_point holds (nanoseconds: up to 2262).
+constexpr int max_expiry_year = 2199;
 constexpr chrono::sys_seconds min_expiry{chrono::sys_days{chrono::year{1970} / 1 / 1}};
-constexpr chrono::sys_seconds max_expiry{chrono::sys_days{chrono::year{9999} / 12 / 31} +
+constexpr chrono::sys_seconds max_expiry{chrono::sys_days{chrono::year{max_expiry_year} / 12 / 31} +
                                          chrono::hours(23) + chrono::minutes(59) +
                                          chrono::seconds(59)};
 
@@ -106,7 +108,7 @@ std::optional<std::string> check_spec(ticket_spec& spec, bool network) {
   if (spec.expires_at) {
     const auto s = chrono::floor<chrono::seconds>(*spec.expires_at);
     if (s < min_expiry || s > max_expiry) {
-      return "expires_at: must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z";
+      return "expires_at: must be between 1970-01-01T00:00:00Z and 2199-12-31T23:59:59Z";
     }
     spec.expires_at = time_point(s);
   }
@@ -138,6 +140,11 @@ void check_nested_version(const json& o, const std::string& path) {
   }
   detail::fail(detail::member_path(path, "v"),
                "unsupported protocol version (expected the integer 1)");
+}
+
+/// `t + d`, or the largest time point when that does not fit (a caller's `now` may be anything).
+time_point saturating_add(time_point t, chrono::seconds d) {
+  return t > time_point::max() - d ? time_point::max() : t + d;
 }
 
 /// 16 random lowercase hex digits (OpenSSL's CSPRNG; ids must be unique, not secret).
@@ -194,7 +201,9 @@ std::optional<time_point> parse_rfc3339(std::string_view s) {
   const auto year = number(0, 4), month = number(5, 2), day = number(8, 2);
   const auto hour = number(11, 2), minute = number(14, 2), second = number(17, 2);
   if (!year || !month || !day || !hour || !minute || !second) return std::nullopt;
-  if (*year < 1970 || *hour > 23 || *minute > 59 || *second > 59) return std::nullopt;
+  if (*year < 1970 || *year > max_expiry_year || *hour > 23 || *minute > 59 || *second > 59) {
+    return std::nullopt;
+  }
   const chrono::year_month_day ymd{chrono::year{*year},
                                    chrono::month{static_cast<unsigned>(*month)},
                                    chrono::day{static_cast<unsigned>(*day)}};
@@ -516,7 +525,7 @@ result<ticket> ticket_issuer::derive(const ticket& parent, const approval_reques
   spec.runtime_digest = approval.runtime.digest;
   if (parent.runtime_digest() && *parent.runtime_digest() != approval.runtime.digest) return bad;
   spec.egress = std::move(domains);
-  time_point expiry = chrono::floor<chrono::seconds>(now + options.ttl);
+  time_point expiry = chrono::floor<chrono::seconds>(saturating_add(now, options.ttl));
   if (parent.expires_at() && *parent.expires_at() < expiry) expiry = *parent.expires_at();
   spec.expires_at = expiry;
   if (check_spec(spec, true)) return bad;
@@ -576,7 +585,7 @@ std::optional<std::string> check_derivation(const ticket& parent, const ticket& 
   if (parent.expires_at() && *child.expires_at() > *parent.expires_at()) {
     return "expires_at: later than the parent's";
   }
-  if (*child.expires_at() > now + max_derived_ttl) {
+  if (*child.expires_at() > saturating_add(now, max_derived_ttl)) {
     return "expires_at: more than " + std::to_string(max_derived_ttl.count()) + " s from now";
   }
   // 4. The network grant: inherited (narrowed) or approved.

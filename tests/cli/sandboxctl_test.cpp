@@ -689,7 +689,7 @@ TEST_CASE("ticket keygen writes a key pair; never over an existing one", "[input
   usage_error(sandboxctl({"ticket", "keygen", "--out", dir.string()}), "--kid and --out needed");
   usage_error(sandboxctl({"ticket", "keygen", "--kid", "../k", "--out", dir.string()}),
               "invalid key id '../k'");
-  usage_error(sandboxctl({"ticket", "frobnicate"}), "expected keygen, sign or verify");
+  usage_error(sandboxctl({"ticket", "frobnicate"}), "expected keygen, sign, verify or derive");
 }
 
 TEST_CASE("ticket sign and verify; rotation by key id", "[input][ticket]") {
@@ -802,4 +802,62 @@ TEST_CASE("serve --trusted-keys: a missing or empty key directory stops the daem
   o = sandboxctl(with({"serve", "--stdio", "--trusted-keys", (empty / "none").string()},
                       clitest::private_store_flags()));
   usage_error(o, "--trusted-keys");
+}
+
+TEST_CASE("ticket derive: the ticket that answers an approval, then signed and verified",
+          "[input][ticket]") {
+  auto dir = key_dir("keys-derive", {"k1"});
+  const std::string body =
+      R"("ticket_id":"t-1","tenant":"acme","domains":["api.example.com","*.cdn.example"],)"
+      R"("timeout_ms":2000,"memory_limit_bytes":268435456,"files_in":[],"source_sha256":")" +
+      std::string(64, 'e') +
+      R"(","source_bytes":8,"isolation":"container","runtime":{"name":"python3","digest":"sha256:)" +
+      std::string(64, 'a') + R"("})";
+  const std::string approval = R"({"v":1,)" + body + "}";
+  auto a = clitest::write_scratch("approval.json", approval);
+  auto o = sandboxctl({"ticket", "derive", "--ticket", ticket_file(), "--approval", a.string(),
+                       "--domain", "img.cdn.example", "--ttl-s", "120", "--id", "d-cli"});
+  INFO(o.err);
+  REQUIRE(o.status == 0);
+  auto d = json::parse(o.out);
+  CHECK(d["id"] == "d-cli");
+  CHECK(d["derived_from"] == json::array({"t-1"}));
+  CHECK(d["egress"] == json::array({"img.cdn.example"}));
+  CHECK(d["isolation"] == "container");
+  CHECK(d["runtime_digest"] == "sha256:" + std::string(64, 'a'));
+  CHECK(d["approval"]["ticket_id"] == "t-1");
+  // The result of an approval_required run works as --approval too.
+  auto result = clitest::write_scratch(
+      "approval-result.json", R"({"code":"approval_required","approval":{)" + body + "}}");
+  o = sandboxctl({"ticket", "derive", "--ticket", ticket_file(), "--approval", result.string()});
+  INFO(o.err);
+  REQUIRE(o.status == 0);
+  auto plain = clitest::write_scratch("derived-cli.json", o.out);
+  // Signed with its parent's document, it verifies.
+  auto parent = signed_ticket("parent-derive.json", ticket_json, dir / "k1.pem");
+  auto s = sandboxctl({"ticket", "sign", "--key", (dir / "k1.pem").string(), "--parent",
+                       parent.string(), plain.string()});
+  INFO(s.err);
+  REQUIRE(s.status == 0);
+  auto doc = clitest::write_scratch("derived-cli.signed.json", s.out);
+  auto v = sandboxctl({"ticket", "verify", "--trusted-keys", dir.string(), doc.string()});
+  INFO(v.err);
+  CHECK(v.status == 0);
+  CHECK(json::parse(v.out) == json::parse(o.out));
+  // Derive from a signed parent (verified), refusals.
+  o = sandboxctl({"ticket", "derive", "--ticket", parent.string(), "--trusted-keys", dir.string(),
+                  "--approval", a.string()});
+  CHECK(o.status == 0);
+  o = sandboxctl({"ticket", "derive", "--ticket", ticket_file(), "--approval", a.string(),
+                  "--domain", "evil.example"});
+  CHECK(o.status == 1);
+  CHECK(contains(o.err, "domains must be among the requested ones"));
+  usage_error(sandboxctl({"ticket", "derive", "--ticket", ticket_file(), "--approval", a.string(),
+                          "--ttl-s", "3601"}),
+              "ttl-s");
+  usage_error(sandboxctl({"ticket", "derive", "--ticket", ticket_file()}), "--approval FILE");
+  auto junk = clitest::write_scratch("junk-approval.json", "{}");
+  o = sandboxctl({"ticket", "derive", "--ticket", ticket_file(), "--approval", junk.string()});
+  CHECK(o.status == 1);
+  CHECK(contains(o.err, "--approval: ticket_id: required field is missing"));
 }

@@ -730,6 +730,18 @@ TEST_CASE("with --trusted-keys the daemon accepts only signed tickets", "[servic
   r = result_of(line_with("broken", broken, net));
   CHECK(r["code"] == "action_denied");
   CHECK(r["message"] == "ticket: signed ticket: parent: bad signature (key 'issuer-1')");
+  // A network request under the plain signed ticket: the daemon defers to the client's
+  // approval service (approval_required with the question), where the host has a container
+  // level; without one, nothing could run it anyway (runtime_unavailable).
+  r = result_of(line_with("ask", doc, net));
+  if (r["code"] == "approval_required") {
+    CHECK(r["approval"]["ticket_id"] == "svc-test");
+    CHECK(r["approval"]["domains"] == json::array({"api.example.com"}));
+    CHECK(r["approval"]["source_sha256"] == source_sha256);
+  } else {
+    CHECK(r["code"] == "runtime_unavailable");
+    CHECK(r["approval"].is_null());
+  }
   // Another program under the approved ticket: refused by the approval it carries.
   r = result_of(line_with("other-source", derived_doc, [&] {
     json other = net;
