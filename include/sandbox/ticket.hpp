@@ -82,9 +82,10 @@ struct ticket_spec {
   std::vector<std::string> egress;
   /**
    * When the ticket stops granting anything (exclusive: at `expires_at` it is expired),
-   * between 1970 and the end of 2199. Absent (the default): it never expires. The ticket keeps whole seconds (rounded down),
-   * the precision of its JSON form (`"expires_at":"2026-11-30T12:00:00Z"`). Admission answers
-   * `action_denied` ("ticket expired") from then on.
+   * between 1970 and the end of 2199 (else `issue` fails). Absent (the default): it never
+   * expires. The ticket keeps whole seconds (rounded down), the precision of its JSON form
+   * (`"expires_at":"2026-11-30T12:00:00Z"`). Admission answers `action_denied` ("ticket
+   * expired") from then on.
    */
   std::optional<std::chrono::system_clock::time_point> expires_at;
   bool operator==(const ticket_spec&) const = default;
