@@ -170,7 +170,9 @@ runtime_options default_runtime_options();
  * Applies a host configuration document to `options` (JSON; docs/operations.md,
  * "Configuration"): `scheduler` (caps, queue limits, tenant classes with weights and queue
  * deadlines, tenant → class), `warm_pool` (pool classes), `policy` (ceilings and per-run
- * limits). For example:
+ * limits), `backends` (the container and gvisor levels), `egress` (network runs' proxy:
+ * `egress_proxy_options`, e.g. `{"pinned_hosts": {"api.internal.example": ["10.0.0.7"]},
+ * "connect_ports": [443, 8443], "max_connections": 16}`). For example:
  *
  *   {"v": 1,
  *    "scheduler": {"max_running": 16, "classes": {"gold": {"max_running": 8, "weight": 3}},

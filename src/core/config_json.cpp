@@ -6,6 +6,10 @@
 #include <algorithm>
 #include "core/env_rules.hpp"
 #include "core/json_strict.hpp"
+#include "core/text_util.hpp"
+#include "sandbox/egress.hpp"
+
+#include <boost/asio/ip/address.hpp>
 #include "sandbox/runtime.hpp"
 
 namespace sandbox {
@@ -215,6 +219,53 @@ void decode_policy(const json& v, const std::string& path, policy& p) {
   }
 }
 
+void decode_egress(const json& v, const std::string& path, egress_proxy_options& e) {
+  const json& o = as_object(v, path);
+  check_known_fields(o, path, {"pinned_hosts", "connect_ports", "http_ports", "max_connections",
+                               "max_bytes_up", "max_bytes_down"});
+  optional_field(o, path, "pinned_hosts", [&](const json& x, const std::string& q) {
+    e.pinned_hosts.clear();
+    const json& m = as_object(x, q);
+    for (const auto& [name, addresses] : m.items()) {
+      const std::string r = q + "[" + detail::quote_for_message(name) + "]";
+      auto canonical = canonical_egress_pattern(name);
+      if (!canonical || canonical->starts_with("*.")) fail(r, "not a host name");
+      const json& a = as_array(addresses, r);
+      if (a.empty()) fail(r, "needs at least one address");
+      std::vector<std::string> out;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        const std::string ri = index_path(r, i);
+        std::string addr = as_string(a[i], ri);
+        boost::system::error_code ec;
+        boost::asio::ip::make_address(addr, ec);
+        if (ec) fail(ri, "not a numeric IPv4 or IPv6 address");
+        out.push_back(std::move(addr));
+      }
+      e.pinned_hosts[*canonical] = std::move(out);
+    }
+  });
+  auto ports = [&](std::string_view key, std::vector<std::uint16_t>& out) {
+    optional_field(o, path, key, [&](const json& x, const std::string& q) {
+      out.clear();
+      const json& a = as_array(x, q);
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        const auto port = as_unsigned(a[i], index_path(q, i), 65535);
+        if (port == 0) fail(index_path(q, i), "must be 1..65535");
+        out.push_back(static_cast<std::uint16_t>(port));
+      }
+    });
+  };
+  ports("connect_ports", e.connect_ports);
+  ports("http_ports", e.http_ports);
+  optional_field(o, path, "max_connections", [&](const json& x, const std::string& q) {
+    e.max_connections = static_cast<std::uint32_t>(as_unsigned(x, q, u32_max));
+  });
+  optional_field(o, path, "max_bytes_up",
+                 [&](const json& x, const std::string& q) { e.max_bytes_up = as_unsigned(x, q); });
+  optional_field(o, path, "max_bytes_down",
+                 [&](const json& x, const std::string& q) { e.max_bytes_down = as_unsigned(x, q); });
+}
+
 }  // namespace
 
 boost::system::result<void, rejection> apply_config(std::string_view text,
@@ -226,7 +277,7 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
     }
     const json& o = as_object(doc, "");
     detail::check_version(o);
-    check_known_fields(o, "", {"v", "scheduler", "warm_pool", "policy", "backends"});
+    check_known_fields(o, "", {"v", "scheduler", "warm_pool", "policy", "backends", "egress"});
     runtime_options next = options;  // applied only when everything decodes
     optional_field(o, "", "scheduler",
                    [&](const json& x, const std::string& p) { decode_scheduler(x, p, next.scheduler); });
@@ -237,6 +288,8 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
                    [&](const json& x, const std::string& p) { decode_policy(x, p, next.policy); });
     optional_field(o, "", "backends",
                    [&](const json& x, const std::string& p) { decode_backends(x, p, next); });
+    optional_field(o, "", "egress",
+                   [&](const json& x, const std::string& p) { decode_egress(x, p, next.egress); });
     // A pool class must be one a request can be: its limits within the policy in force.
     auto check_pool = [&](const std::vector<warm_pool_class>& pool, const std::string& where) {
     for (std::size_t i = 0; i < pool.size(); ++i) {

@@ -58,6 +58,16 @@ TEST_CASE("config: faults name their field and nothing is applied", "[config]") 
       {R"({"policy": {"allowed_env": ["LD_PRELOAD"]}})", "policy.allowed_env[0]: reserved"},
       {R"({"policy": {"allowed_env": ["PATH"]}})", "policy.allowed_env[0]: reserved"},
       {R"({"policy": {"allowed_env": ["SANDBOX_X"]}})", "policy.allowed_env[0]: reserved"},
+      // Network runs' egress proxy: names, addresses and ports are checked here.
+      {R"({"egress": {"pinned_hosts": {"*.example.com": ["10.0.0.1"]}}})", "egress.pinned_hosts['*.example.com']: not a host name"},
+      {R"({"egress": {"pinned_hosts": {"10.0.0.1": ["10.0.0.1"]}}})", "egress.pinned_hosts['10.0.0.1']: not a host name"},
+      {R"({"egress": {"pinned_hosts": {"api.example.com": []}}})", "egress.pinned_hosts['api.example.com']: needs at least one address"},
+      {R"({"egress": {"pinned_hosts": {"api.example.com": ["localhost"]}}})", "egress.pinned_hosts['api.example.com'][0]: not a numeric"},
+      {R"({"egress": {"pinned_hosts": {"api.example.com": ["10.0.0.1:80"]}}})", "egress.pinned_hosts['api.example.com'][0]: not a numeric"},
+      {R"({"egress": {"connect_ports": [0]}})", "egress.connect_ports[0]: must be 1..65535"},
+      {R"({"egress": {"http_ports": [65536]}})", "egress.http_ports[0]"},
+      {R"({"egress": {"max_connections": -1}})", "egress.max_connections"},
+      {R"({"egress": {"proxy": 1}})", "egress: unknown field 'proxy'"},
       {R"({"v": 2})", "unsupported protocol version"},
       {R"({"scheduler": {}, "scheduler": {}})", "duplicate"},
       {R"({"extra": 1})", "unknown field 'extra'"},
@@ -74,5 +84,25 @@ TEST_CASE("config: faults name their field and nothing is applied", "[config]") 
     CHECK(o.scheduler == before);
     CHECK(o.process.warm_pool.empty());
     CHECK(o.policy.allowed_env.empty());
+    CHECK(o.egress.pinned_hosts.empty());
+    CHECK(o.egress.connect_ports == std::vector<std::uint16_t>{443});
   }
+}
+
+TEST_CASE("config: the egress section sets network runs' proxy options", "[config]") {
+  sandbox::runtime_options o;
+  auto r = sandbox::apply_config(R"({"v":1, "egress": {
+      "pinned_hosts": {"Rates.Internal.Example.": ["10.20.0.7", "fd00::7"]},
+      "connect_ports": [443, 8443], "http_ports": [8080], "max_connections": 5,
+      "max_bytes_up": 1000, "max_bytes_down": 2000}})",
+                                 o);
+  REQUIRE(r.has_value());
+  // Names are kept canonical (lower case, no trailing dot): the form the proxy looks up.
+  CHECK(o.egress.pinned_hosts ==
+        std::map<std::string, std::vector<std::string>>{{"rates.internal.example", {"10.20.0.7", "fd00::7"}}});
+  CHECK(o.egress.connect_ports == std::vector<std::uint16_t>{443, 8443});
+  CHECK(o.egress.http_ports == std::vector<std::uint16_t>{8080});
+  CHECK(o.egress.max_connections == 5);
+  CHECK(o.egress.max_bytes_up == 1000);
+  CHECK(o.egress.max_bytes_down == 2000);
 }
