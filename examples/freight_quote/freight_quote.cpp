@@ -323,6 +323,9 @@ int run_example(sandbox::runtime_options options, sandbox::isolation level,
           std::cout << "  input:     " << f.name << " sha256 " << f.sha256 << " (" << f.bytes
                     << " bytes)\n";
         }
+        for (const auto& [name, value] : req.env) {
+          std::cout << "  env:       " << name << "=" << value << "\n";
+        }
         std::cout << "  isolation: " << sandbox::to_string(req.isolation) << "\n"
                   << "  image:     " << req.runtime.name << " " << req.runtime.digest << "\n";
         auto derived = issuer.derive(*parent_ticket, req);

@@ -187,6 +187,10 @@ struct approval_request {
   std::vector<approval_file> files_in;   ///< every input, in the request's order
   std::string source_sha256;             ///< 64 lowercase hex digits: SHA-256 of `source`
   std::uint64_t source_bytes = 0;        ///< size of `source`
+  /// The request's `env`, names and values, shown to whoever approves: values steer code as
+  /// much as its inputs do (a URL, a query), so a run under the approval must carry exactly
+  /// these. Empty when the request set none.
+  std::map<std::string, std::string> env;
   /// The level the run will get (at least `container`: network never runs weaker).
   sandbox::isolation isolation = sandbox::isolation::container;
   runtime_info runtime;                  ///< runtime name and its installed image digest

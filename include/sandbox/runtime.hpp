@@ -22,6 +22,7 @@
 #include <boost/system/result.hpp>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -111,6 +112,15 @@ struct egress_proxy_options {
   /// (the DNS-rebinding defence): for internal services the operator means to expose, and for
   /// tests. Only names a run is also approved for are ever reached.
   std::map<std::string, std::vector<std::string>> pinned_hosts;
+  /// Resolves the names that are not pinned, instead of the host's resolver (getaddrinfo):
+  /// e.g. a DNS-over-HTTPS client or a resolver of the operator's choosing. Called on the
+  /// runtime's executor, must not block, and must call `done` exactly once (from any thread)
+  /// with numeric IPv4/IPv6 addresses; none: the name does not resolve. Its answers are not
+  /// trusted: loopback, private, link-local, metadata and other non-public addresses in them
+  /// are refused like the host resolver's. Empty: the host's resolver.
+  std::function<void(const std::string& host,
+                     std::function<void(std::vector<std::string> addresses)> done)>
+      resolver;
   /// Ports `CONNECT` may reach (default: 443).
   std::vector<std::uint16_t> connect_ports{443};
   /// Ports plain HTTP may reach (default: 80).

@@ -42,6 +42,7 @@
 #include <thread>
 #include <boost/asio/strand.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -1947,10 +1948,44 @@ class pinned_then_system_resolver final : public egress_resolver {
   std::shared_ptr<egress_resolver> system_;
 };
 
+// The operator's resolver function (egress_proxy_options::resolver): its answers are not
+// pinned, so the proxy checks their addresses; unparsable entries are dropped.
+class function_resolver final : public egress_resolver {
+ public:
+  using fn = std::function<void(const std::string&, std::function<void(std::vector<std::string>)>)>;
+  explicit function_resolver(fn f) : f_(std::move(f)) {}
+  void async_resolve(const std::string& host,
+                     std::function<void(boost::system::error_code, answer)> done) override {
+    auto once = std::make_shared<std::atomic<bool>>(false);
+    auto call = [done = std::move(done), once](std::vector<std::string> addresses) {
+      if (once->exchange(true)) return;
+      answer a;
+      for (const auto& t : addresses) {
+        boost::system::error_code ec;
+        auto addr = asio::ip::make_address(t, ec);
+        if (!ec) a.addresses.push_back(addr);
+      }
+      const auto ec = a.addresses.empty() ? make_error_code(asio::error::host_not_found)
+                                          : boost::system::error_code();
+      done(ec, std::move(a));
+    };
+    try {
+      auto canonical = canonical_egress_pattern(host);  // the form the operator configured
+      f_(canonical ? *canonical : host, std::move(call));
+    } catch (...) {
+      // An operator's resolver that throws answers nothing.
+    }
+  }
+
+ private:
+  fn f_;
+};
+
 }  // namespace
 
 std::variant<std::shared_ptr<egress_resolver>, std::string> make_egress_resolver(
-    asio::any_io_executor ex, const std::map<std::string, std::vector<std::string>>& pinned) {
+    asio::any_io_executor ex, const std::map<std::string, std::vector<std::string>>& pinned,
+    std::function<void(const std::string&, std::function<void(std::vector<std::string>)>)> fallback) {
   std::map<std::string, std::vector<asio::ip::address>> names;
   for (const auto& [name, addresses] : pinned) {
     auto canonical = canonical_egress_pattern(name);
@@ -1974,8 +2009,10 @@ std::variant<std::shared_ptr<egress_resolver>, std::string> make_egress_resolver
   }
   std::set<std::string> keys;
   for (const auto& [n, _] : names) keys.insert(n);
+  std::shared_ptr<egress_resolver> rest =
+      fallback ? std::make_shared<function_resolver>(std::move(fallback)) : make_system_resolver(ex);
   return std::make_shared<pinned_then_system_resolver>(make_static_resolver(std::move(names)),
-                                                       std::move(keys), make_system_resolver(ex));
+                                                       std::move(keys), std::move(rest));
 }
 
 std::variant<std::shared_ptr<backend>, std::string> make_init_backend(
@@ -2011,7 +2048,7 @@ std::variant<std::shared_ptr<backend>, std::string> make_init_backend(
   launcher->set_backend_instance(shared->instance_id);
   shared->runs_dir = ctx.state_dir / "runs" / shared->instance_id;
   {
-    auto resolver = make_egress_resolver(ctx.executor, ctx.egress.pinned_hosts);
+    auto resolver = make_egress_resolver(ctx.executor, ctx.egress.pinned_hosts, ctx.egress.resolver);
     if (auto* why = std::get_if<std::string>(&resolver)) return *why;
     shared->resolver = std::get<std::shared_ptr<egress_resolver>>(resolver);
   }

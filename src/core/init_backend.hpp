@@ -180,10 +180,12 @@ std::variant<std::shared_ptr<backend>, std::string> make_init_backend(
 
 class egress_resolver;
 /// The resolver of network runs' egress proxies: `pinned` names (egress_proxy_options) answer
-/// with their fixed, trusted addresses; other names go to the host's resolver. A reason
-/// (naming the entry) when a pinned name or address is malformed.
+/// with their fixed, trusted addresses; other names go to `fallback` (untrusted answers) or,
+/// when it is empty, the host's resolver. A reason (naming the entry) when a pinned name or
+/// address is malformed.
 std::variant<std::shared_ptr<egress_resolver>, std::string> make_egress_resolver(
-    boost::asio::any_io_executor ex, const std::map<std::string, std::vector<std::string>>& pinned);
+    boost::asio::any_io_executor ex, const std::map<std::string, std::vector<std::string>>& pinned,
+    std::function<void(const std::string&, std::function<void(std::vector<std::string>)>)> fallback = {});
 
 /// Sizes and limits inside one run's sandbox, derived from its request and the policy
 /// (bytes, counts). Every tmpfs size has a 64 KiB floor: tmpfs reads size=0 as unlimited.

@@ -916,6 +916,7 @@ void run_op::ask_approval(const admitted& adm, const std::vector<std::uint64_t>&
   }
   q.source_sha256 = sha256_hex(adm.request.source);
   q.source_bytes = adm.request.source.size();
+  q.env = adm.request.env;
   q.isolation = adm.isolation;
   q.runtime = adm.runtime;
   if (q.source_sha256.empty()) {

@@ -279,6 +279,10 @@ ordered_json approval_to_json(const approval_request& a) {
   }
   j["source_sha256"] = a.source_sha256;
   j["source_bytes"] = a.source_bytes;
+  if (!a.env.empty()) {
+    j["env"] = ordered_json::object();
+    for (const auto& [k, v] : a.env) j["env"][k] = v;
+  }
   j["isolation"] = std::string(to_string(a.isolation));
   j["runtime"] = {{"name", a.runtime.name}, {"digest", a.runtime.digest}};
   return j;
@@ -291,7 +295,7 @@ approval_request approval_from_json(const json& v, const std::string& path) {
   const json& o = as_object(v, path);
   check_known_fields(o, path,
                      {"ticket_id", "tenant", "domains", "timeout_ms", "memory_limit_bytes",
-                      "files_in", "source_sha256", "source_bytes", "isolation", "runtime"});
+                      "files_in", "source_sha256", "source_bytes", "env", "isolation", "runtime"});
   auto field = [&](std::string_view key) { return member_path(path, key); };
   approval_request a;
   a.ticket_id = as_string(require_member(o, path, "ticket_id"), field("ticket_id"));
@@ -327,6 +331,14 @@ approval_request approval_from_json(const json& v, const std::string& path) {
   }
   a.source_sha256 = as_string(require_member(o, path, "source_sha256"), field("source_sha256"));
   a.source_bytes = as_unsigned(require_member(o, path, "source_bytes"), field("source_bytes"));
+  if (const json* e = detail::find_member(o, "env")) {
+    const std::string p = field("env");
+    const json& env = as_object(*e, p);
+    if (env.size() > 256) fail(p, "more than 256 variables");
+    for (const auto& [name, value] : env.items()) {
+      a.env.emplace(name, as_string(value, p + "[" + quote_for_message(name) + "]"));
+    }
+  }
   {
     const std::string p = field("isolation");
     const std::string name = as_string(require_member(o, path, "isolation"), p);
@@ -357,6 +369,9 @@ std::optional<std::string> approval_mismatch(const run_request& request,
   }
   if (request.files_in.size() != approval.files_in.size()) {
     return "files_in: not the inputs the ticket's approval is for";
+  }
+  if (request.env != approval.env) {
+    return "env: not the environment the ticket's approval is for";
   }
   for (std::size_t i = 0; i < request.files_in.size(); ++i) {
     const auto& f = request.files_in[i];

@@ -41,6 +41,14 @@ std::unique_ptr<sandbox::runtime> make_process_with(std::string* why, const char
     opts.egress.connect_ports = {443, origin.https_port};
     opts.egress.http_ports = {80, origin.http_port};
   }
+  // Names a hostile DNS answers with internal addresses (not pinned: the proxy must refuse
+  // what they resolve to). Everything else does not resolve.
+  opts.egress.resolver = [](const std::string& host,
+                            std::function<void(std::vector<std::string>)> done) {
+    if (host == egress_rebind_name) return done({"127.0.0.1"});
+    if (host == egress_metadata_name) return done({"169.254.169.254", "::ffff:10.1.2.3"});
+    done({});
+  };
   opts.egress.max_connections = egress_max_connections;
   opts.egress.max_bytes_down = egress_max_bytes_down;
   // The suite tests containment, not scheduling (unit-tested in scheduler_test): let up to 64

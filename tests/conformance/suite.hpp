@@ -229,6 +229,11 @@ const egress_origin_info& egress_origin();
 /// approved name), "other.test" (pinned, reachable, but never approved).
 inline constexpr const char* egress_approved_name = "rates.approved.test";
 inline constexpr const char* egress_other_name = "other.test";
+/// Names the suite runtimes' (untrusted) resolver answers with a loopback address
+/// ("rebind.test") and with the metadata service's and an IPv4-mapped private address
+/// ("metadata.test"): DNS rebinding, as a hostile DNS server would do it.
+inline constexpr const char* egress_rebind_name = "rebind.test";
+inline constexpr const char* egress_metadata_name = "metadata.test";
 /// Per-run proxy budgets of the suite's runtimes.
 inline constexpr std::uint32_t egress_max_connections = 8;
 inline constexpr std::uint64_t egress_max_bytes_down = 2ULL << 20;

@@ -803,6 +803,24 @@ TEST_CASE("a ticket derived from an approval admits only the approved run",
   other.egress = {"api.example.com", "more.example"};
   CHECK(refused(admit(other, d, policy(), catalog(), noon)).message ==
         "egress: 'more.example' is not allowed by the ticket");
+  // The environment is part of what was approved: values steer code as inputs do.
+  other = r;
+  other.env = {{"MY_VAR", "https://api.example.com/exfil?data=secret"}};
+  CHECK(refused(admit(other, d, policy(), catalog(), noon)).message ==
+        "env: not the environment the ticket's approval is for");
+  {
+    auto q2 = q;
+    q2.env = {{"MY_VAR", "https://api.example.com/benign"}};
+    const auto d2 = *issuer.derive(parent, q2, {.now = noon});
+    auto with_env = r;
+    with_env.env = q2.env;
+    CHECK(accepted(admit(with_env, d2, policy(), catalog(), noon)).ticket_id == d2.id());
+    with_env.env["MY_VAR"] = "https://api.example.com/exfil?data=secret";
+    CHECK(refused(admit(with_env, d2, policy(), catalog(), noon)).message ==
+          "env: not the environment the ticket's approval is for");
+    with_env.env = {};
+    CHECK(refused(admit(with_env, d2, policy(), catalog(), noon)).code == code::action_denied);
+  }
   // The pin: a host that rolled its image refuses the approved run.
   auto rolled = catalog();
   rolled.runtimes["python3"] = other_digest;

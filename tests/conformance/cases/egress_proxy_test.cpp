@@ -378,3 +378,44 @@ function get(mod, url, opts) {{
   CHECK(allowed == 3);
   CHECK(denied == 2);
 }
+
+TEST_CASE("egress: approved names that resolve to loopback or metadata addresses are refused",
+          "[egress][core]") {
+  CONFORMANCE_BACKEND(b);
+  if (!origins_ready()) return;
+  if (!b.expect().egress_proxy) return;
+  const auto before = origin_seen();
+  const auto& o = conformance::egress_origin();
+  // Even approved, a name whose DNS answer is internal (rebinding) never gets a connection.
+  auto req = network_request(b, prelude() + fmt::format(R"PY(
+print(json.dumps({{'rebind': get('http://{0}:{2}/rates'),
+                  'rebind_https': get('https://{0}:{3}/rates'),
+                  'metadata': get('http://{1}/latest/meta-data/')}}))
+)PY",
+                                                                   conformance::egress_rebind_name,
+                                                                   conformance::egress_metadata_name,
+                                                                   o.http_port, o.https_port));
+  const std::vector<std::string> names = {conformance::egress_approved_name,
+                                          conformance::egress_rebind_name,
+                                          conformance::egress_metadata_name};
+  req.egress = names;
+  auto r = b.rt().run(req, network_ticket(b, names));
+  INFO("stdout: " << r.std_out.summary << "\nstderr: " << r.std_err.summary << "\nattempts:\n"
+                  << attempts_text(r));
+  REQUIRE(r.code == code::ok);
+  auto j = report_of(r);
+  REQUIRE(j.is_object());
+  CHECK(j["rebind"][0] == 403);
+  CHECK(j["rebind"][1].get<std::string>().find("address refused: loopback") != std::string::npos);
+  CHECK(j["rebind_https"][0] == 0);
+  CHECK(j["rebind_https"][1].get<std::string>().find("403") != std::string::npos);
+  CHECK(j["metadata"][0] == 403);
+  CHECK(j["metadata"][1].get<std::string>().find("address refused: metadata") != std::string::npos);
+  CHECK(origin_seen() == before);
+  int refused = 0;
+  for (const auto& a : r.egress_attempts) {
+    CHECK_FALSE(a.allowed);
+    if (a.reason.rfind("address refused", 0) == 0) ++refused;
+  }
+  CHECK(refused == 3);
+}
