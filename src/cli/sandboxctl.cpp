@@ -16,6 +16,7 @@
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <fstream>
+#include <algorithm>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <cstring>
@@ -185,6 +186,12 @@ sandbox::runtime_options options_from(const common& c) {
 
 po::variables_map parse(const std::vector<std::string>& args, const po::options_description& d,
                         const po::positional_options_description& pos) {
+  // `sandboxctl <command> --help` (or -h): the command's options, exit 0.
+  if (std::find(args.begin(), args.end(), "--help") != args.end() ||
+      std::find(args.begin(), args.end(), "-h") != args.end()) {
+    std::cout << d << "\n";
+    std::exit(0);
+  }
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(args).options(d).positional(pos).run(), vm);
@@ -601,9 +608,9 @@ int run_with_signals(sandbox::runtime_options opts, sandbox::run_request req,
 int cmd_run(const std::vector<std::string>& args) {
   common c;
   std::string request_path, runtime, out_dir, script;
-  std::vector<std::string> files, env, allow_env;
+  std::vector<std::string> files, env, allow_env, egress;
   std::string timeout_text, memory_text;
-  bool json = false, force = false;
+  bool json = false, force = false, network = false;
   auto d = common_options(c);
   d.add_options()("request", po::value(&request_path), "request JSON file ('-' = stdin)")(
       "ticket", po::value(&c.ticket_path), "ticket JSON file (or signed ticket document)")(
@@ -616,6 +623,11 @@ int cmd_run(const std::vector<std::string>& args) {
       "memory-bytes", po::value(&memory_text), "memory limit")(
       "env", po::value(&env), "environment NAME=VALUE for the program (repeatable)")(
       "allow-env", po::value(&allow_env), "let requests set NAME (policy; repeatable)")(
+      "network", po::bool_switch(&network),
+      "the run needs the network: reaches only the --egress names, through its egress proxy "
+      "(needs code.network on the ticket for them, and container isolation or stronger)")(
+      "egress", po::value(&egress),
+      "a host name (or *.suffix) a --network run may reach (repeatable)")(
       "out-dir", po::value(&out_dir), "write output files here")(
       "force", po::bool_switch(&force), "replace existing entries in --out-dir")(
       "json", po::bool_switch(&json), "print the result JSON")("script", po::value(&script));
@@ -667,6 +679,8 @@ int cmd_run(const std::vector<std::string>& args) {
     req.source = read_file(script, opts.policy.max_source_bytes);
     if (timeout_ms) req.timeout = std::chrono::milliseconds(*timeout_ms);
     if (memory) req.memory_limit_bytes = *memory;
+    req.network = network;
+    req.egress = egress;  // admission checks them (and that they come with --network)
     for (const auto& e : env) {
       auto eq = e.find('=');
       if (eq == std::string::npos || eq == 0) {
