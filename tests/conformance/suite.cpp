@@ -390,6 +390,11 @@ host_snapshot take_snapshot() {
     std::istringstream f(line);
     std::string id, par, devno, root, point;
     f >> id >> par >> devno >> root >> point;
+    // Another suite's runs on this host (its own state root): not ours to compare.
+    if (point.rfind("/tmp/sandbox-conformance-", 0) == 0 &&
+        point.rfind(state_root().string() + "/", 0) != 0) {
+      continue;
+    }
     // An idle warm-pool instance's output tmpfs (OCI backends: <runs>/<inst>/w<hex>/out).
     if (point.size() > 4 && point.compare(point.size() - 4, 4, "/out") == 0) {
       auto slash = point.rfind('/', point.size() - 5);
