@@ -184,6 +184,28 @@ struct backend_shared {
   }
 };
 
+/// Reaps the child behind `pidfd` and closes it: now if it has exited, else on a detached
+/// thread that waits for it (a launched process that outlived its run's teardown, already
+/// sent SIGKILL, must still never stay a zombie of the host process).
+void reap_eventually(int pidfd) noexcept {
+  siginfo_t si{};
+  const int r = ::waitid(P_PIDFD, static_cast<id_t>(pidfd), &si, WEXITED | WNOHANG);
+  if ((r == 0 && si.si_pid != 0) || (r < 0 && errno == ECHILD)) {  // reaped (ECHILD: not ours)
+    ::close(pidfd);
+    return;
+  }
+  try {
+    std::thread([pidfd] {
+      siginfo_t info{};
+      while (::waitid(P_PIDFD, static_cast<id_t>(pidfd), &info, WEXITED) < 0 && errno == EINTR) {
+      }
+      ::close(pidfd);
+    }).detach();
+  } catch (...) {
+    ::close(pidfd);  // no thread: the zombie stays until the host process exits
+  }
+}
+
 /// Host-only details of a run, kept beside the result (the result's message is sanitized).
 struct run_detail {
   std::string text;
@@ -1228,8 +1250,16 @@ class init_run : public std::enable_shared_from_this<init_run> {
     boost::system::error_code ignored;
     for (auto* d : {&ctl_, &stdout_, &stderr_, &listener_, &dns_, &oom_}) d->close(ignored);
     mem_cache_.clear();  // the run's /proc/<pid>/mem descriptors: gone before the result
-    // sandbox-init is reaped by now (poll_dead), unless the teardown budget ran out.
-    reap_helper();
+    // sandbox-init is reaped by now (poll_dead), unless the teardown budget ran out: then it
+    // is killed and reaped whenever it ends (never left a zombie).
+    if (!reap_helper()) {
+      std::lock_guard lock(kill_mu_);
+      if (pidfd_raw_ >= 0) {
+        syscall(SYS_pidfd_send_signal, pidfd_raw_, SIGKILL, nullptr, 0);
+        reap_eventually(pidfd_raw_);
+        pidfd_raw_ = -1;
+      }
+    }
     pidfd_desc_.close(ignored);
 
     if (!activated_.load()) {
@@ -1467,9 +1497,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
     auto until = clock::now() + std::chrono::seconds(2);
     while (!is_dead() && clock::now() < until) ::usleep(2000);
     if (pidfd_raw_ >= 0) {
-      siginfo_t si{};
-      ::waitid(P_PIDFD, static_cast<id_t>(pidfd_raw_), &si, WEXITED | WNOHANG);
-      ::close(pidfd_raw_);
+      reap_eventually(pidfd_raw_);
       pidfd_raw_ = -1;
     }
     close_fd(out_dir_fd_);

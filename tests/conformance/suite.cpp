@@ -335,8 +335,13 @@ const egress_origin_info& egress_origin() {
 
 // --- snapshots ---------------------------------------------------------------------------------
 
+namespace {
+std::set<int> old_zombie_children();
+}  // namespace
+
 host_snapshot take_snapshot() {
   host_snapshot s;
+  s.unreaped_children = old_zombie_children();
   const std::string parent = cgroup_parent();
   // Run cgroups are `r-<instance>-<run>`. Only instances of this process's runtimes (their
   // locks under our state dirs) are ours: another suite or agent on this host runs its own.
@@ -448,6 +453,37 @@ host_snapshot take_snapshot() {
 }
 
 namespace {
+// How long child `pid` has been seen as a zombie (first sighting: now).
+std::chrono::steady_clock::duration zombie_age(int pid) {
+  static std::mutex mu;
+  static std::map<int, std::chrono::steady_clock::time_point> first_seen;
+  std::lock_guard lock(mu);
+  auto now = std::chrono::steady_clock::now();
+  auto [it, fresh] = first_seen.try_emplace(pid, now);
+  return fresh ? std::chrono::steady_clock::duration::zero() : now - it->second;
+}
+
+// Our zombie children older than 3 s (see host_snapshot::unreaped_children).
+std::set<int> old_zombie_children() {
+  std::set<int> out;
+  const std::string self = std::to_string(::getpid());
+  for (const auto& p : list_dir("/proc")) {
+    if (p.empty() || p.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream st("/proc/" + p + "/stat");
+    std::string stat;
+    std::getline(st, stat);
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream f(stat.substr(close + 1));
+    std::string state, ppid;
+    f >> state >> ppid;
+    if (ppid == self && state == "Z" && zombie_age(std::stoi(p)) >= std::chrono::seconds(3)) {
+      out.insert(std::stoi(p));
+    }
+  }
+  return out;
+}
+
 // True while a child of this process is an OCI runtime still tearing down a finished run:
 // its `delete`, the `run` of a run (not of an idle warm-pool instance) still exiting, or one
 // ended and not reaped yet. The OCI backends delete a run's container after its result
@@ -467,7 +503,13 @@ bool runtime_teardown_running() {
     std::string state, ppid;
     f >> state >> ppid;
     if (ppid != self) continue;
-    if (state == "Z") return true;  // ended, its descriptors not yet closed by its reaper
+    // Ended, its descriptors not yet closed by its reaper — unless it has been a zombie for
+    // more than 3 s: then nobody will reap it (a leak the snapshot reports), and waiting for
+    // it would only slow every later case down.
+    if (state == "Z") {
+      if (zombie_age(std::stoi(p)) < std::chrono::seconds(3)) return true;
+      continue;
+    }
     // `<runtime> ... delete ...`, or `<runtime> ... run ... as-<tag>-<instance>` of a run (a
     // warm-pool instance, `w<hex>`, stays).
     std::ifstream cl("/proc/" + p + "/cmdline");
@@ -523,6 +565,7 @@ void check_unchanged(const host_snapshot& before, const host_snapshot& now) {
   CHECK(now.fds == before.fds);
   CHECK(now.threads == before.threads);
   CHECK(now.canaries == before.canaries);
+  CHECK(now.unreaped_children == before.unreaped_children);
 }
 
 // --- backends ------------------------------------------------------------------------------------

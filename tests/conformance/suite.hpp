@@ -185,6 +185,9 @@ struct host_snapshot {
   int fds = 0;                          ///< our open descriptors
   int threads = 0;                      ///< our threads
   std::map<std::string, std::string> canaries;  ///< host canary files: path → stat + content
+  /// Our children that have exited and are not reaped (zombies) for more than 3 s: a
+  /// launched runtime the library lost track of. (Younger ones are a teardown in progress.)
+  std::set<int> unreaped_children;
   bool operator==(const host_snapshot&) const = default;
 };
 host_snapshot take_snapshot();
