@@ -737,6 +737,16 @@ void run_op::fill_known(run_result& r) const {
   r.memory_clamped = known_.memory_clamped;
 }
 
+void run_op::note_admitted(const admitted& adm) {
+  std::lock_guard lk(mu_);
+  known_.isolation = adm.isolation;
+  known_.runtime = adm.runtime;
+  known_.timeout = adm.request.timeout;
+  known_.memory_limit_bytes = adm.request.memory_limit_bytes;
+  known_.timeout_clamped = adm.timeout_clamped;
+  known_.memory_clamped = adm.memory_clamped;
+}
+
 run_result run_op::aborted_result(std::string_view message) const {
   run_result r;
   if (backend_started_) fill_known(r);  // admitted: the runtime knows the effective limits
@@ -775,15 +785,7 @@ void run_op::start_impl() {
     return;
   }
   admitted& adm = std::get<admitted>(verdict);
-  {
-    std::lock_guard lk(mu_);
-    known_.isolation = adm.isolation;
-    known_.runtime = adm.runtime;
-    known_.timeout = adm.request.timeout;
-    known_.memory_limit_bytes = adm.request.memory_limit_bytes;
-    known_.timeout_clamped = adm.timeout_clamped;
-    known_.memory_clamped = adm.memory_clamped;
-  }
+  note_admitted(adm);
 
   // 2. Inputs (before asking anyone: a question about a run that cannot start is wasted).
   std::vector<std::uint64_t> sizes;
@@ -1041,15 +1043,7 @@ void run_op::on_approval_impl(error_code ec, approval_decision d) {
     return;
   }
   admitted& adm = std::get<admitted>(verdict);
-  {
-    std::lock_guard lk(mu_);
-    known_.isolation = adm.isolation;
-    known_.runtime = adm.runtime;
-    known_.timeout = adm.request.timeout;
-    known_.memory_limit_bytes = adm.request.memory_limit_bytes;
-    known_.timeout_clamped = adm.timeout_clamped;
-    known_.memory_clamped = adm.memory_clamped;
-  }
+  note_admitted(adm);
   // The inputs again: they may have been deleted while the human thought.
   std::vector<std::uint64_t> sizes;
   if (!check_inputs(adm, sizes)) return;

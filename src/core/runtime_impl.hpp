@@ -166,6 +166,8 @@ class run_op : public std::enable_shared_from_this<run_op> {
   void deliver(completion c, boost::system::error_code ec, run_result r, bool post) noexcept;
   run_result aborted_result(std::string_view message) const;
   void fill_known(run_result& r) const;
+  /// Records what admission decided (level, image, clamped limits) for every later result.
+  void note_admitted(const admitted& adm);
   void start_impl();
   /// Step 2: every input blob exists for the tenant (their sizes into `sizes`), else the run
   /// is finished and false returned.
