@@ -463,9 +463,9 @@ std::chrono::steady_clock::duration zombie_age(int pid) {
   return fresh ? std::chrono::steady_clock::duration::zero() : now - it->second;
 }
 
-// Our zombie children older than 3 s (see host_snapshot::unreaped_children).
-std::set<int> old_zombie_children() {
-  std::set<int> out;
+// This process's children: pid and state letter (/proc/<pid>/stat).
+std::vector<std::pair<int, char>> own_children() {
+  std::vector<std::pair<int, char>> out;
   const std::string self = std::to_string(::getpid());
   for (const auto& p : list_dir("/proc")) {
     if (p.empty() || p.find_first_not_of("0123456789") != std::string::npos) continue;
@@ -477,9 +477,16 @@ std::set<int> old_zombie_children() {
     std::istringstream f(stat.substr(close + 1));
     std::string state, ppid;
     f >> state >> ppid;
-    if (ppid == self && state == "Z" && zombie_age(std::stoi(p)) >= std::chrono::seconds(3)) {
-      out.insert(std::stoi(p));
-    }
+    if (ppid == self && !state.empty()) out.emplace_back(std::stoi(p), state[0]);
+  }
+  return out;
+}
+
+// Our zombie children older than 3 s (see host_snapshot::unreaped_children).
+std::set<int> old_zombie_children() {
+  std::set<int> out;
+  for (auto [pid, state] : own_children()) {
+    if (state == 'Z' && zombie_age(pid) >= std::chrono::seconds(3)) out.insert(pid);
   }
   return out;
 }
@@ -491,28 +498,17 @@ std::set<int> old_zombie_children() {
 // so a snapshot taken meanwhile counts descriptors that go away. (Called between cases only,
 // when every run has its result.)
 bool runtime_teardown_running() {
-  const std::string self = std::to_string(::getpid());
-  for (const auto& p : list_dir("/proc")) {
-    if (p.empty() || p.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream st("/proc/" + p + "/stat");
-    std::string stat;
-    std::getline(st, stat);
-    auto close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream f(stat.substr(close + 1));
-    std::string state, ppid;
-    f >> state >> ppid;
-    if (ppid != self) continue;
+  for (auto [pid, state] : own_children()) {
     // Ended, its descriptors not yet closed by its reaper — unless it has been a zombie for
     // more than 3 s: then nobody will reap it (a leak the snapshot reports), and waiting for
     // it would only slow every later case down.
-    if (state == "Z") {
-      if (zombie_age(std::stoi(p)) < std::chrono::seconds(3)) return true;
+    if (state == 'Z') {
+      if (zombie_age(pid) < std::chrono::seconds(3)) return true;
       continue;
     }
     // `<runtime> ... delete ...`, or `<runtime> ... run ... as-<tag>-<instance>` of a run (a
     // warm-pool instance, `w<hex>`, stays).
-    std::ifstream cl("/proc/" + p + "/cmdline");
+    std::ifstream cl("/proc/" + std::to_string(pid) + "/cmdline");
     std::string arg, last;
     bool run = false;
     while (std::getline(cl, arg, '\0')) {
