@@ -594,11 +594,9 @@ class init_run : public std::enable_shared_from_this<init_run> {
       }
     }
     for (const auto& [k, v] : req.env) {
-      // (A network run's proxy settings are ours; the request cannot point them elsewhere.)
-      static constexpr std::string_view ours[] = {"HTTP_PROXY", "HTTPS_PROXY", "http_proxy",
-                                                  "https_proxy", "NO_PROXY", "no_proxy",
-                                                  "NODE_OPTIONS"};
-      if (network_granted() && std::find(std::begin(ours), std::end(ours), k) != std::end(ours)) continue;
+      // A network run's NODE_OPTIONS is ours (the proxy preload). The proxy variables need no
+      // such care: admission refuses them in any request (env_rules.hpp, is_reserved_env).
+      if (network_granted() && k == "NODE_OPTIONS") continue;
       w.add("env", k + "=" + v);
     }
 
