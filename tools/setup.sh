@@ -20,13 +20,16 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # 1. Packages (Debian 12). Only what is missing is installed. crun, runc and runsc are the OCI
-#    runtimes of the container and gvisor levels (their backends are tested in CI).
+#    runtimes of the container and gvisor levels (their backends are tested in CI); python3
+#    and openssl make the egress tests' loopback origins and their certificate on the host;
+#    gdb gives the conformance hang watchdog its backtraces.
 PACKAGES=(
   g++ cmake make pkg-config git ca-certificates tar gzip xz-utils
   libboost1.81-dev libboost-program-options1.81-dev libfmt-dev nlohmann-json3-dev
   libseccomp-dev libssl-dev catch2 libbenchmark-dev
   debootstrap util-linux iproute2 procps bubblewrap
   crun runc runsc
+  python3 openssl gdb
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
