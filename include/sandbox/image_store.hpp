@@ -111,11 +111,12 @@ struct debian_image_spec {
 };
 
 /**
- * Builds a runtime image from Debian packages with `debootstrap --variant=minbase` (needs
- * root and the `debootstrap` package), scrubs host files debootstrap copies in
+ * Builds a runtime image from Debian packages with `debootstrap --variant=minbase` and then
+ * `apt-get install --no-install-recommends` of `spec.packages` inside the tree (needs root,
+ * the `debootstrap` package and chroot), scrubs host files debootstrap copies in
  * (`/etc/resolv.conf`, `/etc/hostname`), drops apt caches, packs the tree as one layer, adds
  * it to `store` and makes it current. Returns the manifest digest. Errors: `unsupported`
- * (no debootstrap), `permission_denied` (not root), `io_error` (the build failed; the log is
+ * (no debootstrap or chroot), `permission_denied` (not root), `io_error` (the build failed; the log is
  * in host logs), `invalid_argument` (a name, package, suite or mirror that is not
  * well-formed).
  */

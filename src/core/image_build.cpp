@@ -6,9 +6,11 @@
 //  2. Make a private work dir (0700): `<store root>/.build-<random>` by default, or a fresh
 //     subdirectory of `spec.work_dir`. It is removed at the end, also on failure, after
 //     detaching any mount debootstrap left inside it (so no host /proc or /dev is emptied).
-//  3. debootstrap --variant=minbase --include=<packages> <suite> <dir> <mirror>, spawned
-//     without a shell, with a minimal environment and a 30-minute limit; its output goes
-//     to host logs. Release files are checked against the host's Debian keyring (default).
+//  3. debootstrap --variant=minbase <suite> <dir> <mirror>, spawned without a shell, with a
+//     minimal environment and a 30-minute limit; its output goes to host logs. Release
+//     files are checked against the host's Debian keyring (default). Then the packages:
+//     `chroot <dir> apt-get update` and `apt-get install --no-install-recommends -- <pkgs>`
+//     (apt checks them against the tree's keyring, which debootstrap verified).
 //  4. Scrub what debootstrap copies from the host or leaves behind: /etc/resolv.conf and
 //     /etc/hostname get harmless contents, apt caches and lists, logs, *-old backups, and
 //     device nodes in /dev are removed. Every path is opened inside the tree without
@@ -260,14 +262,6 @@ class builder {
     // 3. debootstrap.
     const auto started = std::chrono::steady_clock::now();
     std::vector<std::string> argv = {debootstrap, "--variant=minbase"};
-    if (!spec_.packages.empty()) {
-      std::string inc = "--include=";
-      for (std::size_t i = 0; i < spec_.packages.size(); ++i) {
-        if (i) inc += ',';
-        inc += spec_.packages[i];
-      }
-      argv.push_back(inc);
-    }
     const std::string target = work_path_ + "/rootfs";
     argv.insert(argv.end(), {spec_.suite, target, mirror});
     std::vector<std::string> env = detail::minimal_tool_env();
@@ -287,6 +281,34 @@ class builder {
       return store_error(errc::io_error);
     }
     log_(log_level::debug, "image build: debootstrap output (tail):\n" + boot->output);
+
+    // 3b. The packages, with apt inside the new tree. Not debootstrap's --include: that
+    //     resolves dependencies itself and configures everything as "base" packages, which
+    //     fails for larger sets (chromium's desktop dependencies); apt installs exactly the
+    //     dependency closure without recommends, like any Debian system would.
+    if (!spec_.packages.empty()) {
+      const std::string chroot = detail::find_program({"/usr/sbin/chroot", "/usr/bin/chroot"});
+      if (chroot.empty()) {
+        log_(log_level::warning, "image build: chroot not found");
+        return store_error(errc::unsupported);
+      }
+      std::vector<std::string> install = {chroot, target, "/usr/bin/apt-get", "install",
+                                          "--yes", "--quiet", "--no-install-recommends", "--"};
+      install.insert(install.end(), spec_.packages.begin(), spec_.packages.end());
+      for (const auto& step :
+           {std::vector<std::string>{chroot, target, "/usr/bin/apt-get", "update", "--quiet"},
+            install}) {
+        log_(log_level::info, "image build: apt-get " + step[3] + " in the new tree");
+        auto apt = detail::run_tool(step, env, kDebootstrapTimeout, -1, 16 * 1024);
+        detach_mounts_below(target, log_);
+        if (!apt) return fail("run apt-get", apt.error());
+        if (!apt->ok()) {
+          log_(log_level::error, "image build: apt-get " + step[3] + " failed (" +
+                                     apt->describe() + "); last output:\n" + apt->output);
+          return store_error(errc::io_error);
+        }
+      }
+    }
 
     // 4. Scrub.
     auto tfd = detail::open_dir_at(work_fd_.get(), "rootfs");
@@ -322,8 +344,11 @@ class builder {
     // 6. Config, manifest, index; import.
     const std::string created = detail::rfc3339_now();
     std::string created_by = "agent-sandbox build_debian_image: debootstrap --variant=minbase";
-    if (!spec_.packages.empty()) created_by += " " + argv[2];  // --include=…
     created_by += " " + spec_.suite + " " + mirror;
+    if (!spec_.packages.empty()) {
+      created_by += "; apt-get install --no-install-recommends";
+      for (const auto& p : spec_.packages) created_by += " " + p;
+    }
     json config = {
         {"created", created},
         {"architecture", host_architecture()},
