@@ -934,10 +934,10 @@ TEST_CASE("audit: every check passes at the process level", "[backend]") { audit
 
 // The OCI levels need root and crun / runsc (registered separately in CMakeLists.txt, run as
 // root in CI; a host without them fails here with the backend's reason, never skips).
-TEST_CASE("audit: every check passes at the container level (crun)", "[audit_oci]") {
+TEST_CASE("audit: every check passes at the container level (crun)", "[.audit_oci]") {
   audit_passes("container");
 }
 
-TEST_CASE("audit: every check passes at the gvisor level (runsc)", "[audit_oci]") {
+TEST_CASE("audit: every check passes at the gvisor level (runsc)", "[.audit_oci]") {
   audit_passes("gvisor");
 }
