@@ -80,20 +80,20 @@ struct audit_evidence {
   /// The runtime's status of the backend at this level (nullopt: none was tried, e.g. not
   /// enabled in the configuration).
   std::optional<backend_status> backend;
-  std::string runtime;                  ///< the runtime name the runs used
-  std::string current_digest;           ///< the image store's current digest of it ("": none)
-  std::uint32_t max_pids = 0;           ///< the policy's per-run pids limit
-  std::uint64_t memory_limit_bytes = 0; ///< the memory check's requested limit
-  std::chrono::milliseconds timeout{0}; ///< the timeout check's requested timeout
+  std::string runtime;                   ///< the runtime name the runs used
+  std::string current_digest;            ///< the image store's current digest of it ("": none)
+  std::uint32_t max_pids = 0;            ///< the policy's per-run pids limit
+  std::uint64_t memory_limit_bytes = 0;  ///< the memory check's requested limit
+  std::chrono::milliseconds timeout{0};  ///< the timeout check's requested timeout
   std::chrono::milliseconds timeout_slack{0};
   /// The probe's run (its ticket pins `current_digest`) and its full stdout (from the
   /// stdout blob, not the summary); the probe prints one JSON object.
   run_result probe;
   std::string probe_stdout;
-  run_result memory;         ///< allocates far past `memory_limit_bytes`: expected `oom`
-  run_result timeout_run;    ///< sleeps past `timeout`: expected `timeout`
-  run_result denied;         ///< under a ticket without `code.execute`: `action_denied`
-  run_result pin_mismatch;   ///< under a ticket pinning another digest: `digest_mismatch`
+  run_result memory;        ///< allocates far past `memory_limit_bytes`: expected `oom`
+  run_result timeout_run;   ///< sleeps past `timeout`: expected `timeout`
+  run_result denied;        ///< under a ticket without `code.execute`: `action_denied`
+  run_result pin_mismatch;  ///< under a ticket pinning another digest: `digest_mismatch`
   /// What the protocol decoder said about a request with an unknown field / an unknown
   /// version: the rejection's message, or nullopt when it (wrongly) accepted it.
   std::optional<std::string> unknown_field_rejection;

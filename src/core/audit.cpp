@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fmt/format.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -14,13 +15,11 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string_view>
-
-#include <fmt/format.h>
 
 #include "sandbox/json.hpp"
 #include "sandbox/ticket.hpp"
@@ -39,8 +38,8 @@ constexpr std::size_t max_host_targets = 64;
 /// The only variables a run without the network and without request `env` may see
 /// (init_backend.cpp writes these; docs/protocol.md "Environment").
 const std::set<std::string, std::less<>>& protocol_env_names() {
-  static const std::set<std::string, std::less<>> names{"PATH", "HOME", "LANG",
-                                                        "SANDBOX_INPUT_DIR", "SANDBOX_OUTPUT_DIR"};
+  static const std::set<std::string, std::less<>> names{"PATH", "HOME", "LANG", "SANDBOX_INPUT_DIR",
+                                                        "SANDBOX_OUTPUT_DIR"};
   return names;
 }
 
@@ -115,10 +114,17 @@ std::optional<probe_report> parse_probe(std::string_view text, std::string* why)
     *why = text.empty() ? "probe printed nothing" : "probe report is not a JSON object";
     return std::nullopt;
   }
-  static const std::set<std::string> keys{"v",           "env_names",   "status",
-                                          "seccomp_mode", "no_new_privs", "socket_files",
-                                          "unix_connected", "interfaces", "reachable",
-                                          "forks",       "fork_error"};
+  static const std::set<std::string> keys{"v",
+                                          "env_names",
+                                          "status",
+                                          "seccomp_mode",
+                                          "no_new_privs",
+                                          "socket_files",
+                                          "unix_connected",
+                                          "interfaces",
+                                          "reachable",
+                                          "forks",
+                                          "fork_error"};
   for (const auto& [k, _] : j.items()) {
     if (keys.count(k) == 0) {
       *why = "probe report has an unknown field " + shown(k);
@@ -190,8 +196,7 @@ bool ran(const run_result& r) { return !r.backend.empty() || r.exit_code || r.si
 void scan_sockets(const fs::path& dir, int depth, std::vector<std::string>& out) {
   std::error_code ec;
   fs::directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec);
-  for (; !ec && it != fs::directory_iterator() && out.size() < max_host_targets;
-       it.increment(ec)) {
+  for (; !ec && it != fs::directory_iterator() && out.size() < max_host_targets; it.increment(ec)) {
     auto st = it->symlink_status(ec);
     if (ec) break;
     if (st.type() == fs::file_type::socket) {
@@ -402,7 +407,8 @@ while total < @CAP@:
 print("allocated", total)
 )PY";
 
-constexpr std::string_view timeout_source = "# agent-sandbox audit: timeout\nimport time\ntime.sleep(60)\n";
+constexpr std::string_view timeout_source =
+    "# agent-sandbox audit: timeout\nimport time\ntime.sleep(60)\n";
 
 audit_check check(std::string name, bool passed, std::string detail) {
   return {.name = std::move(name), .passed = passed, .detail = std::move(detail)};
@@ -459,7 +465,9 @@ audit_evidence gather_audit_evidence(runtime& rt, const audit_options& o) {
 
   ticket_issuer issuer;
   auto mint = [&](std::string id, bool execute, std::optional<std::string> pin) {
-    return issuer.issue(ticket_spec{.id = std::move(id), .tenant = o.tenant, .execute = execute,
+    return issuer.issue(ticket_spec{.id = std::move(id),
+                                    .tenant = o.tenant,
+                                    .execute = execute,
                                     .isolation = o.isolation,
                                     .max_timeout = std::chrono::milliseconds(8000),
                                     .max_memory_bytes = 512ULL << 20,
@@ -541,21 +549,25 @@ audit_report evaluate_audit(const audit_evidence& ev) {
   if (!ev.backend) {
     out.push_back(check("backend", false, level + " backend not enabled on this runtime"));
   } else if (!ev.backend->registered) {
-    out.push_back(check("backend", false,
-                        fmt::format("{} backend refused: {}", level, shown(ev.backend->reason, 400))));
+    out.push_back(
+        check("backend", false,
+              fmt::format("{} backend refused: {}", level, shown(ev.backend->reason, 400))));
   } else {
-    out.push_back(check("backend", true, fmt::format("{} ({}) passed its self-test", level,
-                                                     shown(ev.backend->name))));
+    out.push_back(
+        check("backend", true,
+              fmt::format("{} ({}) passed its self-test", level, shown(ev.backend->name))));
   }
 
   // probe
   std::string why;
   std::optional<probe_report> p;
-  const bool probe_ran_ok = (ev.probe.code == code::ok || ev.probe.code == code::network_disabled) &&
-                            ev.probe.exit_code == 0;
+  const bool probe_ran_ok =
+      (ev.probe.code == code::ok || ev.probe.code == code::network_disabled) &&
+      ev.probe.exit_code == 0;
   if (!probe_ran_ok) {
     why = "probe run ended " + describe(ev.probe);
-    if (!ev.probe.std_err.summary.empty()) why += "; stderr: " + shown(ev.probe.std_err.summary, 300);
+    if (!ev.probe.std_err.summary.empty())
+      why += "; stderr: " + shown(ev.probe.std_err.summary, 300);
   } else if (ev.probe.isolation != ev.isolation) {
     why = fmt::format("probe ran at {}, not {}", to_string(ev.probe.isolation), level);
   } else {
@@ -595,11 +607,11 @@ audit_report evaluate_audit(const audit_evidence& ev) {
     out.push_back(check("seccomp", true, "Seccomp: 2 (filter mode)"));
   } else {
     auto it = p->status.find("Seccomp");
-    out.push_back(check(
-        "seccomp", false,
-        fmt::format("seccomp mode {} (expected 2: filter)",
-                    p->seccomp_mode ? std::to_string(*p->seccomp_mode)
-                                    : it != p->status.end() ? shown(it->second) : "unknown")));
+    out.push_back(check("seccomp", false,
+                        fmt::format("seccomp mode {} (expected 2: filter)",
+                                    p->seccomp_mode         ? std::to_string(*p->seccomp_mode)
+                                    : it != p->status.end() ? shown(it->second)
+                                                            : "unknown")));
   }
   if (!p) {
     out.push_back(check("no_new_privs", false, no_report));
@@ -607,11 +619,11 @@ audit_report evaluate_audit(const audit_evidence& ev) {
     out.push_back(check("no_new_privs", true, "NoNewPrivs: 1"));
   } else {
     auto it = p->status.find("NoNewPrivs");
-    out.push_back(check(
-        "no_new_privs", false,
-        fmt::format("NoNewPrivs is {} (expected 1)",
-                    p->no_new_privs ? std::to_string(*p->no_new_privs)
-                                    : it != p->status.end() ? shown(it->second) : "unknown")));
+    out.push_back(check("no_new_privs", false,
+                        fmt::format("NoNewPrivs is {} (expected 1)",
+                                    p->no_new_privs         ? std::to_string(*p->no_new_privs)
+                                    : it != p->status.end() ? shown(it->second)
+                                                            : "unknown")));
   }
 
   // capabilities: every set zero; gVisor shows no CapAmb line (no ambient set), which passes.
@@ -629,16 +641,17 @@ audit_report evaluate_audit(const audit_evidence& ev) {
         bad.push_back(std::string(k) + "=" + shown(it->second, 20));
       }
     }
-    out.push_back(bad.empty() ? check("capabilities", true, "CapInh/Prm/Eff/Bnd/Amb all 0")
-                              : check("capabilities", false, "capabilities held: " + join_shown(bad)));
+    out.push_back(bad.empty()
+                      ? check("capabilities", true, "CapInh/Prm/Eff/Bnd/Amb all 0")
+                      : check("capabilities", false, "capabilities held: " + join_shown(bad)));
   }
 
   // no_host_socket
   if (!p) {
     out.push_back(check("no_host_socket", false, no_report));
   } else if (!p->unix_connected.empty()) {
-    out.push_back(check("no_host_socket", false,
-                        "host sockets reachable: " + join_shown(p->unix_connected)));
+    out.push_back(
+        check("no_host_socket", false, "host sockets reachable: " + join_shown(p->unix_connected)));
   } else if (!p->socket_files.empty()) {
     out.push_back(check("no_host_socket", false,
                         "socket files in the sandbox's view: " + join_shown(p->socket_files)));
@@ -656,9 +669,11 @@ audit_report evaluate_audit(const audit_evidence& ev) {
       if (i != "lo") other_ifs.push_back(i);
     }
     if (!other_ifs.empty()) {
-      out.push_back(check("no_route_out", false, "interfaces besides lo: " + join_shown(other_ifs)));
+      out.push_back(
+          check("no_route_out", false, "interfaces besides lo: " + join_shown(other_ifs)));
     } else if (!p->reachable.empty()) {
-      out.push_back(check("no_route_out", false, "addresses reachable: " + join_shown(p->reachable)));
+      out.push_back(
+          check("no_route_out", false, "addresses reachable: " + join_shown(p->reachable)));
     } else {
       out.push_back(check("no_route_out", true, "only lo; no address reachable"));
     }
@@ -682,9 +697,10 @@ audit_report evaluate_audit(const audit_evidence& ev) {
 
   // memory_limit
   if (ev.memory.code == code::oom) {
-    out.push_back(check("memory_limit", true,
-                        fmt::format("oom at a limit of {} bytes (peak {} bytes)",
-                                    ev.memory.memory_limit_bytes, ev.memory.usage.peak_memory_bytes)));
+    out.push_back(
+        check("memory_limit", true,
+              fmt::format("oom at a limit of {} bytes (peak {} bytes)",
+                          ev.memory.memory_limit_bytes, ev.memory.usage.peak_memory_bytes)));
   } else {
     out.push_back(check("memory_limit", false,
                         fmt::format("allocating 4x past {} bytes ended {}", ev.memory_limit_bytes,
@@ -733,20 +749,19 @@ audit_report evaluate_audit(const audit_evidence& ev) {
 
   // image_pinned
   {
-    const bool digest_syntax = ev.current_digest.size() == 71 &&
-                               ev.current_digest.starts_with("sha256:") &&
-                               ev.current_digest.find_first_not_of("0123456789abcdef", 7) ==
-                                   std::string::npos;
+    const bool digest_syntax =
+        ev.current_digest.size() == 71 && ev.current_digest.starts_with("sha256:") &&
+        ev.current_digest.find_first_not_of("0123456789abcdef", 7) == std::string::npos;
     if (!digest_syntax) {
-      out.push_back(check("image_pinned", false,
-                          "no current image digest for runtime " + shown(ev.runtime)));
+      out.push_back(
+          check("image_pinned", false, "no current image digest for runtime " + shown(ev.runtime)));
     } else if (ev.probe.runtime.digest != ev.current_digest) {
-      out.push_back(check("image_pinned", false,
-                          fmt::format("the probe ran image {} but the store's current one is {}",
-                                      ev.probe.runtime.digest.empty()
-                                          ? std::string("(none)")
-                                          : shown(ev.probe.runtime.digest),
-                                      ev.current_digest)));
+      out.push_back(
+          check("image_pinned", false,
+                fmt::format("the probe ran image {} but the store's current one is {}",
+                            ev.probe.runtime.digest.empty() ? std::string("(none)")
+                                                            : shown(ev.probe.runtime.digest),
+                            ev.current_digest)));
     } else if (ev.pin_mismatch.code != code::digest_mismatch || ran(ev.pin_mismatch)) {
       out.push_back(check("image_pinned", false,
                           "a ticket pinning another image ended " + describe(ev.pin_mismatch)));

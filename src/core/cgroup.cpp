@@ -50,7 +50,8 @@ std::string errno_text(int e) { return std::system_category().message(e); }
 
 /// The `errc` of an error code this file made (io_error for any other).
 errc errc_of_code(const boost::system::error_code& ec) noexcept {
-  return ec.category() == sandbox::error_category() ? static_cast<errc>(ec.value()) : errc::io_error;
+  return ec.category() == sandbox::error_category() ? static_cast<errc>(ec.value())
+                                                    : errc::io_error;
 }
 
 /// Maps an errno of a cgroupfs call to the documented error codes.
@@ -1013,8 +1014,8 @@ result<void> cgroup_host::verify_limits(std::string_view name, std::string* why)
     if (why != nullptr) *why = std::move(reason);
     return make_error_code(e);
   };
-  auto rc = create(name, {.memory_bytes = memory, .max_pids = pids,
-                          .cpu_quota_millicores = millicores});
+  auto rc =
+      create(name, {.memory_bytes = memory, .max_pids = pids, .cpu_quota_millicores = millicores});
   if (!rc) {
     return problem(errc_of_code(rc.error()),
                    fmt::format("a test cgroup with limits cannot be created under {}: {}",
@@ -1043,7 +1044,8 @@ result<void> cgroup_host::verify_limits(std::string_view name, std::string* why)
                fmt::format("cgroup limit not effective: wrote {} to {} but it reads back {}; "
                            "the {} controller does not enforce limits in {} (enable it in the "
                            "parent's cgroup.subtree_control, or delegate a real cgroup subtree)",
-                           want, path.string(), first_word(text).empty() ? "nothing" : first_word(text),
+                           want, path.string(),
+                           first_word(text).empty() ? "nothing" : first_word(text),
                            std::string_view(file).substr(0, std::string_view(file).find('.')),
                            p.dir.parent_path().string())};
         break;

@@ -112,8 +112,8 @@ audit_evidence with_probe(const std::function<void(json&)>& edit) {
   return ev;
 }
 
-const std::vector<std::string> probe_checks = {"probe",        "environment",    "seccomp",
-                                               "no_new_privs", "capabilities",   "no_host_socket",
+const std::vector<std::string> probe_checks = {"probe",        "environment",  "seccomp",
+                                               "no_new_privs", "capabilities", "no_host_socket",
                                                "no_route_out", "pids_limit"};
 
 }  // namespace
@@ -194,8 +194,10 @@ TEST_CASE("audit: a reachable host socket or a socket file in view fails no_host
 }
 
 TEST_CASE("audit: an interface or a reachable address fails no_route_out", "[audit]") {
-  fails_only(with_probe([](json& j) { j["interfaces"] = {"eth0", "lo"}; }), {"no_route_out"},
-             "eth0");
+  fails_only(with_probe([](json& j) {
+               j["interfaces"] = {"eth0", "lo"};
+             }),
+             {"no_route_out"}, "eth0");
   fails_only(with_probe([](json& j) { j["reachable"] = {"1.1.1.1"}; }), {"no_route_out"},
              "1.1.1.1");
 }
@@ -261,8 +263,7 @@ TEST_CASE("audit: an unpinned or mismatched image fails image_pinned", "[audit]"
   fails_only(ev, {"image_pinned"}, "no current image digest");
 }
 
-TEST_CASE("audit: the probe's report is parsed strictly; without one its checks fail",
-          "[audit]") {
+TEST_CASE("audit: the probe's report is parsed strictly; without one its checks fail", "[audit]") {
   const std::vector<std::pair<std::string, std::string>> bad_reports = {
       {"", "printed nothing"},
       {"not json\n", "not a JSON object"},
@@ -324,8 +325,8 @@ namespace {
 std::shared_ptr<sandbox::testing::fake_backend> scripted(json probe) {
   auto fake = std::make_shared<sandbox::testing::fake_backend>(isolation::process);
   fake->on_source_contains("# agent-sandbox audit probe")
-      .respond(sandbox::testing::result_with(code::network_disabled,
-                                             {.std_out = probe.dump() + "\n"}));
+      .respond(
+          sandbox::testing::result_with(code::network_disabled, {.std_out = probe.dump() + "\n"}));
   fake->on_source_contains("# agent-sandbox audit: memory")
       .respond(sandbox::testing::result_with(code::oom));
   sandbox::testing::scripted_run slept = sandbox::testing::result_with(code::timeout);
@@ -359,8 +360,7 @@ TEST_CASE("audit: gathered through a runtime, a sound backend passes", "[audit]"
   CHECK(seen[2].request.timeout == std::chrono::milliseconds(1000));
 }
 
-TEST_CASE("audit: gathered through a runtime, a leaky backend fails with the reason",
-          "[audit]") {
+TEST_CASE("audit: gathered through a runtime, a leaky backend fails with the reason", "[audit]") {
   json leaky = good_probe_json();
   leaky["env_names"].push_back("OPENAI_API_KEY");
   leaky["unix_connected"] = {"/run/host.sock"};

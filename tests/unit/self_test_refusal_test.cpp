@@ -22,7 +22,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 /// A fake whose `file` ignores what is written to it (it keeps reading `stuck`), like a
 /// controller that accepts writes but does not enforce them.
@@ -57,7 +59,8 @@ std::string process_backend_refusal(fake_cgroupfs& fake,
 
 }  // namespace
 
-TEST_CASE("self-test: limits written read back on a working v2 tree; nothing is left", "[selftest]") {
+TEST_CASE("self-test: limits written read back on a working v2 tree; nothing is left",
+          "[selftest]") {
   fake_cgroupfs fake;
   sys::scoped_override guard{fake};
   fake.make_v2();
@@ -120,9 +123,10 @@ TEST_CASE("self-test: a test cgroup that cannot be created is refused with the r
   CHECK(has(why, "a test cgroup with limits cannot be created"));
 }
 
-TEST_CASE("self-test: a pids controller not passed down refuses the process backend, saying "
-          "where to enable it",
-          "[selftest]") {
+TEST_CASE(
+    "self-test: a pids controller not passed down refuses the process backend, saying "
+    "where to enable it",
+    "[selftest]") {
   fake_cgroupfs fake;
   sys::scoped_override guard{fake};
   fake.make_v2();
@@ -138,9 +142,10 @@ TEST_CASE("self-test: a pids controller not passed down refuses the process back
   CHECK(has(why, "echo +pids > " + (fake.root / "cgroup.subtree_control").string()));
 }
 
-TEST_CASE("self-test: a pids controller that cannot be enabled refuses the process backend, "
-          "saying how to enable it",
-          "[selftest]") {
+TEST_CASE(
+    "self-test: a pids controller that cannot be enabled refuses the process backend, "
+    "saying how to enable it",
+    "[selftest]") {
   fake_cgroupfs fake;
   sys::scoped_override guard{fake};
   fake.make_v2();

@@ -591,8 +591,8 @@ std::variant<std::shared_ptr<backend>, std::string> make_oci_backend(
   s.platform = oci.platform;
   auto ver = run_tool({s.binary.string(), "--version"}, minimal_tool_env(), std::chrono::seconds(10));
   if (!ver || !ver->ok()) {
-    return s.name + ": `" + s.binary.string() + " --version` failed" +
-           (ver ? "" : " to start") + ": the binary does not work on this host";
+    return s.name + ": `" + s.binary.string() + " --version` failed" + (ver ? "" : " to start") +
+           ": the binary does not work on this host";
   }
   // "crun version 1.8.1", "runc version 1.1.5+ds1", "runsc version 0.0~20221219.0"
   std::string first = ver->output.substr(0, ver->output.find('\n'));
