@@ -21,6 +21,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "core/json_strict.hpp"
 #include "sandbox/json.hpp"
 #include "sandbox/ticket.hpp"
 
@@ -109,7 +110,18 @@ std::optional<probe_report> parse_probe(std::string_view text, std::string* why)
     *why = "probe printed more than one line";
     return std::nullopt;
   }
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  // The project's strict reader: duplicate keys (which parsers resolve differently), invalid
+  // UTF-8 and deep nesting are refused, not guessed at.
+  json j;
+  decode_options strict;
+  strict.max_document_bytes = max_probe_report_bytes;
+  strict.max_depth = 4;
+  if (!text.empty()) {
+    if (auto bad = detail::parse_strict(text, strict, j)) {
+      *why = "probe report is not strict JSON: " + shown(*bad, 160);
+      return std::nullopt;
+    }
+  }
   if (!j.is_object()) {
     *why = text.empty() ? "probe printed nothing" : "probe report is not a JSON object";
     return std::nullopt;
@@ -795,16 +807,17 @@ std::string format_audit_table(const audit_report& r) {
 }
 
 std::string encode_audit_report(const audit_report& r) {
-  json checks = json::array();
+  nlohmann::ordered_json checks = nlohmann::ordered_json::array();
   for (const auto& c : r.checks) {
-    checks.push_back({{"name", c.name}, {"passed", c.passed}, {"detail", c.detail}});
+    checks.push_back(
+        nlohmann::ordered_json{{"name", c.name}, {"passed", c.passed}, {"detail", c.detail}});
   }
-  json j = {{"v", 1},
-            {"isolation", std::string(to_string(r.isolation))},
-            {"passed", r.passed()},
-            {"failed", r.failed()},
-            {"checks", checks}};
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  nlohmann::ordered_json j = {{"v", 1},
+                              {"isolation", std::string(to_string(r.isolation))},
+                              {"passed", r.passed()},
+                              {"failed", r.failed()},
+                              {"checks", checks}};
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 }  // namespace sandbox

@@ -266,8 +266,11 @@ TEST_CASE("audit: an unpinned or mismatched image fails image_pinned", "[audit]"
 TEST_CASE("audit: the probe's report is parsed strictly; without one its checks fail", "[audit]") {
   const std::vector<std::pair<std::string, std::string>> bad_reports = {
       {"", "printed nothing"},
-      {"not json\n", "not a JSON object"},
+      {"not json\n", "not strict JSON"},
       {"[1]\n", "not a JSON object"},
+      {"[[[[[[[[[[1]]]]]]]]]]\n", "nesting deeper"},
+      // A repeated key is refused, not resolved (one parser keeps the first, another the last).
+      {"{\"env_names\":[],\"env_names\":[\"AWS_SECRET_ACCESS_KEY\"]}\n", "duplicate"},
       {good_probe_json().dump() + "\n" + good_probe_json().dump() + "\n", "more than one line"},
   };
   for (const auto& [text, why] : bad_reports) {
