@@ -3,6 +3,7 @@
 
 #include "sandbox/admission.hpp"
 #include "sandbox/approval.hpp"
+#include "sandbox/audit.hpp"
 #include "sandbox/backend.hpp"
 #include "sandbox/blob_store.hpp"
 #include "sandbox/code.hpp"

@@ -48,7 +48,8 @@ const char* top_usage =
     "usage: sandboxctl <command> [options]\n"
     "\n"
     "commands:\n"
-    "  run --request REQ.json --ticket TICKET.json   run a protocol request; prints the result JSON\n"
+    "  run --request REQ.json --ticket TICKET.json   run a protocol request; prints the result "
+    "JSON\n"
     "  run --ticket T.json [--file NAME=PATH]... [--timeout-ms N] [--runtime R]\n"
     "      [--memory-bytes N] [--env NAME=VALUE --allow-env NAME]... [--out-dir DIR]\n"
     "      [--force] [--json] SCRIPT\n"
@@ -69,8 +70,14 @@ const char* top_usage =
     "  image use NAME DIGEST                         make an earlier image current (rollback)\n"
     "  image verify DIGEST|NAME                      re-hash every blob of an image\n"
     "  image rm DIGEST                               remove an image that is not current\n"
-    "  doctor                                        which backends work on this host, and why not\n"
-    "  ticket keygen --kid K --out DIR               new Ed25519 key pair DIR/K.pem, DIR/K.pub.pem\n"
+    "  doctor                                        which backends work on this host, and why "
+    "not\n"
+    "  audit [--isolation L] [--json] [--runtime R]  prove one level's guarantees on this host: "
+    "an\n"
+    "                                                in-sandbox probe and host checks (exit 0\n"
+    "                                                only when every check passes)\n"
+    "  ticket keygen --kid K --out DIR               new Ed25519 key pair DIR/K.pem, "
+    "DIR/K.pub.pem\n"
     "  ticket sign --key K.pem [--parent DOC] TICKET.json\n"
     "                                                print the signed ticket document\n"
     "  ticket verify --trusted-keys PATH DOC         check a signed ticket; print its ticket\n"
@@ -899,6 +906,46 @@ int cmd_doctor(const std::vector<std::string>& args) {
   return any ? exit_ok : exit_fail;
 }
 
+// `sandboxctl audit`: the audited level's backend alone (so no other level can serve its
+// runs), the audit's runs, the verdict as a table or one line of JSON. Exit 0 only when
+// every check passed; 1 otherwise (the failing checks named), 2 for usage errors.
+int cmd_audit(const std::vector<std::string>& args) {
+  common c;
+  std::string level_name = "process", runtime = "python3";
+  bool json = false;
+  auto d = common_options(c);
+  d.add_options()("isolation", po::value(&level_name),
+                  "level to audit: process (default), container or gvisor")(
+      "runtime", po::value(&runtime), "a Python 3 runtime to run the probe with (python3)")(
+      "json", po::bool_switch(&json), "print the report as one line of JSON");
+  parse(args, d, {});
+  auto level = sandbox::isolation_from_string(level_name);
+  if (!level || *level == sandbox::isolation::microvm) {
+    throw usage_error(fmt::format("--isolation {}: expected process, container or gvisor",
+                                  quote_name(level_name)));
+  }
+  auto o = options_from(c);
+  o.process_backend = *level == sandbox::isolation::process;
+  o.container.enabled = *level == sandbox::isolation::container;
+  o.gvisor.enabled = *level == sandbox::isolation::gvisor;
+  auto rt = sandbox::runtime::create(o);
+  if (!rt) {
+    std::cerr << "sandboxctl: audit: the runtime cannot be created: " << rt.error().message()
+              << "\n";
+    return exit_fail;
+  }
+  sandbox::audit_options ao;
+  ao.isolation = *level;
+  ao.runtime = runtime;
+  auto report = sandbox::evaluate_audit(sandbox::gather_audit_evidence(*rt, ao));
+  if (json) {
+    std::cout << sandbox::encode_audit_report(report) << "\n";
+  } else {
+    std::cout << sandbox::format_audit_table(report);
+  }
+  return report.passed() ? exit_ok : exit_fail;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -914,6 +961,7 @@ int main(int argc, char** argv) {
     if (cmd == "blob") return cmd_blob(args);
     if (cmd == "image") return cmd_image(args);
     if (cmd == "doctor") return cmd_doctor(args);
+    if (cmd == "audit") return cmd_audit(args);
     if (cmd == "ticket") return cmd_ticket(args);
     if (cmd == "serve") return sandboxctl::cmd_serve(args);
     throw usage_error(fmt::format("unknown command {}", quote_name(cmd)));

@@ -48,6 +48,12 @@ constexpr const char* freezer_ctrl = "freezer";
 
 std::string errno_text(int e) { return std::system_category().message(e); }
 
+/// The `errc` of an error code this file made (io_error for any other).
+errc errc_of_code(const boost::system::error_code& ec) noexcept {
+  return ec.category() == sandbox::error_category() ? static_cast<errc>(ec.value())
+                                                    : errc::io_error;
+}
+
 /// Maps an errno of a cgroupfs call to the documented error codes.
 errc errc_of(int e) noexcept {
   switch (e) {
@@ -659,8 +665,9 @@ result<cgroup_host> cgroup_host::open(const fs::path& root, const fs::path& moun
     } else {
       return fail(errc::unsupported,
                   fmt::format("cgroup {} controller unavailable: neither a cgroup2 mount "
-                              "offering it nor a v1 '{}' hierarchy under {}",
-                              c, c, root_s));
+                              "offering it nor a v1 '{}' hierarchy under {}; mount one (cgroup "
+                              "v2: enable +{} in the root's cgroup.subtree_control)",
+                              c, c, root_s, c));
     }
   }
   if (!v2_mount) {
@@ -707,10 +714,13 @@ result<cgroup_host> cgroup_host::open(const fs::path& root, const fs::path& moun
       for (const auto& c : h.controllers) {
         if (available.count(c) == 0) {
           if (c == cpu_ctrl) continue;  // optional: dropped below
+          const fs::path above = level.parent_path() / "cgroup.subtree_control";
           return problem(errc::unsupported,
-                         fmt::format("cgroup v2 {} controller not available in {} (not enabled "
-                                     "by its parent, or not delegated)",
-                                     c, level.string()));
+                         fmt::format("cgroup v2 {} controller not available in {}: it is not "
+                                     "enabled in {} (not delegated); enable it there "
+                                     "(echo +{} > {}) or delegate a subtree that has it "
+                                     "(systemd Delegate=yes)",
+                                     c, level.string(), above.string(), c, above.string()));
         }
       }
       if (has(h.controllers, cpu_ctrl) && available.count(cpu_ctrl) == 0) {
@@ -753,7 +763,11 @@ result<cgroup_host> cgroup_host::open(const fs::path& root, const fs::path& moun
       std::string what =
           fmt::format("write(\"{}\", \"{}\"): {}", sfile.string(), plus(missing), errno_text(e));
       if (e == EACCES || e == EPERM || e == EROFS) {
-        return problem(errc::permission_denied, what + " (cgroup subtree not delegated?)");
+        return problem(errc::permission_denied,
+                       what + " (cgroup subtree not delegated?): as the owner of " +
+                           sfile.string() + " run `echo '" + plus(missing) + "' > " +
+                           sfile.string() + "`, or delegate a subtree with these controllers " +
+                           "enabled (systemd Delegate=yes)");
       }
       if (e == EBUSY) {
         return problem(errc::unsupported,
@@ -990,6 +1004,62 @@ result<run_cgroup> cgroup_host::create(std::string_view name, const cgroup_limit
     }
   }
   return rc;
+}
+
+result<void> cgroup_host::verify_limits(std::string_view name, std::string* why) const {
+  constexpr std::uint64_t memory = 64ULL << 20;  // a multiple of every page size
+  constexpr std::uint32_t pids = 16;
+  constexpr std::uint32_t millicores = 500;
+  auto problem = [&](errc e, std::string reason) -> result<void> {
+    if (why != nullptr) *why = std::move(reason);
+    return make_error_code(e);
+  };
+  auto rc =
+      create(name, {.memory_bytes = memory, .max_pids = pids, .cpu_quota_millicores = millicores});
+  if (!rc) {
+    return problem(errc_of_code(rc.error()),
+                   fmt::format("a test cgroup with limits cannot be created under {}: {}",
+                               describe(), rc.error().message()));
+  }
+  // The first word of a limit file ("67108864", "16", "50000 100000").
+  auto first_word = [](const std::string& t) { return t.substr(0, t.find_first_of(" \n")); };
+  std::optional<std::pair<errc, std::string>> bad;
+  const std::string quota = std::to_string(std::uint64_t{millicores} * cpu_period_usec / 1000);
+  for (const auto& p : rc->s_->parts) {
+    std::vector<std::pair<const char*, std::string>> expect;
+    if (p.has(memory_ctrl)) {
+      expect.emplace_back(p.is_v2 ? "memory.max" : "memory.limit_in_bytes", std::to_string(memory));
+    }
+    if (p.has(pids_ctrl)) expect.emplace_back("pids.max", std::to_string(pids));
+    if (p.has(cpu_ctrl)) expect.emplace_back(p.is_v2 ? "cpu.max" : "cpu.cfs_quota_us", quota);
+    for (const auto& [file, want] : expect) {
+      std::string text;
+      fs::path path = p.dir / file;
+      if (int e = read_file(path, text, small_file_max); e != 0) {
+        bad = {errc::io_error, fmt::format("read(\"{}\"): {}", path.string(), errno_text(e))};
+        break;
+      }
+      if (first_word(text) != want) {
+        bad = {errc::unsupported,
+               fmt::format("cgroup limit not effective: wrote {} to {} but it reads back {}; "
+                           "the {} controller does not enforce limits in {} (enable it in the "
+                           "parent's cgroup.subtree_control, or delegate a real cgroup subtree)",
+                           want, path.string(),
+                           first_word(text).empty() ? "nothing" : first_word(text),
+                           std::string_view(file).substr(0, std::string_view(file).find('.')),
+                           p.dir.parent_path().string())};
+        break;
+      }
+    }
+    if (bad) break;
+  }
+  if (auto removed = rc->remove(); !removed && !bad) {
+    bad = {errc_of_code(removed.error()),
+           fmt::format("the test cgroup {} cannot be removed: {}", std::string(name),
+                       removed.error().message())};
+  }
+  if (bad) return problem(bad->first, bad->second);
+  return {};
 }
 
 std::vector<std::string> cgroup_host::list() const {

@@ -144,6 +144,17 @@ class cgroup_host {
   /// `io_error`, `permission_denied`.
   result<run_cgroup> create(std::string_view name, const cgroup_limits& limits) const;
 
+  /**
+   * The start-up self-test's proof that limits take effect on this host: creates the run
+   * cgroup `<parent>/<name>` with a 64 MiB memory limit, a pids limit of 16 and a CPU quota,
+   * reads each limit file back (memory.max / memory.limit_in_bytes, pids.max, cpu.max /
+   * cpu.cfs_quota_us), and removes the cgroup again. Errors (with a one-line, actionable
+   * reason in `*why` when `why` is not null): as `create`, and `unsupported` when a value
+   * read back is not the one written (the controller accepts writes but does not enforce
+   * them: e.g. a cgroupfs emulation, or the controller not enabled for this subtree).
+   */
+  result<void> verify_limits(std::string_view name, std::string* why = nullptr) const;
+
   /// Names of existing run cgroups under the parent (the union over every hierarchy, so a
   /// cgroup half-created by a crash is listed too), sorted; at most 100000.
   std::vector<std::string> list() const;

@@ -2089,8 +2089,13 @@ std::variant<std::shared_ptr<backend>, std::string> make_init_backend(
     parent = "/agent-sandbox";
   }
   std::string why;
-  auto host = cgroup_host::open(ctx.options.cgroup_root, "/proc/self/mountinfo", parent, &why);
+  auto host = cgroup_host::open(ctx.options.cgroup_root, ctx.mountinfo, parent, &why);
   if (!host) return why.empty() ? "cgroups unusable: " + host.error().message() : why;
+  // Proved, not assumed: limits written to a run cgroup read back as written. Named like a
+  // run of this instance, so that a crash in between leaves it to the next start's reclaim.
+  if (auto v = host->verify_limits("r-" + shared->instance_id + "-limits-test", &why); !v) {
+    return why.empty() ? "cgroup limits unverifiable: " + v.error().message() : why;
+  }
   shared->cgroups.emplace(std::move(*host));
   shared->cgroup_parent = parent;
 

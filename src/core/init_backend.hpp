@@ -167,6 +167,9 @@ struct init_backend_context {
   std::function<std::optional<std::pair<runtime_spec, std::filesystem::path>>(std::string_view)>
       resolve_runtime;
   egress_proxy_options egress;      ///< network runs' egress proxy
+  /// The mount table the cgroup layout is read from. Tests point it (with
+  /// `options.cgroup_root`) at a fake cgroupfs to see the self-test refuse a weak host.
+  std::filesystem::path mountinfo = "/proc/self/mountinfo";
 };
 
 /**

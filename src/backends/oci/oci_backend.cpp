@@ -579,7 +579,10 @@ std::variant<std::shared_ptr<backend>, std::string> make_oci_backend(
   s.name = oci.runtime;
   s.binary = oci.path.empty() ? std::filesystem::path("/usr/bin") / oci.runtime : oci.path;
   if (!s.binary.is_absolute()) return s.name + ": the runtime path must be absolute";
-  if (::access(s.binary.c_str(), X_OK) != 0) return s.name + " not found at " + s.binary.string();
+  if (::access(s.binary.c_str(), X_OK) != 0) {
+    return s.name + " not found at " + s.binary.string() + ": install it, or name its path (" +
+           "\"path\" of the level under \"backends\" in the host configuration)";
+  }
   if (::geteuid() != 0) return s.name + ": needs root";
   if (s.kind == oci::runtime_kind::runsc && oci.platform != "ptrace" && oci.platform != "kvm" &&
       oci.platform != "systrap") {
@@ -587,7 +590,10 @@ std::variant<std::shared_ptr<backend>, std::string> make_oci_backend(
   }
   s.platform = oci.platform;
   auto ver = run_tool({s.binary.string(), "--version"}, minimal_tool_env(), std::chrono::seconds(10));
-  if (!ver || !ver->ok()) return s.name + ": `--version` failed";
+  if (!ver || !ver->ok()) {
+    return s.name + ": `" + s.binary.string() + " --version` failed" + (ver ? "" : " to start") +
+           ": the binary does not work on this host";
+  }
   // "crun version 1.8.1", "runc version 1.1.5+ds1", "runsc version 0.0~20221219.0"
   std::string first = ver->output.substr(0, ver->output.find('\n'));
   auto sp = first.rfind(' ');

@@ -1,0 +1,143 @@
+// The deployment audit: does this host, at one isolation level, give the guarantees the
+// library promises? (`sandboxctl audit`, docs/operations.md "Audit").
+//
+// An audit has two halves. `gather_audit_evidence` does things: it runs real snippets through
+// a `runtime` at the chosen level (a Python probe that reports from inside the sandbox, a
+// memory hog, a sleeper, a run under a ticket that does not grant it, a run whose ticket pins
+// another image) and asks the pure core to decode malformed requests. `evaluate_audit` is
+// pure: it turns that evidence into named checks. The probe's output is data from an
+// untrusted program: it is parsed strictly, and every verdict about limits and codes comes
+// from the host's own `run_result`s, never from what the probe claims about them.
+//
+//   auto rt = sandbox::runtime::create(options);
+//   auto report = sandbox::evaluate_audit(sandbox::gather_audit_evidence(*rt, {}));
+//   std::cout << sandbox::format_audit_table(report);
+//   return report.passed() ? 0 : 1;
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sandbox/code.hpp"
+#include "sandbox/protocol.hpp"
+#include "sandbox/runtime.hpp"
+
+namespace sandbox {
+
+/// One named check of an audit.
+struct audit_check {
+  /// Stable name, e.g. "environment", "seccomp", "pids_limit" (docs/operations.md lists them).
+  std::string name;
+  bool passed = false;
+  /// What was seen: on failure the reason, naming the offending value ("host variable
+  /// AWS_SECRET_ACCESS_KEY in the environment"); on success a short confirmation.
+  std::string detail;
+  bool operator==(const audit_check&) const = default;
+};
+
+/// Every check of one audit, in a fixed order.
+struct audit_report {
+  sandbox::isolation isolation = sandbox::isolation::process;  ///< the level audited
+  std::vector<audit_check> checks;
+  /// True when every check passed (and there is at least one).
+  bool passed() const noexcept;
+  /// Names of the checks that failed, in order.
+  std::vector<std::string> failed() const;
+  bool operator==(const audit_report&) const = default;
+};
+
+/// What the audit runs and with which limits.
+struct audit_options {
+  sandbox::isolation isolation = sandbox::isolation::process;  ///< the level to audit
+  /// Runtime the snippets run with: must be a Python 3 runtime (the probe is Python).
+  std::string runtime = "python3";
+  /// Tenant the audit's runs and blobs belong to.
+  std::string tenant = "audit";
+  /// Memory limit of the memory check's run, bytes (it tries to allocate far more). Must be
+  /// at least the policy's `min_memory_bytes`. Default 64 MiB.
+  std::uint64_t memory_limit_bytes = 64ULL << 20;
+  /// Timeout of the timeout check's run (it sleeps 60 s). Default 1000 ms.
+  std::chrono::milliseconds timeout{1000};
+  /// How far past its timeout the sleeper may end and still pass (the kill, teardown and a
+  /// busy host). Default 20 s: this is a sanity bound, not a performance goal.
+  std::chrono::milliseconds timeout_slack{20000};
+  /// Unix socket paths and abstract names ("@name") of the host the probe tries to connect
+  /// to, besides the well-known ones. Empty: the host's sockets are discovered (a bounded
+  /// scan of /run, /var/run, /tmp and /proc/net/unix).
+  std::vector<std::string> host_sockets;
+  /// Host addresses (numeric) the probe tries to reach. Empty: the host's own non-loopback
+  /// interface addresses (getifaddrs) and one public address (1.1.1.1).
+  std::vector<std::string> host_addresses;
+};
+
+/// What the audit saw, before any verdict. Filled by `gather_audit_evidence`; tests build
+/// it by hand to make each check fail.
+struct audit_evidence {
+  sandbox::isolation isolation = sandbox::isolation::process;
+  /// The runtime's status of the backend at this level (nullopt: none was tried, e.g. not
+  /// enabled in the configuration).
+  std::optional<backend_status> backend;
+  std::string runtime;                   ///< the runtime name the runs used
+  std::string current_digest;            ///< the image store's current digest of it ("": none)
+  std::uint32_t max_pids = 0;            ///< the policy's per-run pids limit
+  std::uint64_t memory_limit_bytes = 0;  ///< the memory check's requested limit
+  std::chrono::milliseconds timeout{0};  ///< the timeout check's requested timeout
+  std::chrono::milliseconds timeout_slack{0};
+  /// The probe's run (its ticket pins `current_digest`) and its full stdout (from the
+  /// stdout blob, not the summary); the probe prints one JSON object.
+  run_result probe;
+  std::string probe_stdout;
+  run_result memory;        ///< allocates far past `memory_limit_bytes`: expected `oom`
+  run_result timeout_run;   ///< sleeps past `timeout`: expected `timeout`
+  run_result denied;        ///< under a ticket without `code.execute`: `action_denied`
+  run_result pin_mismatch;  ///< under a ticket pinning another digest: `digest_mismatch`
+  /// What the protocol decoder said about a request with an unknown field / an unknown
+  /// version: the rejection's message, or nullopt when it (wrongly) accepted it.
+  std::optional<std::string> unknown_field_rejection;
+  std::optional<std::string> bad_version_rejection;
+};
+
+/**
+ * Runs the audit's snippets through `rt` at `options.isolation` and collects the evidence.
+ * Blocking: call it from a thread that does not run `rt`'s executor (a runtime made by
+ * `runtime::create(options)` runs its own). Never throws for what the runs do; a backend
+ * missing at the level leaves the run results as `runtime_unavailable` (the checks then
+ * fail, naming the backend's refusal reason). Takes a few seconds (five runs, one of them
+ * waits for its timeout).
+ */
+audit_evidence gather_audit_evidence(runtime& rt, const audit_options& options);
+
+/**
+ * The verdict, from evidence alone (pure). Checks, in order: `backend` (registered at the
+ * level after its self-test), `probe` (the probe ran at exactly this level and printed one
+ * well-formed report), `environment` (only the protocol's variables: PATH, HOME, LANG,
+ * SANDBOX_INPUT_DIR, SANDBOX_OUTPUT_DIR), `seccomp` (mode 2), `no_new_privs` (1),
+ * `capabilities` (inheritable, permitted, effective, bounding, ambient all zero),
+ * `no_host_socket` (no socket file in view, no host unix or abstract socket connects),
+ * `no_route_out` (only `lo`, no address reachable), `pids_limit` (fork refused within the
+ * limit), `memory_limit` (`oom`), `timeout` (`timeout`, ended near the limit), `ticket`
+ * (`action_denied` with nothing run), `protocol` (unknown field and version refused, the
+ * field named), `image_pinned` (the run's digest is the store's current one; a ticket
+ * pinning another gets `digest_mismatch`).
+ */
+audit_report evaluate_audit(const audit_evidence& evidence);
+
+/// The Python source of the in-sandbox probe, with `host_sockets` and `host_addresses`
+/// (as in `audit_options`; at most 64 of each) embedded as data; it forks at most
+/// `max_forks` times. It prints one JSON object (keys: v, env_names, status, seccomp_mode,
+/// no_new_privs, socket_files, unix_connected, interfaces, reachable, forks, fork_error).
+std::string audit_probe_source(const std::vector<std::string>& host_sockets,
+                               const std::vector<std::string>& host_addresses,
+                               std::uint32_t max_forks);
+
+/// A human table: one line per check (name, PASS/FAIL, detail), then a summary line.
+std::string format_audit_table(const audit_report& report);
+
+/// The report as one line of JSON: `{"v":1,"isolation":"process","passed":false,
+/// "failed":["seccomp"],"checks":[{"name":"seccomp","passed":false,"detail":"..."}, ...]}`.
+std::string encode_audit_report(const audit_report& report);
+
+}  // namespace sandbox
