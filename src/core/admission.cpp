@@ -21,9 +21,6 @@
 namespace sandbox {
 namespace {
 
-using detail::is_env_name;
-using detail::is_reserved_env;
-using detail::max_env_name_bytes;
 using detail::quote_for_message;
 
 rejection invalid(std::string message) {
@@ -60,20 +57,8 @@ std::optional<rejection> check_env(const run_request& r, const policy& p) {
                    std::to_string(p.max_env_vars));
   }
   for (const auto& [name, value] : r.env) {
-    const std::string path = "env[" + quote_for_message(name) + "]";
-    if (name.size() > max_env_name_bytes) {
-      return invalid(path + ": name longer than " + std::to_string(max_env_name_bytes) +
-                     " bytes");
-    }
-    if (!is_env_name(name)) {
-      return invalid(path + ": not a valid name (expected [A-Za-z_][A-Za-z0-9_]*)");
-    }
-    if (is_reserved_env(name)) return invalid(path + ": reserved name, set by the sandbox");
-    if (p.allowed_env.count(name) == 0) return invalid(path + ": not allowed by the policy");
-    if (value.find('\0') != std::string::npos) return invalid(path + ": value contains NUL");
-    if (value.size() > p.max_env_value_bytes) {
-      return invalid(path + ": value longer than " + std::to_string(p.max_env_value_bytes) +
-                     " bytes");
+    if (auto why = detail::env_var_problem(name, value, p)) {
+      return invalid("env[" + quote_for_message(name) + "]" + *why);
     }
   }
   return std::nullopt;

@@ -89,17 +89,10 @@ std::optional<std::string> check_tool_entry(const tool_entry& e, const policy& p
   if (e.env.size() > p.max_env_vars) {
     return "env: more than " + std::to_string(p.max_env_vars) + " variables";
   }
-  for (std::size_t i = 0; i < e.env.size(); ++i) {
-    const auto& [name, value] = e.env[i];
-    const std::string path = "env[" + quote_for_message(name) + "]";
-    if (name.size() > detail::max_env_name_bytes || !detail::is_env_name(name)) {
-      return path + ": not a valid name (expected [A-Za-z_][A-Za-z0-9_]*)";
-    }
-    if (detail::is_reserved_env(name)) return path + ": reserved name, set by the sandbox";
-    if (p.allowed_env.count(name) == 0) return path + ": not allowed by policy.allowed_env";
-    if (value.find('\0') != std::string::npos) return path + ": value contains NUL";
-    if (value.size() > p.max_env_value_bytes) {
-      return path + ": value longer than " + std::to_string(p.max_env_value_bytes) + " bytes";
+  for (const auto& [name, value] : e.env) {
+    // The same rules as a request's variables (one function for both).
+    if (auto why = detail::env_var_problem(name, value, p)) {
+      return "env[" + quote_for_message(name) + "]" + *why;
     }
   }
   return std::nullopt;
