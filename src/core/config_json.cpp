@@ -245,7 +245,8 @@ std::vector<tool_entry> decode_tools(const json& v, const std::string& path, con
     if (auto problem = check_tool_entry(e, pol)) {
       // "<field>: <reason>" → "tools[i].<field>: <reason>"
       const auto colon = problem->find(": ");
-      fail(member_path(p, problem->substr(0, colon)), problem->substr(colon + 2));
+      // (The field part is already a path: "env['X']" is not re-quoted.)
+      fail(p + "." + problem->substr(0, colon), problem->substr(colon + 2));
     }
     for (std::size_t j = 0; j < out.size(); ++j) {
       if (out[j].name == e.name) {
