@@ -714,7 +714,8 @@ int cmd_run(const std::vector<std::string>& args) {
   if (!stdin_file.empty()) {
     // As a blob of the ticket's tenant: any bytes (NUL, invalid UTF-8) arrive exactly. One
     // byte over the cap is stored so that the runtime answers with the limit.
-    int fd = open_input(stdin_file);
+    int fd = stdin_file == "-" ? ::dup(0) : open_input(stdin_file);
+    if (fd < 0) throw usage_error("--stdin-file -: cannot read standard input");
     auto id = blobs->put_fd(ticket->tenant(), fd, opts.policy.max_stdin_bytes + 1);
     ::close(fd);
     if (!id) {
