@@ -161,8 +161,8 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
   const bool is_tool = !request.tool.empty();
   if (is_tool) {
     if (!ticket.allows_tool(request.tool)) {
-      return rejection{code::action_denied,
-                       "tool: ticket does not grant tool.run for " + quote_for_message(request.tool)};
+      return rejection{code::action_denied, "tool: ticket does not grant tool.run for " +
+                                                quote_for_message(request.tool)};
     }
   } else if (!ticket.allows(action::code_execute)) {
     return rejection{code::action_denied, "ticket does not grant code.execute"};

@@ -522,7 +522,9 @@ ticket ticket_from_json(const json& doc, const std::string& path) {
     if (a.size() > 256) fail(p, std::to_string(a.size()) + " names, more than the limit of 64");
     for (std::size_t i = 0; i < a.size(); ++i)
       spec.tools.push_back(as_string(a[i], index_path(p, i)));
-    if (spec.tools.empty()) fail(p, "must not be empty (leave it out for a ticket without tool.run)");
+    if (spec.tools.empty()) {
+      fail(p, "must not be empty (leave it out for a ticket without tool.run)");
+    }
     if (!tool_run) fail(p, "only a ticket granting tool.run may list tools");
   } else if (tool_run) {
     fail(field("actions"), "tool.run needs a non-empty 'tools' list");
