@@ -47,14 +47,18 @@ log "building ($PRESET)"
 cmake --preset "$PRESET" -S "$ROOT" >/dev/null
 cmake --build --preset "$PRESET"
 
-# 3. Runtime images, built from Debian packages with debootstrap when absent.
+# 3. Runtime images, built from Debian packages with debootstrap when absent. "tools" holds
+#    the registered tools the tests use (docs/operations.md, "Registered tools"): a Markdown
+#    renderer (cmark) and a regex engine (pcre2grep).
 if [ "${SANDBOX_SKIP_IMAGES:-0}" != 1 ]; then
-  for runtime in python3 node; do
+  for runtime in python3 node tools; do
     if "$BUILD/bin/sandboxctl" image current "$runtime" --image-dir "$IMAGE_DIR" >/dev/null 2>&1; then
       log "image $runtime: present"
     else
       log "image $runtime: building with debootstrap (about a minute)"
-      "$BUILD/bin/sandboxctl" image build "$runtime" --image-dir "$IMAGE_DIR"
+      packages=()
+      [ "$runtime" = tools ] && packages=(--package cmark --package pcre2-utils)
+      "$BUILD/bin/sandboxctl" image build "$runtime" "${packages[@]}" --image-dir "$IMAGE_DIR"
     fi
   done
 fi

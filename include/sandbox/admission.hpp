@@ -13,6 +13,7 @@
 #include "sandbox/code.hpp"
 #include "sandbox/policy.hpp"
 #include "sandbox/protocol.hpp"
+#include "sandbox/registry.hpp"
 #include "sandbox/ticket.hpp"
 
 namespace sandbox {
@@ -24,6 +25,15 @@ struct host_catalog {
   /// Configured runtime names → manifest digest of the installed image (`std::nullopt` when
   /// the runtime is configured but its image is absent).
   std::map<std::string, std::optional<std::string>> runtimes;
+  /// One registered tool as admission sees it.
+  struct tool {
+    tool_entry entry;  ///< as registered (validated by `check_tool_entry`)
+    /// Manifest digest of the entry's image, installed now; `std::nullopt` when absent.
+    std::optional<std::string> digest;
+    bool operator==(const tool&) const = default;
+  };
+  /// Registered tools by name (`runtime_options::tools`).
+  std::map<std::string, tool> tools;
   bool operator==(const host_catalog&) const = default;
 };
 
@@ -37,12 +47,30 @@ struct admitted {
   bool timeout_clamped = false;
   bool memory_clamped = false;
   bool files_out_clamped = false; ///< `files_out` limits were lowered to the policy's
+  /// The workload profile the run gets (`effective_limits`): a tool run's entry's, else the
+  /// ticket's; empty: the policy's per-run values.
+  std::string profile;
   bool operator==(const admitted&) const = default;
 };
 
 /**
  * Decides whether `request` may run under `ticket` on this host at time `now`. Returns
  * either the normalized `admitted` request or a `rejection`, checking in this order:
+ *
+ * A tool run (`request.tool` set) is checked the same way, with these differences: step 1
+ * refuses `runtime`, `source`, `network`, `egress` beside `tool` (naming the field), and
+ * `std_in` with `stdin_blob`, `std_in` over `policy.max_stdin_bytes`, a malformed
+ * `stdin_blob`; `std_in`/`stdin_blob` in a run that is not a tool run; step 3 needs
+ * `tool.run` for the name (`ticket::allows_tool`) instead of `code.execute`; step 4 needs
+ * the name in `catalog.tools` (else `invalid_request`), and no stdin for an entry whose
+ * `input` is `files_only`; step 5 uses the level
+ * max(entry's, ticket's) and the entry's image (absent: `runtime_unavailable`); step 6
+ * compares the entry's `image_digest`, the ticket's and the request's pins with the
+ * entry's installed image. The admitted run's `runtime` is the tool's name and image digest,
+ * its `profile` the entry's (else the ticket's), its `env` the request's plus the entry's
+ * (the entry's win). A profile (entry or ticket) not in `policy.profiles` is
+ * `invalid_request`; the profile's `timeout` and `memory_limit_bytes` replace the request's
+ * when the request left the protocol defaults (2000 ms, 256 MiB), before clamping.
  *
  * 1. `invalid_request` — version ≠ 1, empty runtime, timeout ≤ 0; `egress` non-empty
  *    without `network`, or empty with it, an entry that is not an egress pattern

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,7 +47,13 @@ struct run_job {
   runtime_spec runtime;               ///< how to start the interpreter
   std::filesystem::path rootfs;       ///< unpacked image root (read-only); empty for fakes
   std::shared_ptr<blob_store> blobs;  ///< inputs are read from and outputs stored to here
-  sandbox::policy policy;             ///< host limits (pids, tmpfs, capture caps, grace)
+  /// Host limits (pids, tmpfs, capture caps, grace): the policy under the run's workload
+  /// profile (`effective_limits`).
+  sandbox::policy policy;
+  /// Registered tool runs: the program's standard input, staged read-only in the run's
+  /// workspace as the `runtime.source_name` file (in place of a source) and opened as fd 0;
+  /// EOF after it. Unset: fd 0 is /dev/null.
+  std::optional<std::string> stdin_bytes;
   /// The runtime's executor. Backends without an executor of their own (the fake) run their
   /// timers on it, so nothing of a run outlives the execution context it belongs to.
   boost::asio::any_io_executor executor;

@@ -4,8 +4,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <vector>
+
+#include "sandbox/registry.hpp"
 
 namespace sandbox {
 
@@ -27,6 +33,9 @@ struct policy {
   std::set<std::string> allowed_env;
   std::uint32_t max_env_vars = 32;                  ///< more `env` entries → invalid_request
   std::uint32_t max_env_value_bytes = 4096;         ///< longer value → invalid_request
+  /// Bytes of a registered tool run's standard input (`run_request::std_in`, or the blob
+  /// named by `stdin_blob`); more → invalid_request. Default 1 MiB.
+  std::uint64_t max_stdin_bytes = 1ULL << 20;
 
   // --- what every run gets ----------------------------------------------------------------
   std::uint64_t stream_capture_bytes = 1ULL << 20;  ///< stdout / stderr each kept up to this
@@ -49,7 +58,62 @@ struct policy {
   /// Budget for killing and confirming the run's cgroup empty; over it → internal.
   std::chrono::milliseconds teardown_budget{5000};
 
+
+  // --- workload profiles (sandbox/registry.hpp) --------------------------------------------
+  /// Named limit sets a registry entry or a ticket may choose (never a request). The
+  /// per-run values above stay the defaults of a run without a profile.
+  std::map<std::string, workload_profile> profiles;
+  /// The most a profile may raise each per-run value to; a profile value above its ceiling is
+  /// clamped to it (`effective_limits` says which were, and the runtime logs it once, at
+  /// creation). The defaults allow a browser-sized run; a ceiling below the per-run default
+  /// bounds only profiles, never the default itself.
+  struct profile_ceilings {
+    std::uint32_t max_pids = 1024;
+    std::uint32_t cpu_quota_millicores = 4000;
+    std::uint32_t max_open_files = 4096;
+    std::uint64_t tmp_bytes = 1ULL << 30;
+    std::uint64_t home_bytes = 256ULL << 20;
+    std::uint64_t shm_bytes = 1ULL << 30;
+    std::uint32_t tmpfs_inodes = 65536;
+    bool operator==(const profile_ceilings&) const = default;
+  } ceilings;
+
   bool operator==(const policy&) const = default;
 };
+
+/// A policy's per-run values under a workload profile: what a run's cgroup, rlimits and
+/// tmpfs mounts get (`limits`), and which profile fields were above their ceiling and
+/// lowered to it (`clamped`, JSON field names, e.g. "max_pids").
+struct effective_limits_result {
+  sandbox::policy limits;
+  std::vector<std::string> clamped;
+};
+
+/**
+ * Resolves `base` + the profile named `profile` into the per-run limits every backend applies
+ * (process and OCI alike: pids.max, cpu, RLIMIT_NOFILE, /tmp, $HOME and /dev/shm sizes and
+ * inodes). Each field the profile sets replaces the policy's value, clamped to
+ * `base.ceilings`; unset fields keep the policy's. An empty `profile` gives `base` unchanged.
+ * `std::nullopt` when `profile` is not empty and not in `base.profiles` (admission refuses
+ * such runs first). Pure. The profile's `memory_limit_bytes` and `timeout` are request
+ * defaults, applied by admission (sandbox/admission.hpp), not here.
+ */
+std::optional<effective_limits_result> effective_limits(const policy& base,
+                                                        const std::string& profile);
+
+/// True for a profile or tool name: 1..64 characters of `[a-z0-9._-]`, starting with a
+/// letter or digit.
+bool is_valid_registry_name(std::string_view name) noexcept;
+
+/**
+ * The first problem with registry entry `e` under `p`, as "<field>: <reason>" (JSON field
+ * names, e.g. "binary: must be an absolute path without '..'"), or `std::nullopt`: name
+ * syntax, image name, absolute `binary` without `.`/`..` components or NUL, no NUL in
+ * `args`, `profile` empty or in `p.profiles`, `env` names allowed like a request's
+ * (`policy::allowed_env`, not reserved) with values within `max_env_value_bytes`, and no
+ * `egress` (a registered tool's own network policy is not supported yet: refused, never
+ * ignored). Whether the image is installed is checked by the runtime.
+ */
+std::optional<std::string> check_tool_entry(const tool_entry& e, const policy& p);
 
 }  // namespace sandbox

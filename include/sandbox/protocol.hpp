@@ -69,8 +69,25 @@ struct run_request {
   std::uint64_t memory_limit_bytes = 256ULL * 1024 * 1024;
   /// Extra environment variables; only names the policy allows (default: none).
   std::map<std::string, std::string> env;
-  /// Optional pin: the manifest digest (`sha256:…`) of the runtime image the caller expects.
+  /// Optional pin: the manifest digest (`sha256:…`) of the runtime image the caller expects
+  /// (for a tool run: of the tool's image).
   std::optional<std::string> runtime_digest;
+  /// A registered tool to run instead of `runtime` + `source` (sandbox/registry.hpp): the
+  /// host's registry fixes its image, program, argv, isolation and limits; the request only
+  /// picks the name and gives the bytes (`std_in` / `stdin_blob`, `files_in`). A request
+  /// names either `runtime` and `source` or `tool`, never both (invalid_request naming the
+  /// field); a tool run takes no `network`/`egress`. Needs `tool.run` on the ticket for this
+  /// name (`ticket_spec::tools`), else action_denied; an unknown name is invalid_request.
+  std::string tool;
+  /// Tool runs only: the program's standard input, byte for byte (wire "stdin", a JSON string,
+  /// so UTF-8 text; use `stdin_blob` for arbitrary bytes). Staged read-only and opened as
+  /// fd 0; EOF after it. Unset (and no `stdin_blob`): fd 0 is /dev/null. At most
+  /// `policy::max_stdin_bytes`, else invalid_request.
+  std::optional<std::string> std_in;
+  /// Tool runs only: a blob id of the ticket's tenant whose bytes are the program's standard
+  /// input (any bytes: NUL, invalid UTF-8). Not with `std_in`. Absent blob: blob_not_found;
+  /// larger than `policy::max_stdin_bytes`: invalid_request.
+  std::optional<std::string> stdin_blob;
   bool operator==(const run_request&) const = default;
 };
 

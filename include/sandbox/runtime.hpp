@@ -38,6 +38,7 @@
 #include "sandbox/image_store.hpp"
 #include "sandbox/policy.hpp"
 #include "sandbox/protocol.hpp"
+#include "sandbox/registry.hpp"
 #include "sandbox/scheduler.hpp"
 #include "sandbox/span.hpp"
 #include "sandbox/ticket.hpp"
@@ -151,6 +152,12 @@ struct runtime_options {
   /// Global and per-tenant caps, queue limits and deadlines (sandbox/scheduler.hpp).
   scheduler_options scheduler;
   std::vector<runtime_spec> runtimes = default_runtimes();
+  /// Registered tools (sandbox/registry.hpp), picked by `run_request::tool`. Each is checked
+  /// at creation (`check_tool_entry`, names unique) and its image resolved to its current
+  /// digest like a runtime's (`fixed_digests` is looked up by the entry's `image`); a
+  /// faulty entry or an absent image makes `create` fail with `invalid_argument`, the log
+  /// naming the entry and field. Default: none.
+  std::vector<tool_entry> tools;
   /// For fakes and tests: runtime name → image digest to use instead of asking the image
   /// store (runs then get an empty `rootfs`). When non-empty and `images` is null, no image
   /// store is opened at all.
@@ -180,7 +187,10 @@ runtime_options default_runtime_options();
  * Applies a host configuration document to `options` (JSON; docs/operations.md,
  * "Configuration"): `scheduler` (caps, queue limits, tenant classes with weights and queue
  * deadlines, tenant → class), `warm_pool` (pool classes), `policy` (ceilings and per-run
- * limits), `backends` (the container and gvisor levels), `egress` (network runs' proxy:
+ * limits, `profiles`, profile `ceilings`, `max_stdin_bytes`), `tools` (the registry:
+ * `[{"name": "markdown", "image": "tools", "binary": "/usr/bin/cmark", "args": [],
+ * "isolation": "process", "profile": "small"}]`, each checked like `check_tool_entry`),
+ * `backends` (the container and gvisor levels), `egress` (network runs' proxy:
  * `egress_proxy_options`, e.g. `{"pinned_hosts": {"api.internal.example": ["10.0.0.7"]},
  * "connect_ports": [443, 8443], "max_connections": 16}`). For example:
  *

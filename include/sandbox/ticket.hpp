@@ -26,16 +26,21 @@
 
 namespace sandbox {
 
-/// Actions a ticket may grant. Wire strings: "code.execute", "code.network".
+/// Actions a ticket may grant. Wire strings: "code.execute", "code.network", "tool.run".
 enum class action : std::uint8_t {
   code_execute,  ///< run code at all
   code_network,  ///< let the code reach the network (through the host's egress proxy)
+  tool_run,      ///< run the registered tools named in `ticket_spec::tools`
 };
 
 /// Wire string of `a`, e.g. "code.execute".
 constexpr std::string_view to_string(action a) noexcept {
-  return a == action::code_execute ? std::string_view{"code.execute"}
-                                   : std::string_view{"code.network"};
+  switch (a) {
+    case action::code_execute: return "code.execute";
+    case action::code_network: return "code.network";
+    case action::tool_run: return "tool.run";
+  }
+  return "code.execute";
 }
 
 /// Tag that must be passed to `ticket_issuer::issue` to grant `code.network`. Its constructor
@@ -88,6 +93,21 @@ struct ticket_spec {
    * expired") from then on.
    */
   std::optional<std::chrono::system_clock::time_point> expires_at;
+  /**
+   * The registered tools runs under this ticket may pick (`run_request::tool`): tool names
+   * (`is_valid_registry_name`) or `"*"` for every tool of the host's registry, at most 64
+   * entries, duplicates dropped. Non-empty exactly when the ticket grants `tool.run`
+   * (wire: `"actions":[…,"tool.run"]` and `"tools":[…]`). Empty (the default): no tool.
+   */
+  std::vector<std::string> tools;
+  /**
+   * Workload profile (`policy::profiles`) of runs under this ticket that are not tool runs
+   * with a profile of their own; empty (the default): the policy's per-run values. Chosen by
+   * whoever issues the ticket, never by a request. A derived ticket keeps its parent's
+   * (`check_derivation`). A run under a ticket naming a profile the host does not have is
+   * `invalid_request` ("ticket.profile: …").
+   */
+  std::string profile;
   bool operator==(const ticket_spec&) const = default;
 };
 
@@ -131,8 +151,24 @@ class ticket {
   const std::string& tenant() const noexcept { return spec_.tenant; }
   /// True when the ticket grants `a`.
   bool allows(action a) const noexcept {
-    return a == action::code_execute ? spec_.execute : network_;
+    switch (a) {
+      case action::code_execute: return spec_.execute;
+      case action::code_network: return network_;
+      case action::tool_run: return !spec_.tools.empty();
+    }
+    return false;
   }
+  /// True when the ticket grants `tool.run` for the tool named `name` (listed, or `"*"`).
+  bool allows_tool(std::string_view name) const noexcept {
+    for (const auto& t : spec_.tools) {
+      if (t == "*" || t == name) return true;
+    }
+    return false;
+  }
+  /// The tools the ticket lets runs pick (see `ticket_spec::tools`).
+  const std::vector<std::string>& tools() const noexcept { return spec_.tools; }
+  /// The ticket's workload profile name (see `ticket_spec::profile`); empty: none.
+  const std::string& profile() const noexcept { return spec_.profile; }
   /// Minimum isolation level for runs under this ticket.
   sandbox::isolation isolation() const noexcept { return spec_.isolation; }
   std::chrono::milliseconds max_timeout() const noexcept { return spec_.max_timeout; }
@@ -198,9 +234,11 @@ struct derive_options {
 /// authorizes tool calls, never with code that handles model output.
 class ticket_issuer {
  public:
-  /// Mints a ticket granting `code.execute` (when `spec.execute`) and nothing else.
-  /// Returns `errc::invalid_argument` for a malformed id or tenant, non-positive ceilings,
-  /// or a `runtime_digest` that is set but not `sha256:` and 64 lowercase hex digits.
+  /// Mints a ticket granting `code.execute` (when `spec.execute`), `tool.run` for
+  /// `spec.tools` (when non-empty), and nothing else. Returns `errc::invalid_argument` for a
+  /// malformed id or tenant, non-positive ceilings, a `runtime_digest` that is set but not
+  /// `sha256:` and 64 lowercase hex digits, a `tools` entry that is neither a tool name nor
+  /// `"*"` (or more than 64), or a malformed `profile`.
   result<ticket> issue(const ticket_spec& spec) const;
   /// Mints a ticket granting `code.execute` (when `spec.execute`) and `code.network` for the
   /// domains in `spec.egress`. Returns `errc::invalid_argument` as `issue(spec)` does, and
@@ -215,7 +253,8 @@ class ticket_issuer {
    * (`options.domains`, default all of `approval.domains`; never more), isolation
    * max(parent's, `container`), ceilings min(parent's, the approval's timeout and memory
    * limit), `runtime_digest` pinned to `approval.runtime.digest`, expiry
-   * min(now + `options.ttl`, parent's expiry), and `approval()` = `approval`.
+   * min(now + `options.ttl`, parent's expiry), the parent's `profile`, no `tools`, and
+   * `approval()` = `approval`.
    *
    *     auto derived = issuer.derive(parent, *result.approval);  // a human said yes
    *     rt.async_run(request, *derived, handler);                // resume
@@ -259,7 +298,9 @@ std::string encode(const ticket& t);
  * 1. `child.ancestors()` is `parent.ancestors()` followed by `parent.id()`;
  * 2. same tenant; `code.execute` only if the parent grants it; isolation at least the
  *    parent's; `max_timeout` and `max_memory_bytes` at most the parent's; the parent's
- *    `runtime_digest` pin, when set, kept;
+ *    `runtime_digest` pin, when set, kept; the parent's `profile` exactly (profiles are
+ *    named limit sets whose sizes only the host knows, so a child never switches to a larger
+ *    one); every tool in `tools` granted by the parent (`"*"` only under a parent with `"*"`);
  * 3. an expiry, no later than the parent's (when it has one) and at most `max_derived_ttl`
  *    after `now`;
  * 4. the network grant: a child with `code.network` under a parent with it allows no domain

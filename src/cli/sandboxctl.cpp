@@ -58,6 +58,10 @@ const char* top_usage =
     "                                                unless --runtime is given. Output files go\n"
     "                                                to --out-dir (never over an existing\n"
     "                                                entry unless --force; links never followed)\n"
+    "  run --ticket T.json --tool NAME [--stdin-file F] [--file NAME=PATH]... [--json]\n"
+    "                                                run a registered tool (--config's tools);\n"
+    "                                                F ('-' = stdin) is its standard input\n"
+    "  tools [--config FILE]                         list the registered tools\n"
     "  blob put FILE [--tenant T | --ticket T.json]  store a file; prints its blob id\n"
     "  blob get ID [--tenant T | --ticket T.json] [-o FILE]\n"
     "                                                write a blob's bytes (stdout by default)\n"
@@ -614,7 +618,7 @@ int run_with_signals(sandbox::runtime_options opts, sandbox::run_request req,
 
 int cmd_run(const std::vector<std::string>& args) {
   common c;
-  std::string request_path, runtime, out_dir, script;
+  std::string request_path, runtime, out_dir, script, tool, stdin_file;
   std::vector<std::string> files, env, allow_env, egress;
   std::string timeout_text, memory_text;
   bool json = false, force = false, network = false;
@@ -635,6 +639,9 @@ int cmd_run(const std::vector<std::string>& args) {
       "(needs code.network on the ticket for them, and container isolation or stronger)")(
       "egress", po::value(&egress),
       "a host name (or *.suffix) a --network run may reach (repeatable)")(
+      "tool", po::value(&tool), "run this registered tool (--config's tools) instead of a SCRIPT")(
+      "stdin-file", po::value(&stdin_file),
+      "--tool only: the tool's standard input, byte for byte ('-' = stdin)")(
       "out-dir", po::value(&out_dir), "write output files here")(
       "force", po::bool_switch(&force), "replace existing entries in --out-dir")(
       "json", po::bool_switch(&json), "print the result JSON")("script", po::value(&script));
@@ -654,8 +661,10 @@ int cmd_run(const std::vector<std::string>& args) {
     memory = parse_number<std::uint64_t>("memory-bytes", memory_text, 1,
                                          std::numeric_limits<std::uint64_t>::max());
   }
-  if (request_path.empty() == script.empty()) {
-    throw usage_error("run: give either --request REQ.json or a SCRIPT");
+  if (!tool.empty() && !script.empty()) throw usage_error("run: give either --tool or a SCRIPT");
+  if (!stdin_file.empty() && tool.empty()) throw usage_error("run: --stdin-file needs --tool");
+  if (request_path.empty() == (script.empty() && tool.empty())) {
+    throw usage_error("run: give either --request REQ.json, --tool NAME or a SCRIPT");
   }
   // Opened now, and kept: the directory checked is the one written into.
   struct fd_guard {
@@ -677,13 +686,18 @@ int cmd_run(const std::vector<std::string>& args) {
     req = std::move(*decoded);
     json = true;
   } else {
-    if (runtime.empty()) {
-      auto ext = std::filesystem::path(script).extension().string();
-      runtime = ext == ".js" || ext == ".mjs" || ext == ".cjs" ? "node" : "python3";
+    if (!tool.empty()) {
+      if (!runtime.empty()) throw usage_error("run: give either --tool or --runtime");
+      req.tool = tool;
+    } else {
+      if (runtime.empty()) {
+        auto ext = std::filesystem::path(script).extension().string();
+        runtime = ext == ".js" || ext == ".mjs" || ext == ".cjs" ? "node" : "python3";
+      }
+      req.runtime = runtime;
+      // One byte over the policy cap is enough for admission to answer source_too_large.
+      req.source = read_file(script, opts.policy.max_source_bytes);
     }
-    req.runtime = runtime;
-    // One byte over the policy cap is enough for admission to answer source_too_large.
-    req.source = read_file(script, opts.policy.max_source_bytes);
     if (timeout_ms) req.timeout = std::chrono::milliseconds(*timeout_ms);
     if (memory) req.memory_limit_bytes = *memory;
     req.network = network;
@@ -700,9 +714,22 @@ int cmd_run(const std::vector<std::string>& args) {
     }
   }
   std::shared_ptr<sandbox::blob_store> blobs;
-  if (!files.empty() || !out_dir.empty() || !json) {
+  if (!files.empty() || !out_dir.empty() || !json || !stdin_file.empty()) {
     blobs = open_blobs(c);
     opts.blobs = blobs;
+  }
+  if (!stdin_file.empty()) {
+    // As a blob of the ticket's tenant: any bytes (NUL, invalid UTF-8) arrive exactly. One
+    // byte over the cap is stored so that the runtime answers with the limit.
+    int fd = stdin_file == "-" ? ::dup(0) : open_input(stdin_file);
+    if (fd < 0) throw usage_error("--stdin-file -: cannot read standard input");
+    auto id = blobs->put_fd(ticket->tenant(), fd, opts.policy.max_stdin_bytes + 1);
+    ::close(fd);
+    if (!id) {
+      std::cerr << "sandboxctl: storing '" << stdin_file << "': " << id.error().message() << "\n";
+      return exit_fail;
+    }
+    req.stdin_blob = *id;
   }
   for (const auto& f : files) {
     auto eq = f.find('=');
@@ -948,6 +975,27 @@ int cmd_audit(const std::vector<std::string>& args) {
 
 }  // namespace
 
+// `tools`: the registry as the configuration gives it (name, image, program, level, profile).
+int cmd_tools(const std::vector<std::string>& args) {
+  common c;
+  auto d = common_options(c);
+  po::positional_options_description pos;
+  parse(args, d, pos);
+  auto opts = options_from(c);
+  if (opts.tools.empty()) {
+    std::cerr << "sandboxctl: no registered tools (the configuration's \"tools\" section)\n";
+    return exit_ok;
+  }
+  for (const auto& t : opts.tools) {
+    std::string argv = t.binary;
+    for (const auto& a : t.args) argv += " " + quote_name(a);
+    std::cout << fmt::format("{:<16} {:<10} {:<10} {:<10} {}\n", t.name, t.image,
+                             sandbox::to_string(t.isolation), t.profile.empty() ? "-" : t.profile,
+                             sandboxctl::escape_format_chars(argv));
+  }
+  return exit_ok;
+}
+
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
@@ -962,6 +1010,7 @@ int main(int argc, char** argv) {
     if (cmd == "image") return cmd_image(args);
     if (cmd == "doctor") return cmd_doctor(args);
     if (cmd == "audit") return cmd_audit(args);
+    if (cmd == "tools") return cmd_tools(args);
     if (cmd == "ticket") return cmd_ticket(args);
     if (cmd == "serve") return sandboxctl::cmd_serve(args);
     throw usage_error(fmt::format("unknown command {}", quote_name(cmd)));

@@ -16,13 +16,11 @@
 #include "core/text_util.hpp"
 #include "core/ticket_json.hpp"
 #include "sandbox/egress.hpp"
+#include "sandbox/policy.hpp"
 
 namespace sandbox {
 namespace {
 
-using detail::is_env_name;
-using detail::is_reserved_env;
-using detail::max_env_name_bytes;
 using detail::quote_for_message;
 
 rejection invalid(std::string message) {
@@ -59,20 +57,8 @@ std::optional<rejection> check_env(const run_request& r, const policy& p) {
                    std::to_string(p.max_env_vars));
   }
   for (const auto& [name, value] : r.env) {
-    const std::string path = "env[" + quote_for_message(name) + "]";
-    if (name.size() > max_env_name_bytes) {
-      return invalid(path + ": name longer than " + std::to_string(max_env_name_bytes) +
-                     " bytes");
-    }
-    if (!is_env_name(name)) {
-      return invalid(path + ": not a valid name (expected [A-Za-z_][A-Za-z0-9_]*)");
-    }
-    if (is_reserved_env(name)) return invalid(path + ": reserved name, set by the sandbox");
-    if (p.allowed_env.count(name) == 0) return invalid(path + ": not allowed by the policy");
-    if (value.find('\0') != std::string::npos) return invalid(path + ": value contains NUL");
-    if (value.size() > p.max_env_value_bytes) {
-      return invalid(path + ": value longer than " + std::to_string(p.max_env_value_bytes) +
-                     " bytes");
+    if (auto why = detail::env_var_problem(name, value, p)) {
+      return invalid("env[" + quote_for_message(name) + "]" + *why);
     }
   }
   return std::nullopt;
@@ -103,11 +89,39 @@ std::optional<rejection> check_egress(const run_request& r, std::vector<std::str
   return std::nullopt;
 }
 
+/// Step 1 for the fields that tell a tool run from a code run: `tool` excludes `runtime`,
+/// `source`, `network` and `egress`; `stdin`/`stdin_blob` only with `tool`, one of them,
+/// within the policy's cap.
+std::optional<rejection> check_tool_fields(const run_request& r, const policy& p) {
+  if (r.tool.empty()) {
+    if (r.std_in) return invalid("stdin: only a tool run reads standard input");
+    if (r.stdin_blob) return invalid("stdin_blob: only a tool run reads standard input");
+    return std::nullopt;
+  }
+  if (!is_valid_registry_name(r.tool)) {
+    return invalid("tool: not a tool name (1 to 64 characters of [a-z0-9._-]): " +
+                   quote_for_message(r.tool));
+  }
+  if (!r.runtime.empty()) return invalid("runtime: a request names either runtime or tool");
+  if (!r.source.empty()) return invalid("source: a tool run takes no source (use stdin)");
+  if (r.network) return invalid("network: a tool run's network is its registry entry's");
+  if (r.std_in && r.stdin_blob) return invalid("stdin_blob: a request gives stdin or stdin_blob");
+  if (r.std_in && r.std_in->size() > p.max_stdin_bytes) {
+    return invalid("stdin: " + std::to_string(r.std_in->size()) + " bytes, over the limit of " +
+                   std::to_string(p.max_stdin_bytes));
+  }
+  if (r.stdin_blob && !is_valid_blob_id(*r.stdin_blob)) {
+    return invalid("stdin_blob: not a blob id (expected 'sha256:' and 64 lowercase hex digits)");
+  }
+  return std::nullopt;
+}
+
 /// Step 1: request syntax and ranges. `egress` receives the canonical egress list.
 std::optional<rejection> check_request(const run_request& r, const policy& p,
                                        std::vector<std::string>& egress) {
   if (r.v != protocol_version) return invalid(detail::unsupported_version_message(r.v));
-  if (r.runtime.empty()) return invalid("runtime: must not be empty");
+  if (auto rej = check_tool_fields(r, p)) return rej;
+  if (r.runtime.empty() && r.tool.empty()) return invalid("runtime: must not be empty");
   if (r.timeout.count() <= 0) return invalid("timeout_ms: must be greater than 0");
   if (auto rej = check_egress(r, egress)) return rej;
   if (r.memory_limit_bytes < p.min_memory_bytes) {
@@ -144,7 +158,13 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
   //    (or, pending approval, none yet), and for a ticket derived from an approval, exactly
   //    the approved run.
   if (ticket.is_expired(now)) return rejection{code::action_denied, "ticket expired"};
-  if (!ticket.allows(action::code_execute)) {
+  const bool is_tool = !request.tool.empty();
+  if (is_tool) {
+    if (!ticket.allows_tool(request.tool)) {
+      return rejection{code::action_denied, "tool: ticket does not grant tool.run for " +
+                                                quote_for_message(request.tool)};
+    }
+  } else if (!ticket.allows(action::code_execute)) {
     return rejection{code::action_denied, "ticket does not grant code.execute"};
   }
   if (request.network && !pending_approval) {
@@ -170,15 +190,47 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
                          std::to_string(policy.min_memory_bytes)};
   }
 
-  // 4. The runtime must be configured here.
-  const auto rt = catalog.runtimes.find(request.runtime);
-  if (rt == catalog.runtimes.end()) {
-    return invalid("runtime: unknown runtime " + quote_for_message(request.runtime));
+  // 4. The runtime (or tool) must be configured here, and so must the run's profile.
+  const host_catalog::tool* tool = nullptr;
+  std::optional<std::string> installed;  // digest of the image that would run
+  std::string name = request.runtime;    // what runtime_info names
+  if (is_tool) {
+    const auto t = catalog.tools.find(request.tool);
+    if (t == catalog.tools.end()) {
+      return invalid("tool: no registered tool named " + quote_for_message(request.tool));
+    }
+    tool = &t->second;
+    installed = tool->digest;
+    name = request.tool;
+    if (tool->entry.input == tool_input::files_only && (request.std_in || request.stdin_blob)) {
+      return invalid(std::string(request.std_in ? "stdin" : "stdin_blob") + ": tool " +
+                     quote_for_message(name) + " reads only input files");
+    }
+  } else {
+    const auto rt = catalog.runtimes.find(request.runtime);
+    if (rt == catalog.runtimes.end()) {
+      return invalid("runtime: unknown runtime " + quote_for_message(request.runtime));
+    }
+    installed = rt->second;
+  }
+  std::string profile = ticket.profile();
+  if (tool != nullptr && !tool->entry.profile.empty()) profile = tool->entry.profile;
+  const workload_profile* prof = nullptr;
+  if (!profile.empty()) {
+    const auto it = policy.profiles.find(profile);
+    if (it == policy.profiles.end()) {
+      return invalid(std::string(profile == ticket.profile() ? "ticket.profile" : "tool") +
+                     ": workload profile " + quote_for_message(profile) +
+                     " is not configured on this host");
+    }
+    prof = &it->second;
   }
 
   // 5. A backend at the ticket's level or stronger (network: container or stronger, the
-  //    process level never gets the host's network), and the runtime's image.
+  //    process level never gets the host's network; a tool: its entry's level or stronger),
+  //    and the runtime's image.
   isolation need = ticket.isolation();
+  if (tool != nullptr && !is_at_least(need, tool->entry.isolation)) need = tool->entry.isolation;
   if (request.network && !is_at_least(need, isolation::container)) need = isolation::container;
   std::optional<isolation> level;
   for (isolation have : catalog.levels) {
@@ -189,10 +241,15 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
                      "isolation: no backend at level '" + std::string(to_string(need)) +
                          "' or stronger on this host"};
   }
-  if (!rt->second) {
+  if (!installed) {
     return rejection{code::runtime_unavailable,
-                     "runtime: the image of " + quote_for_message(request.runtime) +
-                         " is not installed"};
+                     std::string(is_tool ? "tool" : "runtime") + ": the image of " +
+                         quote_for_message(name) + " is not installed"};
+  }
+  if (tool != nullptr && tool->entry.image_digest && *tool->entry.image_digest != *installed) {
+    return rejection{code::digest_mismatch,
+                     "tool: the installed image of " + quote_for_message(name) +
+                         " is not the one its registry entry pins"};
   }
 
   // 6. The pins. The ticket's comes first: it binds every run under the ticket, so when the
@@ -201,19 +258,19 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
   //    and, with no ticket pin, against the installed image. A runtime serves only its
   //    current image, so a pin selects nothing: it only refuses to run on anything else.
   //    Messages name the field and the runtime, never a digest or a host path.
-  if (const auto& pin = ticket.runtime_digest(); pin && *pin != *rt->second) {
+  if (const auto& pin = ticket.runtime_digest(); pin && *pin != *installed) {
     return rejection{code::digest_mismatch,
                      "ticket.runtime_digest: does not match the installed image of " +
-                         quote_for_message(request.runtime)};
+                         quote_for_message(name)};
   }
   if (request.runtime_digest && ticket.runtime_digest() &&
       *request.runtime_digest != *ticket.runtime_digest()) {
     return rejection{code::digest_mismatch, "runtime_digest: does not match ticket.runtime_digest"};
   }
-  if (request.runtime_digest && *request.runtime_digest != *rt->second) {
+  if (request.runtime_digest && *request.runtime_digest != *installed) {
     return rejection{code::digest_mismatch,
                      "runtime_digest: does not match the installed image of " +
-                         quote_for_message(request.runtime)};
+                         quote_for_message(name)};
   }
 
   // Normalize: clamp to the lower of the ticket's and the policy's ceilings.
@@ -221,9 +278,22 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
              .tenant = ticket.tenant(),
              .ticket_id = ticket.id(),
              .isolation = *level,
-             .runtime = runtime_info{request.runtime, *rt->second}};
+             .runtime = runtime_info{name, *installed},
+             .profile = profile};
   a.request.v = protocol_version;
   a.request.egress = std::move(egress);
+  if (tool != nullptr) {
+    // The entry's variables are the host's: they win over a request's of the same name.
+    for (const auto& [k, v] : tool->entry.env) a.request.env[k] = v;
+  }
+  if (prof != nullptr) {
+    // A profile's timeout and memory limit are defaults: a request that set its own keeps it.
+    const run_request defaults;
+    if (prof->timeout && request.timeout == defaults.timeout) a.request.timeout = *prof->timeout;
+    if (prof->memory_limit_bytes && request.memory_limit_bytes == defaults.memory_limit_bytes) {
+      a.request.memory_limit_bytes = *prof->memory_limit_bytes;
+    }
+  }
   const auto max_timeout = std::min(ticket.max_timeout(), policy.max_timeout);
   if (a.request.timeout > max_timeout) {
     a.request.timeout = max_timeout;

@@ -163,13 +163,109 @@ void decode_backends(const json& v, const std::string& path, runtime_options& op
   });
 }
 
+/// One workload profile: the per-run fields it raises or lowers (sandbox/registry.hpp), with
+/// the policy's own lower bounds; above a ceiling is allowed here and clamped at run time.
+workload_profile decode_profile(const json& v, const std::string& path) {
+  const json& o = as_object(v, path);
+  check_known_fields(o, path, {"max_pids", "cpu_quota_millicores", "max_open_files", "tmp_bytes",
+                               "home_bytes", "shm_bytes", "tmpfs_inodes", "memory_limit_bytes",
+                               "timeout_ms"});
+  workload_profile w;
+  auto f = [&](std::string_view key, auto& out, std::uint64_t min, std::uint64_t max) {
+    optional_field(o, path, key, [&](const json& x, const std::string& q) {
+      const std::uint64_t n = as_unsigned(x, q, max);
+      if (n < min) fail(q, "must be at least " + std::to_string(min));
+      out = static_cast<typename std::remove_reference_t<decltype(out)>::value_type>(n);
+    });
+  };
+  constexpr auto u64_max = std::numeric_limits<std::uint64_t>::max();
+  f("max_pids", w.max_pids, 8, u32_max);
+  f("cpu_quota_millicores", w.cpu_quota_millicores, 0, u32_max);
+  f("max_open_files", w.max_open_files, 16, u32_max);
+  f("tmp_bytes", w.tmp_bytes, 64 * 1024, u64_max);
+  f("home_bytes", w.home_bytes, 64 * 1024, u64_max);
+  f("shm_bytes", w.shm_bytes, 64 * 1024, u64_max);
+  f("tmpfs_inodes", w.tmpfs_inodes, 64, u32_max);
+  f("memory_limit_bytes", w.memory_limit_bytes, 16ULL << 20, u64_max);
+  optional_field(o, path, "timeout_ms", [&](const json& x, const std::string& q) {
+    const std::uint64_t n = as_unsigned(x, q, ms_max);
+    if (n == 0) fail(q, "must be at least 1");
+    w.timeout = std::chrono::milliseconds(n);
+  });
+  return w;
+}
+
+/// The registry (`tools`): an array of entries, each checked like `check_tool_entry` against
+/// the policy in force (so a profile must exist), names unique.
+std::vector<tool_entry> decode_tools(const json& v, const std::string& path, const policy& pol) {
+  const json& a = as_array(v, path);
+  std::vector<tool_entry> out;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const std::string p = index_path(path, i);
+    const json& o = as_object(a[i], p);
+    check_known_fields(o, p, {"name", "image", "image_digest", "binary", "args", "input",
+                              "isolation", "profile", "egress", "env"});
+    tool_entry e;
+    e.name = as_string(detail::require_member(o, p, "name"), member_path(p, "name"));
+    e.image = as_string(detail::require_member(o, p, "image"), member_path(p, "image"));
+    e.binary = as_string(detail::require_member(o, p, "binary"), member_path(p, "binary"));
+    optional_field(o, p, "image_digest",
+                   [&](const json& x, const std::string& q) { e.image_digest = as_string(x, q); });
+    optional_field(o, p, "args", [&](const json& x, const std::string& q) {
+      const json& args = as_array(x, q);
+      for (std::size_t j = 0; j < args.size(); ++j) {
+        e.args.push_back(as_string(args[j], index_path(q, j)));
+      }
+    });
+    optional_field(o, p, "input", [&](const json& x, const std::string& q) {
+      const std::string in = as_string(x, q);
+      if (in == "stdin") e.input = tool_input::stdin_bytes;
+      else if (in == "files") e.input = tool_input::files_only;
+      else fail(q, "expected \"stdin\" or \"files\", got " + detail::quote_for_message(in));
+    });
+    optional_field(o, p, "isolation", [&](const json& x, const std::string& q) {
+      const std::string name = as_string(x, q);
+      const auto level = isolation_from_string(name);
+      if (!level) fail(q, "unknown isolation level " + detail::quote_for_message(name));
+      e.isolation = *level;
+    });
+    optional_field(o, p, "profile",
+                   [&](const json& x, const std::string& q) { e.profile = as_string(x, q); });
+    optional_field(o, p, "egress", [&](const json& x, const std::string& q) {
+      const json& eg = as_array(x, q);
+      for (std::size_t j = 0; j < eg.size(); ++j) {
+        e.egress.push_back(as_string(eg[j], index_path(q, j)));
+      }
+    });
+    optional_field(o, p, "env", [&](const json& x, const std::string& q) {
+      for (const auto& [name, value] : as_object(x, q).items()) {
+        e.env.emplace_back(name, as_string(value, q + "[" + detail::quote_for_message(name) + "]"));
+      }
+    });
+    if (auto problem = check_tool_entry(e, pol)) {
+      // "<field>: <reason>" → "tools[i].<field>: <reason>"
+      const auto colon = problem->find(": ");
+      // (The field part is already a path: "env['X']" is not re-quoted.)
+      fail(p + "." + problem->substr(0, colon), problem->substr(colon + 2));
+    }
+    for (std::size_t j = 0; j < out.size(); ++j) {
+      if (out[j].name == e.name) {
+        fail(member_path(p, "name"), "duplicate of " + index_path(path, j) + ".name");
+      }
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
 void decode_policy(const json& v, const std::string& path, policy& p) {
   const json& o = as_object(v, path);
   check_known_fields(o, path,
                      {"max_source_bytes", "max_timeout_ms", "max_memory_bytes", "min_memory_bytes",
                       "max_input_files", "max_input_bytes", "max_output_files", "max_output_bytes",
                       "allowed_env", "stream_capture_bytes", "max_pids", "cpu_quota_millicores",
-                      "max_open_files", "tmp_bytes", "home_bytes", "shm_bytes", "exit_grace_ms"});
+                      "max_open_files", "tmp_bytes", "home_bytes", "shm_bytes", "exit_grace_ms",
+                      "max_stdin_bytes", "profiles", "ceilings"});
   auto u64 = [&](std::string_view key, std::uint64_t& out, std::uint64_t min = 0,
                  std::uint64_t max = std::numeric_limits<std::uint64_t>::max()) {
     optional_field(o, path, key, [&](const json& x, const std::string& q) {
@@ -203,6 +299,38 @@ void decode_policy(const json& v, const std::string& path, policy& p) {
   u64("home_bytes", p.home_bytes, 64 * 1024);
   u64("shm_bytes", p.shm_bytes, 64 * 1024);
   ms("exit_grace_ms", p.exit_grace, 0);
+  u64("max_stdin_bytes", p.max_stdin_bytes, 0);
+  optional_field(o, path, "ceilings", [&](const json& x, const std::string& q) {
+    const json& c = as_object(x, q);
+    check_known_fields(c, q, {"max_pids", "cpu_quota_millicores", "max_open_files", "tmp_bytes",
+                              "home_bytes", "shm_bytes", "tmpfs_inodes"});
+    auto& ce = p.ceilings;
+    auto f = [&](std::string_view key, auto& out, std::uint64_t min, std::uint64_t max) {
+      optional_field(c, q, key, [&](const json& y, const std::string& r) {
+        const std::uint64_t n = as_unsigned(y, r, max);
+        if (n < min) fail(r, "must be at least " + std::to_string(min));
+        out = static_cast<std::remove_reference_t<decltype(out)>>(n);
+      });
+    };
+    f("max_pids", ce.max_pids, 8, u32_max);
+    f("cpu_quota_millicores", ce.cpu_quota_millicores, 0, u32_max);
+    f("max_open_files", ce.max_open_files, 16, u32_max);
+    f("tmp_bytes", ce.tmp_bytes, 64 * 1024, std::numeric_limits<std::uint64_t>::max());
+    f("home_bytes", ce.home_bytes, 64 * 1024, std::numeric_limits<std::uint64_t>::max());
+    f("shm_bytes", ce.shm_bytes, 64 * 1024, std::numeric_limits<std::uint64_t>::max());
+    f("tmpfs_inodes", ce.tmpfs_inodes, 64, u32_max);
+  });
+  optional_field(o, path, "profiles", [&](const json& x, const std::string& q) {
+    p.profiles.clear();
+    for (const auto& [name, body] : as_object(x, q).items()) {
+      const std::string r = member_path(q, name);
+      if (!is_valid_registry_name(name)) {
+        fail(r, "not a profile name (1 to 64 characters of [a-z0-9._-], starting with a letter "
+                "or digit)");
+      }
+      p.profiles[name] = decode_profile(body, r);
+    }
+  });
   optional_field(o, path, "allowed_env", [&](const json& x, const std::string& q) {
     p.allowed_env.clear();
     const json& a = as_array(x, q);
@@ -277,7 +405,8 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
     }
     const json& o = as_object(doc, "");
     detail::check_version(o);
-    check_known_fields(o, "", {"v", "scheduler", "warm_pool", "policy", "backends", "egress"});
+    check_known_fields(o, "",
+                       {"v", "scheduler", "warm_pool", "policy", "backends", "egress", "tools"});
     runtime_options next = options;  // applied only when everything decodes
     optional_field(o, "", "scheduler",
                    [&](const json& x, const std::string& p) { decode_scheduler(x, p, next.scheduler); });
@@ -290,6 +419,10 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
                    [&](const json& x, const std::string& p) { decode_backends(x, p, next); });
     optional_field(o, "", "egress",
                    [&](const json& x, const std::string& p) { decode_egress(x, p, next.egress); });
+    // After the policy: entries name its profiles and its allowed variables.
+    optional_field(o, "", "tools", [&](const json& x, const std::string& p) {
+      next.tools = decode_tools(x, p, next.policy);
+    });
     // A pool class must be one a request can be: its limits within the policy in force.
     auto check_pool = [&](const std::vector<warm_pool_class>& pool, const std::string& where) {
     for (std::size_t i = 0; i < pool.size(); ++i) {

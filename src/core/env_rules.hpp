@@ -5,7 +5,11 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <optional>
+#include <string>
 #include <string_view>
+
+#include "sandbox/policy.hpp"
 
 namespace sandbox::detail {
 
@@ -38,6 +42,24 @@ inline bool is_reserved_env(std::string_view name) noexcept {
     if (is_proxy) return true;
   }
   return name.starts_with("SANDBOX_") || name.starts_with("LD_");
+}
+
+/// Why the variable `name`=`value` may not be set under `p` (a request's `env`, a registry
+/// entry's), as ": <reason>" to follow the field's path, or nullopt: name length and syntax,
+/// reserved, not in `p.allowed_env`, NUL in the value, value too long — in that order.
+inline std::optional<std::string> env_var_problem(std::string_view name, std::string_view value,
+                                                  const policy& p) {
+  if (name.size() > max_env_name_bytes) {
+    return ": name longer than " + std::to_string(max_env_name_bytes) + " bytes";
+  }
+  if (!is_env_name(name)) return ": not a valid name (expected [A-Za-z_][A-Za-z0-9_]*)";
+  if (is_reserved_env(name)) return ": reserved name, set by the sandbox";
+  if (p.allowed_env.count(std::string(name)) == 0) return ": not allowed by the policy";
+  if (value.find('\0') != std::string_view::npos) return ": value contains NUL";
+  if (value.size() > p.max_env_value_bytes) {
+    return ": value longer than " + std::to_string(p.max_env_value_bytes) + " bytes";
+  }
+  return std::nullopt;
 }
 
 }  // namespace sandbox::detail

@@ -566,6 +566,8 @@ class init_run : public std::enable_shared_from_this<init_run> {
       if (stream_) w.add("argv", "gvisor");
     } else {
       for (const auto& a : job_.runtime.argv) w.add("argv", a == "{source}" ? source_path : a);
+      // A registered tool's standard input: the staged file, opened read-only as fd 0.
+      if (job_.stdin_bytes) w.add("stdin", source_path);
     }
     w.add("env", "PATH=/usr/local/bin:/usr/bin:/bin");
     w.add("env", "HOME=/home/sandbox");
@@ -668,7 +670,8 @@ class init_run : public std::enable_shared_from_this<init_run> {
     if (finishing_) return;  // preparing already failed: teardown reports it
     const auto& req = job_.admitted.request;
     std::size_t missing = 0;
-    auto staged = stage_workspace(ws_, req.source, req.files_in, *job_.blobs,
+    auto staged = stage_workspace(ws_, job_.stdin_bytes ? *job_.stdin_bytes : req.source,
+                                  req.files_in, *job_.blobs,
                                   job_.admitted.tenant, &missing);
     if (!staged) {
       if (staged.error() == make_error_code(errc::not_found)) {
@@ -1714,6 +1717,9 @@ class init_backend final : public backend,
     const auto& req = job.admitted.request;
     // A network run of a launcher that makes its namespace at launch goes cold.
     if (req.network && shared_->launcher->makes_network_namespace()) return false;
+    // Pools are prepared with the policy's own limits and a runtime's argv: a registered
+    // tool or a run under a workload profile goes cold.
+    if (!req.tool.empty() || !job.admitted.profile.empty()) return false;
     return job.runtime.name == p.cls.runtime &&
            req.memory_limit_bytes == p.cls.memory_limit_bytes &&
            req.files_out == p.cls.files_out;

@@ -74,10 +74,22 @@ run_request decode_request_body(const json& doc) {
   const json& o = as_object(doc, "");
   detail::check_version(o);
   check_known_fields(o, "", {"v", "runtime", "source", "timeout_ms", "network", "files_in",
-                             "files_out", "memory_limit_bytes", "env", "runtime_digest", "egress"});
+                             "files_out", "memory_limit_bytes", "env", "runtime_digest", "egress",
+                             "tool", "stdin", "stdin_blob"});
   run_request r;
-  r.runtime = as_string(require_member(o, "", "runtime"), "runtime");
-  r.source = as_string(require_member(o, "", "source"), "source");
+  // A tool run names `tool` instead of `runtime` and `source` (admission refuses both).
+  optional_member(o, "", "tool",
+                  [&](const json& v, const std::string& p) { r.tool = as_string(v, p); });
+  if (r.tool.empty() || o.contains("runtime")) {
+    r.runtime = as_string(require_member(o, "", "runtime"), "runtime");
+  }
+  if (r.tool.empty() || o.contains("source")) {
+    r.source = as_string(require_member(o, "", "source"), "source");
+  }
+  optional_member(o, "", "stdin",
+                  [&](const json& v, const std::string& p) { r.std_in = as_string(v, p); });
+  optional_member(o, "", "stdin_blob",
+                  [&](const json& v, const std::string& p) { r.stdin_blob = as_string(v, p); });
   optional_member(o, "", "timeout_ms", [&](const json& v, const std::string& p) {
     r.timeout = std::chrono::milliseconds(as_signed(v, p, int64_min, int64_max));
   });
@@ -363,8 +375,11 @@ boost::system::result<run_request, rejection> decode_run_request(std::string_vie
 std::string encode(const run_request& r) {
   ordered_json j;
   j["v"] = r.v;
-  j["runtime"] = r.runtime;
-  j["source"] = r.source;
+  if (!r.tool.empty()) j["tool"] = r.tool;
+  if (r.tool.empty() || !r.runtime.empty()) j["runtime"] = r.runtime;
+  if (r.tool.empty() || !r.source.empty()) j["source"] = r.source;
+  if (r.std_in) j["stdin"] = *r.std_in;
+  if (r.stdin_blob) j["stdin_blob"] = *r.stdin_blob;
   j["timeout_ms"] = static_cast<std::int64_t>(r.timeout.count());
   j["network"] = r.network;
   if (!r.egress.empty()) j["egress"] = r.egress;

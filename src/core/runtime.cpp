@@ -265,6 +265,8 @@ error_code runtime_impl::init(runtime_options o) noexcept {
     if (o.state_dir.empty()) o.state_dir = default_state_dir();
     if (auto ec = open_stores(o)) return ec;
     resolve_runtimes(o);
+    if (auto ec = resolve_tools(o)) return ec;
+    log_clamped_profiles();
     register_process_backend(o);
     register_oci_backend(o, o.container, isolation::container);
     register_oci_backend(o, o.gvisor, isolation::gvisor);
@@ -376,6 +378,73 @@ void runtime_impl::resolve_runtimes(const runtime_options& o) {
     }
     catalog_.runtimes.emplace(spec.name, std::move(digest));
   }
+}
+
+error_code runtime_impl::resolve_tools(const runtime_options& o) {
+  const auto bad = make_error_code(errc::invalid_argument);
+  for (std::size_t i = 0; i < o.tools.size(); ++i) {
+    const tool_entry& e = o.tools[i];
+    const std::string where = "tools[" + std::to_string(i) + "]";
+    if (auto problem = check_tool_entry(e, policy_)) {
+      log(log_level::error, "registry: " + where + "." + *problem);
+      return bad;
+    }
+    if (catalog_.tools.contains(e.name)) {
+      log(log_level::error, "registry: " + where + ".name: duplicate tool " + e.name);
+      return bad;
+    }
+    std::optional<std::string> digest;
+    if (auto f = o.fixed_digests.find(e.image); f != o.fixed_digests.end()) {
+      digest = f->second;
+    } else if (images_) {
+      auto d = images_->current_digest(e.image);
+      if (d) {
+        auto root = images_->rootfs(*d);
+        if (!root) {
+          log(log_level::error, "registry: " + where + ".image: image " + *d +
+                                    " cannot be unpacked: " + root.error().message());
+          return bad;
+        }
+        digest = *d;
+        tool_rootfs_.emplace(e.name, *root);
+      }
+    }
+    if (!digest) {
+      log(log_level::error, "registry: " + where + ".image: no image " + e.image +
+                                " in the image store (sandboxctl image build)");
+      return bad;
+    }
+    // A pinned entry whose image moved on is kept: its runs answer digest_mismatch.
+    if (e.image_digest && *e.image_digest != *digest) {
+      log(log_level::warning, "registry: " + where + ".image_digest: the current image of " +
+                                  e.image + " is " + *digest + "; its runs are refused");
+    }
+    catalog_.tools.emplace(e.name, host_catalog::tool{.entry = e, .digest = std::move(digest)});
+  }
+  return {};
+}
+
+void runtime_impl::log_clamped_profiles() const {
+  for (const auto& [name, profile] : policy_.profiles) {
+    auto eff = effective_limits(policy_, name);
+    if (!eff) continue;
+    for (const auto& field : eff->clamped) {
+      log(log_level::warning, "policy.profiles." + name + "." + field +
+                                  ": above policy.ceilings." + field + "; clamped to it");
+    }
+  }
+}
+
+std::optional<std::pair<runtime_spec, fs::path>> runtime_impl::tool_launch(
+    std::string_view name) const {
+  std::lock_guard lk(mu_);
+  const auto t = catalog_.tools.find(std::string(name));
+  if (t == catalog_.tools.end()) return std::nullopt;
+  const tool_entry& e = t->second.entry;
+  runtime_spec spec{.name = e.name, .argv = {e.binary}, .source_name = "stdin", .image = e.image};
+  spec.argv.insert(spec.argv.end(), e.args.begin(), e.args.end());
+  const auto root = tool_rootfs_.find(name);
+  return std::make_pair(std::move(spec), root == tool_rootfs_.end() ? fs::path{} : root->second);
 }
 
 #if defined(SANDBOX_HAS_PROCESS_BACKEND) || defined(SANDBOX_HAS_OCI_BACKEND)
@@ -833,6 +902,29 @@ bool run_op::check_inputs(const admitted& adm, std::vector<std::uint64_t>& sizes
     finish({}, rejected_result(rej, run_id_), false);
     return false;
   }
+  // A tool run's standard input from a blob: the tenant's, within the stdin cap.
+  if (const auto& id = adm.request.stdin_blob) {
+    auto size = store->size(adm.tenant, *id);
+    if (!size && size.error() == errc::io_error) {
+      rt_->log(log_level::error, "run " + run_id_ + ": blob store failed on stdin_blob: " +
+                                     size.error().message());
+      finish({}, internal_result("the blob store failed", run_id_), false);
+      return false;
+    }
+    if (!size) {
+      finish({}, rejected_result({code::blob_not_found, "stdin_blob: blob not found"}, run_id_),
+             false);
+      return false;
+    }
+    if (*size > rt_->policy().max_stdin_bytes) {
+      rejection rej{.code = code::invalid_request,
+                    .message = "stdin_blob: " + std::to_string(*size) +
+                               " bytes, over the limit of " +
+                               std::to_string(rt_->policy().max_stdin_bytes)};
+      finish({}, rejected_result(rej, run_id_), false);
+      return false;
+    }
+  }
   return true;
 }
 
@@ -840,23 +932,57 @@ void run_op::proceed(admitted adm) {
   // 3. The backend registered at the level admission chose (never a weaker one).
   const auto& store = rt_->blob_store_ref();
   auto b = rt_->backend_at(adm.isolation);
-  const runtime_spec* spec = rt_->spec(adm.runtime.name);
-  if (!b || spec == nullptr) {
+  // A registered tool starts its entry's binary and args in its entry's image; a runtime its
+  // interpreter. Both resolved at creation and never changed afterwards.
+  std::optional<std::pair<runtime_spec, std::filesystem::path>> launch;
+  if (!adm.request.tool.empty()) {
+    launch = rt_->tool_launch(adm.request.tool);
+  } else if (const runtime_spec* spec = rt_->spec(adm.runtime.name)) {
+    launch.emplace(*spec, rt_->rootfs_of(spec->name));
+  }
+  // The per-run limits under the run's workload profile (admission checked it exists).
+  auto limits = effective_limits(rt_->policy(), adm.profile);
+  if (!b || !launch || !limits) {
     rejection rej{.code = code::runtime_unavailable,
                   .message = "no backend at isolation level " +
                              std::string(to_string(adm.isolation))};
     finish({}, rejected_result(rej, run_id_), false);
     return;
   }
+  // A tool's standard input: the request's text, or its blob read now (size checked).
+  std::optional<std::string> stdin_bytes = adm.request.std_in;
+  if (adm.request.stdin_blob) {
+    auto bytes = store->get(adm.tenant, *adm.request.stdin_blob);
+    if (!bytes) {
+      const bool gone = bytes.error() == errc::not_found;
+      if (!gone) {
+        rt_->log(log_level::error, "run " + run_id_ + ": blob store failed on stdin_blob: " +
+                                       bytes.error().message());
+      }
+      finish({}, gone ? rejected_result({code::blob_not_found, "stdin_blob: blob not found"},
+                                        run_id_)
+                      : internal_result("the blob store failed", run_id_),
+             false);
+      return;
+    }
+    if (bytes->size() > rt_->policy().max_stdin_bytes) {  // replaced since it was measured
+      finish({}, rejected_result({code::invalid_request, "stdin_blob: over the stdin limit"},
+                                 run_id_),
+             false);
+      return;
+    }
+    stdin_bytes = std::move(*bytes);
+  }
 
   // The rootfs is the image whose digest admission checked the ticket's and the request's
   // pins against: both come from resolve_runtimes and never change afterwards.
   run_job job{.run_id = run_id_,
               .admitted = std::move(adm),
-              .runtime = *spec,
-              .rootfs = rt_->rootfs_of(spec->name),
+              .runtime = std::move(launch->first),
+              .rootfs = std::move(launch->second),
               .blobs = store,
-              .policy = rt_->policy(),
+              .policy = std::move(limits->limits),
+              .stdin_bytes = std::move(stdin_bytes),
               .executor = rt_->executor()};
 
   // 4. Wait for a slot: the host's and the tenant's caps count runs that are starting, so a

@@ -84,6 +84,10 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   std::shared_ptr<backend> backend_at(sandbox::isolation level) const;
   const runtime_spec* spec(std::string_view name) const noexcept;
   std::filesystem::path rootfs_of(std::string_view name) const;
+  /// How a registered tool is started: its binary and args as the argv, its image's root;
+  /// `std::nullopt` for an unknown name or an image that is not unpacked.
+  std::optional<std::pair<runtime_spec, std::filesystem::path>> tool_launch(
+      std::string_view name) const;
   const std::shared_ptr<blob_store>& blob_store_ref() const noexcept { return blobs_; }
   const std::shared_ptr<scheduler>& sched() const noexcept { return scheduler_; }
   /// The host's approver (null: none). Immutable after init().
@@ -92,6 +96,12 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
  private:
   boost::system::error_code open_stores(runtime_options& o);
   void resolve_runtimes(const runtime_options& o);
+  /// Checks the registry (`check_tool_entry`, unique names, the image installed) and
+  /// resolves each entry's image like a runtime's. `invalid_argument` (logged, naming the
+  /// entry and field) for the first fault.
+  boost::system::error_code resolve_tools(const runtime_options& o);
+  /// Logs, once, each profile field above its ceiling (clamped at every run).
+  void log_clamped_profiles() const;
   /// What every backend built on sandbox-init gets from this runtime (process, OCI).
   init_backend_context backend_context(const runtime_options& o);
   void register_process_backend(const runtime_options& o);
@@ -110,6 +120,7 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   sandbox::policy policy_;
   std::vector<runtime_spec> specs_;
   std::map<std::string, std::filesystem::path, std::less<>> rootfs_;  ///< by runtime name
+  std::map<std::string, std::filesystem::path, std::less<>> tool_rootfs_;  ///< by tool name
   std::shared_ptr<blob_store> blobs_;
   std::shared_ptr<image_store> images_;
   std::shared_ptr<span_sink> spans_;

@@ -17,6 +17,7 @@
 #include "core/text_util.hpp"
 #include "core/ticket_json.hpp"
 #include "sandbox/egress.hpp"
+#include "sandbox/policy.hpp"
 
 namespace sandbox {
 namespace detail {
@@ -83,6 +84,26 @@ std::optional<std::string> canonicalize_egress(std::vector<std::string>& pattern
   return std::nullopt;
 }
 
+/// Checks a ticket's `tools` (names or "*", at most 64) and drops duplicates (order kept).
+/// Returns the first problem as "tools[i]: …" / "tools: …", or nullopt.
+std::optional<std::string> canonicalize_tools(std::vector<std::string>& tools) {
+  constexpr std::size_t max_tools = 64;
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < tools.size(); ++i) {
+    if (tools[i] != "*" && !is_valid_registry_name(tools[i])) {
+      return "tools[" + std::to_string(i) + "]: not a tool name or '*': " +
+             quote_for_message(tools[i]);
+    }
+    if (std::find(out.begin(), out.end(), tools[i]) == out.end()) out.push_back(tools[i]);
+  }
+  if (out.size() > max_tools) {
+    return "tools: " + std::to_string(out.size()) + " names, more than the limit of " +
+           std::to_string(max_tools);
+  }
+  tools = std::move(out);
+  return std::nullopt;
+}
+
 /// The first problem with `spec` for a ticket that does (`network`) or does not grant
 /// `code.network`, as "<field>: <reason>" in the JSON form's field names. Normalizes `spec`
 /// (canonical egress, expiry rounded down to the second).
@@ -105,6 +126,10 @@ std::optional<std::string> check_spec(ticket_spec& spec, bool network) {
   } else if (!spec.egress.empty()) {
     return "egress: only a ticket granting code.network may list domains";
   }
+  if (auto problem = canonicalize_tools(spec.tools)) return problem;
+  if (!spec.profile.empty() && !is_valid_registry_name(spec.profile)) {
+    return "profile: must be 1 to 64 characters of [a-z0-9._-], starting with a letter or digit";
+  }
   if (spec.expires_at) {
     const auto s = chrono::floor<chrono::seconds>(*spec.expires_at);
     if (s < min_expiry || s > max_expiry) {
@@ -116,7 +141,7 @@ std::optional<std::string> check_spec(ticket_spec& spec, bool network) {
 }
 
 std::optional<action> action_from_string(std::string_view s) {
-  for (auto a : {action::code_execute, action::code_network}) {
+  for (auto a : {action::code_execute, action::code_network, action::tool_run}) {
     if (to_string(a) == s) return a;
   }
   return std::nullopt;
@@ -391,7 +416,7 @@ ordered_json ticket_to_json(const ticket& t) {
   j["id"] = t.id();
   j["tenant"] = t.tenant();
   j["actions"] = ordered_json::array();
-  for (auto a : {action::code_execute, action::code_network}) {
+  for (auto a : {action::code_execute, action::code_network, action::tool_run}) {
     if (t.allows(a)) j["actions"].push_back(std::string(to_string(a)));
   }
   j["isolation"] = std::string(to_string(t.isolation()));
@@ -402,6 +427,8 @@ ordered_json ticket_to_json(const ticket& t) {
   if (t.expires_at()) j["expires_at"] = format_rfc3339(*t.expires_at());
   if (!t.ancestors().empty()) j["derived_from"] = t.ancestors();
   if (t.approval()) j["approval"] = approval_to_json(*t.approval());
+  if (!t.tools().empty()) j["tools"] = t.tools();
+  if (!t.profile().empty()) j["profile"] = t.profile();
   return j;
 }
 
@@ -411,7 +438,7 @@ ticket ticket_from_json(const json& doc, const std::string& path) {
   check_known_fields(
       o, path,
       {"v", "id", "tenant", "actions", "isolation", "max_timeout_ms", "max_memory_bytes",
-       "runtime_digest", "egress", "expires_at", "derived_from", "approval"});
+       "runtime_digest", "egress", "expires_at", "derived_from", "approval", "tools", "profile"});
   auto field = [&](std::string_view key) { return member_path(path, key); };
   ticket_spec spec;
   spec.id = as_string(require_member(o, path, "id"), field("id"));
@@ -420,12 +447,15 @@ ticket ticket_from_json(const json& doc, const std::string& path) {
   const json& actions = as_array(require_member(o, path, "actions"), actions_path);
   bool execute = false;
   bool network = false;
+  bool tool_run = false;
   for (std::size_t i = 0; i < actions.size(); ++i) {
     const std::string p = index_path(actions_path, i);
     const std::string name = as_string(actions[i], p);
     const auto a = action_from_string(name);
     if (!a) fail(p, "unknown action " + quote_for_message(name));
-    bool& granted = *a == action::code_execute ? execute : network;
+    bool& granted = *a == action::code_execute   ? execute
+                    : *a == action::code_network ? network
+                                                 : tool_run;
     if (granted) fail(p, "duplicate action " + quote_for_message(name));
     granted = true;
   }
@@ -485,6 +515,24 @@ ticket ticket_from_json(const json& doc, const std::string& path) {
   if (const json* ap = find_member(o, "approval")) {
     approval = approval_from_json(*ap, field("approval"));
   }
+  if (const json* tools = find_member(o, "tools")) {
+    const std::string p = field("tools");
+    const json& a = as_array(*tools, p);
+    // Bounded before canonicalizing (check_spec: at most 64 distinct names).
+    if (a.size() > 256) fail(p, std::to_string(a.size()) + " names, more than the limit of 64");
+    for (std::size_t i = 0; i < a.size(); ++i)
+      spec.tools.push_back(as_string(a[i], index_path(p, i)));
+    if (spec.tools.empty()) {
+      fail(p, "must not be empty (leave it out for a ticket without tool.run)");
+    }
+    if (!tool_run) fail(p, "only a ticket granting tool.run may list tools");
+  } else if (tool_run) {
+    fail(field("actions"), "tool.run needs a non-empty 'tools' list");
+  }
+  if (const json* profile = find_member(o, "profile")) {
+    spec.profile = as_string(*profile, field("profile"));
+    if (spec.profile.empty()) fail(field("profile"), "must not be empty (leave it out)");
+  }
   if (auto problem = check_spec(spec, network)) throw decode_error(at_path(path, *problem));
   if (approval) {
     // An approval belongs to a derived ticket and names its parent and tenant.
@@ -539,6 +587,9 @@ result<ticket> ticket_issuer::derive(const ticket& parent, const approval_reques
   spec.max_memory_bytes = std::min(parent.max_memory_bytes(), approval.memory_limit_bytes);
   spec.runtime_digest = approval.runtime.digest;
   if (parent.runtime_digest() && *parent.runtime_digest() != approval.runtime.digest) return bad;
+  // The approved run runs under the parent's limits: same workload profile; no tools (the
+  // approval is for one code run).
+  spec.profile = parent.profile();
   spec.egress = std::move(domains);
   time_point expiry = chrono::floor<chrono::seconds>(saturating_add(now, options.ttl));
   if (parent.expires_at() && *parent.expires_at() < expiry) expiry = *parent.expires_at();
@@ -594,6 +645,15 @@ std::optional<std::string> check_derivation(const ticket& parent, const ticket& 
   }
   if (parent.runtime_digest() && child.runtime_digest() != parent.runtime_digest()) {
     return "runtime_digest: does not keep the parent's pin";
+  }
+  // Profiles are named limit sets whose sizes only the host's policy knows: a derived
+  // ticket keeps its parent's, so it can never switch to a larger one.
+  if (child.profile() != parent.profile()) return "profile: differs from the parent's";
+  for (const auto& t : child.tools()) {
+    // ("*" is allowed by a parent only when the parent lists "*" itself.)
+    if (!parent.allows_tool(t)) {
+      return "tools: " + quote_for_message(t) + " is not granted by the parent";
+    }
   }
   // 3. Short-lived, and never outliving the parent.
   if (!child.expires_at()) return "expires_at: a derived ticket must expire";

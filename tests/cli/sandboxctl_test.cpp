@@ -940,4 +940,56 @@ TEST_CASE("audit: every check passes at the container level (crun)", "[.audit_oc
 
 TEST_CASE("audit: every check passes at the gvisor level (runsc)", "[.audit_oci]") {
   audit_passes("gvisor");
+// --- registered tools ([backend]: the "tools" image, built by tools/setup.sh) --------------
+
+TEST_CASE("tools: `tools` lists the registry; `run --tool` feeds a file's bytes as stdin",
+          "[backend][tools]") {
+  const auto flags = clitest::backend_store_flags();
+  const auto config = clitest::write_scratch(
+      "tools-config.json",
+      R"({"tools": [{"name": "markdown", "image": "tools", "binary": "/usr/bin/cmark"},
+                    {"name": "cat", "image": "tools", "binary": "/bin/cat",
+                     "isolation": "process"}]})");
+  const auto tool_ticket = clitest::write_scratch(
+      "tool-ticket.json",
+      R"({"v":1,"id":"t-tools","tenant":"acme","actions":["tool.run"],"tools":["markdown","cat"],)"
+      R"("isolation":"process","max_timeout_ms":8000,"max_memory_bytes":536870912})");
+  auto ls = sandboxctl(with({"tools", "--config", config.string()}, flags));
+  INFO("stderr: " << ls.err);
+  CHECK(ls.status == 0);
+  CHECK(contains(ls.out, "markdown"));
+  CHECK(contains(ls.out, "/usr/bin/cmark"));
+
+  auto md = clitest::write_scratch("in.md", "# Hello\n");
+  auto o = sandboxctl(with({"run", "--ticket", tool_ticket.string(), "--config", config.string(),
+                            "--tool", "markdown", "--stdin-file", md.string()},
+                           flags));
+  INFO("stderr: " << o.err);
+  CHECK(o.status == 0);
+  CHECK(o.out == "<h1>Hello</h1>\n");
+
+  // Bytes that are no text arrive exactly (stdin of sandboxctl itself with '-').
+  const std::string bytes = std::string("\0\xff\xfe" "abc\n", 7);
+  auto c = sandboxctl(with({"run", "--ticket", tool_ticket.string(), "--config", config.string(),
+                            "--tool", "cat", "--stdin-file", "-", "--json"},
+                           flags),
+                      bytes);
+  REQUIRE(c.status == 0);
+  auto r = json::parse(c.out);
+  CHECK(r["stdout"]["bytes"] == bytes.size());
+
+  // The code ticket grants no tool; an unknown name; both a tool and a script.
+  auto denied = sandboxctl(with({"run", "--ticket", ticket_file(), "--config", config.string(),
+                                 "--tool", "markdown", "--json"},
+                                flags));
+  refused(denied, "action_denied", "tool: ticket does not grant tool.run for 'markdown'");
+  auto unknown = sandboxctl(with({"run", "--ticket", tool_ticket.string(), "--config",
+                                  config.string(), "--tool", "nope", "--json"},
+                                 flags));
+  refused(unknown, "action_denied", "tool: ticket does not grant tool.run for 'nope'");
+  auto both = sandboxctl(with({"run", "--ticket", tool_ticket.string(), "--tool", "cat",
+                               md.string()},
+                              flags));
+  CHECK(both.status == 2);
+  CHECK(contains(both.err, "give either --tool or a SCRIPT"));
 }

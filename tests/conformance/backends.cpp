@@ -53,6 +53,21 @@ std::unique_ptr<sandbox::runtime> make_process_with(std::string* why, const char
   opts.egress.max_bytes_down = egress_max_bytes_down;
   // The suite tests containment, not scheduling (unit-tested in scheduler_test): let up to 64
   // runs of any tenants run at once, so the crosstalk kind really has 64 concurrent runs.
+  // The registered tools of cases/tools_test.cpp, from the "tools" image (tools/setup.sh):
+  // a Markdown renderer, a regex engine with a catastrophic pattern of the host's, cat (stdin
+  // echoed), and a shell standing for a tool whose input steers it completely; "sh-big" runs
+  // under a profile with a larger /dev/shm and more pids.
+  opts.policy.profiles["conformance-big"] = {.max_pids = 200, .shm_bytes = 96ULL << 20,
+                                             .memory_limit_bytes = 1ULL << 30};
+  opts.tools = {
+      {.name = "markdown", .image = "tools", .binary = "/usr/bin/cmark"},
+      {.name = "regex", .image = "tools", .binary = "/usr/bin/pcre2grep",
+       .args = {"--match-limit=4000000000", "^(a|aa)+$"}},
+      {.name = "cat", .image = "tools", .binary = "/bin/cat"},
+      {.name = "sh", .image = "tools", .binary = "/bin/sh", .args = {"-s"}},
+      {.name = "sh-big", .image = "tools", .binary = "/bin/sh", .args = {"-s"},
+       .profile = "conformance-big"},
+  };
   opts.scheduler.max_running = 64;
   opts.scheduler.default_class.max_running = 64;
   opts.log = [](sandbox::log_level lvl, std::string_view line) {
@@ -60,7 +75,8 @@ std::unique_ptr<sandbox::runtime> make_process_with(std::string* why, const char
   };
   auto rt = sandbox::runtime::create(opts);
   if (!rt) {
-    *why = "runtime::create: " + rt.error().message();
+    *why = "runtime::create: " + rt.error().message() +
+           " (is the tools image installed? tools/setup.sh)";
     return nullptr;
   }
   for (const auto& b : rt->backends()) {

@@ -75,9 +75,15 @@ void check_admission(const sandbox::run_request& request) {
   }();
   static const sandbox::host_catalog catalog{
       .levels = {sandbox::isolation::process, sandbox::isolation::container},
-      .runtimes = {{"python3", python_digest}, {"node", std::nullopt}}};
+      .runtimes = {{"python3", python_digest}, {"node", std::nullopt}},
+      .tools = {{"md", {.entry = {.name = "md", .image = "tools", .binary = "/usr/bin/cmark",
+                                  .isolation = sandbox::isolation::container},
+                        .digest = python_digest}}}};
+  // A ticket granting every registered tool (and code).
+  static const sandbox::ticket tools =
+      *sandbox::ticket_issuer{}.issue({.id = "fuzz-tools", .tenant = "fuzz", .tools = {"*"}});
   for (const auto* t :
-       {&ticket(false, sandbox::isolation::process), &ticket(true, sandbox::isolation::process),
+       {&tools, &ticket(false, sandbox::isolation::process), &ticket(true, sandbox::isolation::process),
         &ticket(false, sandbox::isolation::gvisor),
         &ticket(true, sandbox::isolation::process, python_digest),
         &ticket(true, sandbox::isolation::process, other_digest)}) {
@@ -120,6 +126,15 @@ void check_admission(const sandbox::run_request& request) {
       fail("admitted egress");
     for (const auto& p : r.egress) {
       if (sandbox::canonical_egress_pattern(p) != p) fail("admitted egress pattern", p);
+    }
+    if ((r.std_in || r.stdin_blob) && r.tool.empty()) fail("admitted stdin without a tool");
+    if (!r.tool.empty()) {
+      if (!t->allows_tool(r.tool) || a.runtime.name != r.tool) fail("admitted tool", r.tool);
+      if (!r.runtime.empty() || !r.source.empty() || r.network) fail("admitted tool fields");
+      if (r.std_in && r.std_in->size() > policy.max_stdin_bytes) fail("admitted stdin size");
+      if (r.std_in && r.stdin_blob) fail("admitted stdin twice");
+      if (!sandbox::is_at_least(a.isolation, sandbox::isolation::container))
+        fail("admitted tool below its entry's level");
     }
   }
 }

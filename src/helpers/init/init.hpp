@@ -41,6 +41,9 @@ struct config {
   std::vector<std::string> argv;
   std::vector<std::string> env;
   std::uint16_t egress_proxy_port = 0;  ///< > 0: listen there for the host's egress proxy
+  /// Path inside the sandbox of the program's standard input (a registered tool's staged
+  /// bytes, read-only); empty: /dev/null.
+  std::string stdin_path;
 };
 
 /// A failed step: which, and the errno.

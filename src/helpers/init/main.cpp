@@ -203,6 +203,7 @@ bool read_go(config* cfg) {
     if (k == "argv") cfg->argv.emplace_back(v);
     else if (k == "env") cfg->env.emplace_back(v);
     else if (k == "egress_proxy") cfg->egress_proxy_port = static_cast<std::uint16_t>(to_u64(v));
+    else if (k == "stdin") cfg->stdin_path = std::string(v);
   }
   return !cfg->argv.empty();
 }

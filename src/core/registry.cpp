@@ -1,0 +1,101 @@
+// Workload profiles and registry entries (sandbox/policy.hpp, sandbox/registry.hpp): the pure
+// checks and the one resolution of "policy + profile → per-run limits" every backend gets.
+#include <algorithm>
+
+#include "core/env_rules.hpp"
+#include "core/text_util.hpp"
+#include "sandbox/policy.hpp"
+#include "sandbox/protocol.hpp"
+
+namespace sandbox {
+
+bool is_valid_registry_name(std::string_view name) noexcept {
+  if (name.empty() || name.size() > 64) return false;
+  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+  if (!alnum(name.front())) return false;
+  return std::all_of(name.begin(), name.end(),
+                     [&](char c) { return alnum(c) || c == '.' || c == '_' || c == '-'; });
+}
+
+std::optional<effective_limits_result> effective_limits(const policy& base,
+                                                        const std::string& profile) {
+  effective_limits_result out{.limits = base, .clamped = {}};
+  if (profile.empty()) return out;
+  const auto it = base.profiles.find(profile);
+  if (it == base.profiles.end()) return std::nullopt;
+  const workload_profile& p = it->second;
+  const auto& c = base.ceilings;
+  // Each set field replaces the policy's value, then its ceiling bounds it.
+  auto apply = [&](const auto& want, auto& field, auto ceiling, const char* name) {
+    if (!want) return;
+    field = *want;
+    if (field > ceiling) {
+      field = ceiling;
+      out.clamped.emplace_back(name);
+    }
+  };
+  policy& l = out.limits;
+  apply(p.max_pids, l.max_pids, c.max_pids, "max_pids");
+  apply(p.cpu_quota_millicores, l.cpu_quota_millicores, c.cpu_quota_millicores,
+        "cpu_quota_millicores");
+  apply(p.max_open_files, l.max_open_files, c.max_open_files, "max_open_files");
+  apply(p.tmp_bytes, l.tmp_bytes, c.tmp_bytes, "tmp_bytes");
+  apply(p.home_bytes, l.home_bytes, c.home_bytes, "home_bytes");
+  apply(p.shm_bytes, l.shm_bytes, c.shm_bytes, "shm_bytes");
+  apply(p.tmpfs_inodes, l.tmpfs_inodes, c.tmpfs_inodes, "tmpfs_inodes");
+  return out;
+}
+
+std::optional<std::string> check_tool_entry(const tool_entry& e, const policy& p) {
+  using detail::quote_for_message;
+  if (!is_valid_registry_name(e.name)) {
+    return "name: must be 1 to 64 characters of [a-z0-9._-], starting with a letter or digit";
+  }
+  if (!is_valid_registry_name(e.image)) {
+    return "image: must name an image of the store (1 to 64 characters of [a-z0-9._-])";
+  }
+  if (e.image_digest && !is_valid_blob_id(*e.image_digest)) {
+    return "image_digest: expected 'sha256:' and 64 lowercase hex digits";
+  }
+  // argv[0] is exec'd as given inside the image's root: absolute, no way out of it, and no
+  // byte that the init protocol's NUL-separated config could split.
+  auto bad_component = [](std::string_view path) {
+    std::size_t i = 1;
+    while (i <= path.size()) {
+      const std::size_t end = std::min(path.find('/', i), path.size());
+      const std::string_view part = path.substr(i, end - i);
+      if (part.empty() || part == "." || part == "..") return true;
+      i = end + 1;
+    }
+    return false;
+  };
+  if (e.binary.empty() || e.binary.front() != '/' || e.binary.size() > 4096 ||
+      e.binary.find('\0') != std::string::npos || bad_component(e.binary)) {
+    return "binary: must be an absolute path without empty, '.' or '..' components";
+  }
+  if (e.args.size() > 256) return "args: more than 256 arguments";
+  for (std::size_t i = 0; i < e.args.size(); ++i) {
+    if (e.args[i].find('\0') != std::string::npos) {
+      return "args[" + std::to_string(i) + "]: contains NUL";
+    }
+  }
+  if (!e.profile.empty() && !p.profiles.contains(e.profile)) {
+    return "profile: no workload profile named " + quote_for_message(e.profile) +
+           " in policy.profiles";
+  }
+  if (!e.egress.empty()) {
+    return "egress: network for registered tools is not supported yet (leave it empty)";
+  }
+  if (e.env.size() > p.max_env_vars) {
+    return "env: more than " + std::to_string(p.max_env_vars) + " variables";
+  }
+  for (const auto& [name, value] : e.env) {
+    // The same rules as a request's variables (one function for both).
+    if (auto why = detail::env_var_problem(name, value, p)) {
+      return "env[" + quote_for_message(name) + "]" + *why;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace sandbox
