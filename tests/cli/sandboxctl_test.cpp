@@ -940,6 +940,8 @@ TEST_CASE("audit: every check passes at the container level (crun)", "[.audit_oc
 
 TEST_CASE("audit: every check passes at the gvisor level (runsc)", "[.audit_oci]") {
   audit_passes("gvisor");
+}
+
 // --- registered tools ([backend]: the "tools" image, built by tools/setup.sh) --------------
 
 TEST_CASE("tools: `tools` lists the registry; `run --tool` feeds a file's bytes as stdin",
