@@ -4,5 +4,6 @@
 # one that tries the network comes back `network_disabled`.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-"$ROOT/tools/setup.sh"
+# The walkthrough needs only the language images (the test suite's set-up builds the rest).
+SANDBOX_IMAGES=${SANDBOX_IMAGES:-python3 node} "$ROOT/tools/setup.sh"
 exec "$ROOT/build/${SANDBOX_PRESET:-dev}/bin/freight_quote" "$@"

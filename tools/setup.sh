@@ -47,17 +47,26 @@ log "building ($PRESET)"
 cmake --preset "$PRESET" -S "$ROOT" >/dev/null
 cmake --build --preset "$PRESET"
 
-# 3. Runtime images, built from Debian packages with debootstrap when absent. "tools" holds
-#    the registered tools the tests use (docs/operations.md, "Registered tools"): a Markdown
-#    renderer (cmark) and a regex engine (pcre2grep).
+# 3. Runtime images, built from Debian packages with debootstrap when absent (each a few
+#    minutes on a first run). SANDBOX_IMAGES picks which (default: all):
+#    - python3, node: the language runtimes;
+#    - tools: the registered tools the tests use (docs/operations.md, "Registered tools"): a
+#      Markdown renderer (cmark) and a regex engine (pcre2grep);
+#    - chromium: Debian's Chromium (and python3 to drive it) for the headless-browser
+#      example, examples/browser_screenshot.
 if [ "${SANDBOX_SKIP_IMAGES:-0}" != 1 ]; then
-  for runtime in python3 node tools; do
+  for runtime in ${SANDBOX_IMAGES:-python3 node tools chromium}; do
     if "$BUILD/bin/sandboxctl" image current "$runtime" --image-dir "$IMAGE_DIR" >/dev/null 2>&1; then
       log "image $runtime: present"
     else
-      log "image $runtime: building with debootstrap (about a minute)"
+      log "image $runtime: building with debootstrap"
       packages=()
-      [ "$runtime" = tools ] && packages=(--package cmark --package pcre2-utils)
+      case "$runtime" in
+        python3|node) ;;
+        tools) packages=(--package cmark --package pcre2-utils) ;;
+        chromium) packages=(--package chromium --package fonts-dejavu-core --package python3) ;;
+        *) echo "tools/setup.sh: unknown image $runtime in SANDBOX_IMAGES" >&2; exit 2 ;;
+      esac
       "$BUILD/bin/sandboxctl" image build "$runtime" "${packages[@]}" --image-dir "$IMAGE_DIR"
     fi
   done
