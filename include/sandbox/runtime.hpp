@@ -155,8 +155,11 @@ struct runtime_options {
   /// Registered tools (sandbox/registry.hpp), picked by `run_request::tool`. Each is checked
   /// at creation (`check_tool_entry`, names unique) and its image resolved to its current
   /// digest like a runtime's (`fixed_digests` is looked up by the entry's `image`); a
-  /// faulty entry or an absent image makes `create` fail with `invalid_argument`, the log
-  /// naming the entry and field. Default: none.
+  /// faulty entry makes `create` fail with `invalid_argument`, the log naming the entry and
+  /// field. An entry whose image is not installed (or cannot be unpacked) is kept, like a
+  /// runtime without its image: a warning is logged and its runs answer
+  /// `runtime_unavailable` until a runtime is created after the image was built.
+  /// Default: none.
   std::vector<tool_entry> tools;
   /// For fakes and tests: runtime name → image digest to use instead of asking the image
   /// store (runs then get an empty `rootfs`). When non-empty and `images` is null, no image

@@ -400,19 +400,22 @@ error_code runtime_impl::resolve_tools(const runtime_options& o) {
       auto d = images_->current_digest(e.image);
       if (d) {
         auto root = images_->rootfs(*d);
-        if (!root) {
+        if (root) {
+          digest = *d;
+          tool_rootfs_.emplace(e.name, *root);
+        } else {
           log(log_level::error, "registry: " + where + ".image: image " + *d +
-                                    " cannot be unpacked: " + root.error().message());
-          return bad;
+                                    " cannot be unpacked: " + root.error().message() +
+                                    "; the tool's runs answer runtime_unavailable");
         }
-        digest = *d;
-        tool_rootfs_.emplace(e.name, *root);
       }
     }
-    if (!digest) {
-      log(log_level::error, "registry: " + where + ".image: no image " + e.image +
-                                " in the image store (sandboxctl image build)");
-      return bad;
+    if (!digest && !(images_ && images_->current_digest(e.image))) {
+      // Like a runtime without its image: the host still starts (other tools and runtimes
+      // work); this tool's runs answer runtime_unavailable until the image is built.
+      log(log_level::warning, "registry: " + where + ".image: no image " + e.image +
+                                  " in the image store (sandboxctl image build " + e.image +
+                                  "); the tool's runs answer runtime_unavailable");
     }
     // A pinned entry whose image moved on is kept: its runs answer digest_mismatch.
     if (e.image_digest && *e.image_digest != *digest) {
