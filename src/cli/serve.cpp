@@ -267,6 +267,9 @@ class connection : public std::enable_shared_from_this<connection> {
   struct run_entry {
     std::string id;
     std::unique_ptr<asio::cancellation_signal> cancel;
+    /// `"record": true` on the run line: the answer also carries the run's record
+    /// (sandbox/record.hpp), made from this request and ticket, for the client to checkpoint.
+    std::optional<std::pair<sandbox::run_request, sandbox::ticket>> record_of;
   };
 
   sandbox::log_sink& log();
@@ -733,7 +736,10 @@ void connection::handle_line(std::string_view line) {
       } else if (replay) {
         sandbox::detail::check_known_fields(doc, "", {"id", "replay"});
       } else {
-        sandbox::detail::check_known_fields(doc, "", {"id", "ticket", "request"});
+        sandbox::detail::check_known_fields(doc, "", {"id", "ticket", "request", "record"});
+        if (const json* rec = sandbox::detail::find_member(doc, "record")) {
+          sandbox::detail::as_bool(*rec, "record");
+        }
         sandbox::detail::require_member(doc, "", "ticket");
         sandbox::detail::require_member(doc, "", "request");
       }
@@ -807,6 +813,9 @@ void connection::start_run(std::string id, const json& doc) {
   auto& entry = runs_[seq];
   entry.id = id;
   entry.cancel = std::make_unique<asio::cancellation_signal>();
+  if (const json* rec = sandbox::detail::find_member(doc, "record"); rec && rec->get<bool>()) {
+    entry.record_of.emplace(*request, *ticket);
+  }
   ids_.insert(id);
   // The completion is re-posted to the strand, so that it never runs inside an `emit`
   // below (which would erase the signal being emitted).
@@ -833,13 +842,25 @@ void connection::on_run_done(std::uint64_t seq, error_code ec, sandbox::run_resu
   auto it = runs_.find(seq);
   if (it == runs_.end()) return;
   std::string id = std::move(it->second.id);
+  auto record_of = std::move(it->second.record_of);
   runs_.erase(it);
   ids_.erase(id);
   if (ec && !stopping_) {
     log()(sandbox::log_level::info,
           fmt::format("serve: {}: run {} ended: {}", name_, r.run_id, ec.message()));
   }
-  queue_answer(result_line(id, r));
+  if (record_of) {
+    // {"id":…,"result":{…},"record":{…}}: the record embeds the same result.
+    std::string line = result_line(id, r);
+    line.pop_back();  // "}\n"
+    line.pop_back();
+    line += ",\"record\":";
+    line += sandbox::encode(sandbox::make_run_record(record_of->first, record_of->second, r));
+    line += "}\n";
+    queue_answer(std::move(line));
+  } else {
+    queue_answer(result_line(id, r));
+  }
   resume();
 }
 
