@@ -132,8 +132,8 @@ int run_example(sandbox::runtime_options options, const std::filesystem::path& r
     // 3. Record, pin, checkpoint.
     auto record = sandbox::make_run_record(request, *ticket, result);
     auto pinned = sandbox::pin_record(*rt.blobs(), record);
-    expect(pinned.has_value(), "cannot pin the record's blobs: " +
-                                   (pinned ? std::string() : pinned.error().message()));
+    expect(pinned.has_value(),
+           "cannot pin the record's blobs: " + (pinned ? std::string() : pinned.error().message()));
     const std::string checkpoint = sandbox::encode(record);
     std::ofstream out(record_path, std::ios::binary | std::ios::trunc);
     out << checkpoint << "\n";
@@ -177,8 +177,7 @@ int run_example(sandbox::runtime_options options, const std::filesystem::path& r
   sandbox::gc_options gc{.older_than = 0s, .tenants = {tenant}};
   auto report = rt.blobs()->collect_garbage(gc);
   expect(report.has_value(), "garbage collection failed");
-  std::cout << "gc: removed " << report->removed.size() << " unpinned blobs of " << tenant
-            << "\n";
+  std::cout << "gc: removed " << report->removed.size() << " unpinned blobs of " << tenant << "\n";
   auto gone = rt.replay(*record, *ticket);
   expect(gone.has_error() && gone.error().code == sandbox::code::blob_not_found,
          "replay after GC did not answer blob_not_found");
@@ -199,8 +198,8 @@ int main(int argc, char** argv) {
       "Runs a snippet, checkpoints its run record, restarts the runtime and replays the "
       "record\n(see the comment at the top of examples/checkpoint_replay/"
       "checkpoint_replay.cpp).\n\noptions");
-  desc.add_options()("help,h", "print this help")(
-      "state-dir", po::value(&state_dir), "per-host state directory")(
+  desc.add_options()("help,h", "print this help")("state-dir", po::value(&state_dir),
+                                                  "per-host state directory")(
       "image-dir", po::value(&image_dir), "image store (default: $SANDBOX_IMAGE_DIR)")(
       "blob-dir", po::value(&blob_dir), "blob store directory")(
       "cgroup-parent", po::value(&cgroup_parent),

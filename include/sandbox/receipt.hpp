@@ -92,8 +92,7 @@ std::string encode(const receipt_claims& c);
 
 /// Why `claims` do not describe `result` (the first differing field, e.g. "run_id",
 /// "stdout.blob", "files_out[1].blob"), or nullopt when they agree on every field both have.
-std::optional<std::string> receipt_mismatch(const receipt_claims& claims,
-                                            const run_result& result);
+std::optional<std::string> receipt_mismatch(const receipt_claims& claims, const run_result& result);
 
 /**
  * Signs receipts with one Ed25519 private key. Copyable (copies share the key); thread-safe.

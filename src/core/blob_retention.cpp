@@ -37,8 +37,7 @@ result<std::vector<std::string>> blob_store::tenants() const {
 
 namespace detail {
 
-std::vector<std::size_t> select_garbage(std::vector<gc_candidate>& blobs,
-                                        const gc_options& options,
+std::vector<std::size_t> select_garbage(std::vector<gc_candidate>& blobs, const gc_options& options,
                                         std::chrono::system_clock::time_point now,
                                         gc_report& report) {
   std::uint64_t usage = 0;

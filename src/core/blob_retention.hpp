@@ -21,8 +21,7 @@ struct gc_candidate {
 
 /// Indices into `blobs` of what to remove under `options` at `now` (oldest first), counting
 /// what is kept, and why, into `report`. Pure: the stores call it under their tenant lock.
-std::vector<std::size_t> select_garbage(std::vector<gc_candidate>& blobs,
-                                        const gc_options& options,
+std::vector<std::size_t> select_garbage(std::vector<gc_candidate>& blobs, const gc_options& options,
                                         std::chrono::system_clock::time_point now,
                                         gc_report& report);
 

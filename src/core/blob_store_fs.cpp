@@ -219,8 +219,7 @@ class fs_blob_store final : public blob_store {
     });
   }
 
-  result<void> pin(std::string_view tenant, std::string_view id,
-                   std::string_view holder) override {
+  result<void> pin(std::string_view tenant, std::string_view id, std::string_view holder) override {
     return guard([&]() -> result<void> {
       if (!is_valid_tenant(tenant) || !is_valid_blob_id(id) || !is_valid_pin_holder(holder)) {
         return store_error(errc::invalid_argument);
@@ -240,8 +239,8 @@ class fs_blob_store final : public blob_store {
       auto bdir = detail::ensure_dir_at(pdir->get(), hex, 0700);
       if (!bdir) return fail("create pin directory", tenant, bdir.error());
       const std::string name(holder);
-      const int fd = ::openat(bdir->get(), name.c_str(),
-                              O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+      const int fd =
+          ::openat(bdir->get(), name.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
       if (fd < 0) return fail("create pin", tenant, sys_error(errno));
       ::close(fd);
       (void)::fsync(bdir->get());
@@ -256,8 +255,9 @@ class fs_blob_store final : public blob_store {
         return store_error(errc::invalid_argument);
       }
       auto pdir = open_pin_tenant(tenant, false);
-      if (!pdir) return pdir.error() == store_error(errc::not_found) ? result<void>{}
-                                                                   : result<void>{pdir.error()};
+      if (!pdir)
+        return pdir.error() == store_error(errc::not_found) ? result<void>{}
+                                                            : result<void>{pdir.error()};
       const std::string hex(id.substr(7));
       auto bdir = detail::open_dir_at(pdir->get(), hex);
       if (!bdir) {
@@ -536,8 +536,9 @@ class fs_blob_store final : public blob_store {
   result<void> collect_tenant(const std::string& tenant, const gc_options& options,
                               gc_report& report) {
     auto tdir = open_tenant(tenant, /*create=*/false);
-    if (!tdir) return tdir.error() == store_error(errc::not_found) ? result<void>{}
-                                                                 : result<void>{tdir.error()};
+    if (!tdir)
+      return tdir.error() == store_error(errc::not_found) ? result<void>{}
+                                                          : result<void>{tdir.error()};
     auto lock = detail::file_lock::acquire(tdir->get(), kLockName, true, true);
     if (!lock) return fail("lock tenant", tenant, lock.error());
     auto pdir = open_pin_tenant(tenant, false);

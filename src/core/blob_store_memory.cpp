@@ -6,13 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string>
 #include <unordered_map>
 
@@ -146,8 +146,7 @@ class memory_blob_store final : public blob_store {
     });
   }
 
-  result<void> pin(std::string_view tenant, std::string_view id,
-                   std::string_view holder) override {
+  result<void> pin(std::string_view tenant, std::string_view id, std::string_view holder) override {
     return guard([&]() -> result<void> {
       if (!is_valid_tenant(tenant) || !is_valid_blob_id(id) || !is_valid_pin_holder(holder)) {
         return store_error(errc::invalid_argument);
@@ -206,9 +205,8 @@ class memory_blob_store final : public blob_store {
       // the decision to remove a blob.
       std::lock_guard lock(mu_);
       for (auto& [name, t] : tenants_) {
-        if (!options.tenants.empty() &&
-            std::find(options.tenants.begin(), options.tenants.end(), name) ==
-                options.tenants.end()) {
+        if (!options.tenants.empty() && std::find(options.tenants.begin(), options.tenants.end(),
+                                                  name) == options.tenants.end()) {
           continue;
         }
         std::vector<detail::gc_candidate> blobs;

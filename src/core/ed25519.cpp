@@ -151,11 +151,9 @@ std::string kid_from_file_name(const fs::path& p, bool strip_pub) {
   return name;
 }
 
-
 std::optional<std::string> private_pem_of(EVP_PKEY* k) {
   bio_ptr bio(BIO_new(BIO_s_mem()));
-  if (!bio ||
-      PEM_write_bio_PrivateKey(bio.get(), k, nullptr, nullptr, 0, nullptr, nullptr) != 1) {
+  if (!bio || PEM_write_bio_PrivateKey(bio.get(), k, nullptr, nullptr, 0, nullptr, nullptr) != 1) {
     return std::nullopt;
   }
   return bio_text(bio.get());

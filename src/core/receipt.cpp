@@ -108,9 +108,8 @@ std::optional<int> req_optional_int(const json& o, const std::string& path, std:
       as_signed(v, p, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
 }
 std::chrono::milliseconds req_ms(const json& o, const std::string& path, std::string_view key) {
-  return std::chrono::milliseconds(static_cast<std::int64_t>(
-      req_unsigned(o, path, key, static_cast<std::uint64_t>(
-                                     std::numeric_limits<std::int64_t>::max()))));
+  return std::chrono::milliseconds(static_cast<std::int64_t>(req_unsigned(
+      o, path, key, static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))));
 }
 void check_blob(const std::string& id, const std::string& path, bool may_be_empty) {
   if (id.empty() && may_be_empty) return;
@@ -132,11 +131,11 @@ receipt_stream stream_from(const json& o, const std::string& path, std::string_v
 
 receipt_claims claims_from(const json& v, const std::string& path) {
   const json& o = as_object(v, path);
-  check_known_fields(o, path,
-                     {"run_id", "issued_at", "tenant", "ticket_id", "derived_from",
-                      "approval_sha256", "request_sha256", "code", "exit_code", "signal",
-                      "backend", "isolation", "runtime", "usage", "egress_attempts",
-                      "egress_attempts_dropped", "stdout", "stderr", "files_out"});
+  check_known_fields(
+      o, path,
+      {"run_id", "issued_at", "tenant", "ticket_id", "derived_from", "approval_sha256",
+       "request_sha256", "code", "exit_code", "signal", "backend", "isolation", "runtime", "usage",
+       "egress_attempts", "egress_attempts_dropped", "stdout", "stderr", "files_out"});
   receipt_claims c;
   c.run_id = req_string(o, path, "run_id");
   {
@@ -216,8 +215,9 @@ receipt_claims claims_from(const json& v, const std::string& path) {
     for (std::size_t i = 0; i < a.size(); ++i) {
       const std::string ep = index_path(p, i);
       const json& e = as_object(a[i], ep);
-      check_known_fields(e, ep, {"protocol", "host", "address", "port", "allowed", "reason",
-                                 "bytes_up", "bytes_down"});
+      check_known_fields(
+          e, ep,
+          {"protocol", "host", "address", "port", "allowed", "reason", "bytes_up", "bytes_down"});
       egress_attempt x;
       x.protocol = req_string(e, ep, "protocol");
       x.host = req_string(e, ep, "host");

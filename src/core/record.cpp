@@ -24,8 +24,10 @@ struct named_blob {
 
 std::vector<named_blob> result_blobs(const run_result& r) {
   std::vector<named_blob> out;
-  if (!r.std_out.blob.empty()) out.push_back({"result.stdout.blob", r.std_out.blob, r.std_out.bytes});
-  if (!r.std_err.blob.empty()) out.push_back({"result.stderr.blob", r.std_err.blob, r.std_err.bytes});
+  if (!r.std_out.blob.empty())
+    out.push_back({"result.stdout.blob", r.std_out.blob, r.std_out.bytes});
+  if (!r.std_err.blob.empty())
+    out.push_back({"result.stderr.blob", r.std_err.blob, r.std_err.bytes});
   for (std::size_t i = 0; i < r.files_out.size(); ++i) {
     out.push_back({"result.files_out[" + std::to_string(i) + "].blob", r.files_out[i].blob,
                    r.files_out[i].bytes});
@@ -35,8 +37,9 @@ std::vector<named_blob> result_blobs(const run_result& r) {
 
 run_record decode_record_body(const json& doc, const decode_options& options) {
   const json& o = as_object(doc, "");
-  check_known_fields(o, "", {"v", "record_id", "tenant", "request_sha256", "ticket_id",
-                             "derived_from", "runtime", "created_at", "result"});
+  check_known_fields(o, "",
+                     {"v", "record_id", "tenant", "request_sha256", "ticket_id", "derived_from",
+                      "runtime", "created_at", "result"});
   run_record r;
   if (const json* v = find_member(o, "v")) {
     const std::uint64_t version = as_unsigned(*v, "v");
@@ -49,8 +52,8 @@ run_record decode_record_body(const json& doc, const decode_options& options) {
   if (!is_valid_tenant(r.tenant)) fail("tenant", "invalid tenant " + quote_for_message(r.tenant));
   r.request_sha256 = as_string(require_member(o, "", "request_sha256"), "request_sha256");
   if (!is_hex_sha256(r.request_sha256)) {
-    fail("request_sha256", "expected 64 lowercase hex digits, got " +
-                               quote_for_message(r.request_sha256));
+    fail("request_sha256",
+         "expected 64 lowercase hex digits, got " + quote_for_message(r.request_sha256));
   }
   r.ticket_id = as_string(require_member(o, "", "ticket_id"), "ticket_id");
   if (!is_valid_ticket_id(r.ticket_id)) {
@@ -163,13 +166,15 @@ boost::system::result<run_result, rejection> replay_run(const blob_store& blobs,
                                                         const run_record& record,
                                                         const ticket& ticket) {
   if (ticket.tenant() != record.tenant) {
-    return rejection{code::action_denied, "replay: tenant mismatch (the record belongs to "
-                                          "another tenant than the ticket)"};
+    return rejection{code::action_denied,
+                     "replay: tenant mismatch (the record belongs to "
+                     "another tenant than the ticket)"};
   }
   if (record.record_id.empty() || record.record_id != record.result.run_id ||
       record.runtime != record.result.runtime) {
-    return rejection{code::invalid_request, "replay: record_id or runtime does not match the "
-                                            "record's result"};
+    return rejection{code::invalid_request,
+                     "replay: record_id or runtime does not match the "
+                     "record's result"};
   }
   for (const auto& b : result_blobs(record.result)) {
     if (!is_valid_blob_id(b.id)) {

@@ -1,11 +1,12 @@
 // Execution receipts (sandbox/receipt.hpp): a real (fake-backend) run's receipt verifies;
 // any altered byte, another key, or an unknown key id fails.
+#include "sandbox/receipt.hpp"
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include "runtime_test_support.hpp"
 #include "sandbox/json.hpp"
-#include "sandbox/receipt.hpp"
 #include "sandbox/record.hpp"
 #include "sandbox/signed_ticket.hpp"
 
@@ -82,8 +83,8 @@ TEST_CASE("a run's receipt verifies and describes its result", "[receipt]") {
   auto decoded = sandbox::decode_run_result(sandbox::encode(r));
   REQUIRE(decoded.has_value());
   CHECK(*decoded == r);
-  auto rec = sandbox::decode_run_record(
-      sandbox::encode(sandbox::make_run_record(request, ticket, r)));
+  auto rec =
+      sandbox::decode_run_record(sandbox::encode(sandbox::make_run_record(request, ticket, r)));
   REQUIRE(rec.has_value());
   REQUIRE(rec->result.receipt.has_value());
   CHECK(k.verifier().verify(*rec->result.receipt).has_value());
@@ -168,12 +169,14 @@ TEST_CASE("receipt documents are decoded strictly", "[receipt][json]") {
     CHECK(result.error().message.rfind(prefix, 0) == 0);
   };
   check(with([](auto& j) { j["extra"] = 1; }), "receipt: unknown field 'extra'");
-  check(with([](auto& j) { j["receipt"]["extra"] = 1; }), "receipt: receipt: unknown field 'extra'");
+  check(with([](auto& j) { j["receipt"]["extra"] = 1; }),
+        "receipt: receipt: unknown field 'extra'");
   check(with([](auto& j) { j["v"] = 2; }), "receipt: v: unsupported receipt version 2");
   check(with([](auto& j) { j.erase("sig"); }), "receipt: sig: required field is missing");
   check(with([](auto& j) { j["sig"] = "AAAA"; }), "receipt: sig: expected a base64url");
   check(with([](auto& j) { j["kid"] = "bad kid"; }), "receipt: kid: invalid key id");
-  check(with([](auto& j) { j["receipt"]["code"] = "fine"; }), "receipt: receipt.code: unknown code");
+  check(with([](auto& j) { j["receipt"]["code"] = "fine"; }),
+        "receipt: receipt.code: unknown code");
   check(with([](auto& j) { j["receipt"]["files_out"][0]["blob"] = "sha256:x"; }),
         "receipt: receipt.files_out[0].blob: invalid blob id");
   check(with([](auto& j) { j["receipt"]["egress_attempts"][0]["port"] = 70000; }),

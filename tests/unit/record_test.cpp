@@ -1,18 +1,19 @@
 // Run records and replay, blob pins and garbage collection (sandbox/record.hpp,
 // sandbox/blob_store.hpp), with the fake backend storing real blobs.
+#include "sandbox/record.hpp"
+
 #include <sys/stat.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
+#include "core/sha256.hpp"
 #include "runtime_test_support.hpp"
 #include "sandbox/json.hpp"
-#include "sandbox/record.hpp"
-#include "core/sha256.hpp"
 #include "store_test_util.hpp"
 
 namespace {
@@ -130,7 +131,8 @@ TEST_CASE("replay after the blob was collected names the missing blob", "[record
   REQUIRE(result.code == code::ok);
   auto rec = sandbox::make_run_record(request, ticket, result);
   REQUIRE(sandbox::pin_record(*store, rec).has_value());
-  for (const auto& id : sandbox::record_blobs(rec)) age_blob(dir, "acme", id, std::chrono::hours(2));
+  for (const auto& id : sandbox::record_blobs(rec))
+    age_blob(dir, "acme", id, std::chrono::hours(2));
 
   // Pinned: the collection keeps every blob, replay works.
   auto report = store->collect_garbage({});
@@ -151,8 +153,7 @@ TEST_CASE("replay after the blob was collected names the missing blob", "[record
         "replay: result.stdout.blob " + result.std_out.blob + " not found");
 }
 
-TEST_CASE("replay refuses another tenant's ticket and records whose parts disagree",
-          "[record]") {
+TEST_CASE("replay refuses another tenant's ticket and records whose parts disagree", "[record]") {
   auto store = sandbox::make_memory_blob_store();
   auto rt = runtime_on(store);
   const auto request = py("print(42)");
@@ -191,7 +192,8 @@ TEST_CASE("record decoding is strict and names the field", "[record][json]") {
   auto rt = runtime_on(store);
   const auto request = py("print(42)");
   auto result = rt.run(request, make_ticket("acme"));
-  const std::string good = sandbox::encode(sandbox::make_run_record(request, make_ticket("acme"), result));
+  const std::string good =
+      sandbox::encode(sandbox::make_run_record(request, make_ticket("acme"), result));
   REQUIRE(sandbox::decode_run_record(good).has_value());
 
   auto with = [&](auto edit) {
@@ -210,14 +212,17 @@ TEST_CASE("record decoding is strict and names the field", "[record][json]") {
       {"missing tenant", [](auto& j) { j.erase("tenant"); },
        "run record: tenant: required field is missing"},
       {"tenant type", [](auto& j) { j["tenant"] = 5; }, "run record: tenant: expected a string"},
-      {"tenant syntax", [](auto& j) { j["tenant"] = "../x"; }, "run record: tenant: invalid tenant"},
+      {"tenant syntax", [](auto& j) { j["tenant"] = "../x"; },
+       "run record: tenant: invalid tenant"},
       {"digest syntax", [](auto& j) { j["request_sha256"] = "abc"; },
        "run record: request_sha256: expected 64 lowercase hex digits"},
-      {"digest case", [](auto& j) {
+      {"digest case",
+       [](auto& j) {
          std::string d = j["request_sha256"];
          d[0] = 'A';
          j["request_sha256"] = d;
-       }, "run record: request_sha256: expected 64 lowercase hex digits"},
+       },
+       "run record: request_sha256: expected 64 lowercase hex digits"},
       {"derived_from type", [](auto& j) { j["derived_from"] = {1}; },
        "run record: derived_from[0]: expected a string"},
       {"created_at", [](auto& j) { j["created_at"] = "yesterday"; },
@@ -248,8 +253,8 @@ TEST_CASE("record decoding is strict and names the field", "[record][json]") {
   }
 }
 
-TEMPLATE_TEST_CASE("pins keep blobs through GC; unpinned old blobs go", "[gc]",
-                   std::true_type, std::false_type) {
+TEMPLATE_TEST_CASE("pins keep blobs through GC; unpinned old blobs go", "[gc]", std::true_type,
+                   std::false_type) {
   store_test::temp_dir dir;
   const bool on_disk = TestType::value;
   auto store = on_disk ? fs_store(dir) : sandbox::make_memory_blob_store();
@@ -310,8 +315,8 @@ TEMPLATE_TEST_CASE("pins keep blobs through GC; unpinned old blobs go", "[gc]",
   CHECK(store->collect_garbage(bad).error() == make_error_code(errc::invalid_argument));
 }
 
-TEMPLATE_TEST_CASE("the size target removes the oldest eligible blobs only until under it",
-                   "[gc]", std::true_type, std::false_type) {
+TEMPLATE_TEST_CASE("the size target removes the oldest eligible blobs only until under it", "[gc]",
+                   std::true_type, std::false_type) {
   store_test::temp_dir dir;
   const bool on_disk = TestType::value;
   auto store = on_disk ? fs_store(dir) : sandbox::make_memory_blob_store();
@@ -366,7 +371,8 @@ TEST_CASE("a put racing a collection never loses the blob it returned", "[gc]") 
     while (!stop.load()) REQUIRE(store->collect_garbage(o).has_value());
   });
   std::vector<std::string> ids;
-  for (int i = 0; i < 100; ++i) ids.push_back(store->put("acme", "new " + std::to_string(i)).value());
+  for (int i = 0; i < 100; ++i)
+    ids.push_back(store->put("acme", "new " + std::to_string(i)).value());
   stop = true;
   collector.join();
   for (const auto& id : ids) CHECK(store->size("acme", id).has_value());
@@ -374,13 +380,26 @@ TEST_CASE("a put racing a collection never loses the blob it returned", "[gc]") 
 
 TEST_CASE("stores without pins answer unsupported", "[gc]") {
   struct minimal : sandbox::blob_store {
-    sandbox::result<std::string> put(std::string_view, std::string_view) override { return std::string(); }
-    sandbox::result<std::string> put_fd(std::string_view, int, std::uint64_t) override { return std::string(); }
-    sandbox::result<std::string> get(std::string_view, std::string_view) const override { return std::string(); }
-    sandbox::result<std::uint64_t> copy_to(std::string_view, std::string_view, int, const std::string&) const override { return 0; }
-    sandbox::result<std::uint64_t> size(std::string_view, std::string_view) const override { return 0; }
+    sandbox::result<std::string> put(std::string_view, std::string_view) override {
+      return std::string();
+    }
+    sandbox::result<std::string> put_fd(std::string_view, int, std::uint64_t) override {
+      return std::string();
+    }
+    sandbox::result<std::string> get(std::string_view, std::string_view) const override {
+      return std::string();
+    }
+    sandbox::result<std::uint64_t> copy_to(std::string_view, std::string_view, int,
+                                           const std::string&) const override {
+      return 0;
+    }
+    sandbox::result<std::uint64_t> size(std::string_view, std::string_view) const override {
+      return 0;
+    }
     sandbox::result<void> remove(std::string_view, std::string_view) override { return {}; }
-    sandbox::result<std::vector<std::string>> list(std::string_view) const override { return std::vector<std::string>{}; }
+    sandbox::result<std::vector<std::string>> list(std::string_view) const override {
+      return std::vector<std::string>{};
+    }
     sandbox::result<std::uint64_t> usage(std::string_view) const override { return 0; }
   } m;
   const auto id = sandbox::blob_id_of("x");
