@@ -54,11 +54,11 @@ struct gc_entry {
 
 /// What one collection did.
 struct gc_report {
-  std::vector<gc_entry> removed;     ///< removed (dry run: would be removed), oldest first
-  std::uint64_t bytes_removed = 0;   ///< sum of `removed[i].bytes`
-  std::uint64_t kept_pinned = 0;     ///< blobs kept because a holder pins them
-  std::uint64_t kept_recent = 0;     ///< unpinned blobs kept by the grace period
-  std::uint64_t kept_by_size = 0;    ///< eligible blobs kept by `target_tenant_bytes`
+  std::vector<gc_entry> removed;    ///< removed (dry run: would be removed), oldest first
+  std::uint64_t bytes_removed = 0;  ///< sum of `removed[i].bytes`
+  std::uint64_t kept_pinned = 0;    ///< blobs kept because a holder pins them
+  std::uint64_t kept_recent = 0;    ///< unpinned blobs kept by the grace period
+  std::uint64_t kept_by_size = 0;   ///< eligible blobs kept by `target_tenant_bytes`
 };
 
 /// A tenant's blob store. Implementations are thread-safe; the filesystem store is also safe
@@ -105,18 +105,15 @@ class blob_store {
   /// against a concurrent collection: once this returns, the blob is kept. Errors:
   /// `invalid_argument` (tenant, id or holder syntax), `not_found` (no such blob for the
   /// tenant), `io_error`; `unsupported` from stores without pins (the default).
-  virtual result<void> pin(std::string_view tenant, std::string_view id,
-                           std::string_view holder);
+  virtual result<void> pin(std::string_view tenant, std::string_view id, std::string_view holder);
 
   /// Removes `holder`'s pin of the blob (absent pin: a no-op). Errors: `invalid_argument`,
   /// `io_error`, `unsupported` (the default).
-  virtual result<void> unpin(std::string_view tenant, std::string_view id,
-                             std::string_view holder);
+  virtual result<void> unpin(std::string_view tenant, std::string_view id, std::string_view holder);
 
   /// The holders pinning the tenant's blob `id`, sorted (empty when none). Errors:
   /// `invalid_argument`, `io_error`, `unsupported` (the default).
-  virtual result<std::vector<std::string>> pins(std::string_view tenant,
-                                                std::string_view id) const;
+  virtual result<std::vector<std::string>> pins(std::string_view tenant, std::string_view id) const;
 
   /**
    * Removes every blob that no holder pins and that was last stored longer ago than

@@ -1322,13 +1322,13 @@ void run_op::finish(error_code ec, run_result r, bool post) noexcept {
   // signer failure is logged and the result goes out without a receipt.
   if (const auto& signer = rt_->receipt_signer(); signer && !ec && !r.backend.empty()) {
     try {
-      auto doc = signer->sign(
-          make_receipt_claims(request_, ticket_, r, std::chrono::system_clock::now()));
+      auto doc =
+          signer->sign(make_receipt_claims(request_, ticket_, r, std::chrono::system_clock::now()));
       if (doc) {
         r.receipt = std::move(*doc);
       } else {
-        rt_->log(log_level::error, "run " + run_id_ + ": receipt not signed: " +
-                                       doc.error().message());
+        rt_->log(log_level::error,
+                 "run " + run_id_ + ": receipt not signed: " + doc.error().message());
       }
     } catch (...) {
       rt_->log(log_level::error, "run " + run_id_ + ": receipt not signed (out of memory)");

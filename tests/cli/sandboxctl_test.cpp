@@ -301,7 +301,8 @@ TEST_CASE("blob: pin, gc and a dry run; bad gc options are usage errors", "[inpu
   auto gc = sandboxctl(with({"blob", "gc", "--tenant", "gcdemo"}, flags));
   REQUIRE(gc.status == 0);
   CHECK(gc.out == "removed 0 blobs (0 bytes); kept 1 pinned, 1 recent, 0 by size\n");
-  auto dry = sandboxctl(with({"blob", "gc", "--tenant", "gcdemo", "--older-than", "0s", "--dry-run"}, flags));
+  auto dry = sandboxctl(
+      with({"blob", "gc", "--tenant", "gcdemo", "--older-than", "0s", "--dry-run"}, flags));
   REQUIRE(dry.status == 0);
   CHECK(contains(dry.out, "would remove gcdemo " + loose + " 11\n"));
   CHECK(sandboxctl(with({"blob", "get", loose, "--tenant", "gcdemo"}, flags)).status == 0);
@@ -310,8 +311,9 @@ TEST_CASE("blob: pin, gc and a dry run; bad gc options are usage errors", "[inpu
   CHECK(contains(gc.out, "removed gcdemo " + loose + " 11\n"));
   CHECK(sandboxctl(with({"blob", "get", loose, "--tenant", "gcdemo"}, flags)).status == 1);
   CHECK(sandboxctl(with({"blob", "get", kept, "--tenant", "gcdemo"}, flags)).status == 0);
-  REQUIRE(sandboxctl(with({"blob", "unpin", kept, "--holder", "rec-1", "--tenant", "gcdemo"}, flags))
-              .status == 0);
+  REQUIRE(
+      sandboxctl(with({"blob", "unpin", kept, "--holder", "rec-1", "--tenant", "gcdemo"}, flags))
+          .status == 0);
   gc = sandboxctl(with({"blob", "gc", "--tenant", "gcdemo", "--older-than", "0s"}, flags));
   CHECK(contains(gc.out, "removed gcdemo " + kept));
 
@@ -343,8 +345,9 @@ TEST_CASE("receipt verify: usage errors and unreadable documents", "[input][rece
                           clitest::write_scratch("junk.json", "{\"v\":1}").string()});
   CHECK(junk.status == 1);
   CHECK(contains(junk.err, "receipt verify: receipt: receipt: required field is missing"));
-  auto no_receipt = sandboxctl({"receipt", "verify", "--trusted-keys", pub,
-                                clitest::write_scratch("plain-result.json", "{\"code\":\"ok\"}").string()});
+  auto no_receipt =
+      sandboxctl({"receipt", "verify", "--trusted-keys", pub,
+                  clitest::write_scratch("plain-result.json", "{\"code\":\"ok\"}").string()});
   CHECK(no_receipt.status == 1);
   CHECK(contains(no_receipt.err, "the result carries no receipt"));
 }

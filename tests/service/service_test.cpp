@@ -752,14 +752,16 @@ TEST_CASE("with --trusted-keys the daemon accepts only signed tickets", "[servic
   CHECK(r["message"] == "source: not the source the ticket's approval is for");
 }
 
-TEST_CASE("replay over the socket answers the stored result; receipts verify; GC keeps pinned "
-          "blobs and replay names a collected one",
-          "[service][replay]") {
+TEST_CASE(
+    "replay over the socket answers the stored result; receipts verify; GC keeps pinned "
+    "blobs and replay names a collected one",
+    "[service][replay]") {
   const fs::path keys = clitest::scratch() / "svc-receipt-keys";
   fs::create_directories(keys);
   if (!fs::exists(keys / "rcpt.pem")) {
-    REQUIRE(clitest::sandboxctl({"ticket", "keygen", "--kid", "rcpt", "--out", keys.string()})
-                .status == 0);
+    REQUIRE(
+        clitest::sandboxctl({"ticket", "keygen", "--kid", "rcpt", "--out", keys.string()}).status ==
+        0);
   }
   svctest::daemon d({"--receipt-key", (keys / "rcpt.pem").string()});
   svctest::client c(d.socket());
@@ -792,8 +794,9 @@ TEST_CASE("replay over the socket answers the stored result; receipts verify; GC
   CHECK(json::parse(ok.out)["run_id"] == a["result"]["run_id"]);
   json edited = a["result"];
   edited["usage"]["cpu_ms"] = edited["usage"]["cpu_ms"].get<std::int64_t>() + 1;
-  auto bad = clitest::sandboxctl({"receipt", "verify", "--trusted-keys", pub,
-                                  clitest::write_scratch("svc-edited.json", edited.dump()).string()});
+  auto bad =
+      clitest::sandboxctl({"receipt", "verify", "--trusted-keys", pub,
+                           clitest::write_scratch("svc-edited.json", edited.dump()).string()});
   CHECK(bad.status == 1);
   CHECK(contains(bad.err, "usage differs"));
   json forged = a["result"]["receipt"];
@@ -823,8 +826,8 @@ TEST_CASE("replay over the socket answers the stored result; receipts verify; GC
     INFO(p.err);
     REQUIRE(p.status == 0);
   }
-  auto gc = clitest::sandboxctl({"blob", "gc", "--older-than", "0s", "--tenant", "replaytest",
-                                 "--blob-dir", blob_dir});
+  auto gc = clitest::sandboxctl(
+      {"blob", "gc", "--older-than", "0s", "--tenant", "replaytest", "--blob-dir", blob_dir});
   INFO(gc.err);
   REQUIRE(gc.status == 0);
   CHECK(contains(gc.out, "kept "));
@@ -837,18 +840,19 @@ TEST_CASE("replay over the socket answers the stored result; receipts verify; GC
                                  "replaytest", "--blob-dir", blob_dir})
                 .status == 0);
   }
-  gc = clitest::sandboxctl({"blob", "gc", "--older-than", "0s", "--tenant", "replaytest",
-                            "--blob-dir", blob_dir});
+  gc = clitest::sandboxctl(
+      {"blob", "gc", "--older-than", "0s", "--tenant", "replaytest", "--blob-dir", blob_dir});
   REQUIRE(gc.status == 0);
-  CHECK(contains(gc.out, "removed " ));
+  CHECK(contains(gc.out, "removed "));
   const json gone = replay("replay-3");
   CHECK(gone["code"] == "blob_not_found");
   CHECK(gone["message"] == "replay: result.stdout.blob " + blobs[0] + " not found");
 
   // Another tenant's ticket, and a malformed record, are refused with their codes.
-  c.send(json{{"id", "other"}, {"replay", {{"ticket", svctest::ticket("acme")}, {"record", record}}}}
-             .dump() +
-         "\n");
+  c.send(
+      json{{"id", "other"}, {"replay", {{"ticket", svctest::ticket("acme")}, {"record", record}}}}
+          .dump() +
+      "\n");
   auto other = c.answer();
   CHECK(other["result"]["code"] == "action_denied");
   json broken = record;
