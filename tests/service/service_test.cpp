@@ -867,3 +867,35 @@ TEST_CASE(
   CHECK(e["error"]["code"] == "invalid_request");
   CHECK(contains(e["error"]["message"], "replay: unknown field 'x'"));
 }
+
+TEST_CASE("the Python client checkpoints a run's record and replays it on a new connection",
+          "[service][replay]") {
+  svctest::daemon d;
+  const std::string script = R"py(
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from sandbox_client import SandboxClient
+sock, ticket, checkpoint = sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+src = "import secrets\nprint(secrets.token_hex(8))\n"
+with SandboxClient(sock) as sb:
+    result, record = sb.run_with_record(ticket, {"runtime": "python3", "source": src}, timeout=120)
+with open(checkpoint, "w") as f:
+    json.dump(record, f)
+# "Restart": a new connection, the record read back from the checkpoint file.
+with open(checkpoint) as f:
+    record = json.load(f)
+with SandboxClient(sock) as sb:
+    again = sb.replay(ticket, record, timeout=60)
+print(json.dumps({"first": result, "again": again}))
+)py";
+  auto p = svctest::spawn({"/usr/bin/python3", "-c", script,
+                           SANDBOX_SOURCE_DIR "/examples/python_client", d.socket().string(),
+                           svctest::ticket().dump(),
+                           (clitest::scratch() / "py-checkpoint.json").string()});
+  auto o = svctest::wait(p);
+  INFO("stdout: " << o.out << "\nstderr: " << o.err << "\ndaemon: " << d.log());
+  REQUIRE(o.status == 0);
+  const json out = json::parse(o.out);
+  CHECK(out["first"]["code"] == "ok");
+  CHECK(out["again"] == out["first"]);  // the random token was not produced a second time
+}
