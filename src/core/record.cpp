@@ -41,8 +41,8 @@ run_record decode_record_body(const json& doc, const decode_options& options) {
                      {"v", "record_id", "tenant", "request_sha256", "ticket_id", "derived_from",
                       "runtime", "created_at", "result"});
   run_record r;
-  if (const json* v = find_member(o, "v")) {
-    const std::uint64_t version = as_unsigned(*v, "v");
+  {
+    const std::uint64_t version = as_unsigned(require_member(o, "", "v"), "v");
     if (version != run_record_version) {
       fail("v", "unsupported run record version " + std::to_string(version) + " (supported: 1)");
     }

@@ -209,6 +209,7 @@ TEST_CASE("record decoding is strict and names the field", "[record][json]") {
   const std::vector<bad_case> cases = {
       {"unknown field", [](auto& j) { j["extra"] = 1; }, "run record: unknown field 'extra'"},
       {"version", [](auto& j) { j["v"] = 2; }, "run record: v: unsupported run record version 2"},
+      {"no version", [](auto& j) { j.erase("v"); }, "run record: v: required field is missing"},
       {"missing tenant", [](auto& j) { j.erase("tenant"); },
        "run record: tenant: required field is missing"},
       {"tenant type", [](auto& j) { j["tenant"] = 5; }, "run record: tenant: expected a string"},
