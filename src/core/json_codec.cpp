@@ -475,8 +475,12 @@ std::string encode(const run_result& r) {
   j["queue_wait_ms"] = r.queue_wait.count();
   j["backend"] = r.backend;
   j["approval"] = r.approval ? detail::approval_to_json(*r.approval) : ordered_json(nullptr);
-  // Only when signed: results of hosts without receipts keep their form.
-  if (r.receipt) j["receipt"] = ordered_json::parse(*r.receipt);
+  // Only when signed: results of hosts without receipts keep their form. A receipt that is
+  // not JSON (set by hand, not by a signer) is written as null rather than thrown on.
+  if (r.receipt) {
+    auto doc = ordered_json::parse(*r.receipt, nullptr, /*allow_exceptions=*/false);
+    j["receipt"] = doc.is_discarded() ? ordered_json(nullptr) : std::move(doc);
+  }
   return detail::dump_compact(j);
 }
 

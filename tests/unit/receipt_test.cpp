@@ -89,6 +89,13 @@ TEST_CASE("a run's receipt verifies and describes its result", "[receipt]") {
   REQUIRE(rec->result.receipt.has_value());
   CHECK(k.verifier().verify(*rec->result.receipt).has_value());
 
+  // A receipt that is not JSON (set by hand) is encoded as null, never thrown on.
+  auto garbage = r;
+  garbage.receipt = "not json {";
+  auto as_json = nlohmann::json::parse(sandbox::encode(garbage));
+  CHECK(as_json["receipt"].is_null());
+  CHECK_FALSE(sandbox::decode_run_result(sandbox::encode(garbage))->receipt.has_value());
+
   // A result edited after signing no longer matches its (valid) receipt.
   auto edited = r;
   edited.files_out[1].blob = edited.files_out[0].blob;
