@@ -115,6 +115,17 @@ TEST_CASE("the request digest covers every field of the request's encoding", "[r
   auto pinned = base;
   pinned.runtime_digest = fake_digest("python3");
   variants.push_back(pinned);
+  // Fields added by registered tools after the digest was written are covered too: the
+  // digest hashes the codec's full encoding.
+  sandbox::run_request tool;
+  tool.tool = "render";
+  variants.push_back(tool);
+  auto with_stdin = tool;
+  with_stdin.std_in = "# title";
+  variants.push_back(with_stdin);
+  auto with_blob = tool;
+  with_blob.stdin_blob = sandbox::blob_id_of("# title");
+  variants.push_back(with_blob);
   std::set<std::string> seen{d};
   for (const auto& v : variants) CHECK(seen.insert(sandbox::request_digest(v)).second);
   // The digest is SHA-256 of the documented canonical form: encode(request).
