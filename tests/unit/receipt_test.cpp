@@ -3,8 +3,11 @@
 #include "sandbox/receipt.hpp"
 
 #include <catch2/catch.hpp>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 
+#include "core/sha256.hpp"
 #include "runtime_test_support.hpp"
 #include "sandbox/json.hpp"
 #include "sandbox/record.hpp"
@@ -208,4 +211,55 @@ TEST_CASE("receipt signers and verifiers refuse bad keys", "[receipt]") {
         sandbox::make_error_code(sandbox::errc::already_exists));
   CHECK(v.load_keys("/nonexistent/keys").error() ==
         sandbox::make_error_code(sandbox::errc::not_found));
+}
+
+TEST_CASE("the receipt of an approved run names the derived ticket, its chain and the approval",
+          "[receipt][approval]") {
+  keys k("r1");
+  const auto parent = make_ticket("acme");
+  // The approver answers on the runtime's thread: no Catch assertions there.
+  std::mutex mu;
+  std::optional<sandbox::approval_request> asked;
+  std::optional<sandbox::ticket> minted;
+  sandbox::runtime_options o;
+  o.blobs = sandbox::make_memory_blob_store();
+  o.fixed_digests = {{"python3", fake_digest("python3")}};
+  o.process_backend = false;
+  o.log = [](sandbox::log_level, std::string_view) {};
+  o.receipt_signer = std::make_shared<const sandbox::receipt_signer>(k.signer);
+  o.approver = sandbox::make_callback_approver(
+      [&](sandbox::approval_request q, sandbox::approval_callback answer) {
+        auto derived = sandbox::ticket_issuer{}.derive(parent, q);
+        {
+          std::lock_guard lk(mu);
+          asked = q;
+          if (derived) minted = *derived;
+        }
+        answer(derived ? sandbox::approval_decision::approve(*derived)
+                       : sandbox::approval_decision::deny("no derived ticket"));
+      });
+  auto rt = sandbox::runtime::create(o);
+  REQUIRE(rt.has_value());
+  auto fake = std::make_shared<fake_backend>(sandbox::isolation::container);
+  fake->otherwise().respond_stdout("fetched\n");
+  rt->add_backend(fake);
+
+  auto request = py("print('fetched')");
+  request.network = true;
+  request.egress = {"api.example.com"};
+  auto r = rt->run(request, parent);
+  REQUIRE(r.code == code::ok);
+  REQUIRE(r.receipt.has_value());
+  std::lock_guard lk(mu);
+  REQUIRE(asked.has_value());
+  REQUIRE(minted.has_value());
+  auto claims = k.verifier().verify(*r.receipt);
+  REQUIRE(claims.has_value());
+  CHECK(claims->ticket_id == minted->id());
+  CHECK(claims->ticket_id != parent.id());
+  CHECK(claims->derived_from == std::vector<std::string>{parent.id()});
+  REQUIRE(claims->approval_sha256.has_value());
+  CHECK(*claims->approval_sha256 == sandbox::detail::sha256_hex(sandbox::encode(*asked)));
+  CHECK(claims->isolation == sandbox::isolation::container);
+  CHECK_FALSE(sandbox::receipt_mismatch(*claims, r).has_value());
 }
