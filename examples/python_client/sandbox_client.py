@@ -83,6 +83,25 @@ class SandboxClient:
         """Runs one request and waits for its run_result (see submit)."""
         return self.submit(ticket, request).result(timeout)
 
+    def run_with_record(self, ticket, request, timeout=None):
+        """Runs one request; returns (run_result, run_record), both dicts.
+
+        Store the record (plain JSON) as the checkpoint: after a restart, `replay(ticket,
+        record)` returns the same run_result without running anything.
+        """
+        return self._send({"ticket": ticket, "request": request, "record": True}, None,
+                          lambda a: (a["result"], a["record"])).result(timeout)
+
+    def replay(self, ticket, record, timeout=None):
+        """The stored run_result of `record` (a run record dict), nothing executed.
+
+        Whatever the outcome the answer is a run_result: its code is `blob_not_found` (the
+        message names the collected blob), `action_denied` (a ticket of another tenant) or
+        `invalid_request` (a malformed record) when the stored result cannot be returned.
+        """
+        return self._send({"replay": {"ticket": ticket, "record": record}}, None,
+                          lambda a: a["result"]).result(timeout)
+
     def put_blob(self, tenant, data, timeout=None):
         """Stores `data` (bytes, at most 768 KiB) for `tenant`; returns its blob id."""
         op = {"tenant": tenant, "data_b64": base64.b64encode(data).decode("ascii")}

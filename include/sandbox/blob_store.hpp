@@ -5,13 +5,17 @@
 // it exists: a missing blob and another tenant's blob both answer `errc::not_found`.
 //
 // Retention: the store never deletes on its own. A blob stays until `remove()` (or
-// `sandboxctl blob rm`) deletes it; each tenant has a byte quota (`errc::quota_exceeded`).
-// See docs/operations.md.
+// `sandboxctl blob rm`) deletes it, or `collect_garbage` (`sandboxctl blob gc`) finds it
+// unpinned and older than the grace period. Pins (`pin`, held by named holders such as a run
+// record, sandbox/record.hpp) keep a blob through collection. Each tenant has a byte quota
+// (`errc::quota_exceeded`). See docs/operations.md.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +24,42 @@
 #include "sandbox/span.hpp"
 
 namespace sandbox {
+
+/// True for a pin holder name: 1..128 characters of `[A-Za-z0-9._:-]`, starting with a letter
+/// or digit (a run record's id is one).
+bool is_valid_pin_holder(std::string_view holder) noexcept;
+
+/// What `blob_store::collect_garbage` may remove.
+struct gc_options {
+  /// Grace period: a blob stored (or stored again) less than this long ago is kept even when
+  /// nothing pins it, so a run's fresh outputs survive until its record pins them. Default
+  /// one hour; zero collects every unpinned blob.
+  std::chrono::seconds older_than{3600};
+  /// Optional size policy: per tenant, stop removing once its usage is at most this many
+  /// bytes (oldest eligible blobs go first). Unset: remove every eligible blob.
+  std::optional<std::uint64_t> target_tenant_bytes;
+  /// Tenants to collect; empty: every tenant of the store.
+  std::vector<std::string> tenants;
+  /// Report what would be removed without removing anything.
+  bool dry_run = false;
+};
+
+/// One blob `collect_garbage` removed (or would remove, for a dry run).
+struct gc_entry {
+  std::string tenant;
+  std::string blob;
+  std::uint64_t bytes = 0;
+  bool operator==(const gc_entry&) const = default;
+};
+
+/// What one collection did.
+struct gc_report {
+  std::vector<gc_entry> removed;    ///< removed (dry run: would be removed), oldest first
+  std::uint64_t bytes_removed = 0;  ///< sum of `removed[i].bytes`
+  std::uint64_t kept_pinned = 0;    ///< blobs kept because a holder pins them
+  std::uint64_t kept_recent = 0;    ///< unpinned blobs kept by the grace period
+  std::uint64_t kept_by_size = 0;   ///< eligible blobs kept by `target_tenant_bytes`
+};
 
 /// A tenant's blob store. Implementations are thread-safe; the filesystem store is also safe
 /// for several processes sharing one directory.
@@ -59,6 +99,36 @@ class blob_store {
 
   /// Bytes the tenant's blobs occupy (the figure the quota applies to).
   virtual result<std::uint64_t> usage(std::string_view tenant) const = 0;
+
+  /// Pins the tenant's blob `id` for `holder` (e.g. a run record's id): `collect_garbage`
+  /// keeps a blob while any holder pins it (`remove` still deletes it). Idempotent. Atomic
+  /// against a concurrent collection: once this returns, the blob is kept. Errors:
+  /// `invalid_argument` (tenant, id or holder syntax), `not_found` (no such blob for the
+  /// tenant), `io_error`; `unsupported` from stores without pins (the default).
+  virtual result<void> pin(std::string_view tenant, std::string_view id, std::string_view holder);
+
+  /// Removes `holder`'s pin of the blob (absent pin: a no-op). Errors: `invalid_argument`,
+  /// `io_error`, `unsupported` (the default).
+  virtual result<void> unpin(std::string_view tenant, std::string_view id, std::string_view holder);
+
+  /// The holders pinning the tenant's blob `id`, sorted (empty when none). Errors:
+  /// `invalid_argument`, `io_error`, `unsupported` (the default).
+  virtual result<std::vector<std::string>> pins(std::string_view tenant, std::string_view id) const;
+
+  /**
+   * Removes every blob that no holder pins and that was last stored longer ago than
+   * `options.older_than` (and, with `target_tenant_bytes`, only while the tenant is over
+   * it). Safe against concurrent writers: a tenant's collection holds the tenant's store
+   * lock, which `put`, `put_fd` and `pin` also take, and `put` of content already stored
+   * refreshes its time under that lock, so an id `put` returned is never collected within
+   * the grace period. Errors: `invalid_argument` (a tenant name), `io_error`,
+   * `unsupported` (the default, for stores without collection).
+   */
+  virtual result<gc_report> collect_garbage(const gc_options& options);
+
+  /// Tenants that have a blob directory or map entry in this store, sorted. Errors:
+  /// `io_error`, `unsupported` (the default).
+  virtual result<std::vector<std::string>> tenants() const;
 };
 
 /// Options of the filesystem store.

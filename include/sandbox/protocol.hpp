@@ -255,6 +255,11 @@ struct run_result {
   /// "approval", `null` otherwise). The host checkpoints it, asks, mints the derived ticket
   /// with `ticket_issuer::derive`, and resubmits the same request under that ticket.
   std::optional<approval_request> approval;
+  /// The run's signed execution receipt (sandbox/receipt.hpp): the receipt document, one
+  /// line of JSON in its canonical form. Set when the runtime has a `receipt_signer` and a
+  /// backend ran the run; wire name "receipt" (the document as a JSON object), absent
+  /// otherwise.
+  std::optional<std::string> receipt;
   bool operator==(const run_result&) const = default;
 };
 

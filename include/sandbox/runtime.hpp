@@ -38,6 +38,8 @@
 #include "sandbox/image_store.hpp"
 #include "sandbox/policy.hpp"
 #include "sandbox/protocol.hpp"
+#include "sandbox/receipt.hpp"
+#include "sandbox/record.hpp"
 #include "sandbox/registry.hpp"
 #include "sandbox/scheduler.hpp"
 #include "sandbox/span.hpp"
@@ -181,6 +183,9 @@ struct runtime_options {
   /// Asked when a network request's ticket lacks `code.network` (sandbox/approval.hpp).
   /// Null (the default): such requests are `action_denied`.
   std::shared_ptr<sandbox::approver> approver;
+  /// Signs an execution receipt for every run that a backend ran (sandbox/receipt.hpp),
+  /// carried in `run_result::receipt`. Null (the default): no receipts.
+  std::shared_ptr<const sandbox::receipt_signer> receipt_signer;
 };
 
 /// Defaults resolved for the current user (the paths above).
@@ -280,6 +285,16 @@ class runtime {
   /// it returns `internal` at once instead; with an external executor some other thread
   /// must be running it.
   run_result run(run_request request, const ticket& ticket);
+
+  /**
+   * The stored result of `record` without executing anything (`replay_run` on this
+   * runtime's blob store): for a host that checkpointed the record and restarted. Returns
+   * the rejection `replay_run` documents: `action_denied` (ticket of another tenant),
+   * `blob_not_found` naming the field and blob id that was collected, `invalid_request`
+   * (a record whose parts disagree), `internal` (store failure). Thread-safe.
+   */
+  boost::system::result<run_result, rejection> replay(const run_record& record,
+                                                      const ticket& ticket) const;
 
   /// Adds a backend (e.g. `sandbox::testing::fake_backend`). It serves its level from now on,
   /// replacing one registered at the same level.

@@ -13,6 +13,8 @@
 #include "sandbox/json.hpp"
 #include "sandbox/policy.hpp"
 #include "sandbox/protocol.hpp"
+#include "sandbox/receipt.hpp"
+#include "sandbox/record.hpp"
 #include "sandbox/runtime.hpp"
 #include "sandbox/signed_ticket.hpp"
 #include "sandbox/span.hpp"

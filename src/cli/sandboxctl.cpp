@@ -67,6 +67,10 @@ const char* top_usage =
     "                                                write a blob's bytes (stdout by default)\n"
     "  blob rm ID [--tenant T | --ticket T.json]     delete a blob\n"
     "  blob ls [--tenant T | --ticket T.json]        list a tenant's blob ids\n"
+    "  blob pin|unpin ID --holder H [--tenant T]     keep a blob through gc (or stop keeping it)\n"
+    "  blob gc [--older-than D] [--target-bytes N] [--tenant T] [--dry-run]\n"
+    "                                                remove unpinned blobs last stored more than\n"
+    "                                                D ago (default 1h; 90s, 30m, 24h, 7d)\n"
     "  image build NAME [--package P]...             build a runtime image (python3, node, ...)\n"
     "  image import LAYOUT_DIR NAME [--ref REF]      import an OCI image layout as runtime NAME\n"
     "  image ls                                      list images (current and earlier)\n"
@@ -87,6 +91,8 @@ const char* top_usage =
     "  ticket verify --trusted-keys PATH DOC         check a signed ticket; print its ticket\n"
     "  ticket derive --ticket T.json --approval A.json [--domain D]... [--ttl-s N]\n"
     "                                                print the ticket derived from an approval\n"
+    "  receipt verify --trusted-keys PATH FILE       check an execution receipt (a receipt, a\n"
+    "                                                result or a run record carrying one)\n"
     "  serve (--socket PATH | --stdio) [--config FILE] [--max-running N]\n"
     "      [--max-queued N] [--tenant-max-running N] [--tenant-max-queued N]\n"
     "      [--queue-deadline-ms N] [--trusted-keys PATH]...\n"
@@ -289,11 +295,63 @@ std::shared_ptr<sandbox::image_store> open_images(const common& c, bool read_onl
 
 // --- blob --------------------------------------------------------------------------------
 
+// "90s", "30m", "24h", "7d" or plain seconds → seconds (at most ten years).
+std::chrono::seconds parse_age(const std::string& text) {
+  std::string digits = text;
+  std::uint64_t unit = 1;
+  if (!text.empty()) {
+    switch (text.back()) {
+      case 's': unit = 1; digits.pop_back(); break;
+      case 'm': unit = 60; digits.pop_back(); break;
+      case 'h': unit = 3600; digits.pop_back(); break;
+      case 'd': unit = 86400; digits.pop_back(); break;
+      default: break;
+    }
+  }
+  constexpr std::uint64_t max_s = 10ULL * 366 * 86400;
+  const auto n = parse_number<std::uint64_t>("older-than", digits, 0, max_s / unit);
+  return std::chrono::seconds(static_cast<std::int64_t>(n * unit));
+}
+
+// `blob gc`: collects unpinned blobs past the grace period (docs/operations.md, "Blob
+// retention"). Prints one line per removed blob and a summary.
+int blob_gc(const common& c, const std::string& older_than, const std::string& target_bytes,
+            bool dry_run) {
+  sandbox::gc_options o;
+  if (!older_than.empty()) o.older_than = parse_age(older_than);
+  if (!target_bytes.empty()) {
+    o.target_tenant_bytes = parse_number<std::uint64_t>("target-bytes", target_bytes, 0,
+                                                        std::uint64_t{1} << 62);
+  }
+  o.dry_run = dry_run;
+  if (!c.tenant.empty() || !c.ticket_path.empty()) o.tenants.push_back(tenant_of(c));
+  auto blobs = open_blobs(c);
+  auto report = blobs->collect_garbage(o);
+  if (!report) {
+    std::cerr << "sandboxctl: blob gc: " << report.error().message() << "\n";
+    return exit_fail;
+  }
+  for (const auto& e : report->removed) {
+    std::cout << (dry_run ? "would remove " : "removed ") << e.tenant << " " << e.blob << " "
+              << e.bytes << "\n";
+  }
+  std::cout << fmt::format("{} {} blobs ({} bytes); kept {} pinned, {} recent, {} by size\n",
+                           dry_run ? "would remove" : "removed", report->removed.size(),
+                           report->bytes_removed, report->kept_pinned, report->kept_recent,
+                           report->kept_by_size);
+  return exit_ok;
+}
+
 int cmd_blob(const std::vector<std::string>& args) {
   common c;
-  std::string verb, arg, out;
+  std::string verb, arg, out, older_than, target_bytes, holder;
+  bool dry_run = false;
   auto d = common_options(c);
   d.add_options()("verb", po::value(&verb))("arg", po::value(&arg))(
+      "older-than", po::value(&older_than), "gc: grace period (default 1h)")(
+      "target-bytes", po::value(&target_bytes), "gc: stop once a tenant uses at most N bytes")(
+      "dry-run", po::bool_switch(&dry_run), "gc: only print what would be removed")(
+      "holder", po::value(&holder), "pin/unpin: the holder name (e.g. a run record id)")(
       "tenant", po::value(&c.tenant), "tenant (default: \"default\")")(
       "ticket", po::value(&c.ticket_path), "take the tenant from this ticket")(
       "trusted-keys", po::value(&c.trusted_keys), "verify a signed --ticket with these keys")(
@@ -301,8 +359,21 @@ int cmd_blob(const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("verb", 1).add("arg", 1);
   parse(args, d, pos);
+  if (verb == "gc") {
+    if (!arg.empty()) throw usage_error("blob gc: unexpected argument " + quote_name(arg));
+    return blob_gc(c, older_than, target_bytes, dry_run);
+  }
   std::string tenant = tenant_of(c);
   auto blobs = open_blobs(c);
+  if (verb == "pin" || verb == "unpin") {
+    if (arg.empty() || holder.empty()) throw usage_error("blob " + verb + ": ID and --holder needed");
+    auto r = verb == "pin" ? blobs->pin(tenant, arg, holder) : blobs->unpin(tenant, arg, holder);
+    if (!r) {
+      std::cerr << "sandboxctl: blob " << verb << ": " << r.error().message() << "\n";
+      return exit_fail;
+    }
+    return exit_ok;
+  }
   if (verb == "put") {
     if (arg.empty()) throw usage_error("blob put: FILE missing");
     int fd = arg == "-" ? dup(0) : open_input(arg);
@@ -349,7 +420,7 @@ int cmd_blob(const std::vector<std::string>& args) {
     for (const auto& id : *ids) std::cout << id << "\n";
     return exit_ok;
   }
-  throw usage_error("blob: expected put, get, rm or ls");
+  throw usage_error("blob: expected put, get, rm, ls, pin, unpin or gc");
 }
 
 // --- image -------------------------------------------------------------------------------
@@ -996,6 +1067,66 @@ int cmd_tools(const std::vector<std::string>& args) {
   return exit_ok;
 }
 
+// --- receipt -----------------------------------------------------------------------------
+
+// `receipt verify --trusted-keys PATH FILE`: FILE is a receipt document, a run result with a
+// "receipt", or a run record whose result has one. The signature is checked, and for a
+// result or record the receipt must also describe that result (`receipt_mismatch`). Prints
+// the verified claims; exit 1 naming what failed.
+int cmd_receipt(const std::vector<std::string>& args) {
+  std::string verb, file;
+  std::vector<std::string> keys;
+  po::options_description d("options");
+  d.add_options()("verb", po::value(&verb))("file", po::value(&file))(
+      "trusted-keys", po::value(&keys), "public key file or directory of <kid>.pub.pem");
+  po::positional_options_description pos;
+  pos.add("verb", 1).add("file", 1);
+  parse(args, d, pos);
+  if (verb != "verify") throw usage_error("receipt: expected verify");
+  if (file.empty() || keys.empty()) throw usage_error("receipt verify: --trusted-keys and FILE needed");
+  sandbox::receipt_verifier v;
+  for (const auto& k : keys) {
+    auto loaded = v.load_keys(std::filesystem::absolute(k));
+    if (!loaded) {
+      throw usage_error(fmt::format("--trusted-keys {}: {}", quote_name(k), loaded.error().message()));
+    }
+  }
+  const std::size_t max_bytes = max_request_file * 2;
+  auto text = read_file(file, max_bytes);
+  if (text.size() > max_bytes) throw usage_error(fmt::format("{} is too large", quote_name(file)));
+  auto fail = [](const std::string& why) {
+    std::cerr << "sandboxctl: receipt verify: " << why << "\n";
+    return exit_fail;
+  };
+  // Which kind of document: judged by its top-level members only; each is then decoded
+  // strictly by its own decoder.
+  std::optional<sandbox::run_result> result;
+  std::string receipt_doc = text;
+  nlohmann::json probe = nlohmann::json::parse(text, nullptr, false);
+  if (probe.is_object() && probe.contains("result") && probe.contains("record_id")) {
+    auto rec = sandbox::decode_run_record(text);
+    if (!rec) return fail(rec.error().message);
+    result = rec->result;
+  } else if (probe.is_object() && probe.contains("code")) {
+    auto r = sandbox::decode_run_result(text);
+    if (!r) return fail("result: " + r.error().message);
+    result = *r;
+  }
+  if (result) {
+    if (!result->receipt) return fail("the result carries no receipt");
+    receipt_doc = *result->receipt;
+  }
+  auto claims = v.verify(receipt_doc);
+  if (!claims) return fail(claims.error().message);
+  if (result) {
+    if (auto field = sandbox::receipt_mismatch(*claims, *result)) {
+      return fail("the receipt does not describe this result: " + *field + " differs");
+    }
+  }
+  std::cout << sandbox::encode(*claims) << "\n";
+  return exit_ok;
+}
+
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
@@ -1012,6 +1143,7 @@ int main(int argc, char** argv) {
     if (cmd == "audit") return cmd_audit(args);
     if (cmd == "tools") return cmd_tools(args);
     if (cmd == "ticket") return cmd_ticket(args);
+    if (cmd == "receipt") return cmd_receipt(args);
     if (cmd == "serve") return sandboxctl::cmd_serve(args);
     throw usage_error(fmt::format("unknown command {}", quote_name(cmd)));
   } catch (const usage_error& e) {

@@ -267,6 +267,9 @@ class connection : public std::enable_shared_from_this<connection> {
   struct run_entry {
     std::string id;
     std::unique_ptr<asio::cancellation_signal> cancel;
+    /// `"record": true` on the run line: the answer also carries the run's record
+    /// (sandbox/record.hpp), made from this request and ticket, for the client to checkpoint.
+    std::optional<std::pair<sandbox::run_request, sandbox::ticket>> record_of;
   };
 
   sandbox::log_sink& log();
@@ -282,6 +285,10 @@ class connection : public std::enable_shared_from_this<connection> {
   void start_run(std::string id, const json& doc);
   void start_blob_put(std::string id, const json& op);
   void start_blob_get(std::string id, const json& op);
+  void start_replay(std::string id, const json& op);
+  /// The ticket of a request line's `ticket` member: verified against the trusted keys
+  /// when the daemon has them, else decoded as a plain ticket. Rejections say "ticket: …".
+  boost::system::result<sandbox::ticket, sandbox::rejection> ticket_of(const json& ticket_doc);
   void on_run_done(std::uint64_t seq, error_code ec, sandbox::run_result r);
   /// `reserved`: bytes of service::unwritten_total() held for this answer while it was made.
   void on_blob_done(const std::string& id, std::string line, std::size_t reserved = 0);
@@ -720,13 +727,19 @@ void connection::handle_line(std::string_view line) {
 
     const bool put = sandbox::detail::find_member(doc, "blob_put") != nullptr;
     const bool get = !put && sandbox::detail::find_member(doc, "blob_get") != nullptr;
+    const bool replay = !put && !get && sandbox::detail::find_member(doc, "replay") != nullptr;
     try {
       if (put) {
         sandbox::detail::check_known_fields(doc, "", {"id", "blob_put"});
       } else if (get) {
         sandbox::detail::check_known_fields(doc, "", {"id", "blob_get"});
+      } else if (replay) {
+        sandbox::detail::check_known_fields(doc, "", {"id", "replay"});
       } else {
-        sandbox::detail::check_known_fields(doc, "", {"id", "ticket", "request"});
+        sandbox::detail::check_known_fields(doc, "", {"id", "ticket", "request", "record"});
+        if (const json* rec = sandbox::detail::find_member(doc, "record")) {
+          sandbox::detail::as_bool(*rec, "record");
+        }
         sandbox::detail::require_member(doc, "", "ticket");
         sandbox::detail::require_member(doc, "", "request");
       }
@@ -747,6 +760,8 @@ void connection::handle_line(std::string_view line) {
       start_blob_put(*id, doc["blob_put"]);
     } else if (get) {
       start_blob_get(*id, doc["blob_get"]);
+    } else if (replay) {
+      start_replay(*id, doc["replay"]);
     } else {
       start_run(*id, doc);
     }
@@ -756,11 +771,11 @@ void connection::handle_line(std::string_view line) {
   }
 }
 
-void connection::start_run(std::string id, const json& doc) {
+boost::system::result<sandbox::ticket, sandbox::rejection> connection::ticket_of(
+    const json& ticket_doc) {
   // Without trusted keys, the ticket is trusted as `sandboxctl run` trusts ticket files: the
   // socket's permissions decide who may send one. With them, only a signed document whose
   // whole chain verifies is a ticket.
-  const json& ticket_doc = doc["ticket"];
   boost::system::result<sandbox::ticket, sandbox::rejection> ticket =
       sandbox::rejection{sandbox::code::internal, "internal error"};
   if (const auto& keys = svc_.trusted_keys(); !keys.empty()) {
@@ -776,7 +791,15 @@ void connection::start_run(std::string id, const json& doc) {
   if (!ticket) {
     auto rej = ticket.error();
     rej.message = "ticket: " + rej.message;
-    queue_answer(result_line(id, sandbox::rejected_result(rej)));
+    return rej;
+  }
+  return ticket;
+}
+
+void connection::start_run(std::string id, const json& doc) {
+  auto ticket = ticket_of(doc["ticket"]);
+  if (!ticket) {
+    queue_answer(result_line(id, sandbox::rejected_result(ticket.error())));
     return;
   }
   auto request = sandbox::decode_run_request(dump(doc["request"]));
@@ -790,6 +813,9 @@ void connection::start_run(std::string id, const json& doc) {
   auto& entry = runs_[seq];
   entry.id = id;
   entry.cancel = std::make_unique<asio::cancellation_signal>();
+  if (const json* rec = sandbox::detail::find_member(doc, "record"); rec && rec->get<bool>()) {
+    entry.record_of.emplace(*request, *ticket);
+  }
   ids_.insert(id);
   // The completion is re-posted to the strand, so that it never runs inside an `emit`
   // below (which would erase the signal being emitted).
@@ -816,13 +842,25 @@ void connection::on_run_done(std::uint64_t seq, error_code ec, sandbox::run_resu
   auto it = runs_.find(seq);
   if (it == runs_.end()) return;
   std::string id = std::move(it->second.id);
+  auto record_of = std::move(it->second.record_of);
   runs_.erase(it);
   ids_.erase(id);
   if (ec && !stopping_) {
     log()(sandbox::log_level::info,
           fmt::format("serve: {}: run {} ended: {}", name_, r.run_id, ec.message()));
   }
-  queue_answer(result_line(id, r));
+  if (record_of) {
+    // {"id":…,"result":{…},"record":{…}}: the record embeds the same result.
+    std::string line = result_line(id, r);
+    line.pop_back();  // "}\n"
+    line.pop_back();
+    line += ",\"record\":";
+    line += sandbox::encode(sandbox::make_run_record(record_of->first, record_of->second, r));
+    line += "}\n";
+    queue_answer(std::move(line));
+  } else {
+    queue_answer(result_line(id, r));
+  }
   resume();
 }
 
@@ -964,6 +1002,51 @@ void connection::start_blob_get(std::string id, const json& op) {
     }
     asio::post(self->strand_, [self, id, reserved, line = std::move(line)]() mutable {
       self->on_blob_done(id, std::move(line), reserved);
+    });
+  });
+}
+
+// `{"id":…, "replay":{"ticket":{…}, "record":{…run record…}}}`: answers like a run (a
+// `result` line), with the stored result and nothing executed, or a rejected result
+// (`blob_not_found` naming the collected blob, `action_denied` for another tenant's record,
+// `invalid_request` for a malformed record). The blob checks are file I/O: on the pool.
+void connection::start_replay(std::string id, const json& op) {
+  try {
+    sandbox::detail::as_object(op, "replay");
+    sandbox::detail::check_known_fields(op, "replay", {"ticket", "record"});
+    sandbox::detail::require_member(op, "replay", "ticket");
+    sandbox::detail::require_member(op, "replay", "record");
+  } catch (const sandbox::detail::decode_error& e) {
+    queue_answer(error_line(id, "invalid_request", e.what()));
+    return;
+  }
+  auto ticket = ticket_of(op["ticket"]);
+  if (!ticket) {
+    queue_answer(result_line(id, sandbox::rejected_result(ticket.error())));
+    return;
+  }
+  auto record = sandbox::decode_run_record(dump(op["record"]));
+  if (!record) {
+    auto rej = record.error();
+    rej.message = "replay.record: " + rej.message;
+    queue_answer(result_line(id, sandbox::rejected_result(rej)));
+    return;
+  }
+  blob_busy_ = true;
+  ids_.insert(id);
+  asio::post(svc_.pool(), [self = shared_from_this(), blobs = svc_.rt().blobs(), id,
+                           record = std::move(*record), ticket = std::move(*ticket)] {
+    std::string line;
+    try {
+      auto r = blobs ? sandbox::replay_run(*blobs, record, ticket)
+                     : boost::system::result<sandbox::run_result, sandbox::rejection>(
+                           sandbox::rejection{sandbox::code::internal, "no blob store"});
+      line = result_line(id, r ? *r : sandbox::rejected_result(r.error()));
+    } catch (const std::exception&) {
+      line = error_line(id, "internal", "internal error");
+    }
+    asio::post(self->strand_, [self, id, line = std::move(line)]() mutable {
+      self->on_blob_done(id, std::move(line));
     });
   });
 }
@@ -1376,6 +1459,7 @@ namespace {
 int cmd_serve(const std::vector<std::string>& args) {
   std::string socket, state_dir, image_dir, blob_dir, cgroup_parent, config_path;
   std::vector<std::string> trusted_keys;
+  std::string receipt_key;
   bool stdio = false, verbose = false, help = false;
   // Numbers are read as text and checked strictly below: "-1" must not wrap to 2^32-1.
   std::string max_running, max_queued, tenant_max_running, tenant_max_queued, queue_deadline_ms;
@@ -1397,6 +1481,9 @@ int cmd_serve(const std::vector<std::string>& args) {
       "trusted-keys", po::value(&trusted_keys),
       "accept only tickets signed by these Ed25519 public keys: a <kid>.pub.pem file, or a "
       "directory of them (repeatable)")(
+      "receipt-key", po::value(&receipt_key),
+      "sign an execution receipt for every run with this Ed25519 private key (<kid>.pem, as "
+      "`ticket keygen` writes it); results then carry \"receipt\"")(
       "verbose,v", po::bool_switch(&verbose), "host log lines on stderr")(
       "help,h", po::bool_switch(&help), "this text");
   po::variables_map vm;
@@ -1460,6 +1547,14 @@ int cmd_serve(const std::vector<std::string>& args) {
   if (!cgroup_parent.empty()) o.runtime.process.cgroup_parent = cgroup_parent;
   o.runtime.log = sandbox::make_stderr_log_sink(verbose ? sandbox::log_level::debug
                                                         : sandbox::log_level::warning);
+  if (!receipt_key.empty()) {
+    auto signer = sandbox::receipt_signer::load(std::filesystem::absolute(receipt_key));
+    if (!signer) {
+      return usage(fmt::format("--receipt-key {}: {}", quote_name(receipt_key),
+                               signer.error().message()));
+    }
+    o.runtime.receipt_signer = std::make_shared<const sandbox::receipt_signer>(std::move(*signer));
+  }
   if (!config_path.empty()) {
     // A bad configuration is not a bad command line: exit 2 as documented, but without the
     // pointer to --help, and with a plain reason instead of the stream library's text.

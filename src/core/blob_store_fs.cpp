@@ -10,16 +10,23 @@
 //  - A per-tenant lock file (`.lock`, flock) is held around "measure usage, check quota,
 //    rename", so the quota stays exact with writers in several threads and processes.
 //  - Readers verify the digest of what they read (`digest_mismatch`).
+//  - Pins are empty files `<root>/pins/<tenant>/<64 hex>/<holder>`. `pin`, `put` (also when
+//    the content is already stored: it then refreshes the blob's mtime, the GC's clock) and
+//    `collect_garbage` all hold the tenant's `.lock`, so a collection never removes a blob
+//    that a concurrent `put` has just returned or a concurrent `pin` has just pinned.
 //  - Directories are 0700 and blobs 0600: only the host process reads the store; it copies
 //    inputs into sandboxes, a sandbox never opens the store.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <new>
 #include <string>
 
+#include "core/blob_retention.hpp"
 #include "core/sha256.hpp"
 #include "core/store_io.hpp"
 #include "sandbox/blob_store.hpp"
@@ -53,8 +60,17 @@ class fs_blob_store final : public blob_store {
       auto tdir = open_tenant(tenant, /*create=*/true);
       if (!tdir) return tdir.error();
       // Same content already stored intact: a no-op (compared byte for byte, so a damaged
-      // copy is rewritten below rather than trusted).
-      if (holds_exactly(tdir->get(), hex, bytes)) return "sha256:" + hex;
+      // copy is rewritten below rather than trusted), except that the blob's mtime is
+      // refreshed under the tenant lock, so a collection running now keeps it for its grace
+      // period. If a collection removed it first, it is written again below.
+      if (holds_exactly(tdir->get(), hex, bytes)) {
+        auto lock = detail::file_lock::acquire(tdir->get(), kLockName, true, true);
+        if (!lock) return fail("lock tenant", tenant, lock.error());
+        if (::utimensat(tdir->get(), hex.c_str(), nullptr, AT_SYMLINK_NOFOLLOW) == 0) {
+          return "sha256:" + hex;
+        }
+        if (errno != ENOENT) return fail("touch blob", tenant, sys_error(errno));
+      }
       // Cheap early refusal before writing anything; the exact check is under the lock.
       auto used = scan_usage(tdir->get(), tenant);
       if (!used) return used.error();
@@ -195,7 +211,113 @@ class fs_blob_store final : public blob_store {
         return fail("unlink blob", tenant, sys_error(errno));
       }
       (void)::fsync(tdir->get());
+      // Its pins go with it (a later put of the same content starts unpinned).
+      if (auto pdir = open_pin_tenant(tenant, false)) {
+        (void)detail::remove_tree_at(pdir->get(), hex);
+      }
       return {};
+    });
+  }
+
+  result<void> pin(std::string_view tenant, std::string_view id, std::string_view holder) override {
+    return guard([&]() -> result<void> {
+      if (!is_valid_tenant(tenant) || !is_valid_blob_id(id) || !is_valid_pin_holder(holder)) {
+        return store_error(errc::invalid_argument);
+      }
+      auto tdir = open_tenant(tenant, /*create=*/false);
+      if (!tdir) return tdir.error();
+      auto lock = detail::file_lock::acquire(tdir->get(), kLockName, true, true);
+      if (!lock) return fail("lock tenant", tenant, lock.error());
+      const std::string hex(id.substr(7));
+      struct stat st {};
+      if (::fstatat(tdir->get(), hex.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+          !S_ISREG(st.st_mode)) {
+        return store_error(errc::not_found);
+      }
+      auto pdir = open_pin_tenant(tenant, true);
+      if (!pdir) return pdir.error();
+      auto bdir = detail::ensure_dir_at(pdir->get(), hex, 0700);
+      if (!bdir) return fail("create pin directory", tenant, bdir.error());
+      const std::string name(holder);
+      const int fd =
+          ::openat(bdir->get(), name.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (fd < 0) return fail("create pin", tenant, sys_error(errno));
+      ::close(fd);
+      (void)::fsync(bdir->get());
+      return {};
+    });
+  }
+
+  result<void> unpin(std::string_view tenant, std::string_view id,
+                     std::string_view holder) override {
+    return guard([&]() -> result<void> {
+      if (!is_valid_tenant(tenant) || !is_valid_blob_id(id) || !is_valid_pin_holder(holder)) {
+        return store_error(errc::invalid_argument);
+      }
+      auto pdir = open_pin_tenant(tenant, false);
+      if (!pdir)
+        return pdir.error() == store_error(errc::not_found) ? result<void>{}
+                                                            : result<void>{pdir.error()};
+      const std::string hex(id.substr(7));
+      auto bdir = detail::open_dir_at(pdir->get(), hex);
+      if (!bdir) {
+        if (bdir.error().value() == ENOENT) return {};
+        return fail("open pin directory", tenant, bdir.error());
+      }
+      const std::string name(holder);
+      if (::unlinkat(bdir->get(), name.c_str(), 0) != 0 && errno != ENOENT) {
+        return fail("remove pin", tenant, sys_error(errno));
+      }
+      (void)::unlinkat(pdir->get(), hex.c_str(), AT_REMOVEDIR);  // ENOTEMPTY: other holders
+      return {};
+    });
+  }
+
+  result<std::vector<std::string>> pins(std::string_view tenant,
+                                        std::string_view id) const override {
+    return guard([&]() -> result<std::vector<std::string>> {
+      if (!is_valid_tenant(tenant) || !is_valid_blob_id(id)) {
+        return store_error(errc::invalid_argument);
+      }
+      std::vector<std::string> out;
+      auto pdir = open_pin_tenant(tenant, false);
+      if (!pdir) {
+        if (pdir.error() == store_error(errc::not_found)) return out;
+        return pdir.error();
+      }
+      return holders(pdir->get(), std::string(id.substr(7)), tenant);
+    });
+  }
+
+  result<gc_report> collect_garbage(const gc_options& options) override {
+    return guard([&]() -> result<gc_report> {
+      std::vector<std::string> names = options.tenants;
+      for (const auto& t : names) {
+        if (!is_valid_tenant(t)) return store_error(errc::invalid_argument);
+      }
+      if (names.empty()) {
+        auto all = tenants();
+        if (!all) return all.error();
+        names = std::move(*all);
+      }
+      gc_report report;
+      for (const auto& t : names) {
+        if (auto r = collect_tenant(t, options, report); !r) return r.error();
+      }
+      return report;
+    });
+  }
+
+  result<std::vector<std::string>> tenants() const override {
+    return guard([&]() -> result<std::vector<std::string>> {
+      auto names = detail::list_dir_names(tenants_.get());
+      if (!names) return fail("list tenants", "*", names.error());
+      std::vector<std::string> out;
+      for (auto& n : *names) {
+        if (is_valid_tenant(n)) out.push_back(std::move(n));
+      }
+      std::sort(out.begin(), out.end());
+      return out;
     });
   }
 
@@ -374,6 +496,86 @@ class fs_blob_store final : public blob_store {
     tmp.keep();
     (void)::fsync(tdir);
     return "sha256:" + hex;
+  }
+
+  // `<root>/pins/<tenant>`; `create` makes both levels (0700). Absent: `not_found`.
+  result<unique_fd> open_pin_tenant(std::string_view tenant, bool create) const {
+    auto pins = create ? detail::ensure_dir_at(root_.get(), "pins", 0700)
+                       : detail::open_dir_at(root_.get(), "pins");
+    if (!pins) {
+      if (pins.error().value() == ENOENT && !create) return store_error(errc::not_found);
+      return fail("open pins directory", tenant, pins.error());
+    }
+    const std::string name(tenant);
+    auto fd = create ? detail::ensure_dir_at(pins->get(), name, 0700)
+                     : detail::open_dir_at(pins->get(), name);
+    if (fd) return fd;
+    if (fd.error().value() == ENOENT && !create) return store_error(errc::not_found);
+    return fail("open tenant pins directory", tenant, fd.error());
+  }
+
+  // The holders pinning blob `hex`, sorted (a missing directory: none).
+  result<std::vector<std::string>> holders(int pdir, const std::string& hex,
+                                           std::string_view tenant) const {
+    std::vector<std::string> out;
+    auto bdir = detail::open_dir_at(pdir, hex);
+    if (!bdir) {
+      if (bdir.error().value() == ENOENT) return out;
+      return fail("open pin directory", tenant, bdir.error());
+    }
+    auto names = detail::list_dir_names(bdir->get());
+    if (!names) return fail("list pins", tenant, names.error());
+    for (auto& n : *names) {
+      if (is_valid_pin_holder(n)) out.push_back(std::move(n));
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  // One tenant's collection, under its lock (puts and pins of the tenant wait meanwhile).
+  result<void> collect_tenant(const std::string& tenant, const gc_options& options,
+                              gc_report& report) {
+    auto tdir = open_tenant(tenant, /*create=*/false);
+    if (!tdir)
+      return tdir.error() == store_error(errc::not_found) ? result<void>{}
+                                                          : result<void>{tdir.error()};
+    auto lock = detail::file_lock::acquire(tdir->get(), kLockName, true, true);
+    if (!lock) return fail("lock tenant", tenant, lock.error());
+    auto pdir = open_pin_tenant(tenant, false);
+    if (!pdir && pdir.error() != store_error(errc::not_found)) return pdir.error();
+    auto names = detail::list_dir_names(tdir->get());
+    if (!names) return fail("list tenant", tenant, names.error());
+    std::vector<detail::gc_candidate> blobs;
+    for (const auto& n : *names) {
+      if (!detail::is_hex64(n)) continue;
+      struct stat st {};
+      if (::fstatat(tdir->get(), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+          !S_ISREG(st.st_mode)) {
+        continue;
+      }
+      bool pinned = false;
+      if (pdir) {
+        auto h = holders(pdir->get(), n, tenant);
+        if (!h) return h.error();
+        pinned = !h->empty();
+      }
+      const auto mtime = std::chrono::system_clock::time_point(
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+              std::chrono::seconds(st.st_mtim.tv_sec) +
+              std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
+      blobs.push_back({n, static_cast<std::uint64_t>(st.st_size), mtime, pinned});
+    }
+    const auto now = std::chrono::system_clock::now();
+    for (std::size_t i : detail::select_garbage(blobs, options, now, report)) {
+      if (!options.dry_run && ::unlinkat(tdir->get(), blobs[i].hex.c_str(), 0) != 0 &&
+          errno != ENOENT) {
+        return fail("unlink blob", tenant, sys_error(errno));
+      }
+      report.removed.push_back({tenant, "sha256:" + blobs[i].hex, blobs[i].bytes});
+      report.bytes_removed += blobs[i].bytes;
+    }
+    if (!options.dry_run) (void)::fsync(tdir->get());
+    return {};
   }
 
   unique_fd root_;     // kept open: the store's identity does not change if the path does

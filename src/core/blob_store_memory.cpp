@@ -6,13 +6,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <set>
 #include <string>
 #include <unordered_map>
 
+#include "core/blob_retention.hpp"
 #include "core/sha256.hpp"
 #include "core/store_io.hpp"
 #include "sandbox/blob_store.hpp"
@@ -113,7 +117,8 @@ class memory_blob_store final : public blob_store {
       if (t == tenants_.end()) return store_error(errc::not_found);
       auto b = t->second.blobs.find(std::string(id.substr(7)));
       if (b == t->second.blobs.end()) return store_error(errc::not_found);
-      t->second.used -= b->second->size();
+      t->second.used -= b->second.content->size();
+      t->second.pins.erase(b->first);
       t->second.blobs.erase(b);
       return {};
     });
@@ -127,7 +132,7 @@ class memory_blob_store final : public blob_store {
       auto t = tenants_.find(std::string(tenant));
       if (t == tenants_.end()) return ids;
       ids.reserve(t->second.blobs.size());
-      for (const auto& [hex, content] : t->second.blobs) ids.push_back("sha256:" + hex);
+      for (const auto& [hex, b] : t->second.blobs) ids.push_back("sha256:" + hex);
       return ids;
     });
   }
@@ -141,9 +146,102 @@ class memory_blob_store final : public blob_store {
     });
   }
 
+  result<void> pin(std::string_view tenant, std::string_view id, std::string_view holder) override {
+    return guard([&]() -> result<void> {
+      if (!is_valid_tenant(tenant) || !is_valid_blob_id(id) || !is_valid_pin_holder(holder)) {
+        return store_error(errc::invalid_argument);
+      }
+      std::lock_guard lock(mu_);
+      auto t = tenants_.find(std::string(tenant));
+      if (t == tenants_.end()) return store_error(errc::not_found);
+      const std::string hex(id.substr(7));
+      if (t->second.blobs.count(hex) == 0) return store_error(errc::not_found);
+      t->second.pins[hex].emplace(holder);
+      return {};
+    });
+  }
+
+  result<void> unpin(std::string_view tenant, std::string_view id,
+                     std::string_view holder) override {
+    return guard([&]() -> result<void> {
+      if (!is_valid_tenant(tenant) || !is_valid_blob_id(id) || !is_valid_pin_holder(holder)) {
+        return store_error(errc::invalid_argument);
+      }
+      std::lock_guard lock(mu_);
+      auto t = tenants_.find(std::string(tenant));
+      if (t == tenants_.end()) return {};
+      auto p = t->second.pins.find(std::string(id.substr(7)));
+      if (p == t->second.pins.end()) return {};
+      p->second.erase(std::string(holder));
+      if (p->second.empty()) t->second.pins.erase(p);
+      return {};
+    });
+  }
+
+  result<std::vector<std::string>> pins(std::string_view tenant,
+                                        std::string_view id) const override {
+    return guard([&]() -> result<std::vector<std::string>> {
+      if (!is_valid_tenant(tenant) || !is_valid_blob_id(id)) {
+        return store_error(errc::invalid_argument);
+      }
+      std::vector<std::string> out;
+      std::lock_guard lock(mu_);
+      auto t = tenants_.find(std::string(tenant));
+      if (t == tenants_.end()) return out;
+      auto p = t->second.pins.find(std::string(id.substr(7)));
+      if (p != t->second.pins.end()) out.assign(p->second.begin(), p->second.end());
+      return out;
+    });
+  }
+
+  result<gc_report> collect_garbage(const gc_options& options) override {
+    return guard([&]() -> result<gc_report> {
+      for (const auto& t : options.tenants) {
+        if (!is_valid_tenant(t)) return store_error(errc::invalid_argument);
+      }
+      gc_report report;
+      const auto now = std::chrono::system_clock::now();
+      // One lock for the whole collection: puts and pins wait, so none can interleave with
+      // the decision to remove a blob.
+      std::lock_guard lock(mu_);
+      for (auto& [name, t] : tenants_) {
+        if (!options.tenants.empty() && std::find(options.tenants.begin(), options.tenants.end(),
+                                                  name) == options.tenants.end()) {
+          continue;
+        }
+        std::vector<detail::gc_candidate> blobs;
+        for (const auto& [hex, b] : t.blobs) {
+          blobs.push_back({hex, b.content->size(), b.stored_at, t.pins.count(hex) != 0});
+        }
+        for (std::size_t i : detail::select_garbage(blobs, options, now, report)) {
+          report.removed.push_back({name, "sha256:" + blobs[i].hex, blobs[i].bytes});
+          report.bytes_removed += blobs[i].bytes;
+          if (options.dry_run) continue;
+          t.used -= blobs[i].bytes;
+          t.blobs.erase(blobs[i].hex);
+        }
+      }
+      return report;
+    });
+  }
+
+  result<std::vector<std::string>> tenants() const override {
+    return guard([&]() -> result<std::vector<std::string>> {
+      std::vector<std::string> out;
+      std::lock_guard lock(mu_);
+      for (const auto& [name, t] : tenants_) out.push_back(name);
+      return out;
+    });
+  }
+
  private:
+  struct stored_blob {
+    std::shared_ptr<const std::string> content;
+    std::chrono::system_clock::time_point stored_at;  // last put: the GC grace period
+  };
   struct tenant_blobs {
-    std::unordered_map<std::string, std::shared_ptr<const std::string>> blobs;  // hex → bytes
+    std::unordered_map<std::string, stored_blob> blobs;  // hex → bytes
+    std::map<std::string, std::set<std::string>> pins;   // hex → holders
     std::uint64_t used = 0;
   };
 
@@ -160,11 +258,15 @@ class memory_blob_store final : public blob_store {
                              std::shared_ptr<const std::string> content) {
     std::lock_guard lock(mu_);
     auto& t = tenants_[std::string(tenant)];
+    const auto now = std::chrono::system_clock::now();
     auto it = t.blobs.find(hex);
-    if (it != t.blobs.end()) return "sha256:" + hex;  // same content: a no-op
+    if (it != t.blobs.end()) {
+      it->second.stored_at = now;  // same content: a no-op, but fresh again for the GC
+      return "sha256:" + hex;
+    }
     if (t.used + content->size() > quota_) return store_error(errc::quota_exceeded);
     t.used += content->size();
-    t.blobs.emplace(hex, std::move(content));
+    t.blobs.emplace(hex, stored_blob{std::move(content), now});
     return "sha256:" + hex;
   }
 
@@ -178,7 +280,7 @@ class memory_blob_store final : public blob_store {
     if (t == tenants_.end()) return store_error(errc::not_found);
     auto b = t->second.blobs.find(std::string(id.substr(7)));
     if (b == t->second.blobs.end()) return store_error(errc::not_found);
-    return b->second;
+    return b->second.content;
   }
 
   std::uint64_t quota_;

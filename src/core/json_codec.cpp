@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/json_strict.hpp"
+#include "core/receipt_json.hpp"
 #include "core/text_util.hpp"
 #include "core/ticket_json.hpp"
 #include "sandbox/json.hpp"
@@ -191,7 +192,7 @@ run_result decode_result_body(const json& doc) {
               "files_dropped", "usage", "oom_kills", "timeout_clamped", "memory_clamped",
               "timeout_ms", "memory_limit_bytes", "isolation", "runtime", "egress_attempts",
               "egress_attempts_dropped", "violation", "run_id", "queue", "queue_wait_ms",
-              "backend", "approval"});
+              "backend", "approval", "receipt"});
   run_result r;
   {
     const std::string name = as_string(require_member(o, "", "code"), "code");
@@ -347,6 +348,11 @@ run_result decode_result_body(const json& doc) {
       r.approval = detail::approval_from_json(v, p);
     }
   });
+  // The signed execution receipt (sandbox/receipt.hpp), kept in its canonical form so that
+  // encode(decode(x)) is stable; its signature is checked by `receipt_verifier`, not here.
+  optional_member(o, "", "receipt", [&](const json& v, const std::string& p) {
+    if (!v.is_null()) r.receipt = detail::canonical_receipt_document(v, p);
+  });
   return r;
 }
 
@@ -469,6 +475,12 @@ std::string encode(const run_result& r) {
   j["queue_wait_ms"] = r.queue_wait.count();
   j["backend"] = r.backend;
   j["approval"] = r.approval ? detail::approval_to_json(*r.approval) : ordered_json(nullptr);
+  // Only when signed: results of hosts without receipts keep their form. A receipt that is
+  // not JSON (set by hand, not by a signer) is written as null rather than thrown on.
+  if (r.receipt) {
+    auto doc = ordered_json::parse(*r.receipt, nullptr, /*allow_exceptions=*/false);
+    j["receipt"] = doc.is_discarded() ? ordered_json(nullptr) : std::move(doc);
+  }
   return detail::dump_compact(j);
 }
 

@@ -261,6 +261,7 @@ error_code runtime_impl::init(runtime_options o) noexcept {
     policy_ = o.policy;
     spans_ = o.spans;
     approver_ = o.approver;
+    receipt_signer_ = o.receipt_signer;
     scheduler_ = scheduler::create(executor_, o.scheduler);
     if (o.state_dir.empty()) o.state_dir = default_state_dir();
     if (auto ec = open_stores(o)) return ec;
@@ -1319,6 +1320,23 @@ void run_op::finish(error_code ec, run_result r, bool post) noexcept {
     c = take_locked();
   }
   if (!c) return;  // already completed (aborted by shutdown, or cancelled)
+  // A run a backend ran gets a signed receipt of what the host observed, under the ticket
+  // it ran under (the derived one after an approval). Signing never fails the run: a
+  // signer failure is logged and the result goes out without a receipt.
+  if (const auto& signer = rt_->receipt_signer(); signer && !ec && !r.backend.empty()) {
+    try {
+      auto doc =
+          signer->sign(make_receipt_claims(request_, ticket_, r, std::chrono::system_clock::now()));
+      if (doc) {
+        r.receipt = std::move(*doc);
+      } else {
+        rt_->log(log_level::error,
+                 "run " + run_id_ + ": receipt not signed: " + doc.error().message());
+      }
+    } catch (...) {
+      rt_->log(log_level::error, "run " + run_id_ + ": receipt not signed (out of memory)");
+    }
+  }
   rt_->record_span(*this, ec, r);
   deliver(std::move(*c), ec, std::move(r), post);
 }
@@ -1430,6 +1448,13 @@ std::vector<backend_status> runtime::backends() const {
 host_catalog runtime::catalog() const { return impl_ ? impl_->catalog() : host_catalog{}; }
 
 std::shared_ptr<blob_store> runtime::blobs() const { return impl_ ? impl_->blobs() : nullptr; }
+
+boost::system::result<run_result, rejection> runtime::replay(const run_record& record,
+                                                             const ticket& ticket) const {
+  auto store = blobs();
+  if (!store) return rejection{code::internal, "replay: the runtime has no blob store"};
+  return replay_run(*store, record, ticket);
+}
 
 std::shared_ptr<image_store> runtime::images() const {
   return impl_ ? impl_->images() : nullptr;

@@ -92,6 +92,10 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   const std::shared_ptr<scheduler>& sched() const noexcept { return scheduler_; }
   /// The host's approver (null: none). Immutable after init().
   const std::shared_ptr<sandbox::approver>& approver() const noexcept { return approver_; }
+  /// Signs each run's receipt; null when receipts are off.
+  const std::shared_ptr<const sandbox::receipt_signer>& receipt_signer() const noexcept {
+    return receipt_signer_;
+  }
 
  private:
   boost::system::error_code open_stores(runtime_options& o);
@@ -126,6 +130,7 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   std::shared_ptr<span_sink> spans_;
   std::shared_ptr<scheduler> scheduler_;
   std::shared_ptr<sandbox::approver> approver_;
+  std::shared_ptr<const sandbox::receipt_signer> receipt_signer_;
   log_sink log_;
 
   mutable std::mutex mu_;  // guards everything below

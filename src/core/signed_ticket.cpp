@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "core/base64url.hpp"
+#include "core/ed25519.hpp"
 #include "core/json_strict.hpp"
 #include "core/text_util.hpp"
 #include "core/ticket_json.hpp"
@@ -30,145 +31,13 @@ using nlohmann::ordered_json;
 namespace fs = std::filesystem;
 using time_point = std::chrono::system_clock::time_point;
 
-constexpr std::size_t max_key_file_bytes = 64 * 1024;
-constexpr std::size_t ed25519_signature_bytes = 64;
-
-struct pkey_deleter {
-  void operator()(EVP_PKEY* k) const noexcept { EVP_PKEY_free(k); }
-};
-using pkey_ptr = std::unique_ptr<EVP_PKEY, pkey_deleter>;
-struct bio_deleter {
-  void operator()(BIO* b) const noexcept { BIO_free(b); }
-};
-using bio_ptr = std::unique_ptr<BIO, bio_deleter>;
-struct md_ctx_deleter {
-  void operator()(EVP_MD_CTX* c) const noexcept { EVP_MD_CTX_free(c); }
-};
-using md_ctx_ptr = std::unique_ptr<EVP_MD_CTX, md_ctx_deleter>;
-
-/// Refuses every passphrase prompt: an encrypted key is an error, never a hang on a terminal.
-int no_passphrase(char* /*buf*/, int /*size*/, int /*rwflag*/, void* /*u*/) { return -1; }
-
-boost::system::error_code errno_code(int err) {
-  switch (err) {
-    case ENOENT:
-    case ENOTDIR:
-      return make_error_code(errc::not_found);
-    case EEXIST:
-      return make_error_code(errc::already_exists);
-    case EACCES:
-    case EPERM:
-      return make_error_code(errc::permission_denied);
-    case ELOOP:
-      return make_error_code(errc::invalid_argument);
-    default:
-      return make_error_code(errc::io_error);
-  }
-}
-
-/// Reads a small regular file (key files): at most `max_key_file_bytes`.
-result<std::string> read_small_file(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return errno_code(errno);
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return make_error_code(errc::invalid_argument);
-  }
-  std::string out;
-  std::array<char, 8192> buf{};
-  for (;;) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return errno_code(err);
-    }
-    if (n == 0) break;
-    out.append(buf.data(), static_cast<std::size_t>(n));
-    if (out.size() > max_key_file_bytes) {
-      ::close(fd);
-      return make_error_code(errc::too_large);
-    }
-  }
-  ::close(fd);
-  return out;
-}
-
-bool is_ed25519(const EVP_PKEY* k) noexcept {
-  return k != nullptr && EVP_PKEY_get_id(k) == EVP_PKEY_ED25519;
-}
-
-pkey_ptr read_private_pem(std::string_view pem) {
-  if (pem.size() > max_key_file_bytes) return nullptr;
-  bio_ptr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
-  if (!bio) return nullptr;
-  pkey_ptr k(PEM_read_bio_PrivateKey(bio.get(), nullptr, no_passphrase, nullptr));
-  if (!is_ed25519(k.get())) return nullptr;
-  return k;
-}
-
-pkey_ptr read_public_pem(std::string_view pem) {
-  if (pem.size() > max_key_file_bytes) return nullptr;
-  bio_ptr bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
-  if (!bio) return nullptr;
-  pkey_ptr k(PEM_read_bio_PUBKEY(bio.get(), nullptr, no_passphrase, nullptr));
-  if (!is_ed25519(k.get())) return nullptr;
-  return k;
-}
-
-std::optional<std::string> bio_text(BIO* bio) {
-  char* data = nullptr;
-  const long n = BIO_get_mem_data(bio, &data);
-  if (n <= 0 || data == nullptr) return std::nullopt;
-  return std::string(data, static_cast<std::size_t>(n));
-}
-
-std::optional<std::string> public_pem_of(EVP_PKEY* k) {
-  bio_ptr bio(BIO_new(BIO_s_mem()));
-  if (!bio || PEM_write_bio_PUBKEY(bio.get(), k) != 1) return std::nullopt;
-  return bio_text(bio.get());
-}
-
-std::optional<std::string> ed25519_sign(EVP_PKEY* k, std::string_view message) {
-  md_ctx_ptr ctx(EVP_MD_CTX_new());
-  if (!ctx || EVP_DigestSignInit(ctx.get(), nullptr, nullptr, nullptr, k) != 1) {
-    return std::nullopt;
-  }
-  std::string sig(ed25519_signature_bytes, '\0');
-  std::size_t len = sig.size();
-  if (EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(sig.data()), &len,
-                     reinterpret_cast<const unsigned char*>(message.data()), message.size()) != 1 ||
-      len != ed25519_signature_bytes) {
-    return std::nullopt;
-  }
-  return sig;
-}
-
-bool ed25519_verify(EVP_PKEY* k, std::string_view message, std::string_view sig) {
-  if (sig.size() != ed25519_signature_bytes) return false;
-  md_ctx_ptr ctx(EVP_MD_CTX_new());
-  if (!ctx || EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr, k) != 1) return false;
-  return EVP_DigestVerify(ctx.get(), reinterpret_cast<const unsigned char*>(sig.data()), sig.size(),
-                          reinterpret_cast<const unsigned char*>(message.data()),
-                          message.size()) == 1;
-}
-
-/// "k1" from ".../k1.pub.pem" (or ".../k1.pem"; `strip_pub` also strips ".pub").
-std::string kid_from_file_name(const fs::path& p, bool strip_pub) {
-  std::string name = p.filename().string();
-  auto strip = [&](std::string_view suffix) {
-    if (name.size() > suffix.size() && name.ends_with(suffix)) {
-      name.resize(name.size() - suffix.size());
-      return true;
-    }
-    return false;
-  };
-  if (strip_pub && strip(".pub.pem")) return name;
-  strip(".pem");
-  return name;
-}
+using detail::ed25519_sign;
+using detail::ed25519_signature_bytes;
+using detail::ed25519_verify;
+using detail::kid_from_file_name;
+using detail::pkey_ptr;
+using detail::public_pem_of;
+using detail::read_private_pem;
 
 /// The signed document's JSON without `sig` (the signing input) — members in the
 /// documented order — given its canonical parts.
@@ -212,12 +81,7 @@ std::string field(const std::string& path, std::string_view key) {
 result<ed25519_key_pem> generate_ed25519_key() {
   pkey_ptr k(EVP_PKEY_Q_keygen(nullptr, nullptr, "ED25519"));
   if (!k) return make_error_code(errc::io_error);
-  bio_ptr priv(BIO_new(BIO_s_mem()));
-  if (!priv ||
-      PEM_write_bio_PrivateKey(priv.get(), k.get(), nullptr, nullptr, 0, nullptr, nullptr) != 1) {
-    return make_error_code(errc::io_error);
-  }
-  auto priv_text = bio_text(priv.get());
+  auto priv_text = detail::private_pem_of(k.get());
   auto pub_text = public_pem_of(k.get());
   if (!priv_text || !pub_text) return make_error_code(errc::io_error);
   return ed25519_key_pem{std::move(*priv_text), std::move(*pub_text)};
@@ -228,14 +92,14 @@ result<void> write_ed25519_key_files(const fs::path& dir, std::string_view kid) 
   auto keys = generate_ed25519_key();
   if (!keys) return keys.error();
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return errno_code(errno);
+  if (dfd < 0) return detail::key_file_error(errno);
   const std::string priv_name = std::string(kid) + ".pem";
   const std::string pub_name = std::string(kid) + ".pub.pem";
   auto write_new = [&](const std::string& name, const std::string& text,
                        mode_t mode) -> boost::system::error_code {
     const int fd =
         ::openat(dfd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-    if (fd < 0) return errno_code(errno);
+    if (fd < 0) return detail::key_file_error(errno);
     std::size_t off = 0;
     while (off < text.size()) {
       const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
@@ -279,7 +143,7 @@ result<ticket_signer> ticket_signer::from_pem(std::string kid, std::string_view 
 }
 
 result<ticket_signer> ticket_signer::load(const fs::path& private_key_file, std::string kid) {
-  auto text = read_small_file(private_key_file);
+  auto text = detail::read_key_file(private_key_file);
   if (!text) return text.error();
   if (kid.empty()) kid = kid_from_file_name(private_key_file, false);
   return from_pem(std::move(kid), *text);
@@ -346,65 +210,37 @@ result<std::string> ticket_signer::sign(const ticket& t, std::string_view parent
 // --- verifier ---------------------------------------------------------------------------
 
 struct ticket_verifier::impl {
-  std::map<std::string, pkey_ptr, std::less<>> keys;
+  detail::ed25519_keyring keys;
 };
 
 ticket_verifier::ticket_verifier() : impl_(std::make_shared<impl>()) {}
 
 result<void> ticket_verifier::add_key(std::string kid, std::string_view public_pem) {
-  if (!is_valid_key_id(kid)) return make_error_code(errc::invalid_argument);
-  auto k = read_public_pem(public_pem);
-  if (!k) return make_error_code(errc::invalid_argument);
-  if (impl_->keys.count(kid) != 0) return make_error_code(errc::already_exists);
   // Copy on write: copies of this verifier keep the keys they had.
-  auto next = std::make_shared<impl>();
-  for (const auto& [id, key] : impl_->keys) {
-    EVP_PKEY_up_ref(key.get());
-    next->keys.emplace(id, pkey_ptr(key.get()));
-  }
-  next->keys.emplace(std::move(kid), std::move(k));
+  auto next = std::make_shared<impl>(*impl_);
+  if (auto r = next->keys.add_key(std::move(kid), public_pem); !r) return r;
   impl_ = std::move(next);
   return {};
 }
 
 result<void> ticket_verifier::load_key(const fs::path& public_key_file, std::string kid) {
-  auto text = read_small_file(public_key_file);
-  if (!text) return text.error();
-  if (kid.empty()) kid = kid_from_file_name(public_key_file, true);
-  return add_key(std::move(kid), *text);
+  auto next = std::make_shared<impl>(*impl_);
+  if (auto r = next->keys.load_key(public_key_file, std::move(kid)); !r) return r;
+  impl_ = std::move(next);
+  return {};
 }
 
 result<std::size_t> ticket_verifier::load_keys(const fs::path& file_or_dir) {
-  std::error_code fec;
-  const auto st = fs::status(file_or_dir, fec);
-  if (fec) return errno_code(fec.value());
-  if (!fs::is_directory(st)) {
-    if (auto r = load_key(file_or_dir); !r) return r.error();
-    return std::size_t{1};
-  }
-  std::vector<fs::path> files;
-  for (fs::directory_iterator it(file_or_dir, fec), end; !fec && it != end; it.increment(fec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() > 8 && name.ends_with(".pub.pem")) files.push_back(it->path());
-  }
-  if (fec) return errno_code(fec.value());
-  if (files.empty()) return make_error_code(errc::not_found);
-  std::sort(files.begin(), files.end());
-  ticket_verifier staged = *this;
-  for (const auto& f : files) {
-    if (auto r = staged.load_key(f); !r) return r.error();
-  }
-  *this = std::move(staged);
-  return files.size();
+  auto next = std::make_shared<impl>(*impl_);
+  auto n = next->keys.load_keys(file_or_dir);
+  if (!n) return n.error();
+  impl_ = std::move(next);
+  return *n;
 }
 
 bool ticket_verifier::empty() const noexcept { return impl_->keys.empty(); }
 
-std::vector<std::string> ticket_verifier::key_ids() const {
-  std::vector<std::string> out;
-  for (const auto& [id, key] : impl_->keys) out.push_back(id);
-  return out;
-}
+std::vector<std::string> ticket_verifier::key_ids() const { return impl_->keys.key_ids(); }
 
 namespace {
 
@@ -480,14 +316,14 @@ boost::system::result<ticket, rejection> ticket_verifier::verify(std::string_vie
       }
       // Structure (and, for the parent, the same structure again: cheap and bounded).
       parsed_document self = parse_document(d, path, depth);
-      const auto key = keys.find(self.kid);
-      if (key == keys.end()) {
+      EVP_PKEY* const key = keys.find(self.kid);
+      if (key == nullptr) {
         throw refused((path.empty() ? "" : path + ": ") + "unknown key id " +
                       detail::quote_for_message(self.kid));
       }
       const ordered_json input = signing_input(detail::ticket_to_json(self.t),
                                                parent ? &parent->canonical : nullptr, self.kid);
-      if (!ed25519_verify(key->second.get(), detail::dump_compact(input), self.sig)) {
+      if (!ed25519_verify(key, detail::dump_compact(input), self.sig)) {
         throw refused((path.empty() ? "" : path + ": ") + "bad signature (key " +
                       detail::quote_for_message(self.kid) + ")");
       }

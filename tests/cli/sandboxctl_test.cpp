@@ -286,6 +286,72 @@ TEST_CASE("blob: put, get, ls, rm round trip", "[input][blob]") {
   check_no_host_path(gone.err);
 }
 
+TEST_CASE("blob: pin, gc and a dry run; bad gc options are usage errors", "[input][blob][gc]") {
+  const auto flags = clitest::private_store_flags();
+  auto put = [&](const std::string& content) {
+    auto o = sandboxctl(with({"blob", "put", "-", "--tenant", "gcdemo"}, flags), content);
+    REQUIRE(o.status == 0);
+    return o.out.substr(0, o.out.size() - 1);
+  };
+  const std::string kept = put("pinned bytes");
+  const std::string loose = put("loose bytes");
+  REQUIRE(sandboxctl(with({"blob", "pin", kept, "--holder", "rec-1", "--tenant", "gcdemo"}, flags))
+              .status == 0);
+  // Default grace period (1 h): both are fresh, nothing goes.
+  auto gc = sandboxctl(with({"blob", "gc", "--tenant", "gcdemo"}, flags));
+  REQUIRE(gc.status == 0);
+  CHECK(gc.out == "removed 0 blobs (0 bytes); kept 1 pinned, 1 recent, 0 by size\n");
+  auto dry = sandboxctl(
+      with({"blob", "gc", "--tenant", "gcdemo", "--older-than", "0s", "--dry-run"}, flags));
+  REQUIRE(dry.status == 0);
+  CHECK(contains(dry.out, "would remove gcdemo " + loose + " 11\n"));
+  CHECK(sandboxctl(with({"blob", "get", loose, "--tenant", "gcdemo"}, flags)).status == 0);
+  gc = sandboxctl(with({"blob", "gc", "--tenant", "gcdemo", "--older-than", "0s"}, flags));
+  REQUIRE(gc.status == 0);
+  CHECK(contains(gc.out, "removed gcdemo " + loose + " 11\n"));
+  CHECK(sandboxctl(with({"blob", "get", loose, "--tenant", "gcdemo"}, flags)).status == 1);
+  CHECK(sandboxctl(with({"blob", "get", kept, "--tenant", "gcdemo"}, flags)).status == 0);
+  REQUIRE(
+      sandboxctl(with({"blob", "unpin", kept, "--holder", "rec-1", "--tenant", "gcdemo"}, flags))
+          .status == 0);
+  gc = sandboxctl(with({"blob", "gc", "--tenant", "gcdemo", "--older-than", "0s"}, flags));
+  CHECK(contains(gc.out, "removed gcdemo " + kept));
+
+  usage_error(sandboxctl(with({"blob", "gc", "--older-than", "-1s"}, flags)), "--older-than");
+  usage_error(sandboxctl(with({"blob", "gc", "--older-than", "1w"}, flags)), "--older-than");
+  usage_error(sandboxctl(with({"blob", "gc", "--older-than", "99999999999999d"}, flags)),
+              "--older-than");
+  usage_error(sandboxctl(with({"blob", "gc", "--target-bytes", "x"}, flags)), "--target-bytes");
+  usage_error(sandboxctl(with({"blob", "gc", "extra"}, flags)), "unexpected argument");
+  usage_error(sandboxctl(with({"blob", "pin", kept, "--tenant", "gcdemo"}, flags)), "--holder");
+  auto bad_holder =
+      sandboxctl(with({"blob", "pin", kept, "--holder", "../x", "--tenant", "gcdemo"}, flags));
+  CHECK(bad_holder.status == 1);
+  CHECK(contains(bad_holder.err, "blob pin: invalid argument"));
+}
+
+TEST_CASE("receipt verify: usage errors and unreadable documents", "[input][receipt]") {
+  const std::filesystem::path keys = clitest::scratch() / "cli-receipt-keys";
+  std::filesystem::create_directories(keys);
+  if (!std::filesystem::exists(keys / "r1.pem")) {
+    REQUIRE(sandboxctl({"ticket", "keygen", "--kid", "r1", "--out", keys.string()}).status == 0);
+  }
+  const std::string pub = (keys / "r1.pub.pem").string();
+  usage_error(sandboxctl({"receipt", "verify", "x.json"}), "--trusted-keys and FILE needed");
+  usage_error(sandboxctl({"receipt", "frob"}), "expected verify");
+  usage_error(sandboxctl({"receipt", "verify", "--trusted-keys", "/nonexistent", "x.json"}),
+              "--trusted-keys");
+  auto junk = sandboxctl({"receipt", "verify", "--trusted-keys", pub,
+                          clitest::write_scratch("junk.json", "{\"v\":1}").string()});
+  CHECK(junk.status == 1);
+  CHECK(contains(junk.err, "receipt verify: receipt: receipt: required field is missing"));
+  auto no_receipt =
+      sandboxctl({"receipt", "verify", "--trusted-keys", pub,
+                  clitest::write_scratch("plain-result.json", "{\"code\":\"ok\"}").string()});
+  CHECK(no_receipt.status == 1);
+  CHECK(contains(no_receipt.err, "the result carries no receipt"));
+}
+
 TEST_CASE("blob: bad ids, tenants and options", "[input][blob]") {
   const auto flags = clitest::private_store_flags();
   auto bad_id = sandboxctl(with({"blob", "get", "sha256:XYZ", "--tenant", "acme"}, flags));
@@ -297,7 +363,7 @@ TEST_CASE("blob: bad ids, tenants and options", "[input][blob]") {
       "not both");
   usage_error(sandboxctl(with({"blob", "get", "--tenant", "acme"}, flags)), "ID missing");
   usage_error(sandboxctl(with({"blob", "frob", "--tenant", "acme"}, flags)),
-              "expected put, get, rm or ls");
+              "expected put, get, rm, ls, pin, unpin or gc");
   usage_error(
       sandboxctl(with({"blob", "put", (clitest::scratch() / "absent").string(), "--tenant", "acme"},
                       flags)),

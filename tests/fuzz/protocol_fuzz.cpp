@@ -1,8 +1,8 @@
 // Fuzz target for the protocol decoders (libFuzzer interface; tests/fuzz/replay_main.cpp
 // replays a corpus through it under g++).
 //
-// For every input: decode it as a run_request, a run_result, a ticket, an approval request
-// and a signed ticket document. Whatever decodes
+// For every input: decode it as a run_request, a run_result, a ticket, an approval request,
+// a signed ticket document, a run record and an execution receipt. Whatever decodes
 // must re-encode to JSON that decodes to the same value (else abort()); every rejection must
 // be invalid_request with a message that is valid UTF-8 without control characters and of
 // bounded size. Decoded requests also go through admission, whose admitted values must
@@ -18,6 +18,8 @@
 #include "sandbox/admission.hpp"
 #include "sandbox/egress.hpp"
 #include "sandbox/json.hpp"
+#include "sandbox/receipt.hpp"
+#include "sandbox/record.hpp"
 #include "sandbox/signed_ticket.hpp"
 #include "sandbox/ticket.hpp"
 
@@ -192,6 +194,28 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } else {
     if (t.error().code != sandbox::code::action_denied) fail("verify code", t.error().message);
     check_message(t.error().message);
+  }
+
+  if (auto rec = sandbox::decode_run_record(input)) {
+    const std::string text = sandbox::encode(*rec);
+    auto again = sandbox::decode_run_record(text);
+    if (!again || *again != *rec) fail("run_record round trip", text);
+    if (sandbox::encode(*again) != text) fail("run_record encoding is not stable", text);
+  } else {
+    check_rejection(rec);
+  }
+
+  // A receipt: no key the fuzzer knows verifies, so every input is refused cleanly.
+  static const sandbox::receipt_verifier receipts = [] {
+    sandbox::receipt_verifier v;
+    auto keys = sandbox::generate_ed25519_key();
+    if (!keys || !v.add_key("r1", keys->public_pem)) fail("receipt verifier setup");
+    return v;
+  }();
+  if (auto c = receipts.verify(input)) {
+    fail("a made-up receipt verified");
+  } else {
+    check_rejection(c);
   }
   return 0;
 }

@@ -751,3 +751,151 @@ TEST_CASE("with --trusted-keys the daemon accepts only signed tickets", "[servic
   CHECK(r["code"] == "action_denied");
   CHECK(r["message"] == "source: not the source the ticket's approval is for");
 }
+
+TEST_CASE(
+    "replay over the socket answers the stored result; receipts verify; GC keeps pinned "
+    "blobs and replay names a collected one",
+    "[service][replay]") {
+  const fs::path keys = clitest::scratch() / "svc-receipt-keys";
+  fs::create_directories(keys);
+  if (!fs::exists(keys / "rcpt.pem")) {
+    REQUIRE(
+        clitest::sandboxctl({"ticket", "keygen", "--kid", "rcpt", "--out", keys.string()}).status ==
+        0);
+  }
+  svctest::daemon d({"--receipt-key", (keys / "rcpt.pem").string()});
+  svctest::client c(d.socket());
+  const json t = svctest::ticket("replaytest");
+  // Random output: a second execution would print something else, a replay cannot.
+  c.send(json{{"id", "run"},
+              {"ticket", t},
+              {"request", python("import random; print(random.random())")},
+              {"record", true}}
+             .dump() +
+         "\n");
+  const json a = c.answer();
+  INFO(a.dump().substr(0, 600));
+  REQUIRE(a.contains("result"));
+  REQUIRE(a["result"]["code"] == "ok");
+  REQUIRE(a.contains("record"));
+  const json record = a["record"];
+  CHECK(record["result"] == a["result"]);
+  CHECK(record["tenant"] == "replaytest");
+  CHECK(record["record_id"] == a["result"]["run_id"]);
+
+  // The receipt verifies against the daemon's public key, alone and inside its result; a
+  // result whose figures were edited does not match it.
+  REQUIRE(a["result"].contains("receipt"));
+  const auto pub = (keys / "rcpt.pub.pem").string();
+  auto result_file = clitest::write_scratch("svc-result.json", a["result"].dump());
+  auto ok = clitest::sandboxctl({"receipt", "verify", "--trusted-keys", pub, result_file.string()});
+  INFO(ok.err);
+  CHECK(ok.status == 0);
+  CHECK(json::parse(ok.out)["run_id"] == a["result"]["run_id"]);
+  json edited = a["result"];
+  edited["usage"]["cpu_ms"] = edited["usage"]["cpu_ms"].get<std::int64_t>() + 1;
+  auto bad =
+      clitest::sandboxctl({"receipt", "verify", "--trusted-keys", pub,
+                           clitest::write_scratch("svc-edited.json", edited.dump()).string()});
+  CHECK(bad.status == 1);
+  CHECK(contains(bad.err, "usage differs"));
+  json forged = a["result"]["receipt"];
+  forged["receipt"]["code"] = "timeout";
+  bad = clitest::sandboxctl({"receipt", "verify", "--trusted-keys", pub,
+                             clitest::write_scratch("svc-forged.json", forged.dump()).string()});
+  CHECK(bad.status == 1);
+  CHECK(contains(bad.err, "receipt: bad signature (key 'rcpt')"));
+
+  auto replay = [&](const std::string& id) {
+    c.send(json{{"id", id}, {"replay", {{"ticket", t}, {"record", record}}}}.dump() + "\n");
+    auto r = c.answer();
+    INFO(r.dump().substr(0, 600));
+    REQUIRE(r.contains("result"));
+    return r["result"];
+  };
+  CHECK(replay("replay-1") == a["result"]);
+
+  // Pin the record's blobs, then collect everything unpinned of the tenant: replay still works.
+  const std::string blob_dir = (clitest::scratch() / "blobs").string();
+  std::vector<std::string> blobs{a["result"]["stdout"]["blob"], a["result"]["stderr"]["blob"]};
+  for (const auto& f : a["result"]["files_out"]) blobs.push_back(f["blob"]);
+  for (const auto& b : blobs) {
+    if (b.empty()) continue;
+    auto p = clitest::sandboxctl({"blob", "pin", b, "--holder", record["record_id"], "--tenant",
+                                  "replaytest", "--blob-dir", blob_dir});
+    INFO(p.err);
+    REQUIRE(p.status == 0);
+  }
+  auto gc = clitest::sandboxctl(
+      {"blob", "gc", "--older-than", "0s", "--tenant", "replaytest", "--blob-dir", blob_dir});
+  INFO(gc.err);
+  REQUIRE(gc.status == 0);
+  CHECK(contains(gc.out, "kept "));
+  CHECK(replay("replay-2") == a["result"]);
+
+  // Unpinned and collected: replay says which blob is gone, and never runs the code again.
+  for (const auto& b : blobs) {
+    if (b.empty()) continue;
+    REQUIRE(clitest::sandboxctl({"blob", "unpin", b, "--holder", record["record_id"], "--tenant",
+                                 "replaytest", "--blob-dir", blob_dir})
+                .status == 0);
+  }
+  gc = clitest::sandboxctl(
+      {"blob", "gc", "--older-than", "0s", "--tenant", "replaytest", "--blob-dir", blob_dir});
+  REQUIRE(gc.status == 0);
+  CHECK(contains(gc.out, "removed "));
+  const json gone = replay("replay-3");
+  CHECK(gone["code"] == "blob_not_found");
+  CHECK(gone["message"] == "replay: result.stdout.blob " + blobs[0] + " not found");
+
+  // Another tenant's ticket, and a malformed record, are refused with their codes.
+  c.send(
+      json{{"id", "other"}, {"replay", {{"ticket", svctest::ticket("acme")}, {"record", record}}}}
+          .dump() +
+      "\n");
+  auto other = c.answer();
+  CHECK(other["result"]["code"] == "action_denied");
+  json broken = record;
+  broken["request_sha256"] = "nope";
+  c.send(json{{"id", "broken"}, {"replay", {{"ticket", t}, {"record", broken}}}}.dump() + "\n");
+  auto b = c.answer();
+  CHECK(b["result"]["code"] == "invalid_request");
+  CHECK(contains(b["result"]["message"], "replay.record: run record: request_sha256"));
+  c.send(json{{"id", "extra"}, {"replay", {{"ticket", t}, {"record", record}, {"x", 1}}}}.dump() +
+         "\n");
+  auto e = c.answer();
+  CHECK(e["error"]["code"] == "invalid_request");
+  CHECK(contains(e["error"]["message"], "replay: unknown field 'x'"));
+}
+
+TEST_CASE("the Python client checkpoints a run's record and replays it on a new connection",
+          "[service][replay]") {
+  svctest::daemon d;
+  const std::string script = R"py(
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from sandbox_client import SandboxClient
+sock, ticket, checkpoint = sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+src = "import secrets\nprint(secrets.token_hex(8))\n"
+with SandboxClient(sock) as sb:
+    result, record = sb.run_with_record(ticket, {"runtime": "python3", "source": src}, timeout=120)
+with open(checkpoint, "w") as f:
+    json.dump(record, f)
+# "Restart": a new connection, the record read back from the checkpoint file.
+with open(checkpoint) as f:
+    record = json.load(f)
+with SandboxClient(sock) as sb:
+    again = sb.replay(ticket, record, timeout=60)
+print(json.dumps({"first": result, "again": again}))
+)py";
+  auto p = svctest::spawn({"/usr/bin/python3", "-c", script,
+                           SANDBOX_SOURCE_DIR "/examples/python_client", d.socket().string(),
+                           svctest::ticket().dump(),
+                           (clitest::scratch() / "py-checkpoint.json").string()});
+  auto o = svctest::wait(p);
+  INFO("stdout: " << o.out << "\nstderr: " << o.err << "\ndaemon: " << d.log());
+  REQUIRE(o.status == 0);
+  const json out = json::parse(o.out);
+  CHECK(out["first"]["code"] == "ok");
+  CHECK(out["again"] == out["first"]);  // the random token was not produced a second time
+}
