@@ -899,3 +899,48 @@ print(json.dumps({"first": result, "again": again}))
   CHECK(out["first"]["code"] == "ok");
   CHECK(out["again"] == out["first"]);  // the random token was not produced a second time
 }
+
+TEST_CASE("a registered tool runs over the socket: the model's bytes on stdin, the name from "
+          "the daemon's registry; a ticket without the tool is refused",
+          "[service][tools]") {
+  // The "tools" image (tools/setup.sh) holds cmark; the registry comes from --config.
+  const auto config = clitest::write_scratch(
+      "svc-tools.json",
+      R"({"v":1,"tools":[{"name":"markdown","image":"tools","binary":"/usr/bin/cmark"}]})");
+  svctest::daemon d({"--config", config.string()});
+  svctest::client c(d.socket());
+  json t = svctest::ticket("toolsvc");
+  t["actions"] = {"tool.run"};
+  t["tools"] = {"markdown"};
+  c.send(json{{"id", "md"},
+              {"ticket", t},
+              {"request", {{"tool", "markdown"}, {"stdin", "# Quote\n\n*ocean*, 24 days\n"}}}}
+             .dump() +
+         "\n");
+  const json a = c.answer();
+  INFO(a.dump().substr(0, 800));
+  REQUIRE(a.contains("result"));
+  CHECK(a["id"] == "md");
+  CHECK(a["result"]["code"] == "ok");
+  CHECK(a["result"]["stdout"]["summary"] == "<h1>Quote</h1>\n<p><em>ocean</em>, 24 days</p>\n");
+  CHECK(a["result"]["runtime"]["name"] == "markdown");
+
+  // The same ticket cannot run code, and a ticket for code cannot run the tool.
+  c.send(json{{"id", "code-under-tool-ticket"}, {"ticket", t}, {"request", python("print(1)")}}
+             .dump() +
+         "\n");
+  const json b = c.answer();
+  INFO(b.dump().substr(0, 800));
+  REQUIRE(b.contains("result"));
+  CHECK(b["result"]["code"] == "action_denied");
+  c.send(json{{"id", "tool-under-code-ticket"},
+              {"ticket", svctest::ticket("toolsvc")},
+              {"request", {{"tool", "markdown"}, {"stdin", "x"}}}}
+             .dump() +
+         "\n");
+  const json e = c.answer();
+  INFO(e.dump().substr(0, 800));
+  REQUIRE(e.contains("result"));
+  CHECK(e["result"]["code"] == "action_denied");
+  CHECK(contains(e["result"].value("message", ""), "tool.run"));
+}
