@@ -6,6 +6,8 @@
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/async_result.hpp>
+#include <boost/asio/post.hpp>
+#include <chrono>
 #include <boost/system/error_code.hpp>
 #include <cstdint>
 #include <filesystem>
@@ -20,6 +22,7 @@
 #include "sandbox/code.hpp"
 #include "sandbox/policy.hpp"
 #include "sandbox/protocol.hpp"
+#include "sandbox/session.hpp"
 
 namespace sandbox {
 
@@ -57,6 +60,14 @@ struct run_job {
   /// The runtime's executor. Backends without an executor of their own (the fake) run their
   /// timers on it, so nothing of a run outlives the execution context it belongs to.
   boost::asio::any_io_executor executor;
+};
+
+/// What a backend needs beyond the `run_job` to run it as a session (sandbox/session.hpp).
+/// The job's `runtime.argv` is the server's argv (used as is: no `{source}`), its
+/// `admitted.request.timeout` the session's maximum lifetime.
+struct session_job {
+  std::chrono::milliseconds idle_timeout{std::chrono::minutes(2)};  ///< no byte either way
+  std::uint32_t stdin_buffer_bytes = 64 * 1024;  ///< host-side stdin buffer (bytes)
 };
 
 /// One warm pool's figures (sandbox/runtime.hpp `warm_pool_class`).
@@ -103,6 +114,24 @@ class backend {
 
   /// Warm pools of this backend (empty when it keeps none).
   virtual std::vector<pool_stats> warm_pool_stats() const { return {}; }
+
+  using session_handler =
+      boost::asio::any_completion_handler<void(boost::system::error_code, session_start)>;
+  /**
+   * Starts `job` as a long-lived session: the program's stdin and stdout are live pipes of
+   * the returned `session`. Completes once (posted to the handler's associated executor, or
+   * `job.executor`) when the program has started — `session_start::session` set — or could
+   * not (`code` and `message` say why; nothing is left running). The default: the backend
+   * has no sessions (`runtime_unavailable`).
+   */
+  virtual void open_session(run_job job, session_job s, session_handler handler) {
+    (void)s;
+    detail::post_completion(job.executor, std::move(handler), boost::system::error_code{},
+                            session_start{.session = nullptr,
+                                          .code = sandbox::code::runtime_unavailable,
+                                          .message = "the " + std::string(name()) +
+                                                     " backend does not run sessions"});
+  }
 
  private:
   virtual void do_execute(

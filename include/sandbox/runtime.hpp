@@ -42,6 +42,7 @@
 #include "sandbox/record.hpp"
 #include "sandbox/registry.hpp"
 #include "sandbox/scheduler.hpp"
+#include "sandbox/session.hpp"
 #include "sandbox/span.hpp"
 #include "sandbox/ticket.hpp"
 
@@ -180,6 +181,9 @@ struct runtime_options {
   egress_proxy_options egress;
   std::shared_ptr<span_sink> spans;  ///< receives one span per run; may be null
   log_sink log;                      ///< host log lines; empty: warnings and errors to stderr
+  /// Long-lived sessions (sandbox/session.hpp): the registry of servers a session may start
+  /// by name, and their lifetime and buffer limits. Empty registry: no sessions.
+  session_options sessions;
   /// Asked when a network request's ticket lacks `code.network` (sandbox/approval.hpp).
   /// Null (the default): such requests are `action_denied`.
   std::shared_ptr<sandbox::approver> approver;
@@ -279,6 +283,27 @@ class runtime {
         token, std::move(request), std::move(ticket));
   }
 
+  /**
+   * Starts a session of the registered server `request.tool` (sandbox/session.hpp) under
+   * `ticket`: the entry's image (its current digest, checked against the entry's and the
+   * ticket's pins), binary and fixed argv, at the stronger of the entry's and the ticket's
+   * isolation level (at least `container` when the entry has egress), with the lifetime and
+   * idle timeout clamped to `runtime_options::sessions`. The ticket must be unexpired and
+   * grant `code.execute`. Completes once with `(error_code, session_start)` on the handler's
+   * associated executor (default: the runtime's), never inside this call, when the server
+   * has started or could not (`session_start::code`). Sessions do not take scheduler slots.
+   * Thread-safe.
+   */
+  template <class CompletionToken>
+  auto async_open_session(session_request request, ticket ticket, CompletionToken&& token) {
+    return boost::asio::async_initiate<CompletionToken,
+                                       void(boost::system::error_code, session_start)>(
+        [this](auto handler, session_request r, sandbox::ticket t) {
+          do_open_session(std::move(r), std::move(t), std::move(handler));
+        },
+        token, std::move(request), std::move(ticket));
+  }
+
   /// Blocking form of `async_run`; returns the result even when the run was aborted. Must
   /// not be called from a thread that is the only one running the runtime's executor (it
   /// would wait for itself): on the private thread of a runtime made by `create(options)`
@@ -328,6 +353,10 @@ class runtime {
   void do_run(run_request request, ticket ticket,
               boost::asio::any_completion_handler<void(boost::system::error_code, run_result)>
                   handler);
+  void do_open_session(
+      session_request request, ticket ticket,
+      boost::asio::any_completion_handler<void(boost::system::error_code, session_start)>
+          handler);
   std::shared_ptr<detail::runtime_impl> impl_;
 };
 

@@ -41,6 +41,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <thread>
 #include <boost/asio/strand.hpp>
+#include <pthread.h>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -211,6 +212,14 @@ struct run_detail {
   std::string text;
 };
 
+/// What a session's public object keeps of its run once the run is gone: the closing result
+/// and the last figures (the run itself lives only as long as its own pending operations).
+struct session_shared {
+  std::mutex mu;
+  std::optional<session_result> result;
+  session_stats last;
+};
+
 /// One run. Lives on its strand; kept alive by its own pending operations.
 class init_run : public std::enable_shared_from_this<init_run> {
  public:
@@ -237,9 +246,13 @@ class init_run : public std::enable_shared_from_this<init_run> {
         teardown_timer_(strand_),
         sample_timer_(strand_),
         stdout_park_(strand_),
-        stderr_park_(strand_) {}
+        stderr_park_(strand_),
+        stdin_(strand_),
+        idle_timer_(strand_),
+        close_timer_(strand_) {}
 
   ~init_run() {
+    close_fd(stdin_child_fd_);
     if (proxy_) proxy_->stop();  // (normally stopped at teardown already; idempotent)
     close_fd(stdout_parked_);
     close_fd(stderr_parked_);
@@ -319,7 +332,309 @@ class init_run : public std::enable_shared_from_this<init_run> {
 
   const std::string& run_id() const noexcept { return job_.run_id; }
 
+  // --- session mode (sandbox/session.hpp) ---------------------------------------------------
+  // The same run, except: the program's stdin is a pipe the host writes (sent with `go`),
+  // its stdout is read by the session's reader instead of a capture, an idle timer ends it
+  // when no byte moves, `async_close` ends it on purpose. Everything else — cgroup,
+  // teardown, kill-and-confirm, classification — is the run's.
+  using io_handler =
+      asio::any_completion_handler<void(boost::system::error_code, std::size_t)>;
+  using close_handler =
+      asio::any_completion_handler<void(boost::system::error_code, session_result)>;
+  using open_handler =
+      asio::any_completion_handler<void(boost::system::error_code, session_start)>;
+
+  /// Starts a cold run in session mode. `opened` completes once the program started (with
+  /// `session`) or the run ended before (without).
+  void start_session(session_job sj, std::shared_ptr<sandbox::session> session,
+                     std::shared_ptr<session_shared> shared, open_handler opened) {
+    asio::dispatch(strand_, [self = shared_from_this(), sj, session = std::move(session),
+                             shared = std::move(shared), opened = std::move(opened)]() mutable {
+      self->session_ = true;
+      self->session_shared_ = std::move(shared);
+      self->sjob_ = sj;
+      self->stdin_buf_.reserve(sj.stdin_buffer_bytes);
+      self->stdin_capacity_ = sj.stdin_buffer_bytes;
+      self->open_session_ = std::move(session);
+      self->open_handler_.emplace(std::move(opened));
+      self->prepare();
+      std::weak_ptr<init_run> weak = self;
+      self->activate_on_strand(self->job_, [weak](run_result r, run_detail) {
+        if (auto s = weak.lock()) s->session_done(std::move(r));
+      });
+    });
+  }
+
+  void session_write(asio::const_buffer d, io_handler h) {
+    asio::dispatch(strand_, [self = shared_from_this(), d, h = std::move(h)]() mutable {
+      auto& me = *self;
+      if (me.pending_write_) return me.complete_io(std::move(h), asio::error::in_progress, 0);
+      if (me.finishing_ || me.torn_down_) {
+        return me.complete_io(std::move(h), asio::error::operation_aborted, 0);
+      }
+      if (me.stdin_close_requested_ || !me.stdin_.is_open()) {
+        return me.complete_io(std::move(h), asio::error::broken_pipe, 0);
+      }
+      me.pending_write_.emplace(pending_write{d, 0, std::move(h)});
+      me.accept_input();
+      me.flush_stdin();
+    });
+  }
+
+  void session_read(asio::mutable_buffer b, io_handler h) {
+    asio::dispatch(strand_, [self = shared_from_this(), b, h = std::move(h)]() mutable {
+      auto& me = *self;
+      if (me.read_pending_) return me.complete_io(std::move(h), asio::error::in_progress, 0);
+      if (me.stdout_eof_) return me.complete_io(std::move(h), asio::error::eof, 0);
+      if (me.finishing_ || me.torn_down_ || !me.stdout_.is_open()) {
+        return me.complete_io(std::move(h), asio::error::operation_aborted, 0);
+      }
+      me.read_pending_ = true;
+      me.stdout_.async_read_some(b, [self, h = std::move(h)](boost::system::error_code ec,
+                                                             std::size_t n) mutable {
+        auto& me = *self;
+        me.read_pending_ = false;
+        if (n > 0) {
+          me.bytes_from_server_ += n;
+          me.touch();
+        }
+        if (ec == asio::error::eof) {
+          me.stdout_eof_ = true;
+          me.stdout_open_ = false;
+          me.maybe_end_after_exit();
+        } else if (ec && ec != asio::error::operation_aborted) {
+          me.stdout_open_ = false;
+          me.maybe_end_after_exit();
+        }
+        if (ec && ec != asio::error::eof && n == 0) ec = asio::error::operation_aborted;
+        me.complete_io(std::move(h), n > 0 ? boost::system::error_code{} : ec, n);
+      });
+    });
+  }
+
+  void session_close_stdin() {
+    asio::dispatch(strand_, [self = shared_from_this()] {
+      self->stdin_close_requested_ = true;
+      self->flush_stdin();
+    });
+  }
+
+  void session_close(close_handler h) {
+    asio::dispatch(strand_, [self = shared_from_this(), h = std::move(h)]() mutable {
+      auto& me = *self;
+      if (me.session_result_) {
+        sandbox::detail::post_completion(me.job_.executor, std::move(h), boost::system::error_code{},
+                                         *me.session_result_);
+        return;
+      }
+      me.close_handlers_.push_back(std::move(h));
+      if (me.close_requested_ || me.finishing_) return;  // (ending already: as it ends)
+      me.close_requested_ = true;
+      // stdin closes now (buffered bytes are dropped: the host is done); stdout no longer
+      // holds the end back; the server gets the exit grace to go by itself, then the kill.
+      me.stdin_buf_.clear();
+      me.stdin_buffered_ = 0;
+      boost::system::error_code ignored;
+      me.stdin_.close(ignored);
+      me.fail_pending_write(asio::error::operation_aborted);
+      me.stdout_open_ = false;
+      me.close_timer_.expires_after(me.job_.policy.exit_grace);
+      me.close_timer_.async_wait([self](boost::system::error_code ec) {
+        if (!ec) self->finish();
+      });
+      me.maybe_end_after_exit();
+    });
+  }
+
+  session_stats stats_snapshot() const {
+    return {.bytes_to_server = bytes_to_server_.load(),
+            .bytes_from_server = bytes_from_server_.load(),
+            .stdin_buffered = stdin_buffered_.load(),
+            .stdin_capacity = stdin_capacity_,
+            .write_waiting = write_waiting_.load(),
+            .ended = ended_.load()};
+  }
+
  private:
+  struct pending_write {
+    asio::const_buffer rest;
+    std::size_t accepted = 0;
+    io_handler handler;
+  };
+
+  void complete_io(io_handler h, boost::system::error_code ec, std::size_t n) {
+    sandbox::detail::post_completion(job_.executor, std::move(h), ec, n);
+  }
+
+  void touch() { last_activity_ = clock::now(); }
+
+  // Moves what fits of the pending write into the bounded buffer; completes the write once
+  // all of it is in. (The buffer's capacity is reserved up front: appending never moves
+  // bytes a write in flight points at.)
+  void accept_input() {
+    if (!pending_write_) return;
+    auto& w = *pending_write_;
+    const std::size_t space = stdin_capacity_ - std::min<std::size_t>(stdin_capacity_, stdin_buf_.size());
+    const std::size_t n = std::min(space, w.rest.size());
+    stdin_buf_.append(static_cast<const char*>(w.rest.data()), n);
+    w.rest += n;
+    w.accepted += n;
+    stdin_buffered_ = static_cast<std::uint32_t>(stdin_buf_.size());
+    if (w.rest.size() == 0) {
+      auto h = std::move(w.handler);
+      const std::size_t total = w.accepted;
+      pending_write_.reset();
+      write_waiting_ = false;
+      complete_io(std::move(h), {}, total);
+    } else {
+      write_waiting_ = true;
+    }
+  }
+
+  void fail_pending_write(boost::system::error_code ec) {
+    if (!pending_write_) return;
+    auto h = std::move(pending_write_->handler);
+    const std::size_t n = pending_write_->accepted;
+    pending_write_.reset();
+    write_waiting_ = false;
+    complete_io(std::move(h), ec, n);
+  }
+
+  // write(2) on the stdin pipe without SIGPIPE (the host library must not die because a
+  // server closed its stdin): the signal is blocked on this thread for the call, and one it
+  // raised is consumed before unblocking.
+  static ssize_t write_no_sigpipe(int fd, const char* p, std::size_t n) {
+    sigset_t pipe_set, old;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+    sigset_t pending;
+    sigpending(&pending);
+    const bool was_pending = sigismember(&pending, SIGPIPE) == 1;
+    ssize_t r = ::write(fd, p, n);
+    const int saved = errno;
+    if (r < 0 && saved == EPIPE && !was_pending) {
+      timespec zero{};
+      while (sigtimedwait(&pipe_set, nullptr, &zero) < 0 && errno == EINTR) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    errno = saved;
+    return r;
+  }
+
+  void flush_stdin() {
+    if (stdin_flushing_ || !stdin_.is_open()) return;
+    if (stdin_buf_.empty()) {
+      if (stdin_close_requested_) {
+        boost::system::error_code ignored;
+        stdin_.close(ignored);
+      }
+      return;
+    }
+    stdin_flushing_ = true;
+    stdin_.async_wait(asio::posix::descriptor_base::wait_write,
+                      [self = shared_from_this()](boost::system::error_code ec) {
+                        auto& me = *self;
+                        me.stdin_flushing_ = false;
+                        if (ec || !me.stdin_.is_open()) return;
+                        ssize_t n = write_no_sigpipe(me.stdin_.native_handle(), me.stdin_buf_.data(),
+                                                     me.stdin_buf_.size());
+                        if (n < 0 && (errno == EAGAIN || errno == EINTR)) return me.flush_stdin();
+                        if (n < 0) {
+                          // The server closed its stdin (EPIPE): nothing more reaches it.
+                          me.stdin_buf_.clear();
+                          me.stdin_buffered_ = 0;
+                          boost::system::error_code ignored;
+                          me.stdin_.close(ignored);
+                          me.fail_pending_write(asio::error::broken_pipe);
+                          return;
+                        }
+                        me.stdin_buf_.erase(0, static_cast<std::size_t>(n));
+                        me.bytes_to_server_ += static_cast<std::uint64_t>(n);
+                        me.stdin_buffered_ = static_cast<std::uint32_t>(me.stdin_buf_.size());
+                        if (n > 0) me.touch();
+                        me.accept_input();
+                        me.flush_stdin();
+                      });
+  }
+
+  void arm_idle_timer() {
+    auto due = last_activity_ + sjob_.idle_timeout;
+    idle_timer_.expires_at(due);
+    idle_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      auto& me = *self;
+      if (ec || me.finishing_) return;
+      if (clock::now() - me.last_activity_ < me.sjob_.idle_timeout) return me.arm_idle_timer();
+      // A server that exited with output the host never read ends as exited, not idle.
+      if (!me.main_status_) me.idle_timed_out_ = true;
+      me.finish();
+    });
+  }
+
+  void session_started() {
+    touch();
+    arm_idle_timer();
+    if (!open_handler_) return;
+    auto h = std::move(*open_handler_);
+    open_handler_.reset();
+    auto s = std::move(open_session_);
+    sandbox::detail::post_completion(job_.executor, std::move(h), boost::system::error_code{}, session_start{.session = std::move(s), .code = sandbox::code::ok, .message = {}});
+  }
+
+  void session_done(run_result r) {
+    session_result sr;
+    if (close_requested_ && !idle_timed_out_ && !timed_out_ && r.code == sandbox::code::ok) {
+      sr.end = session_end::closed;
+    } else if (idle_timed_out_) {
+      sr.end = session_end::idle_timeout;
+    } else if (timed_out_) {
+      sr.end = session_end::max_lifetime;
+    } else if (r.code == sandbox::code::oom) {
+      sr.end = session_end::oom;
+    } else if (r.code == sandbox::code::seccomp_violation) {
+      sr.end = session_end::seccomp_violation;
+    } else if (cancelled_ || shared_shutting_down()) {
+      sr.end = session_end::killed;
+      r.code = sandbox::code::internal;
+      r.message = "session killed (its owner went away or the runtime shut down)";
+    } else if (r.code == sandbox::code::internal) {
+      sr.end = session_end::failed;
+    } else {
+      sr.end = session_end::server_exited;
+    }
+    r.std_out = {};
+    r.std_out.total_bytes = bytes_from_server_.load();
+    sr.bytes_to_server = bytes_to_server_.load();
+    sr.bytes_from_server = bytes_from_server_.load();
+    sr.result = std::move(r);
+    session_result_ = sr;
+    ended_ = true;
+    if (session_shared_) {
+      std::lock_guard lock(session_shared_->mu);
+      session_shared_->result = sr;
+      session_shared_->last = stats_snapshot();
+    }
+    fail_pending_write(asio::error::operation_aborted);
+    if (open_handler_) {
+      // Never started: the open fails with the run's code (never `ok`).
+      auto h = std::move(*open_handler_);
+      open_handler_.reset();
+      open_session_.reset();
+      session_start st{.session = nullptr,
+                       .code = sr.result.code == sandbox::code::ok ? sandbox::code::internal
+                                                                   : sr.result.code,
+                       .message = sr.result.message.empty() ? "the server did not start"
+                                                            : sr.result.message};
+      sandbox::detail::post_completion(job_.executor, std::move(h), boost::system::error_code{}, std::move(st));
+    }
+    auto handlers = std::move(close_handlers_);
+    close_handlers_.clear();
+    for (auto& h : handlers) {
+      sandbox::detail::post_completion(job_.executor, std::move(h), boost::system::error_code{}, sr);
+    }
+  }
+
   // --- prepare and launch ------------------------------------------------------------------
 
   void log(log_level lvl, const std::string& line) const {
@@ -408,6 +723,20 @@ class init_run : public std::enable_shared_from_this<init_run> {
       return fail_setup(fmt::format("pipe2: errno {}", errno));
     }
     input_name_ = "in-" + random_hex(8);
+    if (session_) {
+      // A session's stdin: the host keeps the write end (non-blocking), the read end goes to
+      // sandbox-init with the program (`go`, a = 1) and on to the program as its fd 0.
+      int inp[2];
+      if (pipe2(inp, O_CLOEXEC) < 0) {
+        ::close(ctl[0]);
+        ::close(ctl[1]);
+        for (int fd : {outp[0], outp[1], errp[0], errp[1]}) ::close(fd);
+        return fail_setup(fmt::format("pipe2: errno {}", errno));
+      }
+      fcntl(inp[1], F_SETFL, O_NONBLOCK);
+      stdin_.assign(inp[1]);
+      stdin_child_fd_ = inp[0];
+    }
 
     // 5. sandbox-init, in the run's namespaces and cgroup, waiting for its configuration.
     launch_request lr{.job = job_, .instance_id = instance_id_, .ws = ws_, .cgroup = *cgroup_,
@@ -475,7 +804,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
     auto self = shared_from_this();
     arm_setup_timer();
     read_control();
-    read_stream(stdout_, out_, stdout_open_);
+    if (!session_) read_stream(stdout_, out_, stdout_open_);  // a session's reader reads it
     read_stream(stderr_, err_, stderr_open_);
     pidfd_desc_.async_wait(asio::posix::descriptor_base::wait_read,
                            [self](boost::system::error_code ec) {
@@ -564,6 +893,8 @@ class init_run : public std::enable_shared_from_this<init_run> {
       w.add("argv", "--probe");
       w.add("argv", std::to_string(uid_));
       if (stream_) w.add("argv", "gvisor");
+    } else if (session_) {
+      for (const auto& a : job_.runtime.argv) w.add("argv", a);  // the entry's, as is
     } else {
       for (const auto& a : job_.runtime.argv) w.add("argv", a == "{source}" ? source_path : a);
       // A registered tool's standard input: the staged file, opened read-only as fd 0.
@@ -602,11 +933,15 @@ class init_run : public std::enable_shared_from_this<init_run> {
       w.add("env", k + "=" + v);
     }
 
-    ip::init_header h{ip::msg::go, 0, 0};
+    const bool with_stdin = session_ && stdin_child_fd_ >= 0;
+    ip::init_header h{ip::msg::go, with_stdin ? 1U : 0U, 0};
     std::string packet(reinterpret_cast<const char*>(&h), sizeof h);
     packet += w.bytes();
     if (packet.size() > ip::max_packet) return fail_setup("program description too large");
-    if (send_packet(packet, {}) < 0) {
+    const int stdin_fds[1] = {stdin_child_fd_};
+    const int sent = with_stdin ? send_packet(packet, stdin_fds) : send_packet(packet, {});
+    close_fd(stdin_child_fd_);  // only sandbox-init (then the program) holds the read end
+    if (sent < 0) {
       return fail_setup(fmt::format("sending the program failed: errno {}", errno));
     }
   }
@@ -840,6 +1175,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
           self->finish();
         });
         sample_memory();
+        if (session_) session_started();
         break;
       }
       case ip::msg::exited:
@@ -929,6 +1265,9 @@ class init_run : public std::enable_shared_from_this<init_run> {
       finish();
       return;
     }
+    // A session's stdout is read by the host at its pace: the idle timer (and the lifetime)
+    // bound the wait for its end instead of the grace — unless the host is closing it.
+    if (session_ && !stdout_eof_ && !close_requested_) return;
     // Descendants still hold the pipes: they get `exit_grace`, then everything is killed.
     if (grace_armed_) return;
     grace_armed_ = true;
@@ -1141,7 +1480,9 @@ class init_run : public std::enable_shared_from_this<init_run> {
     if (finishing_) return;
     finishing_ = true;
     ended_at_ = clock::now();
-    for (auto* t : {&setup_timer_, &deadline_, &grace_, &sample_timer_}) t->cancel();
+    for (auto* t : {&setup_timer_, &deadline_, &grace_, &sample_timer_, &idle_timer_, &close_timer_}) {
+      t->cancel();
+    }
     // Usage and the OOM counter are read now, before the kill: once the run's processes are
     // gone an OCI runtime removes the container's cgroup (our run cgroup) as it exits.
     snapshot_stats();
@@ -1246,10 +1587,10 @@ class init_run : public std::enable_shared_from_this<init_run> {
         *parked = -1;
       }
     }
-    drain(stdout_, out_);
+    if (!session_) drain(stdout_, out_);  // a session's unread output is not kept
     drain(stderr_, err_);
     boost::system::error_code ignored;
-    for (auto* d : {&ctl_, &stdout_, &stderr_, &listener_, &dns_, &oom_}) d->close(ignored);
+    for (auto* d : {&ctl_, &stdout_, &stderr_, &listener_, &dns_, &oom_, &stdin_}) d->close(ignored);
     mem_cache_.clear();  // the run's /proc/<pid>/mem descriptors: gone before the result
     // sandbox-init is reaped by now (poll_dead), unless the teardown budget ran out: then it
     // is killed and reaped whenever it ends (never left a zombie).
@@ -1406,6 +1747,12 @@ class init_run : public std::enable_shared_from_this<init_run> {
       return;
     }
     bool main_killed = !main_status_ || (WIFSIGNALED(*main_status_) && WTERMSIG(*main_status_) == SIGKILL);
+    if (idle_timed_out_) {
+      r.code = sandbox::code::timeout;
+      r.message = fmt::format("idle for {} ms (no byte either way); all processes were killed",
+                              sjob_.idle_timeout.count());
+      return;
+    }
     if (supervisor_lost_ && !timed_out_ && !(stats_.oom_kills > 0)) {
       log(log_level::error, "the sandbox's supervisor ended before the program did");
       r.code = sandbox::code::internal;
@@ -1571,6 +1918,93 @@ class init_run : public std::enable_shared_from_this<init_run> {
   clock::time_point notify_window_start_{};
   int notify_count_ = 0;
   cgroup_stats stats_;
+
+  // Session mode (strand only, except the atomics read by stats_snapshot()).
+  bool session_ = false;
+  session_job sjob_;
+  asio::posix::stream_descriptor stdin_;  ///< write end of the program's stdin pipe
+  int stdin_child_fd_ = -1;               ///< its read end, until sent with `go`
+  std::string stdin_buf_;                 ///< accepted, not yet written (≤ capacity)
+  std::uint32_t stdin_capacity_ = 0;
+  bool stdin_flushing_ = false, stdin_close_requested_ = false;
+  std::optional<pending_write> pending_write_;
+  bool read_pending_ = false, stdout_eof_ = false;
+  asio::steady_timer idle_timer_, close_timer_;
+  clock::time_point last_activity_{};
+  bool idle_timed_out_ = false, close_requested_ = false;
+  std::optional<open_handler> open_handler_;
+  std::shared_ptr<sandbox::session> open_session_;  ///< handed out by the open handler
+  std::vector<close_handler> close_handlers_;
+  std::optional<session_result> session_result_;
+  std::shared_ptr<session_shared> session_shared_;
+  std::atomic<std::uint64_t> bytes_to_server_{0}, bytes_from_server_{0};
+  std::atomic<std::uint32_t> stdin_buffered_{0};
+  std::atomic<bool> write_waiting_{false}, ended_{false};
+};
+
+/// The public face of a session run: forwards to its `init_run` while that lives (it keeps
+/// itself alive by its pending operations until its end), then answers from what the run
+/// left in `session_shared`. Destroying it kills the run.
+class init_session final : public sandbox::session {
+ public:
+  init_session(std::weak_ptr<init_run> run, std::string id, std::shared_ptr<session_shared> s,
+               asio::any_io_executor ex)
+      : run_(std::move(run)), id_(std::move(id)), shared_(std::move(s)), ex_(std::move(ex)) {}
+  ~init_session() override {
+    if (auto r = run_.lock()) r->cancel();
+  }
+  const std::string& id() const noexcept override { return id_; }
+  void close_stdin() override {
+    if (auto r = run_.lock()) r->session_close_stdin();
+  }
+  session_stats stats() const override {
+    if (auto r = run_.lock()) return r->stats_snapshot();
+    std::lock_guard lock(shared_->mu);
+    auto s = shared_->last;
+    s.ended = true;
+    return s;
+  }
+
+ private:
+  void do_write(asio::const_buffer d, init_run::io_handler h) override {
+    if (auto r = run_.lock()) return r->session_write(d, std::move(h));
+    gone(std::move(h));
+  }
+  void do_read(asio::mutable_buffer b, init_run::io_handler h) override {
+    if (auto r = run_.lock()) return r->session_read(b, std::move(h));
+    gone(std::move(h));
+  }
+  void do_close(init_run::close_handler h) override {
+    if (auto r = run_.lock()) return r->session_close(std::move(h));
+    std::optional<session_result> res;
+    {
+      std::lock_guard lock(shared_->mu);
+      res = shared_->result;
+    }
+    if (res) return sandbox::detail::post_completion(ex_, std::move(h), boost::system::error_code{}, *res);
+    // The run went without a result: its execution context was destroyed, so there is no
+    // executor to post to (every process was killed by the runtime's shutdown).
+    session_result killed;
+    killed.end = session_end::killed;
+    killed.result.code = sandbox::code::internal;
+    killed.result.message = "session killed (the runtime shut down)";
+    std::move(h)(asio::error::operation_aborted, std::move(killed));
+  }
+  void gone(init_run::io_handler h) {
+    bool have_result;
+    {
+      std::lock_guard lock(shared_->mu);
+      have_result = shared_->result.has_value();
+    }
+    if (have_result) {
+      return sandbox::detail::post_completion(ex_, std::move(h), boost::system::error_code(asio::error::operation_aborted), std::size_t{0});
+    }
+    std::move(h)(asio::error::operation_aborted, 0);
+  }
+  std::weak_ptr<init_run> run_;
+  std::string id_;
+  std::shared_ptr<session_shared> shared_;
+  asio::any_io_executor ex_;
 };
 
 class init_backend final : public backend,
@@ -1855,6 +2289,22 @@ class init_backend final : public backend,
     } else {
       run->start(std::move(done));
     }
+  }
+
+  void open_session(run_job job, session_job sj, session_handler handler) override {
+    if (shared_->launcher->stream_control()) {
+      // The stdin pipe travels as a descriptor, which a stream control channel cannot carry.
+      return backend::open_session(std::move(job), sj, std::move(handler));
+    }
+    auto ex = job.executor ? job.executor : shared_->ctx.executor;
+    auto run = std::make_shared<init_run>(shared_, ex, std::move(job), false);
+    {
+      std::lock_guard lock(mu_);
+      track_locked(run);
+    }
+    auto state = std::make_shared<session_shared>();
+    auto s = std::make_shared<init_session>(run, run->run_id(), state, ex);
+    run->start_session(sj, std::move(s), std::move(state), std::move(handler));
   }
 
   std::shared_ptr<backend_shared> shared_;

@@ -22,6 +22,9 @@
 //   init → host   failed     a = setup step, b = errno; payload = step name (host logs only)
 //   init → host   quiet      the main process exited and nothing of the run is left
 //   init → host   dns        (stream mode only) a DNS query's name
+// `go` with a = 1 (sessions, sandbox/session.hpp) carries the program's stdin: the read end of
+// a pipe whose write end the host keeps (SCM_RIGHTS); without it stdin is /dev/null. Stream
+// mode cannot carry it, so sessions need a launcher without `stream_control`.
 // `config` with a = 1 carries the program's stdout and stderr pipes (SCM_RIGHTS) for a
 // launcher whose runtime would hold them otherwise (init_launcher::stdio_over_control).
 #pragma once

@@ -90,6 +90,8 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
       std::string_view name) const;
   const std::shared_ptr<blob_store>& blob_store_ref() const noexcept { return blobs_; }
   const std::shared_ptr<scheduler>& sched() const noexcept { return scheduler_; }
+  /// Sessions' registry and limits (sandbox/session.hpp). Immutable after init().
+  const session_options& sessions() const noexcept { return sessions_; }
   /// The host's approver (null: none). Immutable after init().
   const std::shared_ptr<sandbox::approver>& approver() const noexcept { return approver_; }
   /// Signs each run's receipt; null when receipts are off.
@@ -131,6 +133,7 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   std::shared_ptr<scheduler> scheduler_;
   std::shared_ptr<sandbox::approver> approver_;
   std::shared_ptr<const sandbox::receipt_signer> receipt_signer_;
+  session_options sessions_;
   log_sink log_;
 
   mutable std::mutex mu_;  // guards everything below

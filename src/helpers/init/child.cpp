@@ -138,12 +138,12 @@ void report(int fd, child_report r) { (void)!write(fd, &r, sizeof r); }
 }  // namespace
 
 bool start_child(const config& cfg, pid_t* pid, int* listener_fd, failure* f) {
-  // fd 0 of the program: the sandbox's /dev/null, or a registered tool's staged input (a
-  // read-only file under /sandbox, never a link: the model's bytes, byte for byte, then EOF).
-  // 1 and 2 are the host's pipes already.
-  int devnull = cfg.stdin_path.empty()
-                    ? open("/dev/null", O_RDONLY)
-                    : open(cfg.stdin_path.c_str(), O_RDONLY | O_NOFOLLOW | O_NOCTTY);
+  // fd 0 of the program: a session's live stdin pipe; else a registered tool's staged input
+  // (a read-only file under /sandbox, never a link: the model's bytes, byte for byte, then
+  // EOF); else the sandbox's /dev/null. 1 and 2 are the host's pipes already.
+  int devnull = cfg.stdin_fd >= 0        ? cfg.stdin_fd
+                : cfg.stdin_path.empty() ? open("/dev/null", O_RDONLY)
+                                         : open(cfg.stdin_path.c_str(), O_RDONLY | O_NOFOLLOW | O_NOCTTY);
   if (devnull < 0) {
     *f = {step::fork, errno};
     return false;

@@ -44,6 +44,9 @@ struct config {
   /// Path inside the sandbox of the program's standard input (a registered tool's staged
   /// bytes, read-only); empty: /dev/null.
   std::string stdin_path;
+  /// A session's stdin (from `go`, a = 1): becomes the program's fd 0, before `stdin_path`;
+  /// -1: none.
+  int stdin_fd = -1;
 };
 
 /// A failed step: which, and the errno.

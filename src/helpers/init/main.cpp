@@ -198,7 +198,18 @@ bool read_message(ip::msg want, std::string* buf, std::string_view* payload, int
 bool read_go(config* cfg) {
   std::string buf;
   std::string_view payload;
-  if (!read_message(ip::msg::go, &buf, &payload)) return false;
+  int fds[2] = {-1, -1};
+  std::uint32_t a = 0;
+  if (!read_message(ip::msg::go, &buf, &payload, fds, &a)) return false;
+  // a = 1: a session's live stdin (the read end of the host's pipe) came with the program;
+  // the program gets it as fd 0 (start_child). Anything else that came along is closed.
+  if (fds[1] >= 0) close(fds[1]);
+  if (a == 1) {
+    if (fds[0] < 0) return false;
+    cfg->stdin_fd = fds[0];
+  } else if (fds[0] >= 0) {
+    close(fds[0]);
+  }
   for (auto [k, v] : ip::parse_config(payload)) {
     if (k == "argv") cfg->argv.emplace_back(v);
     else if (k == "env") cfg->env.emplace_back(v);
@@ -447,6 +458,7 @@ int main(int argc, char** argv) {
   // EOF when it (and its descendants) close them.
   int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
   if (devnull >= 0) {
+    dup2(devnull, 0);  // a session's stdin pipe: only the program holds it now
     dup2(devnull, 1);
     dup2(devnull, 2);
     close(devnull);

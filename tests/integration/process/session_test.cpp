@@ -1,0 +1,376 @@
+// Sessions (sandbox/session.hpp): long-lived servers with live stdio, in the process backend
+// and the container backend (crun). Each case drives a real server in a real sandbox and
+// then checks that nothing of it is left on the host.
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/use_future.hpp>
+#include <catch2/catch.hpp>
+#include <atomic>
+#include <future>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "integration/harness.hpp"
+
+using sandbox::code;
+using sandbox::session_end;
+using namespace std::chrono_literals;
+namespace asio = boost::asio;
+
+namespace {
+
+sandbox::tool_entry py_entry(std::string name, std::string script,
+                             sandbox::isolation level = sandbox::isolation::process) {
+  return {.name = std::move(name), .image = "python3", .image_digest = std::nullopt,
+          .binary = "/usr/bin/python3", .args = {"-u", "-c", std::move(script)},
+          .input = sandbox::tool_input::stdin_bytes, .isolation = level, .profile = {},
+          .egress = {}, .env = {}};
+}
+
+// The servers these tests start: registry entries of the host (the test).
+std::vector<sandbox::tool_entry> entries() {
+  std::vector<sandbox::tool_entry> e;
+  e.push_back({.name = "cat", .image = "python3", .image_digest = std::nullopt,
+               .binary = "/bin/cat", .args = {}, .input = sandbox::tool_input::stdin_bytes,
+               .isolation = sandbox::isolation::process, .profile = {}, .egress = {}, .env = {}});
+  auto crun_cat = e.back();
+  crun_cat.name = "cat-container";
+  crun_cat.isolation = sandbox::isolation::container;
+  e.push_back(crun_cat);
+  // Never reads its stdin, never writes.
+  e.push_back(py_entry("sleeper", "import time\ntime.sleep(3600)"));
+  // Writes without end, whether anyone reads or not.
+  e.push_back(py_entry("flood", "import sys\nwhile True: sys.stdout.write('x' * 65536)"));
+  // Children that try to outlive the session: setsid'd, SIGTERM ignored, double-forked.
+  e.push_back(py_entry("forker", R"PY(
+import os, signal, sys, time
+for i in range(3):
+    if os.fork() == 0:
+        os.setsid()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if os.fork() == 0:
+            while True: time.sleep(1)
+        while True: time.sleep(1)
+print('forked', flush=True)
+sys.stdin.read()
+time.sleep(3600)
+)PY"));
+  // Closes its stdout at once and lives on.
+  e.push_back(py_entry("early-close", "import os, time\nos.close(1)\ntime.sleep(3600)"));
+  return e;
+}
+
+struct session_fixture {
+  std::string state_root;
+  std::optional<sandbox::runtime> rt;
+  std::string why;
+};
+
+// One runtime (own io thread) for every case: process and container levels, the entries.
+session_fixture& fixture() {
+  static session_fixture f = [] {
+    session_fixture s;
+    auto opts = itest::private_runtime_options(&s.state_root);
+    opts.container.enabled = true;
+    opts.sessions.entries = entries();
+    opts.sessions.idle_timeout = 60s;
+    opts.sessions.stdin_buffer_bytes = 16 * 1024;
+    auto made = sandbox::runtime::create(opts);
+    if (!made) {
+      s.why = made.error().message();
+    } else {
+      s.rt.emplace(std::move(*made));
+    }
+    return s;
+  }();
+  return f;
+}
+
+sandbox::runtime& runtime() {
+  auto& f = fixture();
+  REQUIRE(f.rt.has_value());
+  return *f.rt;
+}
+
+bool has_container() {
+  for (const auto& b : runtime().backends()) {
+    if (b.isolation == sandbox::isolation::container && b.registered) return true;
+  }
+  return false;
+}
+
+sandbox::session_start open(sandbox::runtime& rt, sandbox::session_request req,
+                            const sandbox::ticket& t = itest::ticket()) {
+  return rt.async_open_session(std::move(req), t, asio::use_future).get();
+}
+
+sandbox::session_result close(sandbox::session& s) { return s.async_close(asio::use_future).get(); }
+
+// Reads until EOF (or an error); returns the bytes and the final error.
+std::pair<std::string, boost::system::error_code> read_all(sandbox::session& s,
+                                                           std::size_t limit = 64u << 20) {
+  std::string out;
+  std::vector<char> buf(70000);
+  for (;;) {
+    std::promise<std::pair<boost::system::error_code, std::size_t>> p;
+    s.async_read_some(asio::buffer(buf), [&](boost::system::error_code ec, std::size_t n) {
+      p.set_value({ec, n});
+    });
+    auto [ec, n] = p.get_future().get();
+    out.append(buf.data(), n);
+    if (ec || out.size() > limit) return {out, ec};
+  }
+}
+
+// Waits (bounded) until `pred` holds; a wait, not a timing assertion.
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds bound = 20s) {
+  auto until = std::chrono::steady_clock::now() + bound;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+void byte_exact_echo(const std::string& tool) {
+  auto before = itest::snapshot();
+  auto st = open(runtime(), {.tool = tool});
+  REQUIRE(st.code == code::ok);
+  REQUIRE(st.session);
+  std::string data(1 << 20, '\0');
+  std::mt19937 gen(42);
+  for (auto& c : data) c = static_cast<char>(gen() & 0xff);
+  for (std::size_t i = 0; i < data.size(); i += 997) data[i] = '\0';  // NULs for sure
+  auto s = st.session;
+  std::promise<std::pair<boost::system::error_code, std::size_t>> wrote;
+  s->async_write(asio::buffer(data), [&](boost::system::error_code ec, std::size_t n) {
+    wrote.set_value({ec, n});
+  });
+  // Read concurrently (cat blocks on a full stdout pipe otherwise), then close stdin.
+  std::thread closer([&] {
+    auto [ec, n] = wrote.get_future().get();
+    CHECK(!ec);
+    CHECK(n == data.size());
+    s->close_stdin();
+  });
+  auto [echo, ec] = read_all(*s);
+  closer.join();
+  CHECK(ec == asio::error::eof);
+  REQUIRE(echo.size() == data.size());
+  CHECK(echo == data);
+  auto r = close(*s);
+  CHECK((r.end == session_end::server_exited || r.end == session_end::closed));
+  CHECK(r.result.code == code::ok);
+  CHECK(r.bytes_to_server == data.size());
+  CHECK(r.bytes_from_server == data.size());
+  CHECK(r.result.std_out.blob.empty());
+  s.reset();
+  st.session.reset();
+  itest::check_host_unchanged(before);
+}
+
+}  // namespace
+
+TEST_CASE("session: the fixture runtime exists", "[session]") {
+  INFO(fixture().why);
+  REQUIRE(fixture().rt.has_value());
+}
+
+TEST_CASE("session: stdio is byte-exact both ways (process)", "[session]") {
+  byte_exact_echo("cat");
+}
+
+TEST_CASE("session: stdio is byte-exact both ways (container, crun)", "[session][container]") {
+  if (!has_container()) {
+    if (itest::must_work()) FAIL("container backend unavailable under CI=true");
+    WARN("container backend unavailable: skipped");
+    return;
+  }
+  byte_exact_echo("cat-container");
+}
+
+TEST_CASE("session: the model picks only a name; the ticket decides", "[session]") {
+  auto unknown = open(runtime(), {.tool = "/bin/sh"});
+  CHECK(unknown.code == code::invalid_request);
+  CHECK(unknown.message.find("tool") != std::string::npos);
+  CHECK(!unknown.session);
+
+  auto bad_idle = open(runtime(), {.tool = "cat", .max_lifetime = std::nullopt, .idle_timeout = 0ms});
+  CHECK(bad_idle.code == code::invalid_request);
+  CHECK(bad_idle.message.find("idle_timeout") != std::string::npos);
+
+  sandbox::ticket_issuer issuer;
+  auto no_exec = issuer.issue({.id = "t", .tenant = "itest", .execute = false}).value();
+  auto denied = open(runtime(), {.tool = "cat"}, no_exec);
+  CHECK(denied.code == code::action_denied);
+  CHECK(!denied.session);
+}
+
+TEST_CASE("session: a server that does not read makes writes wait; host memory bounded",
+          "[session]") {
+  auto before = itest::snapshot();
+  auto st = open(runtime(), {.tool = "sleeper"});
+  REQUIRE(st.code == code::ok);
+  auto s = st.session;
+  std::string data(1 << 20, 'a');
+  std::atomic<bool> done{false};
+  boost::system::error_code write_ec;
+  std::size_t accepted = 0;
+  s->async_write(asio::buffer(data), [&](boost::system::error_code ec, std::size_t n) {
+    write_ec = ec;
+    accepted = n;
+    done = true;
+  });
+  // The pipe fills, then the host's buffer: the write waits with the buffer at capacity.
+  REQUIRE(eventually([&] {
+    auto x = s->stats();
+    return x.write_waiting && x.stdin_buffered == x.stdin_capacity;
+  }));
+  auto x = s->stats();
+  CHECK(!done.load());
+  CHECK(x.stdin_capacity == 16 * 1024);
+  CHECK(x.bytes_to_server < data.size());          // the pipe took what it holds, no more
+  CHECK(x.bytes_to_server + x.stdin_buffered < data.size());
+  auto r = close(*s);
+  CHECK(r.end == session_end::closed);
+  CHECK(r.result.code == code::ok);
+  REQUIRE(eventually([&] { return done.load(); }));
+  CHECK(write_ec == asio::error::operation_aborted);
+  CHECK(accepted < data.size());
+  s.reset();
+  st.session.reset();
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("session: a host that does not read blocks the server on its pipe", "[session]") {
+  auto before = itest::snapshot();
+  auto st = open(runtime(), {.tool = "flood"});
+  REQUIRE(st.code == code::ok);
+  auto s = st.session;
+  // Nothing is read: the host holds none of the output (it is read into the caller's
+  // buffer only), and the server stays alive, blocked.
+  std::vector<char> buf(4096);
+  std::promise<std::size_t> got;
+  s->async_read_some(asio::buffer(buf), [&](boost::system::error_code ec, std::size_t n) {
+    CHECK(!ec);
+    got.set_value(n);
+  });
+  auto n = got.get_future().get();
+  CHECK(n > 0);
+  CHECK(n <= buf.size());
+  auto x = s->stats();
+  CHECK(x.bytes_from_server == n);
+  CHECK(!x.ended);
+  auto r = close(*s);
+  CHECK(r.end == session_end::closed);
+  CHECK(r.bytes_from_server == n);
+  s.reset();
+  st.session.reset();
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("session: the idle timeout ends it with timeout; everything confirmed dead",
+          "[session]") {
+  auto before = itest::snapshot();
+  auto st = open(runtime(), {.tool = "sleeper", .max_lifetime = std::nullopt, .idle_timeout = 300ms});
+  REQUIRE(st.code == code::ok);
+  auto s = st.session;
+  std::vector<char> buf(16);
+  auto [out, ec] = read_all(*s);  // ends when the session does
+  CHECK(out.empty());
+  // The killed server's stdout closes (EOF), or teardown closes the host's end first.
+  CHECK((ec == asio::error::eof || ec == asio::error::operation_aborted));
+  auto r = close(*s);
+  CHECK(r.end == session_end::idle_timeout);
+  CHECK(r.result.code == code::timeout);
+  CHECK(r.result.message.find("idle") != std::string::npos);
+  CHECK(r.result.signal == SIGKILL);
+  s.reset();
+  st.session.reset();
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("session: the maximum lifetime ends it with timeout", "[session]") {
+  auto before = itest::snapshot();
+  auto st = open(runtime(), {.tool = "sleeper", .max_lifetime = 300ms, .idle_timeout = std::nullopt});
+  REQUIRE(st.code == code::ok);
+  auto s = st.session;
+  REQUIRE(eventually([&] { return s->stats().ended; }));
+  auto r = close(*s);
+  CHECK(r.end == session_end::max_lifetime);
+  CHECK(r.result.code == code::timeout);
+  CHECK(r.result.timeout == 300ms);
+  s.reset();
+  st.session.reset();
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("session: children that try to outlive close are all killed", "[session]") {
+  auto before = itest::snapshot();
+  auto st = open(runtime(), {.tool = "forker"});
+  REQUIRE(st.code == code::ok);
+  auto s = st.session;
+  std::vector<char> buf(64);
+  std::promise<std::string> line;
+  s->async_read_some(asio::buffer(buf), [&](boost::system::error_code, std::size_t n) {
+    line.set_value(std::string(buf.data(), n));
+  });
+  CHECK(line.get_future().get() == "forked\n");
+  auto r = close(*s);
+  CHECK(r.end == session_end::closed);
+  CHECK(r.result.code == code::ok);
+  s.reset();
+  st.session.reset();
+  itest::check_host_unchanged(before);  // no process of a sandbox uid, no cgroup left
+}
+
+TEST_CASE("session: a server that closes stdout early gives EOF; close still kills it",
+          "[session]") {
+  auto before = itest::snapshot();
+  auto st = open(runtime(), {.tool = "early-close"});
+  REQUIRE(st.code == code::ok);
+  auto s = st.session;
+  auto [out, ec] = read_all(*s);
+  CHECK(out.empty());
+  CHECK(ec == asio::error::eof);
+  CHECK(!s->stats().ended);
+  auto r = close(*s);
+  CHECK(r.end == session_end::closed);
+  s.reset();
+  st.session.reset();
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("session: dropping the session object kills the server", "[session]") {
+  auto before = itest::snapshot();
+  auto st = open(runtime(), {.tool = "forker"});
+  REQUIRE(st.code == code::ok);
+  st.session.reset();
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("session: destroying the runtime kills a live session", "[session]") {
+  auto before = itest::snapshot();
+  std::string root;
+  auto opts = itest::private_runtime_options(&root);
+  opts.sessions.entries = entries();
+  std::shared_ptr<sandbox::session> s;
+  {
+    auto rt = sandbox::runtime::create(opts);
+    REQUIRE(rt.has_value());
+    auto st = open(*rt, {.tool = "forker"});
+    REQUIRE(st.code == code::ok);
+    s = st.session;
+    std::vector<char> buf(64);
+    std::promise<std::size_t> got;
+    s->async_read_some(asio::buffer(buf), [&](boost::system::error_code, std::size_t n) {
+      got.set_value(n);
+    });
+    CHECK(got.get_future().get() > 0);
+  }  // the runtime goes with the session still open
+  itest::check_host_unchanged(before);
+  s.reset();
+  std::error_code ec;
+  std::filesystem::remove_all(root, ec);
+}
