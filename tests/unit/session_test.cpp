@@ -1,0 +1,130 @@
+// Sessions' admission (src/core/session.cpp) without processes: the registry, the ticket and
+// the host decide before any backend is asked; and the npm package pins of image builds.
+#include <boost/asio/io_context.hpp>
+#include <catch2/catch.hpp>
+
+#include "core/image_build.hpp"
+#include "sandbox/session.hpp"
+#include "sandbox/testing/fake_backend.hpp"
+#include "unit/runtime_test_support.hpp"
+
+namespace asio = boost::asio;
+using sandbox::code;
+
+namespace {
+
+sandbox::tool_entry entry(std::string name) {
+  return {.name = std::move(name), .image = "python3", .image_digest = std::nullopt,
+          .binary = "/bin/cat", .args = {}, .input = sandbox::tool_input::stdin_bytes,
+          .isolation = sandbox::isolation::process, .profile = {}, .egress = {}, .env = {}};
+}
+
+sandbox::runtime_options options() {
+  sandbox::runtime_options o;
+  o.blobs = sandbox::make_memory_blob_store();
+  o.fixed_digests = {{"python3", sandbox::testing::fake_digest("python3")}};
+  o.process_backend = false;
+  o.log = [](sandbox::log_level, std::string_view) {};
+  o.sessions.entries = {entry("cat")};
+  auto rel = entry("relative");
+  rel.binary = "bin/cat";
+  o.sessions.entries.push_back(rel);
+  auto dots = entry("dots");
+  dots.binary = "/usr/../bin/cat";
+  o.sessions.entries.push_back(dots);
+  auto gv = entry("strong");
+  gv.isolation = sandbox::isolation::gvisor;
+  o.sessions.entries.push_back(gv);
+  return o;
+}
+
+// Opens on a runtime whose executor is `io` (run here, after the call: a completion
+// inside the call would be seen).
+sandbox::session_start open(asio::io_context& io, sandbox::runtime& rt, sandbox::session_request req,
+                            const sandbox::ticket& t) {
+  std::optional<sandbox::session_start> got;
+  rt.async_open_session(std::move(req), t, [&](boost::system::error_code ec, sandbox::session_start s) {
+    CHECK(!ec);
+    got = std::move(s);
+  });
+  CHECK(!got.has_value());  // never completes inside the call
+  io.restart();
+  for (int i = 0; i < 1000 && !got; ++i) io.run_one_for(std::chrono::milliseconds(100));
+  REQUIRE(got.has_value());
+  return *got;
+}
+
+}  // namespace
+
+TEST_CASE("session admission: the request names an entry, nothing else", "[session]") {
+  asio::io_context io;
+  auto rt = sandbox::runtime::create(io.get_executor(), options());
+  REQUIRE(rt.has_value());
+  auto t = sandbox::test::make_ticket();
+
+  auto unknown = open(io, *rt, {.tool = "/bin/sh"}, t);
+  CHECK(unknown.code == code::invalid_request);
+  CHECK(unknown.message == "tool: unknown session tool '/bin/sh'");
+  CHECK(!unknown.session);
+
+  auto zero = open(io, *rt, {.tool = "cat", .max_lifetime = std::chrono::milliseconds(0)}, t);
+  CHECK(zero.code == code::invalid_request);
+  CHECK(zero.message.find("max_lifetime") != std::string::npos);
+  auto neg = open(io, *rt, {.tool = "cat", .max_lifetime = std::nullopt,
+                        .idle_timeout = std::chrono::milliseconds(-5)}, t);
+  CHECK(neg.code == code::invalid_request);
+  CHECK(neg.message.find("idle_timeout") != std::string::npos);
+
+  for (const char* bad : {"relative", "dots"}) {
+    auto b = open(io, *rt, {.tool = bad}, t);
+    CHECK(b.code == code::invalid_request);
+    CHECK(b.message.find("absolute binary path") != std::string::npos);
+  }
+}
+
+TEST_CASE("session admission: the ticket decides whether, the host where", "[session]") {
+  asio::io_context io;
+  auto rt = sandbox::runtime::create(io.get_executor(), options());
+  REQUIRE(rt.has_value());
+
+  auto no_exec = sandbox::test::make_ticket("acme", sandbox::isolation::process, false);
+  auto denied = open(io, *rt, {.tool = "cat"}, no_exec);
+  CHECK(denied.code == code::action_denied);
+  CHECK(denied.message.find("code.execute") != std::string::npos);
+
+  sandbox::ticket_spec old;
+  old.id = "t-old";
+  old.tenant = "acme";
+  old.expires_at = std::chrono::system_clock::now() - std::chrono::hours(1);
+  auto expired = open(io, *rt, {.tool = "cat"}, sandbox::ticket_issuer{}.issue(old).value());
+  CHECK(expired.code == code::action_denied);
+  CHECK(expired.message == "ticket expired");
+
+  // No backend registered at all: never a weaker level, never silently.
+  auto t = sandbox::test::make_ticket();
+  auto none = open(io, *rt, {.tool = "cat"}, t);
+  CHECK(none.code == code::runtime_unavailable);
+
+  // A level that exists, but no image store holding the entry's image: refused, nothing
+  // started.
+  rt->add_backend(std::make_shared<sandbox::testing::fake_backend>(sandbox::isolation::gvisor));
+  auto strong = open(io, *rt, {.tool = "strong"}, t);
+  CHECK(strong.code == code::runtime_unavailable);
+  CHECK(strong.message.find("image") != std::string::npos);
+  CHECK(!strong.session);
+}
+
+TEST_CASE("image build: npm packages must be pinned to one exact version", "[session][image]") {
+  using sandbox::detail::is_pinned_npm_package;
+  CHECK(is_pinned_npm_package("@modelcontextprotocol/server-everything@2025.9.25"));
+  CHECK(is_pinned_npm_package("left-pad@1.3.0"));
+  CHECK(is_pinned_npm_package("pkg@1.0.0-beta.2"));
+  for (const char* bad : {"left-pad", "left-pad@^1.3.0", "left-pad@latest", "left-pad@1.3",
+                          "left-pad@>=1.0.0", "@scope@1.0.0", "@scope/@1.0.0",
+                          "git+https://x/y@1.0.0", "../evil@1.0.0", "./x@1.0.0",
+                          "Left-Pad@1.0.0", "left pad@1.0.0", "x@1.0.0-", "x@1..0",
+                          "--registry=http://evil@1.0.0", "a@1.0.0 b@2.0.0"}) {
+    INFO(bad);
+    CHECK(!is_pinned_npm_package(bad));
+  }
+}
