@@ -35,6 +35,9 @@ missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm (the MCP image's packages): Debian's, unless the host has one already (a nodejs from
+# elsewhere bundles its own, and Debian's npm would conflict with it).
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -70,5 +73,15 @@ if [ "${SANDBOX_SKIP_IMAGES:-0}" != 1 ]; then
       "$BUILD/bin/sandboxctl" image build "$runtime" "${packages[@]}" --image-dir "$IMAGE_DIR"
     fi
   done
+  # The MCP image of the session tests: Debian's node plus the reference "everything" stdio
+  # MCP server from npm (pinned; its engines accept the image's node 18), installed by the
+  # host's npm with scripts disabled.
+  if "$BUILD/bin/sandboxctl" image current mcp --image-dir "$IMAGE_DIR" >/dev/null 2>&1; then
+    log "image mcp: present"
+  else
+    log "image mcp: building (debootstrap + npm)"
+    "$BUILD/bin/sandboxctl" image build mcp --image-dir "$IMAGE_DIR" --package nodejs \
+      --npm @modelcontextprotocol/server-everything@2025.9.25
+  fi
 fi
 log "set-up done"

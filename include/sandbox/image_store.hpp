@@ -104,6 +104,11 @@ result<std::shared_ptr<image_store>> open_image_store(const image_store_options&
 struct debian_image_spec {
   std::string name;                   ///< runtime name, e.g. "python3"
   std::vector<std::string> packages;  ///< Debian packages on top of minbase, e.g. {"python3"}
+  /// npm packages pinned to exact versions (`name@1.2.3`, `@scope/name@1.2.3`), installed
+  /// by the host's `npm` with scripts disabled into a staging prefix, checked against the
+  /// lock's integrity hashes, and copied to `/opt/npm` (`/opt/npm/node_modules/…`) of the
+  /// image. Empty: none.
+  std::vector<std::string> npm_packages;
   std::string suite = "bookworm";
   std::string mirror;                 ///< empty: the first Debian mirror in the host's apt sources
   std::filesystem::path work_dir;     ///< scratch space; empty: a temp dir beside the store
@@ -118,7 +123,8 @@ struct debian_image_spec {
  * it to `store` and makes it current. Returns the manifest digest. Errors: `unsupported`
  * (no debootstrap or chroot), `permission_denied` (not root), `io_error` (the build failed; the log is
  * in host logs), `invalid_argument` (a name, package, suite or mirror that is not
- * well-formed).
+ * well-formed, or an npm package not pinned to an exact version), `digest_mismatch` (an npm
+ * package without a registry integrity hash in the lock).
  */
 result<std::string> build_debian_image(image_store& store, const debian_image_spec& spec);
 

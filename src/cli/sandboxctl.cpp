@@ -428,11 +428,14 @@ int cmd_blob(const std::vector<std::string>& args) {
 int cmd_image(const std::vector<std::string>& args) {
   common c;
   std::string verb, a1, a2, ref;
-  std::vector<std::string> packages;
+  std::vector<std::string> packages, npm_packages;
   auto d = common_options(c);
   d.add_options()("verb", po::value(&verb))("a1", po::value(&a1))("a2", po::value(&a2))(
       "ref", po::value(&ref), "import only manifests with this ref name")(
-      "package", po::value(&packages), "Debian package for `image build` (repeatable)");
+      "package", po::value(&packages), "Debian package for `image build` (repeatable)")(
+      "npm", po::value(&npm_packages),
+      "npm package pinned to an exact version (NAME@X.Y.Z) for `image build`, installed "
+      "with scripts disabled into /opt/npm of the image (repeatable)");
   po::positional_options_description pos;
   pos.add("verb", 1).add("a1", 1).add("a2", 1);
   parse(args, d, pos);
@@ -448,7 +451,8 @@ int cmd_image(const std::vector<std::string>& args) {
       else throw usage_error("image build: give --package for a runtime other than python3/node");
     }
     auto store = open_images(c);
-    auto digest = sandbox::build_debian_image(*store, {.name = a1, .packages = packages});
+    auto digest = sandbox::build_debian_image(
+        *store, {.name = a1, .packages = packages, .npm_packages = npm_packages});
     if (!digest) return fail("build", digest.error());
     std::cout << *digest << "\n";
     return exit_ok;

@@ -63,6 +63,62 @@ bool is_debian_package_name(std::string_view p) {
                      [&](char c) { return lower_alnum(c) || c == '+' || c == '-' || c == '.'; });
 }
 
+}  // namespace
+
+/// `name@X.Y.Z` or `@scope/name@X.Y.Z` (an exact version, optionally with a pre-release
+/// tag): a pinned npm package. Ranges, tags, URLs, paths and git specs are refused.
+bool detail::is_pinned_npm_package(std::string_view p) {
+  if (p.size() < 7 || p.size() > 214) return false;
+  const auto at = p.rfind('@');
+  if (at == std::string_view::npos || at == 0) return false;
+  std::string_view name = p.substr(0, at), version = p.substr(at + 1);
+  auto name_char = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_';
+  };
+  auto plain = [&](std::string_view n) {
+    return !n.empty() && n.front() != '.' && n.front() != '_' &&
+           std::all_of(n.begin(), n.end(), name_char);
+  };
+  if (name.front() == '@') {
+    const auto slash = name.find('/');
+    if (slash == std::string_view::npos || !plain(name.substr(1, slash - 1)) ||
+        !plain(name.substr(slash + 1))) {
+      return false;
+    }
+  } else if (!plain(name)) {
+    return false;
+  }
+  // X.Y.Z[-pre]: three numeric parts, then an optional [0-9A-Za-z.-] tag.
+  int dots = 0;
+  std::size_t i = 0;
+  bool digit = false;
+  for (; i < version.size() && version[i] != '-'; ++i) {
+    if (version[i] == '.') {
+      if (!digit) return false;
+      ++dots;
+      digit = false;
+    } else if (version[i] >= '0' && version[i] <= '9') {
+      digit = true;
+    } else {
+      return false;
+    }
+  }
+  if (dots != 2 || !digit) return false;
+  if (i < version.size()) {
+    auto tag = version.substr(i + 1);
+    if (tag.empty()) return false;
+    for (char c : tag) {
+      if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+            c == '.' || c == '-')) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+namespace {
+
 bool is_suite_name(std::string_view s) {
   if (s.empty() || s.size() > 64) return false;
   auto alnum = [](char c) {
@@ -236,7 +292,9 @@ class builder {
     // 1. Inputs, privileges, tools.
     if (!oci::is_valid_runtime_name(spec_.name) || !is_suite_name(spec_.suite) ||
         (!spec_.mirror.empty() && !is_mirror_url(spec_.mirror)) ||
-        !std::all_of(spec_.packages.begin(), spec_.packages.end(), is_debian_package_name)) {
+        !std::all_of(spec_.packages.begin(), spec_.packages.end(), is_debian_package_name) ||
+        !std::all_of(spec_.npm_packages.begin(), spec_.npm_packages.end(),
+                     detail::is_pinned_npm_package)) {
       return store_error(errc::invalid_argument);
     }
     if (::geteuid() != 0) {
@@ -310,6 +368,12 @@ class builder {
       }
     }
 
+    // 3c. npm packages, installed by the host's npm into a staging prefix (nothing runs inside
+    //     the image), then copied to /opt/npm of the tree.
+    if (!spec_.npm_packages.empty()) {
+      if (auto r = install_npm(target); !r) return r.error();
+    }
+
     // 4. Scrub.
     auto tfd = detail::open_dir_at(work_fd_.get(), "rootfs");
     if (!tfd) return fail("open rootfs", tfd.error());
@@ -349,6 +413,7 @@ class builder {
       created_by += "; apt-get install --no-install-recommends";
       for (const auto& p : spec_.packages) created_by += " " + p;
     }
+    for (const auto& p : spec_.npm_packages) created_by += "; npm " + p;
     json config = {
         {"created", created},
         {"architecture", host_architecture()},
@@ -404,6 +469,93 @@ class builder {
     if (ec.value() == ETIMEDOUT) return store_error(errc::io_error);
     auto mapped = detail::to_store_error(ec);
     return mapped == store_error(errc::permission_denied) ? mapped : store_error(errc::io_error);
+  }
+
+  // npm install --ignore-scripts into <work>/npm (its own HOME and cache), every package of
+  // the lock checked for a registry `integrity` (npm verified each tarball against it), then
+  // node_modules, package.json and package-lock.json copied to <target>/opt/npm.
+  result<void> install_npm(const std::string& target) {
+    const std::string npm = detail::find_program({"/usr/bin/npm", "/usr/local/bin/npm"});
+    const std::string cp = detail::find_program({"/usr/bin/cp", "/bin/cp"});
+    if (npm.empty() || cp.empty()) {
+      log_(log_level::warning, "image build: npm (and cp) needed for npm packages");
+      return store_error(errc::unsupported);
+    }
+    const std::string prefix = work_path_ + "/npm";
+    for (const char* d : {"/npm", "/npm-home", "/npm-cache"}) {
+      if (::mkdir((work_path_ + d).c_str(), 0700) != 0) return fail("mkdir npm", sys_error(errno));
+    }
+    {
+      std::ofstream pj(prefix + "/package.json");
+      pj << R"({"name":"agent-sandbox-image","version":"1.0.0","private":true})" << "\n";
+      if (!pj) return fail("write package.json", store_error(errc::io_error));
+    }
+    std::vector<std::string> argv = {npm, "install", "--prefix", prefix, "--ignore-scripts",
+                                     "--no-audit", "--no-fund", "--save-exact",
+                                     "--package-lock=true", "--omit=dev"};
+    argv.insert(argv.end(), spec_.npm_packages.begin(), spec_.npm_packages.end());
+    std::vector<std::string> env = detail::minimal_tool_env();
+    env.push_back("HOME=" + work_path_ + "/npm-home");
+    env.push_back("npm_config_cache=" + work_path_ + "/npm-cache");
+    env.push_back("npm_config_update_notifier=false");
+    // The host's way to the registry (a proxy, a registry mirror, the CA that proxy's
+    // certificates chain to) is passed on; nothing else of its environment or npm config
+    // (`--prefix` also moves npm's global config into the staging prefix).
+    for (const char* var : {"http_proxy", "https_proxy", "no_proxy", "npm_config_registry",
+                            "npm_config_cafile", "NODE_EXTRA_CA_CERTS"}) {
+      if (const char* v = std::getenv(var)) env.push_back(std::string(var) + "=" + v);
+    }
+    log_(log_level::info, "image build: npm install (scripts ignored)");
+    auto inst = detail::run_tool(argv, env, kDebootstrapTimeout, -1, 16 * 1024);
+    if (!inst) return fail("run npm", inst.error());
+    if (!inst->ok()) {
+      log_(log_level::error, "image build: npm install failed (" + inst->describe() +
+                                 "); last output:\n" + inst->output);
+      return store_error(errc::io_error);
+    }
+    // The lock: every installed package resolved from a registry with an integrity hash.
+    try {
+      std::ifstream lf(prefix + "/package-lock.json");
+      auto lock = nlohmann::json::parse(lf);
+      const auto& pkgs = lock.at("packages");
+      std::size_t count = 0;
+      for (const auto& [path, entry] : pkgs.items()) {
+        if (path.empty() || entry.value("link", false)) continue;
+        const std::string integrity = entry.value("integrity", "");
+        // (`resolved` may be left out of locks by the host's npm config; when present it
+        // must be https.)
+        const std::string resolved = entry.value("resolved", "");
+        if (integrity.rfind("sha512-", 0) != 0 ||
+            (!resolved.empty() && resolved.rfind("https://", 0) != 0)) {
+          log_(log_level::error, "image build: npm lock entry without a sha512 integrity or "
+                                 "https source: " + path);
+          return store_error(errc::digest_mismatch);
+        }
+        ++count;
+      }
+      if (count == 0) {
+        log_(log_level::error, "image build: npm installed nothing");
+        return store_error(errc::io_error);
+      }
+      log_(log_level::info, "image build: npm lock checked (" + std::to_string(count) + " packages)");
+    } catch (const std::exception& e) {
+      log_(log_level::error, std::string("image build: npm lock unreadable: ") + e.what());
+      return store_error(errc::io_error);
+    }
+    if (::mkdir((target + "/opt").c_str(), 0755) != 0 && errno != EEXIST) {
+      return fail("mkdir /opt", sys_error(errno));
+    }
+    if (::mkdir((target + "/opt/npm").c_str(), 0755) != 0) return fail("mkdir /opt/npm", sys_error(errno));
+    for (const char* what : {"/node_modules", "/package.json", "/package-lock.json"}) {
+      auto c = detail::run_tool({cp, "-R", "--no-preserve=ownership", prefix + what, target + "/opt/npm/"},
+                                detail::minimal_tool_env(), std::chrono::minutes(5));
+      if (!c) return fail("run cp", c.error());
+      if (!c->ok()) {
+        log_(log_level::error, "image build: copying npm packages failed: " + c->output);
+        return store_error(errc::io_error);
+      }
+    }
+    return {};
   }
 
   result<void> make_work_dir() {

@@ -17,4 +17,8 @@ namespace sandbox::detail {
 std::string find_debian_mirror(std::string_view suite,
                                const std::filesystem::path& apt_dir = "/etc/apt");
 
+/// True for an npm package pinned to one exact version: `name@X.Y.Z` or
+/// `@scope/name@X.Y.Z` (optional pre-release tag). Ranges, tags, URLs and paths are not.
+bool is_pinned_npm_package(std::string_view spec);
+
 }  // namespace sandbox::detail

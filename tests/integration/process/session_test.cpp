@@ -5,6 +5,7 @@
 #include <boost/asio/use_future.hpp>
 #include <catch2/catch.hpp>
 #include <atomic>
+#include <nlohmann/json.hpp>
 #include <future>
 #include <optional>
 #include <random>
@@ -55,6 +56,19 @@ print('forked', flush=True)
 sys.stdin.read()
 time.sleep(3600)
 )PY"));
+  // The reference MCP "everything" server, installed from npm into the "mcp" image at image
+  // build time (tools/setup.sh: sandboxctl image build mcp --npm …), speaking stdio.
+  sandbox::tool_entry mcp{
+      .name = "mcp-everything", .image = "mcp", .image_digest = std::nullopt,
+      .binary = "/usr/bin/node",
+      .args = {"/opt/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
+               "stdio"},
+      .input = sandbox::tool_input::stdin_bytes, .isolation = sandbox::isolation::process,
+      .profile = {}, .egress = {}, .env = {}};
+  e.push_back(mcp);
+  mcp.name = "mcp-everything-container";
+  mcp.isolation = sandbox::isolation::container;
+  e.push_back(mcp);
   // Closes its stdout at once and lives on.
   e.push_back(py_entry("early-close", "import os, time\nos.close(1)\ntime.sleep(3600)"));
   return e;
@@ -170,7 +184,87 @@ void byte_exact_echo(const std::string& tool) {
   itest::check_host_unchanged(before);
 }
 
+// Reads newline-delimited JSON-RPC messages until the response with `id`; returns it.
+nlohmann::json read_response(sandbox::session& s, std::string& pending, int id) {
+  std::vector<char> buf(65536);
+  for (int guard = 0; guard < 10000; ++guard) {
+    for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
+      std::string line = pending.substr(0, nl);
+      pending.erase(0, nl + 1);
+      auto msg = nlohmann::json::parse(line, nullptr, false);
+      REQUIRE(!msg.is_discarded());
+      if (msg.contains("id") && msg["id"] == id) return msg;
+    }
+    std::promise<std::pair<boost::system::error_code, std::size_t>> p;
+    s.async_read_some(asio::buffer(buf), [&](boost::system::error_code ec, std::size_t n) {
+      p.set_value({ec, n});
+    });
+    auto [ec, n] = p.get_future().get();
+    REQUIRE(!ec);
+    pending.append(buf.data(), n);
+  }
+  FAIL("no response with id " << id);
+  return {};
+}
+
+void write_line(sandbox::session& s, const std::string& line) {
+  std::string data = line + "\n";
+  auto n = s.async_write(asio::buffer(data), asio::use_future).get();
+  REQUIRE(n == data.size());
+}
+
+void mcp_initialize_and_list(const std::string& tool) {
+  auto before = itest::snapshot();
+  auto st = open(runtime(), {.tool = tool});
+  if (st.code == code::runtime_unavailable && st.message.find("not installed") != std::string::npos) {
+    if (itest::must_work()) FAIL("the mcp image is not installed (tools/setup.sh builds it)");
+    WARN("mcp image not installed: skipped (" << st.message << ")");
+    return;
+  }
+  INFO(st.message);
+  REQUIRE(st.code == code::ok);
+  auto s = st.session;
+  std::string pending;
+  write_line(*s, R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"agent-sandbox-test","version":"1"}}})");
+  auto init = read_response(*s, pending, 1);
+  REQUIRE(init.contains("result"));
+  CHECK(init["result"]["protocolVersion"] == "2024-11-05");
+  CHECK(init["result"]["serverInfo"]["name"] == "example-servers/everything");
+  write_line(*s, R"({"jsonrpc":"2.0","method":"notifications/initialized"})");
+  write_line(*s, R"({"jsonrpc":"2.0","id":2,"method":"tools/list"})");
+  auto list = read_response(*s, pending, 2);
+  REQUIRE(list.contains("result"));
+  bool has_echo = false;
+  for (const auto& t : list["result"]["tools"]) has_echo |= t["name"] == "echo";
+  CHECK(has_echo);
+  // A tool call round trip: the server's echo tool.
+  write_line(*s, R"({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"message":"hi from the sandbox"}}})");
+  auto call = read_response(*s, pending, 3);
+  CHECK(call.dump().find("hi from the sandbox") != std::string::npos);
+  auto r = close(*s);
+  CHECK(r.end == session_end::closed);
+  CHECK(r.result.code == code::ok);
+  CHECK(r.result.egress_attempts.empty());
+  s.reset();
+  st.session.reset();
+  itest::check_host_unchanged(before);
+}
+
 }  // namespace
+
+TEST_CASE("session: MCP initialize and tools/list over stdio (process)", "[session][mcp]") {
+  mcp_initialize_and_list("mcp-everything");
+}
+
+TEST_CASE("session: MCP initialize and tools/list over stdio (container, crun)",
+          "[session][mcp][container]") {
+  if (!has_container()) {
+    if (itest::must_work()) FAIL("container backend unavailable under CI=true");
+    WARN("container backend unavailable: skipped");
+    return;
+  }
+  mcp_initialize_and_list("mcp-everything-container");
+}
 
 TEST_CASE("session: the fixture runtime exists", "[session]") {
   INFO(fixture().why);
