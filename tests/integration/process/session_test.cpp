@@ -94,6 +94,15 @@ session_fixture& fixture() {
       s.why = made.error().message();
     } else {
       s.rt.emplace(std::move(*made));
+      // The container backend's self-test leaves a `crun delete` in flight (its pipes are
+      // ours for a moment): let it finish before any case snapshots our descriptors.
+      int last = -1, same = 0;
+      for (int i = 0; i < 200 && same < 5; ++i) {
+        const int now = itest::count_fds();
+        same = now == last ? same + 1 : 0;
+        last = now;
+        std::this_thread::sleep_for(20ms);
+      }
     }
     return s;
   }();
@@ -104,6 +113,13 @@ sandbox::runtime& runtime() {
   auto& f = fixture();
   REQUIRE(f.rt.has_value());
   return *f.rt;
+}
+
+// The host's state, after the shared runtime exists (its own descriptors and cgroups are not
+// a case's leftovers).
+itest::host_snapshot snapshot() {
+  runtime();
+  return itest::snapshot();
 }
 
 bool has_container() {
@@ -148,7 +164,7 @@ bool eventually(Pred pred, std::chrono::milliseconds bound = 20s) {
 }
 
 void byte_exact_echo(const std::string& tool) {
-  auto before = itest::snapshot();
+  auto before = snapshot();
   auto st = open(runtime(), {.tool = tool});
   REQUIRE(st.code == code::ok);
   REQUIRE(st.session);
@@ -207,6 +223,24 @@ nlohmann::json read_response(sandbox::session& s, std::string& pending, int id) 
   return {};
 }
 
+// Reads until a newline; returns the line without it (and keeps what follows in `pending`).
+std::string read_line(sandbox::session& s, std::string& pending) {
+  std::vector<char> buf(4096);
+  while (pending.find('\n') == std::string::npos) {
+    std::promise<std::pair<boost::system::error_code, std::size_t>> p;
+    s.async_read_some(asio::buffer(buf), [&](boost::system::error_code ec, std::size_t n) {
+      p.set_value({ec, n});
+    });
+    auto [ec, n] = p.get_future().get();
+    if (ec) return pending;
+    pending.append(buf.data(), n);
+  }
+  auto nl = pending.find('\n');
+  std::string line = pending.substr(0, nl);
+  pending.erase(0, nl + 1);
+  return line;
+}
+
 void write_line(sandbox::session& s, const std::string& line) {
   std::string data = line + "\n";
   auto n = s.async_write(asio::buffer(data), asio::use_future).get();
@@ -214,7 +248,7 @@ void write_line(sandbox::session& s, const std::string& line) {
 }
 
 void mcp_initialize_and_list(const std::string& tool) {
-  auto before = itest::snapshot();
+  auto before = snapshot();
   auto st = open(runtime(), {.tool = tool});
   if (st.code == code::runtime_unavailable && st.message.find("not installed") != std::string::npos) {
     if (itest::must_work()) FAIL("the mcp image is not installed (tools/setup.sh builds it)");
@@ -303,7 +337,7 @@ TEST_CASE("session: the model picks only a name; the ticket decides", "[session]
 
 TEST_CASE("session: a server that does not read makes writes wait; host memory bounded",
           "[session]") {
-  auto before = itest::snapshot();
+  auto before = snapshot();
   auto st = open(runtime(), {.tool = "sleeper"});
   REQUIRE(st.code == code::ok);
   auto s = st.session;
@@ -338,7 +372,7 @@ TEST_CASE("session: a server that does not read makes writes wait; host memory b
 }
 
 TEST_CASE("session: a host that does not read blocks the server on its pipe", "[session]") {
-  auto before = itest::snapshot();
+  auto before = snapshot();
   auto st = open(runtime(), {.tool = "flood"});
   REQUIRE(st.code == code::ok);
   auto s = st.session;
@@ -366,7 +400,7 @@ TEST_CASE("session: a host that does not read blocks the server on its pipe", "[
 
 TEST_CASE("session: the idle timeout ends it with timeout; everything confirmed dead",
           "[session]") {
-  auto before = itest::snapshot();
+  auto before = snapshot();
   auto st = open(runtime(), {.tool = "sleeper", .max_lifetime = std::nullopt, .idle_timeout = 300ms});
   REQUIRE(st.code == code::ok);
   auto s = st.session;
@@ -386,7 +420,7 @@ TEST_CASE("session: the idle timeout ends it with timeout; everything confirmed 
 }
 
 TEST_CASE("session: the maximum lifetime ends it with timeout", "[session]") {
-  auto before = itest::snapshot();
+  auto before = snapshot();
   auto st = open(runtime(), {.tool = "sleeper", .max_lifetime = 300ms, .idle_timeout = std::nullopt});
   REQUIRE(st.code == code::ok);
   auto s = st.session;
@@ -401,16 +435,12 @@ TEST_CASE("session: the maximum lifetime ends it with timeout", "[session]") {
 }
 
 TEST_CASE("session: children that try to outlive close are all killed", "[session]") {
-  auto before = itest::snapshot();
+  auto before = snapshot();
   auto st = open(runtime(), {.tool = "forker"});
   REQUIRE(st.code == code::ok);
   auto s = st.session;
-  std::vector<char> buf(64);
-  std::promise<std::string> line;
-  s->async_read_some(asio::buffer(buf), [&](boost::system::error_code, std::size_t n) {
-    line.set_value(std::string(buf.data(), n));
-  });
-  CHECK(line.get_future().get() == "forked\n");
+  std::string pending;
+  CHECK(read_line(*s, pending) == "forked");
   auto r = close(*s);
   CHECK(r.end == session_end::closed);
   CHECK(r.result.code == code::ok);
@@ -421,7 +451,7 @@ TEST_CASE("session: children that try to outlive close are all killed", "[sessio
 
 TEST_CASE("session: a server that closes stdout early gives EOF; close still kills it",
           "[session]") {
-  auto before = itest::snapshot();
+  auto before = snapshot();
   auto st = open(runtime(), {.tool = "early-close"});
   REQUIRE(st.code == code::ok);
   auto s = st.session;
@@ -437,7 +467,7 @@ TEST_CASE("session: a server that closes stdout early gives EOF; close still kil
 }
 
 TEST_CASE("session: dropping the session object kills the server", "[session]") {
-  auto before = itest::snapshot();
+  auto before = snapshot();
   auto st = open(runtime(), {.tool = "forker"});
   REQUIRE(st.code == code::ok);
   st.session.reset();
@@ -445,7 +475,7 @@ TEST_CASE("session: dropping the session object kills the server", "[session]") 
 }
 
 TEST_CASE("session: destroying the runtime kills a live session", "[session]") {
-  auto before = itest::snapshot();
+  auto before = snapshot();
   std::string root;
   auto opts = itest::private_runtime_options(&root);
   opts.sessions.entries = entries();
