@@ -69,6 +69,14 @@ time.sleep(3600)
   mcp.name = "mcp-everything-container";
   mcp.isolation = sandbox::isolation::container;
   e.push_back(mcp);
+  // Closes its stdin, says so on stdout and stderr, and lives on.
+  e.push_back(py_entry("stdin-closer", R"PY(
+import os, sys, time
+os.close(0)
+sys.stderr.write('stdin closed on purpose\n'); sys.stderr.flush()
+print('closed', flush=True)
+time.sleep(3600)
+)PY"));
   // Closes its stdout at once and lives on.
   e.push_back(py_entry("early-close", "import os, time\nos.close(1)\ntime.sleep(3600)"));
   return e;
@@ -461,6 +469,41 @@ TEST_CASE("session: a server that closes stdout early gives EOF; close still kil
   CHECK(!s->stats().ended);
   auto r = close(*s);
   CHECK(r.end == session_end::closed);
+  s.reset();
+  st.session.reset();
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("session: a server that closes its stdin makes writes fail with broken_pipe",
+          "[session]") {
+  auto before = snapshot();
+  auto st = open(runtime(), {.tool = "stdin-closer"});
+  REQUIRE(st.code == code::ok);
+  auto s = st.session;
+  std::string pending;
+  REQUIRE(read_line(*s, pending) == "closed");
+  // The pipe has no reader now: the write fails (EPIPE), and the host process gets no
+  // SIGPIPE (this test would die of it).
+  std::string data(256 * 1024, 'z');
+  std::promise<std::pair<boost::system::error_code, std::size_t>> p;
+  s->async_write(asio::buffer(data), [&](boost::system::error_code ec, std::size_t n) {
+    p.set_value({ec, n});
+  });
+  auto [ec, n] = p.get_future().get();
+  CHECK(ec == asio::error::broken_pipe);
+  CHECK(n <= data.size());
+  CHECK(s->stats().bytes_to_server == 0);
+  // A later write is refused at once.
+  std::promise<boost::system::error_code> p2;
+  s->async_write(asio::buffer(data), [&](boost::system::error_code e, std::size_t) { p2.set_value(e); });
+  CHECK(p2.get_future().get() == asio::error::broken_pipe);
+  auto r = close(*s);
+  CHECK(r.end == session_end::closed);
+  // stderr is captured like a run's, as a blob.
+  CHECK(r.result.std_err.summary == "stdin closed on purpose\n");
+  auto stored = runtime().blobs()->get("itest", r.result.std_err.blob);
+  REQUIRE(stored.has_value());
+  CHECK(*stored == "stdin closed on purpose\n");
   s.reset();
   st.session.reset();
   itest::check_host_unchanged(before);
