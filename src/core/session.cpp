@@ -3,10 +3,13 @@
 // session mode (init_backend.cpp).
 #include "sandbox/session.hpp"
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 
+#include "core/env_rules.hpp"
 #include "core/runtime_impl.hpp"
 #include "core/text_util.hpp"
+#include "sandbox/egress.hpp"
 #include "sandbox/runtime.hpp"
 
 namespace sandbox {
@@ -89,6 +92,30 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
                       ": workload profiles are not supported for sessions yet");
   }
 
+  // The entry's own egress list (the host's configuration, not the ticket's grant), in the
+  // canonical form the egress proxy matches against.
+  std::vector<std::string> egress;
+  for (std::size_t i = 0; i < entry->egress.size(); ++i) {
+    auto c = canonical_egress_pattern(entry->egress[i]);
+    if (!c) {
+      return refuse(std::move(handler), ex, code::invalid_request,
+                    "tool: entry " + detail::quote_for_message(entry->name) + ": egress[" +
+                        std::to_string(i) + "] is not an egress pattern");
+    }
+    if (std::find(egress.begin(), egress.end(), *c) == egress.end()) egress.push_back(*c);
+  }
+
+  // Its env: the same rules as a request's (no sandbox-owned, loader or proxy variables).
+  for (std::size_t i = 0; i < entry->env.size(); ++i) {
+    const auto& name = entry->env[i].first;
+    if (!detail::is_env_name(name) || detail::is_reserved_env(name)) {
+      return refuse(std::move(handler), ex, code::invalid_request,
+                    "tool: entry " + detail::quote_for_message(entry->name) + ": env[" +
+                        std::to_string(i) + "] " + detail::quote_for_message(name) +
+                        " may not be set");
+    }
+  }
+
   // 2. The ticket: unexpired, `code.execute`.
   if (t.is_expired(std::chrono::system_clock::now())) {
     return refuse(std::move(handler), ex, code::action_denied, "ticket expired");
@@ -162,8 +189,8 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
   }
   for (const auto& [k, v] : entry->env) adm.request.env[k] = v;
   if (!entry->egress.empty()) {
+    adm.request.egress = std::move(egress);
     adm.request.network = true;
-    adm.request.egress = entry->egress;
   }
   adm.tenant = t.tenant();
   adm.ticket_id = t.id();

@@ -32,6 +32,13 @@ sandbox::runtime_options options() {
   auto dots = entry("dots");
   dots.binary = "/usr/../bin/cat";
   o.sessions.entries.push_back(dots);
+  auto bad_egress = entry("bad-egress");
+  bad_egress.isolation = sandbox::isolation::gvisor;
+  bad_egress.egress = {"api.example.com", "not a host!"};
+  o.sessions.entries.push_back(bad_egress);
+  auto bad_env = entry("bad-env");
+  bad_env.env = {{"TZ", "UTC"}, {"LD_PRELOAD", "/tmp/x.so"}};
+  o.sessions.entries.push_back(bad_env);
   auto gv = entry("strong");
   gv.isolation = sandbox::isolation::gvisor;
   o.sessions.entries.push_back(gv);
@@ -108,6 +115,12 @@ TEST_CASE("session admission: the ticket decides whether, the host where", "[ses
   // A level that exists, but no image store holding the entry's image: refused, nothing
   // started.
   rt->add_backend(std::make_shared<sandbox::testing::fake_backend>(sandbox::isolation::gvisor));
+  auto env = open(io, *rt, {.tool = "bad-env"}, t);
+  CHECK(env.code == code::invalid_request);
+  CHECK(env.message == "tool: entry 'bad-env': env[1] 'LD_PRELOAD' may not be set");
+  auto bad = open(io, *rt, {.tool = "bad-egress"}, t);
+  CHECK(bad.code == code::invalid_request);
+  CHECK(bad.message == "tool: entry 'bad-egress': egress[1] is not an egress pattern");
   auto strong = open(io, *rt, {.tool = "strong"}, t);
   CHECK(strong.code == code::runtime_unavailable);
   CHECK(strong.message.find("image") != std::string::npos);
