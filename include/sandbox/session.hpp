@@ -62,7 +62,7 @@ struct session_options {
   /// must be unique; `tool_entry::input` is ignored: a session's stdin is always live).
   std::vector<tool_entry> entries;
   std::chrono::milliseconds default_lifetime{std::chrono::minutes(10)};
-  std::chrono::milliseconds max_lifetime{std::chrono::hours(1)};  ///< ceiling of any request
+  std::chrono::milliseconds max_lifetime{std::chrono::hours(1)};    ///< ceiling of any request
   std::chrono::milliseconds idle_timeout{std::chrono::minutes(2)};  ///< default and ceiling
   /// Bytes the host buffers towards the server's stdin (beyond the pipe's own 64 KiB).
   std::uint32_t stdin_buffer_bytes = 64 * 1024;
@@ -71,14 +71,14 @@ struct session_options {
 
 /// How a session ended.
 enum class session_end : std::uint8_t {
-  closed,          ///< the host called `async_close` (the server was stopped; not an error)
-  server_exited,   ///< the server exited (and closed its output) by itself
-  idle_timeout,    ///< no byte moved for the idle timeout (code `timeout`)
-  max_lifetime,    ///< the maximum lifetime elapsed (code `timeout`)
-  oom,             ///< the session's memory limit was hit (code `oom`)
+  closed,             ///< the host called `async_close` (the server was stopped; not an error)
+  server_exited,      ///< the server exited (and closed its output) by itself
+  idle_timeout,       ///< no byte moved for the idle timeout (code `timeout`)
+  max_lifetime,       ///< the maximum lifetime elapsed (code `timeout`)
+  oom,                ///< the session's memory limit was hit (code `oom`)
   seccomp_violation,  ///< a forbidden system call (code `seccomp_violation`)
-  killed,          ///< the session object was destroyed, or the runtime shut down
-  failed,          ///< the sandbox failed (code `internal`)
+  killed,             ///< the session object was destroyed, or the runtime shut down
+  failed,             ///< the sandbox failed (code `internal`)
 };
 
 /// Wire name of a `session_end` ("closed", "server_exited", "idle_timeout", …).
@@ -146,8 +146,7 @@ class session {
   auto async_read_some(boost::asio::mutable_buffer buffer, CompletionToken&& token) {
     return boost::asio::async_initiate<CompletionToken,
                                        void(boost::system::error_code, std::size_t)>(
-        [this](auto h, boost::asio::mutable_buffer b) { do_read(b, std::move(h)); }, token,
-        buffer);
+        [this](auto h, boost::asio::mutable_buffer b) { do_read(b, std::move(h)); }, token, buffer);
   }
 
   /// Closes the server's stdin once the buffered bytes are written (EOF for the server).

@@ -16,14 +16,22 @@ namespace sandbox {
 
 std::string_view to_string(session_end e) noexcept {
   switch (e) {
-    case session_end::closed: return "closed";
-    case session_end::server_exited: return "server_exited";
-    case session_end::idle_timeout: return "idle_timeout";
-    case session_end::max_lifetime: return "max_lifetime";
-    case session_end::oom: return "oom";
-    case session_end::seccomp_violation: return "seccomp_violation";
-    case session_end::killed: return "killed";
-    case session_end::failed: return "failed";
+    case session_end::closed:
+      return "closed";
+    case session_end::server_exited:
+      return "server_exited";
+    case session_end::idle_timeout:
+      return "idle_timeout";
+    case session_end::max_lifetime:
+      return "max_lifetime";
+    case session_end::oom:
+      return "oom";
+    case session_end::seccomp_violation:
+      return "seccomp_violation";
+    case session_end::killed:
+      return "killed";
+    case session_end::failed:
+      return "failed";
   }
   return "failed";
 }
@@ -35,8 +43,9 @@ using open_handler =
 
 void refuse(open_handler h, const boost::asio::any_io_executor& fallback, code c,
             std::string message, boost::system::error_code ec = {}) {
-  detail::post_completion(fallback, std::move(h), ec,
-                          session_start{.session = nullptr, .code = c, .message = std::move(message)});
+  detail::post_completion(
+      fallback, std::move(h), ec,
+      session_start{.session = nullptr, .code = c, .message = std::move(message)});
 }
 
 bool is_absolute_clean(const std::string& p) {
@@ -56,9 +65,10 @@ bool is_absolute_clean(const std::string& p) {
 void runtime::do_open_session(session_request request, ticket t, open_handler handler) {
   if (!impl_) {
     // No executor to post to: complete inline (the runtime was moved from).
-    std::move(handler)(boost::asio::error::operation_aborted,
-                       session_start{.session = nullptr, .code = code::internal,
-                                     .message = "the runtime was moved from"});
+    std::move(handler)(
+        boost::asio::error::operation_aborted,
+        session_start{
+            .session = nullptr, .code = code::internal, .message = "the runtime was moved from"});
     return;
   }
   auto impl = impl_;
@@ -82,9 +92,9 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
   }
   // The entry is the host's configuration; a bad one is refused here, never run.
   if (!is_absolute_clean(entry->binary)) {
-    return refuse(std::move(handler), ex, code::invalid_request,
-                  "tool: entry " + detail::quote_for_message(entry->name) +
-                      " has no absolute binary path");
+    return refuse(
+        std::move(handler), ex, code::invalid_request,
+        "tool: entry " + detail::quote_for_message(entry->name) + " has no absolute binary path");
   }
   if (!entry->profile.empty()) {
     return refuse(std::move(handler), ex, code::invalid_request,
@@ -121,17 +131,17 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
     return refuse(std::move(handler), ex, code::action_denied, "ticket expired");
   }
   if (!t.allows(action::code_execute)) {
-    return refuse(std::move(handler), ex, code::action_denied,
-                  "ticket: code.execute not granted");
+    return refuse(std::move(handler), ex, code::action_denied, "ticket: code.execute not granted");
   }
 
   // 3. The level: the stronger of the entry's and the ticket's; the network (the entry's own
   //    egress) only at container or stronger; the weakest registered backend at or above.
   isolation need = is_at_least(entry->isolation, t.isolation()) ? entry->isolation : t.isolation();
-  if (!entry->egress.empty() && !is_at_least(need, isolation::container)) need = isolation::container;
+  if (!entry->egress.empty() && !is_at_least(need, isolation::container))
+    need = isolation::container;
   std::shared_ptr<backend> chosen;
-  for (isolation l : {isolation::process, isolation::container, isolation::gvisor,
-                      isolation::microvm}) {
+  for (isolation l :
+       {isolation::process, isolation::container, isolation::gvisor, isolation::microvm}) {
     if (!is_at_least(l, need)) continue;
     if (auto b = impl->backend_at(l)) {
       chosen = std::move(b);
@@ -152,25 +162,25 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
   }
   auto digest = images->current_digest(entry->image);
   if (!digest) {
-    return refuse(std::move(handler), ex, code::runtime_unavailable,
-                  "tool: the image " + detail::quote_for_message(entry->image) +
-                      " is not installed");
+    return refuse(
+        std::move(handler), ex, code::runtime_unavailable,
+        "tool: the image " + detail::quote_for_message(entry->image) + " is not installed");
   }
   if (entry->image_digest && *entry->image_digest != *digest) {
-    return refuse(std::move(handler), ex, code::digest_mismatch,
-                  "tool: the image of " + detail::quote_for_message(entry->name) +
-                      " is not the pinned one");
+    return refuse(
+        std::move(handler), ex, code::digest_mismatch,
+        "tool: the image of " + detail::quote_for_message(entry->name) + " is not the pinned one");
   }
   if (t.runtime_digest() && *t.runtime_digest() != *digest) {
     return refuse(std::move(handler), ex, code::digest_mismatch,
-                  "ticket.runtime_digest: the image of " +
-                      detail::quote_for_message(entry->name) + " is not the pinned one");
+                  "ticket.runtime_digest: the image of " + detail::quote_for_message(entry->name) +
+                      " is not the pinned one");
   }
   auto root = images->rootfs(*digest);
   if (!root) {
-    return refuse(std::move(handler), ex, code::runtime_unavailable,
-                  "tool: the image " + detail::quote_for_message(entry->image) +
-                      " cannot be unpacked");
+    return refuse(
+        std::move(handler), ex, code::runtime_unavailable,
+        "tool: the image " + detail::quote_for_message(entry->image) + " cannot be unpacked");
   }
 
   // 5. The job: the entry's argv and env, the lifetime as the run's timeout, the ticket's
@@ -198,8 +208,8 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
   adm.runtime = runtime_info{.name = entry->name, .digest = *digest};
   adm.timeout_clamped = request.max_lifetime && *request.max_lifetime > lifetime;
 
-  runtime_spec spec{.name = entry->name, .argv = {entry->binary}, .source_name = "main",
-                    .image = entry->image};
+  runtime_spec spec{
+      .name = entry->name, .argv = {entry->binary}, .source_name = "main", .image = entry->image};
   spec.argv.insert(spec.argv.end(), entry->args.begin(), entry->args.end());
   run_job job{.run_id = detail::new_run_id(),
               .admitted = std::move(adm),
@@ -208,7 +218,8 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
               .blobs = impl->blobs(),
               .policy = pol,
               .executor = ex};
-  session_job sj{.idle_timeout = idle, .stdin_buffer_bytes = std::max<std::uint32_t>(opts.stdin_buffer_bytes, 1)};
+  session_job sj{.idle_timeout = idle,
+                 .stdin_buffer_bytes = std::max<std::uint32_t>(opts.stdin_buffer_bytes, 1)};
   chosen->open_session(std::move(job), sj, std::move(handler));
 }
 

@@ -1,10 +1,11 @@
 // Sessions' admission (src/core/session.cpp) without processes: the registry, the ticket and
 // the host decide before any backend is asked; and the npm package pins of image builds.
+#include "sandbox/session.hpp"
+
 #include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 
 #include "core/image_build.hpp"
-#include "sandbox/session.hpp"
 #include "sandbox/testing/fake_backend.hpp"
 #include "unit/runtime_test_support.hpp"
 
@@ -14,9 +15,16 @@ using sandbox::code;
 namespace {
 
 sandbox::tool_entry entry(std::string name) {
-  return {.name = std::move(name), .image = "python3", .image_digest = std::nullopt,
-          .binary = "/bin/cat", .args = {}, .input = sandbox::tool_input::stdin_bytes,
-          .isolation = sandbox::isolation::process, .profile = {}, .egress = {}, .env = {}};
+  return {.name = std::move(name),
+          .image = "python3",
+          .image_digest = std::nullopt,
+          .binary = "/bin/cat",
+          .args = {},
+          .input = sandbox::tool_input::stdin_bytes,
+          .isolation = sandbox::isolation::process,
+          .profile = {},
+          .egress = {},
+          .env = {}};
 }
 
 sandbox::runtime_options options() {
@@ -47,13 +55,14 @@ sandbox::runtime_options options() {
 
 // Opens on a runtime whose executor is `io` (run here, after the call: a completion
 // inside the call would be seen).
-sandbox::session_start open(asio::io_context& io, sandbox::runtime& rt, sandbox::session_request req,
-                            const sandbox::ticket& t) {
+sandbox::session_start open(asio::io_context& io, sandbox::runtime& rt,
+                            sandbox::session_request req, const sandbox::ticket& t) {
   std::optional<sandbox::session_start> got;
-  rt.async_open_session(std::move(req), t, [&](boost::system::error_code ec, sandbox::session_start s) {
-    CHECK(!ec);
-    got = std::move(s);
-  });
+  rt.async_open_session(std::move(req), t,
+                        [&](boost::system::error_code ec, sandbox::session_start s) {
+                          CHECK(!ec);
+                          got = std::move(s);
+                        });
   CHECK(!got.has_value());  // never completes inside the call
   io.restart();
   for (int i = 0; i < 1000 && !got; ++i) io.run_one_for(std::chrono::milliseconds(100));
@@ -77,8 +86,10 @@ TEST_CASE("session admission: the request names an entry, nothing else", "[sessi
   auto zero = open(io, *rt, {.tool = "cat", .max_lifetime = std::chrono::milliseconds(0)}, t);
   CHECK(zero.code == code::invalid_request);
   CHECK(zero.message.find("max_lifetime") != std::string::npos);
-  auto neg = open(io, *rt, {.tool = "cat", .max_lifetime = std::nullopt,
-                        .idle_timeout = std::chrono::milliseconds(-5)}, t);
+  auto neg = open(
+      io, *rt,
+      {.tool = "cat", .max_lifetime = std::nullopt, .idle_timeout = std::chrono::milliseconds(-5)},
+      t);
   CHECK(neg.code == code::invalid_request);
   CHECK(neg.message.find("idle_timeout") != std::string::npos);
 
@@ -132,11 +143,11 @@ TEST_CASE("image build: npm packages must be pinned to one exact version", "[ses
   CHECK(is_pinned_npm_package("@modelcontextprotocol/server-everything@2025.9.25"));
   CHECK(is_pinned_npm_package("left-pad@1.3.0"));
   CHECK(is_pinned_npm_package("pkg@1.0.0-beta.2"));
-  for (const char* bad : {"left-pad", "left-pad@^1.3.0", "left-pad@latest", "left-pad@1.3",
-                          "left-pad@>=1.0.0", "@scope@1.0.0", "@scope/@1.0.0",
-                          "git+https://x/y@1.0.0", "../evil@1.0.0", "./x@1.0.0",
-                          "Left-Pad@1.0.0", "left pad@1.0.0", "x@1.0.0-", "x@1..0",
-                          "--registry=http://evil@1.0.0", "a@1.0.0 b@2.0.0"}) {
+  for (const char* bad :
+       {"left-pad", "left-pad@^1.3.0", "left-pad@latest", "left-pad@1.3", "left-pad@>=1.0.0",
+        "@scope@1.0.0", "@scope/@1.0.0", "git+https://x/y@1.0.0", "../evil@1.0.0", "./x@1.0.0",
+        "Left-Pad@1.0.0", "left pad@1.0.0", "x@1.0.0-", "x@1..0", "--registry=http://evil@1.0.0",
+        "a@1.0.0 b@2.0.0"}) {
     INFO(bad);
     CHECK(!is_pinned_npm_package(bad));
   }

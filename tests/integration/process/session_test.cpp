@@ -1,17 +1,17 @@
 // Sessions (sandbox/session.hpp): long-lived servers with live stdio, in the process backend
 // and the container backend (crun). Each case drives a real server in a real sandbox and
 // then checks that nothing of it is left on the host.
+#include <unistd.h>
+
+#include <atomic>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/use_future.hpp>
 #include <catch2/catch.hpp>
-#include <atomic>
-#include <nlohmann/json.hpp>
 #include <future>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <thread>
-
-#include <unistd.h>
 
 #include "integration/harness.hpp"
 
@@ -24,18 +24,31 @@ namespace {
 
 sandbox::tool_entry py_entry(std::string name, std::string script,
                              sandbox::isolation level = sandbox::isolation::process) {
-  return {.name = std::move(name), .image = "python3", .image_digest = std::nullopt,
-          .binary = "/usr/bin/python3", .args = {"-u", "-c", std::move(script)},
-          .input = sandbox::tool_input::stdin_bytes, .isolation = level, .profile = {},
-          .egress = {}, .env = {}};
+  return {.name = std::move(name),
+          .image = "python3",
+          .image_digest = std::nullopt,
+          .binary = "/usr/bin/python3",
+          .args = {"-u", "-c", std::move(script)},
+          .input = sandbox::tool_input::stdin_bytes,
+          .isolation = level,
+          .profile = {},
+          .egress = {},
+          .env = {}};
 }
 
 // The servers these tests start: registry entries of the host (the test).
 std::vector<sandbox::tool_entry> entries() {
   std::vector<sandbox::tool_entry> e;
-  e.push_back({.name = "cat", .image = "python3", .image_digest = std::nullopt,
-               .binary = "/bin/cat", .args = {}, .input = sandbox::tool_input::stdin_bytes,
-               .isolation = sandbox::isolation::process, .profile = {}, .egress = {}, .env = {}});
+  e.push_back({.name = "cat",
+               .image = "python3",
+               .image_digest = std::nullopt,
+               .binary = "/bin/cat",
+               .args = {},
+               .input = sandbox::tool_input::stdin_bytes,
+               .isolation = sandbox::isolation::process,
+               .profile = {},
+               .egress = {},
+               .env = {}});
   auto crun_cat = e.back();
   crun_cat.name = "cat-container";
   crun_cat.isolation = sandbox::isolation::container;
@@ -61,12 +74,17 @@ time.sleep(3600)
   // The reference MCP "everything" server, installed from npm into the "mcp" image at image
   // build time (tools/setup.sh: sandboxctl image build mcp --npm …), speaking stdio.
   sandbox::tool_entry mcp{
-      .name = "mcp-everything", .image = "mcp", .image_digest = std::nullopt,
+      .name = "mcp-everything",
+      .image = "mcp",
+      .image_digest = std::nullopt,
       .binary = "/usr/bin/node",
       .args = {"/opt/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
                "stdio"},
-      .input = sandbox::tool_input::stdin_bytes, .isolation = sandbox::isolation::process,
-      .profile = {}, .egress = {}, .env = {}};
+      .input = sandbox::tool_input::stdin_bytes,
+      .isolation = sandbox::isolation::process,
+      .profile = {},
+      .egress = {},
+      .env = {}};
   e.push_back(mcp);
   mcp.name = "mcp-everything-container";
   mcp.isolation = sandbox::isolation::container;
@@ -260,7 +278,8 @@ void write_line(sandbox::session& s, const std::string& line) {
 void mcp_initialize_and_list(const std::string& tool) {
   auto before = snapshot();
   auto st = open(runtime(), {.tool = tool});
-  if (st.code == code::runtime_unavailable && st.message.find("not installed") != std::string::npos) {
+  if (st.code == code::runtime_unavailable &&
+      st.message.find("not installed") != std::string::npos) {
     if (itest::must_work()) FAIL("the mcp image is not installed (tools/setup.sh builds it)");
     WARN("mcp image not installed: skipped (" << st.message << ")");
     return;
@@ -269,7 +288,9 @@ void mcp_initialize_and_list(const std::string& tool) {
   REQUIRE(st.code == code::ok);
   auto s = st.session;
   std::string pending;
-  write_line(*s, R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"agent-sandbox-test","version":"1"}}})");
+  write_line(
+      *s,
+      R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"agent-sandbox-test","version":"1"}}})");
   auto init = read_response(*s, pending, 1);
   REQUIRE(init.contains("result"));
   CHECK(init["result"]["protocolVersion"] == "2024-11-05");
@@ -282,7 +303,9 @@ void mcp_initialize_and_list(const std::string& tool) {
   for (const auto& t : list["result"]["tools"]) has_echo |= t["name"] == "echo";
   CHECK(has_echo);
   // A tool call round trip: the server's echo tool.
-  write_line(*s, R"({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"message":"hi from the sandbox"}}})");
+  write_line(
+      *s,
+      R"({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"message":"hi from the sandbox"}}})");
   auto call = read_response(*s, pending, 3);
   CHECK(call.dump().find("hi from the sandbox") != std::string::npos);
   auto r = close(*s);
@@ -336,7 +359,8 @@ TEST_CASE("session: the model picks only a name; the ticket decides", "[session]
   CHECK(unknown.message.find("tool") != std::string::npos);
   CHECK(!unknown.session);
 
-  auto bad_idle = open(runtime(), {.tool = "cat", .max_lifetime = std::nullopt, .idle_timeout = 0ms});
+  auto bad_idle =
+      open(runtime(), {.tool = "cat", .max_lifetime = std::nullopt, .idle_timeout = 0ms});
   CHECK(bad_idle.code == code::invalid_request);
   CHECK(bad_idle.message.find("idle_timeout") != std::string::npos);
 
@@ -370,7 +394,7 @@ TEST_CASE("session: a server that does not read makes writes wait; host memory b
   auto x = s->stats();
   CHECK(!done.load());
   CHECK(x.stdin_capacity == 16 * 1024);
-  CHECK(x.bytes_to_server < data.size());          // the pipe took what it holds, no more
+  CHECK(x.bytes_to_server < data.size());  // the pipe took what it holds, no more
   CHECK(x.bytes_to_server + x.stdin_buffered < data.size());
   auto r = close(*s);
   CHECK(r.end == session_end::closed);
@@ -413,7 +437,8 @@ TEST_CASE("session: a host that does not read blocks the server on its pipe", "[
 TEST_CASE("session: the idle timeout ends it with timeout; everything confirmed dead",
           "[session]") {
   auto before = snapshot();
-  auto st = open(runtime(), {.tool = "sleeper", .max_lifetime = std::nullopt, .idle_timeout = 300ms});
+  auto st =
+      open(runtime(), {.tool = "sleeper", .max_lifetime = std::nullopt, .idle_timeout = 300ms});
   REQUIRE(st.code == code::ok);
   auto s = st.session;
   std::vector<char> buf(16);
@@ -433,7 +458,8 @@ TEST_CASE("session: the idle timeout ends it with timeout; everything confirmed 
 
 TEST_CASE("session: the maximum lifetime ends it with timeout", "[session]") {
   auto before = snapshot();
-  auto st = open(runtime(), {.tool = "sleeper", .max_lifetime = 300ms, .idle_timeout = std::nullopt});
+  auto st =
+      open(runtime(), {.tool = "sleeper", .max_lifetime = 300ms, .idle_timeout = std::nullopt});
   REQUIRE(st.code == code::ok);
   auto s = st.session;
   REQUIRE(eventually([&] { return s->stats().ended; }));
@@ -499,7 +525,8 @@ TEST_CASE("session: a server that closes its stdin makes writes fail with broken
   CHECK(s->stats().bytes_to_server == 0);
   // A later write is refused at once.
   std::promise<boost::system::error_code> p2;
-  s->async_write(asio::buffer(data), [&](boost::system::error_code e, std::size_t) { p2.set_value(e); });
+  s->async_write(asio::buffer(data),
+                 [&](boost::system::error_code e, std::size_t) { p2.set_value(e); });
   CHECK(p2.get_future().get() == asio::error::broken_pipe);
   auto r = close(*s);
   CHECK(r.end == session_end::closed);
@@ -535,9 +562,8 @@ TEST_CASE("session: destroying the runtime kills a live session", "[session]") {
     s = st.session;
     std::vector<char> buf(64);
     std::promise<std::size_t> got;
-    s->async_read_some(asio::buffer(buf), [&](boost::system::error_code, std::size_t n) {
-      got.set_value(n);
-    });
+    s->async_read_some(asio::buffer(buf),
+                       [&](boost::system::error_code, std::size_t n) { got.set_value(n); });
     CHECK(got.get_future().get() > 0);
   }  // the runtime goes with the session still open
   itest::check_host_unchanged(before);
