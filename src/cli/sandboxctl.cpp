@@ -27,6 +27,7 @@
 
 #include <fmt/format.h>
 
+#include "core/image_build.hpp"
 #include "cli_util.hpp"
 #include "sandbox/sandbox.hpp"
 #include "serve.hpp"
@@ -449,6 +450,14 @@ int cmd_image(const std::vector<std::string>& args) {
       if (a1 == "python3") packages = {"python3"};
       else if (a1 == "node") packages = {"nodejs"};
       else throw usage_error("image build: give --package for a runtime other than python3/node");
+    }
+    for (const auto& n : npm_packages) {
+      if (!sandbox::detail::is_pinned_npm_package(n)) {
+        throw usage_error(fmt::format(
+            "image build: --npm {}: not an npm package pinned to one exact version "
+            "(NAME@X.Y.Z or @SCOPE/NAME@X.Y.Z)",
+            quote_name(n)));
+      }
     }
     auto store = open_images(c);
     auto digest = sandbox::build_debian_image(

@@ -1061,3 +1061,15 @@ TEST_CASE("tools: `tools` lists the registry; `run --tool` feeds a file's bytes 
   CHECK(both.status == 2);
   CHECK(contains(both.err, "give either --tool or a SCRIPT"));
 }
+
+// --- image build --npm: only exact pins (sessions' MCP images) ----------------------------
+
+TEST_CASE("image build: an npm package without an exact version is a usage error naming it",
+          "[input]") {
+  for (std::string bad : {"left-pad", "left-pad@^1.3.0", "left-pad@latest", "../x@1.0.0"}) {
+    INFO("--npm " << bad);
+    auto o = sandboxctl(with({"image", "build", "mcp", "--package", "nodejs", "--npm", bad},
+                             clitest::private_store_flags()));
+    usage_error(o, "--npm '" + bad + "'");
+  }
+}
