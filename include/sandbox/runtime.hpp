@@ -287,9 +287,11 @@ class runtime {
    * Starts a session of the registered server `request.tool` (sandbox/session.hpp) under
    * `ticket`: the entry's image (its current digest, checked against the entry's and the
    * ticket's pins), binary and fixed argv, at the stronger of the entry's and the ticket's
-   * isolation level (at least `container` when the entry has egress), with the lifetime and
-   * idle timeout clamped to `runtime_options::sessions`. The ticket must be unexpired and
-   * grant `code.execute`. Completes once with `(error_code, session_start)` on the handler's
+   * isolation level (at least `container` when the entry has egress), under the entry's
+   * workload profile, with the lifetime and idle timeout clamped to
+   * `runtime_options::sessions`. The entry is checked like a registered tool's
+   * (`check_tool_entry`, except that it may have egress). The ticket must be unexpired and
+   * grant `tool.run` for the entry (as for a tool run: `ticket_spec::tools`). Completes once with `(error_code, session_start)` on the handler's
    * associated executor (default: the runtime's), never inside this call, when the server
    * has started or could not (`session_start::code`). Sessions do not take scheduler slots.
    * Thread-safe.

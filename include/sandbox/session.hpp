@@ -196,7 +196,8 @@ struct session_start {
   /// The live session; null when it was refused or the server failed to start.
   std::shared_ptr<sandbox::session> session;
   /// `ok` with a session; else why not: `invalid_request` (unknown tool, bad limits),
-  /// `action_denied` (ticket expired or without `code.execute`), `runtime_unavailable` (no
+  /// `action_denied` (ticket expired, or no `tool.run` for this entry: `ticket_spec::tools`
+  /// must name it or hold "*"), `runtime_unavailable` (no
   /// backend at the level, the entry's image absent, a backend without sessions),
   /// `digest_mismatch` (the entry's or ticket's pin differs from the image), `internal`.
   sandbox::code code = sandbox::code::ok;

@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <boost/asio/post.hpp>
 
-#include "core/env_rules.hpp"
 #include "core/runtime_impl.hpp"
 #include "core/text_util.hpp"
 #include "sandbox/egress.hpp"
+#include "sandbox/policy.hpp"
 #include "sandbox/runtime.hpp"
 
 namespace sandbox {
@@ -48,18 +48,6 @@ void refuse(open_handler h, const boost::asio::any_io_executor& fallback, code c
       session_start{.session = nullptr, .code = c, .message = std::move(message)});
 }
 
-bool is_absolute_clean(const std::string& p) {
-  if (p.empty() || p[0] != '/') return false;
-  std::size_t i = 0;
-  while (i < p.size()) {
-    std::size_t j = p.find('/', i);
-    if (j == std::string::npos) j = p.size();
-    if (p.compare(i, j - i, "..") == 0) return false;
-    i = j + 1;
-  }
-  return true;
-}
-
 }  // namespace
 
 void runtime::do_open_session(session_request request, ticket t, open_handler handler) {
@@ -90,18 +78,17 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
   if (request.idle_timeout && request.idle_timeout->count() <= 0) {
     return refuse(std::move(handler), ex, code::invalid_request, "idle_timeout: must be > 0");
   }
-  // The entry is the host's configuration; a bad one is refused here, never run.
-  if (!is_absolute_clean(entry->binary)) {
-    return refuse(
-        std::move(handler), ex, code::invalid_request,
-        "tool: entry " + detail::quote_for_message(entry->name) + " has no absolute binary path");
+  // The entry is the host's configuration; a bad one is refused here, never run: the same
+  // checks as a registered tool's (name, absolute binary without `..`, args, profile, env),
+  // except that a session's entry may have its own egress (checked below).
+  {
+    tool_entry without_egress = *entry;
+    without_egress.egress.clear();
+    if (auto why = check_tool_entry(without_egress, impl->policy())) {
+      return refuse(std::move(handler), ex, code::invalid_request,
+                    "tool: entry " + detail::quote_for_message(entry->name) + ": " + *why);
+    }
   }
-  if (!entry->profile.empty()) {
-    return refuse(std::move(handler), ex, code::invalid_request,
-                  "tool: entry " + detail::quote_for_message(entry->name) +
-                      ": workload profiles are not supported for sessions yet");
-  }
-
   // The entry's own egress list (the host's configuration, not the ticket's grant), in the
   // canonical form the egress proxy matches against.
   std::vector<std::string> egress;
@@ -115,23 +102,15 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
     if (std::find(egress.begin(), egress.end(), *c) == egress.end()) egress.push_back(*c);
   }
 
-  // Its env: the same rules as a request's (no sandbox-owned, loader or proxy variables).
-  for (std::size_t i = 0; i < entry->env.size(); ++i) {
-    const auto& name = entry->env[i].first;
-    if (!detail::is_env_name(name) || detail::is_reserved_env(name)) {
-      return refuse(std::move(handler), ex, code::invalid_request,
-                    "tool: entry " + detail::quote_for_message(entry->name) + ": env[" +
-                        std::to_string(i) + "] " + detail::quote_for_message(name) +
-                        " may not be set");
-    }
-  }
-
-  // 2. The ticket: unexpired, `code.execute`.
+  // 2. The ticket: unexpired, and `tool.run` granted for this entry (as for a registered
+  //    tool's one-shot run: sandbox/ticket.hpp `ticket_spec::tools`).
   if (t.is_expired(std::chrono::system_clock::now())) {
     return refuse(std::move(handler), ex, code::action_denied, "ticket expired");
   }
-  if (!t.allows(action::code_execute)) {
-    return refuse(std::move(handler), ex, code::action_denied, "ticket: code.execute not granted");
+  if (!t.allows_tool(entry->name)) {
+    return refuse(std::move(handler), ex, code::action_denied,
+                  "tool: ticket does not grant tool.run for " +
+                      detail::quote_for_message(entry->name));
   }
 
   // 3. The level: the stronger of the entry's and the ticket's; the network (the entry's own
@@ -185,14 +164,27 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
 
   // 5. The job: the entry's argv and env, the lifetime as the run's timeout, the ticket's
   //    memory ceiling.
-  const auto& pol = impl->policy();
+  // The entry's workload profile (checked above to exist) gives the per-run limits; its
+  // memory default applies, clamped like a request's.
+  auto eff = effective_limits(impl->policy(), entry->profile);
+  if (!eff) {
+    return refuse(std::move(handler), ex, code::invalid_request,
+                  "tool: entry " + detail::quote_for_message(entry->name) + ": profile: unknown");
+  }
+  const sandbox::policy& pol = eff->limits;
   auto lifetime = std::min(request.max_lifetime.value_or(opts.default_lifetime), opts.max_lifetime);
   auto idle = std::min(request.idle_timeout.value_or(opts.idle_timeout), opts.idle_timeout);
   admitted adm;
   adm.request.runtime = entry->name;
   adm.request.timeout = lifetime;
-  adm.request.memory_limit_bytes =
-      std::min({adm.request.memory_limit_bytes, pol.max_memory_bytes, t.max_memory_bytes()});
+  std::uint64_t memory = adm.request.memory_limit_bytes;
+  if (!entry->profile.empty()) {
+    if (auto it = pol.profiles.find(entry->profile);
+        it != pol.profiles.end() && it->second.memory_limit_bytes) {
+      memory = *it->second.memory_limit_bytes;
+    }
+  }
+  adm.request.memory_limit_bytes = std::min({memory, pol.max_memory_bytes, t.max_memory_bytes()});
   if (adm.request.memory_limit_bytes < pol.min_memory_bytes) {
     return refuse(std::move(handler), ex, code::action_denied,
                   "ticket: memory ceiling below the policy's minimum");

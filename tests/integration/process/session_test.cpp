@@ -157,8 +157,17 @@ bool has_container() {
   return false;
 }
 
+// A ticket granting tool.run for every entry of the host's registry (tenant "itest").
+sandbox::ticket tool_ticket() {
+  return sandbox::ticket_issuer{}
+      .issue({.id = "itest-tools", .tenant = "itest", .execute = false,
+              .isolation = sandbox::isolation::process, .max_timeout = 8000ms,
+              .max_memory_bytes = 1ULL << 30, .tools = {"*"}})
+      .value();
+}
+
 sandbox::session_start open(sandbox::runtime& rt, sandbox::session_request req,
-                            const sandbox::ticket& t = itest::ticket()) {
+                            const sandbox::ticket& t = tool_ticket()) {
   return rt.async_open_session(std::move(req), t, asio::use_future).get();
 }
 
@@ -364,9 +373,8 @@ TEST_CASE("session: the model picks only a name; the ticket decides", "[session]
   CHECK(bad_idle.code == code::invalid_request);
   CHECK(bad_idle.message.find("idle_timeout") != std::string::npos);
 
-  sandbox::ticket_issuer issuer;
-  auto no_exec = issuer.issue({.id = "t", .tenant = "itest", .execute = false}).value();
-  auto denied = open(runtime(), {.tool = "cat"}, no_exec);
+  // code.execute alone does not start a server: tool.run must name it.
+  auto denied = open(runtime(), {.tool = "cat"}, itest::ticket());
   CHECK(denied.code == code::action_denied);
   CHECK(!denied.session);
 }
