@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <mutex>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -42,11 +43,27 @@ struct tool_host {
         {.name = "sh-big", .image = "tools", .binary = "/bin/sh", .args = {"-s"},
          .profile = "big"},
     };
-    std::vector<std::string> log;
-    opts.log = [&log](sandbox::log_level, std::string_view l) { log.emplace_back(l); };
+    // The sink outlives this constructor (the runtime logs from its own thread for as long
+    // as it lives): it owns what it collects, and collects only until creation is over.
+    struct collected {
+      std::mutex mu;
+      std::vector<std::string> lines;
+      bool open = true;
+    };
+    auto log = std::make_shared<collected>();
+    opts.log = [log](sandbox::log_level, std::string_view l) {
+      std::lock_guard lock(log->mu);
+      if (log->open) log->lines.emplace_back(l);
+    };
     auto made = sandbox::runtime::create(opts);
+    std::vector<std::string> lines;
+    {
+      std::lock_guard lock(log->mu);
+      log->open = false;
+      lines = std::move(log->lines);
+    }
     if (!made) {
-      for (const auto& l : log) skip += l + "\n";
+      for (const auto& l : lines) skip += l + "\n";
       if (skip.empty()) skip = made.error().message();
       return;
     }
