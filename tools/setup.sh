@@ -56,9 +56,12 @@ cmake --build --preset "$PRESET"
 #    - tools: the registered tools the tests use (docs/operations.md, "Registered tools"): a
 #      Markdown renderer (cmark) and a regex engine (pcre2grep);
 #    - chromium: Debian's Chromium (and python3 to drive it) for the headless-browser
-#      example, examples/browser_screenshot.
+#      example, examples/browser_screenshot;
+#    - mcp: Debian's node plus the reference "everything" stdio MCP server from npm (pinned;
+#      its dependencies accept the image's node 18), installed by the host's npm with scripts
+#      disabled, for the session tests (tests/integration/process/session_test.cpp).
 if [ "${SANDBOX_SKIP_IMAGES:-0}" != 1 ]; then
-  for runtime in ${SANDBOX_IMAGES:-python3 node tools chromium}; do
+  for runtime in ${SANDBOX_IMAGES:-python3 node tools chromium mcp}; do
     if "$BUILD/bin/sandboxctl" image current "$runtime" --image-dir "$IMAGE_DIR" >/dev/null 2>&1; then
       log "image $runtime: present"
     else
@@ -68,20 +71,11 @@ if [ "${SANDBOX_SKIP_IMAGES:-0}" != 1 ]; then
         python3|node) ;;
         tools) packages=(--package cmark --package pcre2-utils) ;;
         chromium) packages=(--package chromium --package fonts-dejavu-core --package python3) ;;
+        mcp) packages=(--package nodejs --npm @modelcontextprotocol/server-everything@2025.9.25) ;;
         *) echo "tools/setup.sh: unknown image $runtime in SANDBOX_IMAGES" >&2; exit 2 ;;
       esac
       "$BUILD/bin/sandboxctl" image build "$runtime" "${packages[@]}" --image-dir "$IMAGE_DIR"
     fi
   done
-  # The MCP image of the session tests: Debian's node plus the reference "everything" stdio
-  # MCP server from npm (pinned; its engines accept the image's node 18), installed by the
-  # host's npm with scripts disabled.
-  if "$BUILD/bin/sandboxctl" image current mcp --image-dir "$IMAGE_DIR" >/dev/null 2>&1; then
-    log "image mcp: present"
-  else
-    log "image mcp: building (debootstrap + npm)"
-    "$BUILD/bin/sandboxctl" image build mcp --image-dir "$IMAGE_DIR" --package nodejs \
-      --npm @modelcontextprotocol/server-everything@2025.9.25
-  fi
 fi
 log "set-up done"
