@@ -102,6 +102,19 @@ time.sleep(3600)
   return e;
 }
 
+// Waits (bounded) until our descriptor count has been stable for a while: a container run's
+// `<runtime> delete` is started off the result's path, and its pipes must not be counted by
+// the next case's host snapshot.
+void settle_fds() {
+  int last = -1, same = 0;
+  for (int i = 0; i < 250 && same < 10; ++i) {
+    const int now = itest::count_fds();
+    same = now == last ? same + 1 : 0;
+    last = now;
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
 struct session_fixture {
   std::string state_root;
   std::optional<sandbox::runtime> rt;
@@ -124,13 +137,7 @@ session_fixture& fixture() {
       s.rt.emplace(std::move(*made));
       // The container backend's self-test leaves a `crun delete` in flight (its pipes are
       // ours for a moment): let it finish before any case snapshots our descriptors.
-      int last = -1, same = 0;
-      for (int i = 0; i < 200 && same < 5; ++i) {
-        const int now = itest::count_fds();
-        same = now == last ? same + 1 : 0;
-        last = now;
-        std::this_thread::sleep_for(20ms);
-      }
+      settle_fds();
     }
     return s;
   }();
@@ -341,6 +348,7 @@ TEST_CASE("session: MCP initialize and tools/list over stdio (container, crun)",
     return;
   }
   mcp_initialize_and_list("mcp-everything-container");
+  settle_fds();
 }
 
 TEST_CASE("session: the fixture runtime exists", "[session]") {
@@ -360,6 +368,7 @@ TEST_CASE("session: stdio is byte-exact both ways (container, crun)", "[session]
     return;
   }
   byte_exact_echo("cat-container");
+  settle_fds();
 }
 
 TEST_CASE("session: the model picks only a name; the ticket decides", "[session]") {
