@@ -23,7 +23,7 @@ echo "==> scheduler and runtime under ThreadSanitizer (preset tsan)" >&2
 cmake --preset tsan -S "$ROOT" >/dev/null
 cmake --build --preset tsan --target sandbox_unit_tests
 TSAN_OPTIONS="halt_on_error=1 die_after_fork=0" \
-  "$ROOT/build/tsan/tests/sandbox_unit_tests" "[scheduler],[runtime],[fake]"
+  "$ROOT/build/tsan/tests/sandbox_unit_tests" "[scheduler],[runtime],[fake],[gc]"
 
 echo "==> integration tests as an unprivileged user" >&2
 UNPRIV_TMP=$(mktemp -d /tmp/sandbox-unpriv-XXXXXX)
