@@ -110,9 +110,10 @@ bool is_valid_registry_name(std::string_view name) noexcept;
  * names, e.g. "binary: must be an absolute path without '..'"), or `std::nullopt`: name
  * syntax, image name, absolute `binary` without `.`/`..` components or NUL, no NUL in
  * `args`, `profile` empty or in `p.profiles`, `env` names allowed like a request's
- * (`policy::allowed_env`, not reserved) with values within `max_env_value_bytes`, and no
- * `egress` (a registered tool's own network policy is not supported yet: refused, never
- * ignored). Whether the image is installed is checked by the runtime.
+ * (`policy::allowed_env`, not reserved) with values within `max_env_value_bytes`, and
+ * `egress` entries that are egress patterns (`canonical_egress_pattern`), at most
+ * `max_egress_patterns` after canonicalization. Whether the image is installed is checked by
+ * the runtime.
  */
 std::optional<std::string> check_tool_entry(const tool_entry& e, const policy& p);
 

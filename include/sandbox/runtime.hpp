@@ -181,8 +181,8 @@ struct runtime_options {
   egress_proxy_options egress;
   std::shared_ptr<span_sink> spans;  ///< receives one span per run; may be null
   log_sink log;                      ///< host log lines; empty: warnings and errors to stderr
-  /// Long-lived sessions (sandbox/session.hpp): the registry of servers a session may start
-  /// by name, and their lifetime and buffer limits. Empty registry: no sessions.
+  /// Long-lived sessions (sandbox/session.hpp): their lifetime, idle and buffer limits. The
+  /// servers a session may start are the registry's entries (`tools`).
   session_options sessions;
   /// Asked when a network request's ticket lacks `code.network` (sandbox/approval.hpp).
   /// Null (the default): such requests are `action_denied`.
@@ -204,7 +204,9 @@ runtime_options default_runtime_options();
  * "isolation": "process", "profile": "small"}]`, each checked like `check_tool_entry`),
  * `backends` (the container and gvisor levels), `egress` (network runs' proxy:
  * `egress_proxy_options`, e.g. `{"pinned_hosts": {"api.internal.example": ["10.0.0.7"]},
- * "connect_ports": [443, 8443], "max_connections": 16}`). For example:
+ * "connect_ports": [443, 8443], "max_connections": 16}`), `tools` (the registry of
+ * registered tools and session servers: `runtime_options::tools`), `sessions` (session
+ * lifetimes and buffers: `session_options`). For example:
  *
  *   {"v": 1,
  *    "scheduler": {"max_running": 16, "classes": {"gold": {"max_running": 8, "weight": 3}},
@@ -289,9 +291,10 @@ class runtime {
    * ticket's pins), binary and fixed argv, at the stronger of the entry's and the ticket's
    * isolation level (at least `container` when the entry has egress), under the entry's
    * workload profile, with the lifetime and idle timeout clamped to
-   * `runtime_options::sessions`. The entry is checked like a registered tool's
-   * (`check_tool_entry`, except that it may have egress). The ticket must be unexpired and
-   * grant `tool.run` for the entry (as for a tool run: `ticket_spec::tools`). Completes once with `(error_code, session_start)` on the handler's
+   * `runtime_options::sessions`. The entry is one of the registry's (`runtime_options::tools`,
+   * checked and resolved at creation), its image the one resolved then. The ticket must be
+   * unexpired and grant `tool.run` for the entry (as for a tool run: `ticket_spec::tools`).
+   * Completes once with `(error_code, session_start)` on the handler's
    * associated executor (default: the runtime's), never inside this call, when the server
    * has started or could not (`session_start::code`). Sessions do not take scheduler slots.
    * Thread-safe.

@@ -2,7 +2,8 @@
 // and talked to over its standard input and output for as long as the host needs it.
 //
 // The model can only pick a name: `session_request::tool` names a registry entry
-// (sandbox/registry.hpp `tool_entry`, configured by the host in `runtime_options::sessions`)
+// (sandbox/registry.hpp `tool_entry`, configured by the host in `runtime_options::tools`,
+// the same registry as one-shot registered tools)
 // that fixes the image, the binary, its argv, the isolation level, the workload profile and
 // the egress policy. The server runs exactly like a one-shot run's program (same run machine:
 // its own cgroup, uid, namespaces, seccomp filter, kill-and-confirm), except that its stdin is
@@ -42,8 +43,8 @@ namespace sandbox {
 
 /// What the model (or the agent host on its behalf) asks for: a registered server by name.
 struct session_request {
-  /// A `tool_entry::name` in `runtime_options::sessions`; anything else is
-  /// `invalid_request` ("tool: unknown session tool …").
+  /// A `tool_entry::name` in `runtime_options::tools`; anything else is
+  /// `invalid_request` ("tool: no registered tool named …").
   std::string tool;
   /// Maximum lifetime (wall clock from the server's start). Unset: the host's default
   /// (`session_options::default_lifetime`); clamped to `session_options::max_lifetime`.
@@ -56,11 +57,10 @@ struct session_request {
   bool operator==(const session_request&) const = default;
 };
 
-/// Host configuration of sessions (`runtime_options::sessions`).
+/// Host configuration of sessions (`runtime_options::sessions`, the configuration file's
+/// `sessions` section). The servers a session may start are the registry's entries
+/// (`runtime_options::tools`; `tool_entry::input` does not apply: a session's stdin is live).
 struct session_options {
-  /// The registry of servers a session may start, looked up by `tool_entry::name` (names
-  /// must be unique; `tool_entry::input` is ignored: a session's stdin is always live).
-  std::vector<tool_entry> entries;
   std::chrono::milliseconds default_lifetime{std::chrono::minutes(10)};
   std::chrono::milliseconds max_lifetime{std::chrono::hours(1)};    ///< ceiling of any request
   std::chrono::milliseconds idle_timeout{std::chrono::minutes(2)};  ///< default and ceiling

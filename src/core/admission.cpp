@@ -231,7 +231,12 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
   //    and the runtime's image.
   isolation need = ticket.isolation();
   if (tool != nullptr && !is_at_least(need, tool->entry.isolation)) need = tool->entry.isolation;
-  if (request.network && !is_at_least(need, isolation::container)) need = isolation::container;
+  // A tool whose entry has its own egress is a network run too (the host's decision, not
+  // the ticket's: no code.network needed), so it gets the same floor.
+  const bool tool_network = tool != nullptr && !tool->entry.egress.empty();
+  if ((request.network || tool_network) && !is_at_least(need, isolation::container)) {
+    need = isolation::container;
+  }
   std::optional<isolation> level;
   for (isolation have : catalog.levels) {
     if (is_at_least(have, need) && (!level || !is_at_least(have, *level))) level = have;
@@ -285,6 +290,11 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
   if (tool != nullptr) {
     // The entry's variables are the host's: they win over a request's of the same name.
     for (const auto& [k, v] : tool->entry.env) a.request.env[k] = v;
+    // Its egress (canonical: the runtime registered it so) is what the run's proxy allows.
+    if (tool_network) {
+      a.request.network = true;
+      a.request.egress = tool->entry.egress;
+    }
   }
   if (prof != nullptr) {
     // A profile's timeout and memory limit are defaults: a request that set its own keeps it.

@@ -11,6 +11,7 @@
 
 #include <boost/asio/ip/address.hpp>
 #include "sandbox/runtime.hpp"
+#include "sandbox/session.hpp"
 
 namespace sandbox {
 namespace {
@@ -258,6 +259,31 @@ std::vector<tool_entry> decode_tools(const json& v, const std::string& path, con
   return out;
 }
 
+void decode_sessions(const json& v, const std::string& path, session_options& s) {
+  const json& o = as_object(v, path);
+  check_known_fields(o, path,
+                     {"default_lifetime_ms", "max_lifetime_ms", "idle_timeout_ms",
+                      "stdin_buffer_bytes"});
+  auto ms = [&](std::string_view key, std::chrono::milliseconds& out) {
+    optional_field(o, path, key, [&](const json& x, const std::string& q) {
+      const auto n = as_unsigned(x, q, ms_max);
+      if (n == 0) fail(q, "must be positive");
+      out = std::chrono::milliseconds(n);
+    });
+  };
+  ms("default_lifetime_ms", s.default_lifetime);
+  ms("max_lifetime_ms", s.max_lifetime);
+  ms("idle_timeout_ms", s.idle_timeout);
+  optional_field(o, path, "stdin_buffer_bytes", [&](const json& x, const std::string& q) {
+    const auto n = as_unsigned(x, q, 64ULL << 20);
+    if (n == 0) fail(q, "must be at least 1");
+    s.stdin_buffer_bytes = static_cast<std::uint32_t>(n);
+  });
+  if (s.default_lifetime > s.max_lifetime) {
+    fail(member_path(path, "default_lifetime_ms"), "above max_lifetime_ms");
+  }
+}
+
 void decode_policy(const json& v, const std::string& path, policy& p) {
   const json& o = as_object(v, path);
   check_known_fields(o, path,
@@ -406,7 +432,8 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
     const json& o = as_object(doc, "");
     detail::check_version(o);
     check_known_fields(o, "",
-                       {"v", "scheduler", "warm_pool", "policy", "backends", "egress", "tools"});
+                       {"v", "scheduler", "warm_pool", "policy", "backends", "egress", "tools",
+                        "sessions"});
     runtime_options next = options;  // applied only when everything decodes
     optional_field(o, "", "scheduler",
                    [&](const json& x, const std::string& p) { decode_scheduler(x, p, next.scheduler); });
@@ -422,6 +449,9 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
     // After the policy: entries name its profiles and its allowed variables.
     optional_field(o, "", "tools", [&](const json& x, const std::string& p) {
       next.tools = decode_tools(x, p, next.policy);
+    });
+    optional_field(o, "", "sessions", [&](const json& x, const std::string& p) {
+      decode_sessions(x, p, next.sessions);
     });
     // A pool class must be one a request can be: its limits within the policy in force.
     auto check_pool = [&](const std::vector<warm_pool_class>& pool, const std::string& where) {

@@ -4,6 +4,7 @@
 
 #include "core/env_rules.hpp"
 #include "core/text_util.hpp"
+#include "sandbox/egress.hpp"
 #include "sandbox/policy.hpp"
 #include "sandbox/protocol.hpp"
 
@@ -83,8 +84,22 @@ std::optional<std::string> check_tool_entry(const tool_entry& e, const policy& p
     return "profile: no workload profile named " + quote_for_message(e.profile) +
            " in policy.profiles";
   }
-  if (!e.egress.empty()) {
-    return "egress: network for registered tools is not supported yet (leave it empty)";
+  // The entry's own network policy: egress patterns (sandbox/egress.hpp), canonicalized by
+  // the runtime when it registers the entry.
+  std::vector<std::string> canonical;
+  for (std::size_t i = 0; i < e.egress.size(); ++i) {
+    auto c = canonical_egress_pattern(e.egress[i]);
+    if (!c) {
+      return "egress[" + std::to_string(i) + "]: not a host name or *.suffix pattern: " +
+             quote_for_message(e.egress[i]);
+    }
+    if (std::find(canonical.begin(), canonical.end(), *c) == canonical.end()) {
+      canonical.push_back(*c);
+    }
+  }
+  if (canonical.size() > max_egress_patterns) {
+    return "egress: " + std::to_string(canonical.size()) + " patterns, more than " +
+           std::to_string(max_egress_patterns);
   }
   if (e.env.size() > p.max_env_vars) {
     return "env: more than " + std::to_string(p.max_env_vars) + " variables";

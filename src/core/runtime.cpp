@@ -1,5 +1,6 @@
 // The runtime: stores, catalog, backends, and the life of one `async_run` call
 // (admit → check blobs → pick backend → execute → fill result → span → complete).
+#include "sandbox/egress.hpp"
 #include "sandbox/runtime.hpp"
 
 #include <pwd.h>
@@ -424,7 +425,17 @@ error_code runtime_impl::resolve_tools(const runtime_options& o) {
       log(log_level::warning, "registry: " + where + ".image_digest: the current image of " +
                                   e.image + " is " + *digest + "; its runs are refused");
     }
-    catalog_.tools.emplace(e.name, host_catalog::tool{.entry = e, .digest = std::move(digest)});
+    // The entry's egress in the canonical form the egress proxy matches (checked above).
+    tool_entry entry = e;
+    entry.egress.clear();
+    for (const auto& pattern : e.egress) {
+      auto c = canonical_egress_pattern(pattern);
+      if (c && std::find(entry.egress.begin(), entry.egress.end(), *c) == entry.egress.end()) {
+        entry.egress.push_back(*c);
+      }
+    }
+    catalog_.tools.emplace(e.name,
+                           host_catalog::tool{.entry = std::move(entry), .digest = std::move(digest)});
   }
   return {};
 }

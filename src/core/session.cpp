@@ -63,44 +63,23 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
   const auto& ex = impl->executor();
   const auto& opts = impl->sessions();
 
-  // 1. The registry entry: the request names it, nothing else of the server.
-  const tool_entry* entry = nullptr;
-  for (const auto& e : opts.entries) {
-    if (e.name == request.tool) entry = &e;
-  }
-  if (entry == nullptr) {
+  // 1. The registry entry: the request names it, nothing else of the server. The one
+  //    registry of registered tools (`runtime_options::tools`), checked and resolved when the
+  //    runtime was created (`check_tool_entry`, canonical egress, the image's digest).
+  const host_catalog catalog = impl->catalog();
+  const auto found = catalog.tools.find(request.tool);
+  if (found == catalog.tools.end()) {
     return refuse(std::move(handler), ex, code::invalid_request,
-                  "tool: unknown session tool " + detail::quote_for_message(request.tool));
+                  "tool: no registered tool named " + detail::quote_for_message(request.tool));
   }
+  const tool_entry* entry = &found->second.entry;
   if (request.max_lifetime && request.max_lifetime->count() <= 0) {
     return refuse(std::move(handler), ex, code::invalid_request, "max_lifetime: must be > 0");
   }
   if (request.idle_timeout && request.idle_timeout->count() <= 0) {
     return refuse(std::move(handler), ex, code::invalid_request, "idle_timeout: must be > 0");
   }
-  // The entry is the host's configuration; a bad one is refused here, never run: the same
-  // checks as a registered tool's (name, absolute binary without `..`, args, profile, env),
-  // except that a session's entry may have its own egress (checked below).
-  {
-    tool_entry without_egress = *entry;
-    without_egress.egress.clear();
-    if (auto why = check_tool_entry(without_egress, impl->policy())) {
-      return refuse(std::move(handler), ex, code::invalid_request,
-                    "tool: entry " + detail::quote_for_message(entry->name) + ": " + *why);
-    }
-  }
-  // The entry's own egress list (the host's configuration, not the ticket's grant), in the
-  // canonical form the egress proxy matches against.
-  std::vector<std::string> egress;
-  for (std::size_t i = 0; i < entry->egress.size(); ++i) {
-    auto c = canonical_egress_pattern(entry->egress[i]);
-    if (!c) {
-      return refuse(std::move(handler), ex, code::invalid_request,
-                    "tool: entry " + detail::quote_for_message(entry->name) + ": egress[" +
-                        std::to_string(i) + "] is not an egress pattern");
-    }
-    if (std::find(egress.begin(), egress.end(), *c) == egress.end()) egress.push_back(*c);
-  }
+  std::vector<std::string> egress = entry->egress;  // canonical already
 
   // 2. The ticket: unexpired, and `tool.run` granted for this entry (as for a registered
   //    tool's one-shot run: sandbox/ticket.hpp `ticket_spec::tools`).
@@ -133,14 +112,11 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
                       "' or stronger on this host");
   }
 
-  // 4. The image: its current digest, against the entry's and the ticket's pins.
-  auto images = impl->images();
-  if (!images) {
-    return refuse(std::move(handler), ex, code::runtime_unavailable,
-                  "tool: no image store on this host");
-  }
-  auto digest = images->current_digest(entry->image);
-  if (!digest) {
+  // 4. The image: the digest resolved at creation (a runtime serves the images it started
+  //    with), against the entry's and the ticket's pins.
+  const auto& digest = found->second.digest;
+  auto launch = impl->tool_launch(entry->name);
+  if (!digest || !launch) {
     return refuse(
         std::move(handler), ex, code::runtime_unavailable,
         "tool: the image " + detail::quote_for_message(entry->image) + " is not installed");
@@ -154,12 +130,6 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
     return refuse(std::move(handler), ex, code::digest_mismatch,
                   "ticket.runtime_digest: the image of " + detail::quote_for_message(entry->name) +
                       " is not the pinned one");
-  }
-  auto root = images->rootfs(*digest);
-  if (!root) {
-    return refuse(
-        std::move(handler), ex, code::runtime_unavailable,
-        "tool: the image " + detail::quote_for_message(entry->image) + " cannot be unpacked");
   }
 
   // 5. The job: the entry's argv and env, the lifetime as the run's timeout, the ticket's
@@ -200,13 +170,10 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
   adm.runtime = runtime_info{.name = entry->name, .digest = *digest};
   adm.timeout_clamped = request.max_lifetime && *request.max_lifetime > lifetime;
 
-  runtime_spec spec{
-      .name = entry->name, .argv = {entry->binary}, .source_name = "main", .image = entry->image};
-  spec.argv.insert(spec.argv.end(), entry->args.begin(), entry->args.end());
   run_job job{.run_id = detail::new_run_id(),
               .admitted = std::move(adm),
-              .runtime = std::move(spec),
-              .rootfs = *root,
+              .runtime = std::move(launch->first),
+              .rootfs = std::move(launch->second),
               .blobs = impl->blobs(),
               .policy = pol,
               .executor = ex};

@@ -133,7 +133,14 @@ TEST_CASE("registry: entries are checked field by field", "[registry]") {
   CHECK(why([](tool_entry& e) { e.args = {"-a", "b\0c"s}; }) == "args[1]: contains NUL");
   CHECK(why([](tool_entry& e) { e.profile = "nope"; }).rfind("profile: ", 0) == 0);
   CHECK(why([](tool_entry& e) { e.profile = "big"; }) == "(accepted)");
-  CHECK(why([](tool_entry& e) { e.egress = {"api.example.com"}; }).rfind("egress: ", 0) == 0);
+  // An entry's own egress: patterns, canonicalized by the runtime; anything else refused.
+  CHECK(why([](tool_entry& e) { e.egress = {"api.example.com", "*.Example.ORG."}; }) ==
+        "(accepted)");
+  CHECK(why([](tool_entry& e) { e.egress = {"api.example.com", "http://x"}; })
+            .rfind("egress[1]: not a host name", 0) == 0);
+  CHECK(why([](tool_entry& e) {
+          for (int i = 0; i < 33; ++i) e.egress.push_back("h" + std::to_string(i) + ".example");
+        }).rfind("egress: 33 patterns", 0) == 0);
   CHECK(why([](tool_entry& e) { e.env = {{"TZ", "UTC"}}; }) == "(accepted)");
   CHECK(why([](tool_entry& e) { e.env = {{"LD_PRELOAD", "/x"}}; }).find("reserved") !=
         std::string::npos);
@@ -427,7 +434,10 @@ TEST_CASE("config: policy.profiles, ceilings and the tools section", "[registry]
       {R"({"tools":[{"name":"md","image":"tools","binary":"bin/cmark"}]})", "tools[0].binary: must be an absolute path"},
       {R"({"tools":[{"name":"md","image":"tools","binary":"/a/../b"}]})", "tools[0].binary: must be an absolute path"},
       {R"({"tools":[{"name":"md","image":"tools","binary":"/b","profile":"nope"}]})", "tools[0].profile: no workload profile"},
-      {R"({"tools":[{"name":"md","image":"tools","binary":"/b","egress":["a.example"]}]})", "tools[0].egress: network for registered tools is not supported"},
+      {R"({"tools":[{"name":"md","image":"tools","binary":"/b","egress":["a b"]}]})", "tools[0].egress[0]: not a host name"},
+      {R"({"sessions":{"idle_timeout_ms":0}})", "sessions.idle_timeout_ms: must be positive"},
+      {R"({"sessions":{"max_lifetime_ms":1000,"default_lifetime_ms":2000}})", "sessions.default_lifetime_ms: above max_lifetime_ms"},
+      {R"({"sessions":{"stdin_buffer":1}})", "sessions: unknown field"},
       {R"({"tools":[{"name":"md","image":"tools","binary":"/b","env":{"LD_PRELOAD":"x"}}]})", "tools[0].env['LD_PRELOAD']: reserved name"},
       {R"({"tools":[{"name":"md","image":"tools","binary":"/b","input":"pipe"}]})", "tools[0].input: expected"},
       {R"({"tools":[{"name":"md","image":"tools","binary":"/b","isolation":"vm"}]})", "tools[0].isolation: unknown isolation level"},

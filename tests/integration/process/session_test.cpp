@@ -127,7 +127,7 @@ session_fixture& fixture() {
     session_fixture s;
     auto opts = itest::private_runtime_options(&s.state_root);
     opts.container.enabled = true;
-    opts.sessions.entries = entries();
+    opts.tools = entries();
     opts.sessions.idle_timeout = 60s;
     opts.sessions.stdin_buffer_bytes = 16 * 1024;
     auto made = sandbox::runtime::create(opts);
@@ -569,7 +569,7 @@ TEST_CASE("session: destroying the runtime kills a live session", "[session]") {
   auto before = snapshot();
   std::string root;
   auto opts = itest::private_runtime_options(&root);
-  opts.sessions.entries = entries();
+  opts.tools = entries();
   std::shared_ptr<sandbox::session> s;
   {
     auto rt = sandbox::runtime::create(opts);
