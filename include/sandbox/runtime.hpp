@@ -204,9 +204,8 @@ runtime_options default_runtime_options();
  * "isolation": "process", "profile": "small"}]`, each checked like `check_tool_entry`),
  * `backends` (the container and gvisor levels), `egress` (network runs' proxy:
  * `egress_proxy_options`, e.g. `{"pinned_hosts": {"api.internal.example": ["10.0.0.7"]},
- * "connect_ports": [443, 8443], "max_connections": 16}`), `tools` (the registry of
- * registered tools and session servers: `runtime_options::tools`), `sessions` (session
- * lifetimes and buffers: `session_options`). For example:
+ * "connect_ports": [443, 8443], "max_connections": 16}`), `sessions` (session lifetimes
+ * and buffers: `session_options`; the registry's entries are the session servers). For example:
  *
  *   {"v": 1,
  *    "scheduler": {"max_running": 16, "classes": {"gold": {"max_running": 8, "weight": 3}},
