@@ -67,10 +67,12 @@ struct admitted {
  * max(entry's, ticket's) and the entry's image (absent: `runtime_unavailable`); step 6
  * compares the entry's `image_digest`, the ticket's and the request's pins with the
  * entry's installed image. The admitted run's `runtime` is the tool's name and image digest,
- * its `profile` the entry's (else the ticket's), its `env` the request's plus the entry's
- * (the entry's win). A profile (entry or ticket) not in `policy.profiles` is
+ * its `profile` the entry's (else the ticket's), its `env` the entry's. A profile (entry or ticket) not in `policy.profiles` is
  * `invalid_request`; the profile's `timeout` and `memory_limit_bytes` replace the request's
- * when the request left the protocol defaults (2000 ms, 256 MiB), before clamping.
+ * when the request left the protocol defaults (2000 ms, 256 MiB), and bound a request that
+ * asked more (clamped, `timeout_clamped`/`memory_clamped`), before the ticket's and policy's
+ * clamping. A tool run's request may not set `env` (`invalid_request`: the environment is
+ * the entry's).
  *
  * 1. `invalid_request` — version ≠ 1, empty runtime, timeout ≤ 0; `egress` non-empty
  *    without `network`, or empty with it, an entry that is not an egress pattern

@@ -41,7 +41,9 @@ struct policy {
   std::uint64_t stream_capture_bytes = 1ULL << 20;  ///< stdout / stderr each kept up to this
   std::uint32_t summary_bytes = 4096;               ///< `stream_capture.summary` at most
   std::uint32_t max_pids = 64;                      ///< processes + threads of one run
-  std::uint32_t cpu_quota_millicores = 1000;        ///< CPU bandwidth; 1000 = one CPU
+  /// CPU bandwidth; 1000 = one CPU; 0 = no CPU limit (which ranks above every number when
+  /// a profile's value is held against `ceilings.cpu_quota_millicores`).
+  std::uint32_t cpu_quota_millicores = 1000;
   std::uint32_t max_open_files = 256;               ///< RLIMIT_NOFILE inside
   /// tmpfs sizes for /tmp, $HOME and /dev/shm. Each is additionally capped at an eighth of
   /// the run's memory limit (the output directory at a quarter), so filling them all gives
@@ -69,7 +71,7 @@ struct policy {
   /// bounds only profiles, never the default itself.
   struct profile_ceilings {
     std::uint32_t max_pids = 1024;
-    std::uint32_t cpu_quota_millicores = 4000;
+    std::uint32_t cpu_quota_millicores = 4000;  ///< 0: no ceiling (a profile may ask 0 = no limit)
     std::uint32_t max_open_files = 4096;
     std::uint64_t tmp_bytes = 1ULL << 30;
     std::uint64_t home_bytes = 256ULL << 20;

@@ -29,17 +29,20 @@ namespace sandbox {
  */
 struct workload_profile {
   std::optional<std::uint32_t> max_pids;              ///< processes + threads of one run
-  std::optional<std::uint32_t> cpu_quota_millicores;  ///< CPU bandwidth; 1000 = one CPU
+  /// CPU bandwidth; 1000 = one CPU; 0 = no limit, above any non-zero ceiling (so clamped
+  /// to it).
+  std::optional<std::uint32_t> cpu_quota_millicores;
   std::optional<std::uint32_t> max_open_files;        ///< RLIMIT_NOFILE inside
   std::optional<std::uint64_t> tmp_bytes;             ///< /tmp tmpfs size
   std::optional<std::uint64_t> home_bytes;            ///< $HOME tmpfs size
   std::optional<std::uint64_t> shm_bytes;             ///< /dev/shm tmpfs size
   std::optional<std::uint32_t> tmpfs_inodes;          ///< inode cap of each tmpfs
-  /// Memory limit of a run under this profile when the request leaves its own unset
-  /// (sessions and tools; a request's explicit limit still applies), clamped like a request's.
+  /// Memory limit of a run under this profile: the default when the request leaves its own
+  /// unset (and of sessions), and the most a request gets (one asking more is clamped to it);
+  /// then clamped to the ticket's and policy's ceilings like a request's.
   std::optional<std::uint64_t> memory_limit_bytes;
-  /// Timeout of a run under this profile when the request sets none, clamped like a
-  /// request's.
+  /// Timeout of a run under this profile: the default when the request sets none, and the
+  /// most a request gets; then clamped like a request's.
   std::optional<std::chrono::milliseconds> timeout;
   bool operator==(const workload_profile&) const = default;
 };

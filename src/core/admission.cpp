@@ -105,6 +105,8 @@ std::optional<rejection> check_tool_fields(const run_request& r, const policy& p
   if (!r.runtime.empty()) return invalid("runtime: a request names either runtime or tool");
   if (!r.source.empty()) return invalid("source: a tool run takes no source (use stdin)");
   if (r.network) return invalid("network: a tool run's network is its registry entry's");
+  // The program's environment is the host's registry entry's, never the model's.
+  if (!r.env.empty()) return invalid("env: a tool run's environment is its registry entry's");
   if (r.std_in && r.stdin_blob) return invalid("stdin_blob: a request gives stdin or stdin_blob");
   if (r.std_in && r.std_in->size() > p.max_stdin_bytes) {
     return invalid("stdin: " + std::to_string(r.std_in->size()) + " bytes, over the limit of " +
@@ -297,11 +299,25 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
     }
   }
   if (prof != nullptr) {
-    // A profile's timeout and memory limit are defaults: a request that set its own keeps it.
+    // A profile's timeout and memory limit are the host's for runs under it: the default of a
+    // request that left the protocol's (2000 ms, 256 MiB), and the most any request gets (a
+    // request may ask less, never more: the model cannot lift a tool's limits).
     const run_request defaults;
-    if (prof->timeout && request.timeout == defaults.timeout) a.request.timeout = *prof->timeout;
-    if (prof->memory_limit_bytes && request.memory_limit_bytes == defaults.memory_limit_bytes) {
-      a.request.memory_limit_bytes = *prof->memory_limit_bytes;
+    if (prof->timeout) {
+      if (request.timeout == defaults.timeout) {
+        a.request.timeout = *prof->timeout;
+      } else if (a.request.timeout > *prof->timeout) {
+        a.request.timeout = *prof->timeout;
+        a.timeout_clamped = true;
+      }
+    }
+    if (prof->memory_limit_bytes) {
+      if (request.memory_limit_bytes == defaults.memory_limit_bytes) {
+        a.request.memory_limit_bytes = *prof->memory_limit_bytes;
+      } else if (a.request.memory_limit_bytes > *prof->memory_limit_bytes) {
+        a.request.memory_limit_bytes = *prof->memory_limit_bytes;
+        a.memory_clamped = true;
+      }
     }
   }
   const auto max_timeout = std::min(ticket.max_timeout(), policy.max_timeout);

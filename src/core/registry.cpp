@@ -1,6 +1,8 @@
 // Workload profiles and registry entries (sandbox/policy.hpp, sandbox/registry.hpp): the pure
 // checks and the one resolution of "policy + profile → per-run limits" every backend gets.
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 
 #include "core/env_rules.hpp"
 #include "core/text_util.hpp"
@@ -37,8 +39,19 @@ std::optional<effective_limits_result> effective_limits(const policy& base,
   };
   policy& l = out.limits;
   apply(p.max_pids, l.max_pids, c.max_pids, "max_pids");
-  apply(p.cpu_quota_millicores, l.cpu_quota_millicores, c.cpu_quota_millicores,
-        "cpu_quota_millicores");
+  // A CPU quota of 0 means "no limit" (cgroup `cpu.max` "max"), so it ranks above every
+  // number: a profile's 0 is clamped to a non-zero ceiling, and only a ceiling of 0 (no
+  // ceiling) lets a profile run unlimited.
+  if (p.cpu_quota_millicores) {
+    const auto unlimited_last = [](std::uint32_t v) {
+      return v == 0 ? std::numeric_limits<std::uint64_t>::max() : std::uint64_t{v};
+    };
+    l.cpu_quota_millicores = *p.cpu_quota_millicores;
+    if (unlimited_last(l.cpu_quota_millicores) > unlimited_last(c.cpu_quota_millicores)) {
+      l.cpu_quota_millicores = c.cpu_quota_millicores;
+      out.clamped.emplace_back("cpu_quota_millicores");
+    }
+  }
   apply(p.max_open_files, l.max_open_files, c.max_open_files, "max_open_files");
   apply(p.tmp_bytes, l.tmp_bytes, c.tmp_bytes, "tmp_bytes");
   apply(p.home_bytes, l.home_bytes, c.home_bytes, "home_bytes");

@@ -37,6 +37,7 @@ sandbox::policy policy() {
   p.profiles["big"] = {.max_pids = 512, .shm_bytes = 256ULL << 20,
                        .memory_limit_bytes = 768ULL << 20, .timeout = 5000ms};
   p.profiles["huge"] = {.max_pids = 100000, .tmpfs_inodes = 10};
+  p.profiles["small"] = {.memory_limit_bytes = 64ULL << 20};
   p.allowed_env = {"TZ"};
   return p;
 }
@@ -171,6 +172,26 @@ TEST_CASE("profiles: effective limits replace, clamp and keep", "[registry]") {
   CHECK(huge->clamped == std::vector<std::string>{"max_pids"});
 }
 
+TEST_CASE("profiles: a CPU quota of 0 (no limit) is above every non-zero ceiling",
+          "[registry]") {
+  auto p = policy();
+  p.profiles["unlimited"] = {.cpu_quota_millicores = 0u};
+  p.profiles["two"] = {.cpu_quota_millicores = 2000u};
+  auto u = sandbox::effective_limits(p, "unlimited");
+  REQUIRE(u);
+  CHECK(u->limits.cpu_quota_millicores == p.ceilings.cpu_quota_millicores);
+  CHECK(u->clamped == std::vector<std::string>{"cpu_quota_millicores"});
+  // A ceiling of 0 is no ceiling: any quota stands, "no limit" included.
+  p.ceilings.cpu_quota_millicores = 0;
+  CHECK(sandbox::effective_limits(p, "two")->limits.cpu_quota_millicores == 2000);
+  CHECK(sandbox::effective_limits(p, "two")->clamped.empty());
+  CHECK(sandbox::effective_limits(p, "unlimited")->limits.cpu_quota_millicores == 0);
+  // A small ceiling bounds both.
+  p.ceilings.cpu_quota_millicores = 500;
+  CHECK(sandbox::effective_limits(p, "two")->limits.cpu_quota_millicores == 500);
+  CHECK(sandbox::effective_limits(p, "unlimited")->limits.cpu_quota_millicores == 500);
+}
+
 TEST_CASE("admission: a tool run is admitted with its entry's facts", "[registry][admission]") {
   auto a = admitted(admit(run_request{.tool = "markdown", .std_in = "# hi"}, ticket(tool_spec())));
   CHECK(a.runtime == sandbox::runtime_info{"markdown", tools_digest});
@@ -190,12 +211,27 @@ TEST_CASE("admission: a tool run is admitted with its entry's facts", "[registry
   CHECK(b.request.memory_limit_bytes == 512ULL << 20);  // 768 MiB, clamped to the ticket's
   CHECK(b.memory_clamped);
   CHECK(b.request.env == std::map<std::string, std::string>{{"TZ", "UTC"}});
-  // A request's own values win over a profile's defaults.
+  // A request may ask less than the profile's values...
   auto c = admitted(admit(run_request{.timeout = 1000ms, .memory_limit_bytes = 64ULL << 20,
                                       .tool = "markdown"},
                           ticket(tool_spec()), catalog(e)));
   CHECK(c.request.timeout == 1000ms);
   CHECK(c.request.memory_limit_bytes == 64ULL << 20);
+  CHECK_FALSE(c.timeout_clamped);
+  // ...never more: the model cannot lift the host's limits of a tool (or of any run under a
+  // profile), even within the ticket's ceilings.
+  auto more = admitted(admit(run_request{.timeout = 7000ms, .memory_limit_bytes = 300ULL << 20,
+                                         .tool = "markdown"},
+                             ticket(tool_spec()), catalog(e)));
+  CHECK(more.request.timeout == 5000ms);
+  CHECK(more.timeout_clamped);
+  e.profile = "small";
+  auto less_mem = admitted(admit(run_request{.memory_limit_bytes = 300ULL << 20,
+                                             .tool = "markdown"},
+                                 ticket(tool_spec()), catalog(e)));
+  CHECK(less_mem.request.memory_limit_bytes == 64ULL << 20);
+  CHECK(less_mem.memory_clamped);
+  e.profile = "big";
   // The ticket's level when stronger.
   auto s = tool_spec();
   s.isolation = isolation::gvisor;
@@ -227,6 +263,10 @@ TEST_CASE("admission: tool run faults get their codes, naming the field",
   check({.source = "x", .tool = "markdown"}, code::invalid_request, "source: ");
   check({.network = true, .egress = {"a.example"}, .tool = "markdown"}, code::invalid_request,
         "network: ");
+  // The environment is the entry's: a request naming any variable, even an allowed one, is
+  // refused.
+  check({.env = {{"TZ", "UTC"}}, .tool = "markdown"}, code::invalid_request,
+        "env: a tool run's environment is its registry entry's");
   check({.tool = "Mark down"}, code::invalid_request, "tool: ");
   check({.tool = "markdown", .std_in = "a", .stdin_blob = blob}, code::invalid_request,
         "stdin_blob: ");
