@@ -672,6 +672,10 @@ int print_result(const sandbox::run_result& r, bool json, const sandbox::blob_st
 // and the exit status is 128 + the signal.
 int run_with_signals(sandbox::runtime_options opts, sandbox::run_request req,
                      const sandbox::ticket& ticket, sandbox::run_result* out) {
+  // One run: a configuration's warm pools would only be prepared to be thrown away.
+  opts.process.warm_pool.clear();
+  opts.container.warm_pool.clear();
+  opts.gvisor.warm_pool.clear();
   boost::asio::io_context io;
   auto rt = sandbox::runtime::create(io.get_executor(), std::move(opts));
   if (!rt) {
@@ -691,6 +695,9 @@ int run_with_signals(sandbox::runtime_options opts, sandbox::run_request req,
                     cancel.slot(), [&](boost::system::error_code, sandbox::run_result r) {
                       *out = std::move(r);
                       signals.cancel();
+                      // Nothing else is ours to wait for: whatever the runtime still keeps
+                      // going (pools, timers) ends with it, below.
+                      io.stop();
                     }));
   io.run();
   if (caught != 0) {

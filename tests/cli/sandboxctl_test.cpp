@@ -462,6 +462,22 @@ TEST_CASE("run: a script with an input file and an output file", "[backend]") {
   CHECK(clitest::read_file(out_dir / "n.txt") == "2");
 }
 
+TEST_CASE("run: a configuration with warm pools still exits after its one run",
+          "[backend]") {
+  // `run` prepares no pool (one run has no use for one); it used to wait on the pool forever.
+  const auto flags = clitest::backend_store_flags();
+  auto config = clitest::write_scratch(
+      "run-pool.json", R"({"v":1,"warm_pool":[{"runtime":"python3","size":1}]})");
+  auto script = clitest::write_scratch("pool-hi.py", "print('hi')\n");
+  auto o = sandboxctl(with({"run", "--config", config.string(), "--ticket", ticket_file(),
+                            script.string()},
+                           flags),
+                      {}, std::chrono::seconds(60));
+  INFO("stderr: " << o.err);
+  CHECK(o.status == 0);
+  CHECK(o.out == "hi\n");
+}
+
 TEST_CASE("run: the result JSON of real runs", "[backend]") {
   const auto flags = clitest::backend_store_flags();
   SECTION("a non-zero exit is still code ok, and exit status 0") {
