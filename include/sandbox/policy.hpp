@@ -53,7 +53,9 @@ struct policy {
   std::uint64_t shm_bytes = 16ULL << 20;
   std::uint32_t tmpfs_inodes = 4096;                ///< inode cap of each tmpfs
   /// After the main process exits, how long its descendants may keep stdout/stderr open
-  /// before everything is killed (DESIGN.md, life of a run, step 6).
+  /// before everything is killed (DESIGN.md, life of a run, step 6). A main process that
+  /// exited before the deadline ends the run as it exited even when the deadline passes
+  /// during this grace. The configuration file accepts at most 10 s.
   std::chrono::milliseconds exit_grace{100};
   /// Budget for preparing the sandbox (before the user code starts); over it → internal.
   std::chrono::milliseconds setup_budget{10000};

@@ -325,6 +325,11 @@ void decode_policy(const json& v, const std::string& path, policy& p) {
   u64("home_bytes", p.home_bytes, 64 * 1024);
   u64("shm_bytes", p.shm_bytes, 64 * 1024);
   ms("exit_grace_ms", p.exit_grace, 0);
+  // Descendants of an exited program may hold a run (and its uid, cgroup) this long: a
+  // bounded courtesy, not a second timeout.
+  if (p.exit_grace > std::chrono::seconds(10)) {
+    fail(member_path(path, "exit_grace_ms"), "at most 10000 (ms)");
+  }
   u64("max_stdin_bytes", p.max_stdin_bytes, 0);
   optional_field(o, path, "ceilings", [&](const json& x, const std::string& q) {
     const json& c = as_object(x, q);

@@ -1171,7 +1171,10 @@ class init_run : public std::enable_shared_from_this<init_run> {
         deadline_.expires_after(job_.admitted.request.timeout);
         deadline_.async_wait([self](boost::system::error_code ec) {
           if (ec || self->finishing_) return;
-          self->timed_out_ = true;
+          // A main process that exited in time ends the run as it exited: descendants that
+          // still hold its pipes when the deadline passes (inside the exit grace) are killed,
+          // but cannot turn its end into a timeout.
+          self->timed_out_ = !self->main_status_.has_value();
           self->finish();
         });
         sample_memory();

@@ -61,3 +61,32 @@ print('fails', fails)
   CHECK(r.code == code::ok);
   CHECK(r.std_out.summary == "fails 0\n");
 }
+
+TEST_CASE("lifetime: a deadline passing inside the exit grace cannot turn an exit into a "
+          "timeout",
+          "[lifetime]") {
+  // The main process exits 0 at once; its child holds stdout. With a grace longer than the
+  // run's timeout, the deadline passes while the child is being waited for: the run still
+  // ends as its main process did (the child is killed, not blamed on the program).
+  std::string state;
+  auto opts = itest::private_runtime_options(&state);
+  opts.policy.exit_grace = 3000ms;
+  auto rt = sandbox::runtime::create(opts);
+  REQUIRE(rt.has_value());
+  auto r = rt->run({.runtime = "python3",
+                    .source = "import os, time\n"
+                              "if os.fork() == 0:\n"
+                              "    time.sleep(60)\n"
+                              "print('main exits', flush=True)\n",
+                    .timeout = 1000ms},
+                   itest::ticket());
+  CHECK(r.code == code::ok);
+  CHECK(r.exit_code == 0);
+  CHECK(r.std_out.summary == "main exits\n");
+  // A main process still running at the deadline is a timeout, as ever.
+  auto t = rt->run({.runtime = "python3", .source = "import time\ntime.sleep(60)\n",
+                    .timeout = 500ms},
+                   itest::ticket());
+  CHECK(t.code == code::timeout);
+  std::filesystem::remove_all(state);
+}
