@@ -1043,6 +1043,29 @@ int cmd_audit(const std::vector<std::string>& args) {
                                   quote_name(level_name)));
   }
   auto o = options_from(c);
+  // The probe is Python: a runtime that is not configured, or whose interpreter is not a
+  // Python (argv[0]'s file name "python", "python3", "python3.11", ...), is a usage error,
+  // not a failed audit.
+  {
+    auto spec = std::find_if(o.runtimes.begin(), o.runtimes.end(),
+                             [&](const sandbox::runtime_spec& r) { return r.name == runtime; });
+    if (spec == o.runtimes.end()) {
+      std::string known;
+      for (const auto& r : o.runtimes) known += (known.empty() ? "" : ", ") + r.name;
+      throw usage_error(fmt::format("--runtime {}: unknown runtime (configured: {})",
+                                    quote_name(runtime), known.empty() ? "none" : known));
+    }
+    std::string base = spec->argv.empty()
+                           ? std::string()
+                           : std::filesystem::path(spec->argv.front()).filename().string();
+    const bool python =
+        base.starts_with("python") && base.find_first_not_of("0123456789.", 6) == std::string::npos;
+    if (!python) {
+      throw usage_error(fmt::format(
+          "--runtime {}: its interpreter {} is not Python (the audit's probe is Python)",
+          quote_name(runtime), quote_name(spec->argv.empty() ? "(none)" : spec->argv.front())));
+    }
+  }
   o.process_backend = *level == sandbox::isolation::process;
   o.container.enabled = *level == sandbox::isolation::container;
   o.gvisor.enabled = *level == sandbox::isolation::gvisor;

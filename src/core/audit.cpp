@@ -10,9 +10,13 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -77,6 +81,7 @@ struct probe_report {
   std::vector<std::string> reachable;  ///< addresses a connect reached (or was refused by)
   std::int64_t forks = 0;
   std::optional<std::string> fork_error;
+  std::string proof;  ///< what the probe computed from the audit's nonce
 };
 
 std::optional<std::vector<std::string>> string_list(const json& v) {
@@ -136,7 +141,8 @@ std::optional<probe_report> parse_probe(std::string_view text, std::string* why)
                                           "interfaces",
                                           "reachable",
                                           "forks",
-                                          "fork_error"};
+                                          "fork_error",
+                                          "proof"};
   for (const auto& [k, _] : j.items()) {
     if (keys.count(k) == 0) {
       *why = "probe report has an unknown field " + shown(k);
@@ -182,13 +188,14 @@ std::optional<probe_report> parse_probe(std::string_view text, std::string* why)
   bool ok = true;
   r.seccomp_mode = opt_int(j["seccomp_mode"], &ok);
   r.no_new_privs = opt_int(j["no_new_privs"], &ok);
-  if (!ok || !j["forks"].is_number_integer() ||
+  if (!ok || !j["forks"].is_number_integer() || !j["proof"].is_string() ||
       !(j["fork_error"].is_null() || j["fork_error"].is_string())) {
     *why = "probe report has a field of the wrong type";
     return std::nullopt;
   }
   r.forks = j["forks"].get<std::int64_t>();
   if (j["fork_error"].is_string()) r.fork_error = j["fork_error"].get<std::string>();
+  r.proof = j["proof"].get<std::string>();
   return r;
 }
 
@@ -199,6 +206,27 @@ std::string describe(const run_result& r) {
   if (r.signal) s += fmt::format(" (signal {})", *r.signal);
   if (!r.message.empty() && r.code != code::ok) s += ": " + shown(r.message, 160);
   return s;
+}
+
+/// A numeric address in one spelling (inet_ntop of inet_pton), so "::ffff:1.2.3.4",
+/// "0:0::1" and the like compare equal to the backend's form; anything else unchanged.
+std::string canonical_address(const std::string& a) {
+  unsigned char buf[sizeof(in6_addr)] = {};
+  char text[INET6_ADDRSTRLEN] = {};
+  if (::inet_pton(AF_INET, a.c_str(), buf) == 1) {
+    ::inet_ntop(AF_INET, buf, text, sizeof text);
+    return text;
+  }
+  if (::inet_pton(AF_INET6, a.c_str(), buf) == 1) {
+    auto* a6 = reinterpret_cast<in6_addr*>(buf);
+    if (IN6_IS_ADDR_V4MAPPED(a6)) {
+      ::inet_ntop(AF_INET, buf + 12, text, sizeof text);
+    } else {
+      ::inet_ntop(AF_INET6, buf, text, sizeof text);
+    }
+    return text;
+  }
+  return a;
 }
 
 bool ran(const run_result& r) { return !r.backend.empty() || r.exit_code || r.signal; }
@@ -266,7 +294,8 @@ std::vector<std::string> discover_host_addresses() {
 // --- the snippets ------------------------------------------------------------------------
 
 constexpr std::string_view probe_template = R"PY(# agent-sandbox audit probe
-import errno, json, os, signal, socket, stat, sys
+import errno, hashlib, json, os, signal, socket, stat, sys
+NONCE = "@NONCE@"
 HOST_SOCKETS = json.loads(r'''@SOCKETS@''')
 HOST_ADDRESSES = json.loads(r'''@ADDRESSES@''')
 MAX_FORKS = @MAX_FORKS@
@@ -393,6 +422,7 @@ for p in pids:
         pass
 out["forks"] = len(pids)
 out["fork_error"] = err
+out["proof"] = hashlib.sha256(("agent-sandbox-audit:%s:%d" % (NONCE, len(NONCE))).encode()).hexdigest()
 sys.stdout.write(json.dumps(out) + "\n")
 )PY";
 
@@ -426,6 +456,139 @@ audit_check check(std::string name, bool passed, std::string detail) {
   return {.name = std::move(name), .passed = passed, .detail = std::move(detail)};
 }
 
+/// The policy's own per-run values ("policy") and each workload profile's effective ones
+/// ("policy.profiles.NAME"), for the configuration checks; an unresolvable profile is left out
+/// (the `profiles` check names it).
+std::vector<std::pair<std::string, policy>> run_limit_sets(const policy& p) {
+  std::vector<std::pair<std::string, policy>> out{{"policy", p}};
+  for (const auto& [name, _] : p.profiles) {
+    if (auto eff = effective_limits(p, name))
+      out.emplace_back("policy.profiles." + name, eff->limits);
+  }
+  return out;
+}
+
+/// The host-side configuration checks: no run at all, only the effective policy.
+void evaluate_configuration(const audit_evidence& ev, std::vector<audit_check>& out) {
+  const auto sets = run_limit_sets(ev.policy);
+  auto verdict = [&](const char* name, const std::vector<std::string>& bad, std::string good) {
+    // Each finding in full (they are the host's own words, bounded by the policy's size).
+    std::string all;
+    for (std::size_t i = 0; i < bad.size() && i < 8; ++i) {
+      all += (i == 0 ? "" : "; ") + shown(bad[i], 400);
+    }
+    if (bad.size() > 8) all += fmt::format(" (+{} more)", bad.size() - 8);
+    out.push_back(bad.empty() ? check(name, true, std::move(good)) : check(name, false, all));
+  };
+  const std::string scope =
+      ev.policy.profiles.empty()
+          ? std::string("the policy")
+          : fmt::format("the policy and {} workload profiles", ev.policy.profiles.size());
+
+  // cpu_limit: 0 millicores means no CPU bandwidth limit at all.
+  {
+    std::vector<std::string> bad;
+    for (const auto& [where, l] : sets) {
+      if (l.cpu_quota_millicores == 0) {
+        bad.push_back(where + ".cpu_quota_millicores is 0 (no CPU limit)");
+      }
+    }
+    verdict("cpu_limit", bad, "a CPU quota for " + scope);
+  }
+  // exit_grace
+  if (ev.policy.exit_grace > audit_max_exit_grace || ev.policy.exit_grace.count() < 0) {
+    out.push_back(check("exit_grace", false,
+                        fmt::format("policy.exit_grace_ms is {} (at most {} ms)",
+                                    ev.policy.exit_grace.count(), audit_max_exit_grace.count())));
+  } else {
+    out.push_back(check("exit_grace", true,
+                        fmt::format("{} ms (at most {} ms)", ev.policy.exit_grace.count(),
+                                    audit_max_exit_grace.count())));
+  }
+  // tmpfs_sizes: a tmpfs larger than the most memory any run may have is a misconfiguration
+  // (writes there are charged to the run's memory).
+  {
+    std::vector<std::string> bad;
+    for (const auto& [where, l] : sets) {
+      for (auto [field, v] :
+           {std::pair{"tmp_bytes", l.tmp_bytes}, std::pair{"home_bytes", l.home_bytes},
+            std::pair{"shm_bytes", l.shm_bytes}}) {
+        if (v > ev.policy.max_memory_bytes) {
+          bad.push_back(fmt::format("{}.{} is {} (above policy.max_memory_bytes {})", where, field,
+                                    v, ev.policy.max_memory_bytes));
+        }
+      }
+    }
+    verdict("tmpfs_sizes", bad,
+            fmt::format("tmp, home and shm within policy.max_memory_bytes ({}) for {}",
+                        ev.policy.max_memory_bytes, scope));
+  }
+  // open_files: a run's RLIMIT_NOFILE cannot be raised above the host's hard limit (every
+  // such run would fail to start).
+  {
+    std::vector<std::string> bad;
+    for (const auto& [where, l] : sets) {
+      if (l.max_open_files == 0) {
+        bad.push_back(where + ".max_open_files is 0");
+      } else if (ev.host_max_open_files && l.max_open_files > *ev.host_max_open_files) {
+        bad.push_back(
+            fmt::format("{}.max_open_files is {} (above the host's hard RLIMIT_NOFILE {})", where,
+                        l.max_open_files, *ev.host_max_open_files));
+      }
+    }
+    verdict("open_files", bad,
+            ev.host_max_open_files ? fmt::format("within the host's hard RLIMIT_NOFILE ({}) for {}",
+                                                 *ev.host_max_open_files, scope)
+                                   : "non-zero for " + scope + " (no host hard limit)");
+  }
+  // profiles: each resolves to limits a run can have.
+  {
+    std::vector<std::string> bad;
+    const auto& pol = ev.policy;
+    for (const auto& [name, prof] : pol.profiles) {
+      const std::string where = "policy.profiles." + name;
+      auto eff = effective_limits(pol, name);
+      if (!eff) {
+        bad.push_back(where + " does not resolve");
+        continue;
+      }
+      if (eff->limits.max_pids == 0) bad.push_back(where + ".max_pids is 0");
+      if (eff->limits.tmpfs_inodes == 0) bad.push_back(where + ".tmpfs_inodes is 0");
+      if (prof.memory_limit_bytes && (*prof.memory_limit_bytes < pol.min_memory_bytes ||
+                                      *prof.memory_limit_bytes > pol.max_memory_bytes)) {
+        bad.push_back(fmt::format("{}.memory_limit_bytes is {} (outside {}..{})", where,
+                                  *prof.memory_limit_bytes, pol.min_memory_bytes,
+                                  pol.max_memory_bytes));
+      }
+      if (prof.timeout && (prof.timeout->count() <= 0 || *prof.timeout > pol.max_timeout)) {
+        bad.push_back(fmt::format("{}.timeout_ms is {} (outside 1..{})", where,
+                                  prof.timeout->count(), pol.max_timeout.count()));
+      }
+    }
+    verdict("profiles", bad,
+            pol.profiles.empty() ? std::string("no workload profiles")
+                                 : fmt::format("{} workload profiles resolve to usable limits",
+                                               pol.profiles.size()));
+  }
+  // tools: every registered entry is one the policy accepts (level, profile, binary, env,
+  // egress).
+  {
+    std::vector<std::string> bad;
+    for (std::size_t i = 0; i < ev.tools.size(); ++i) {
+      if (auto problem = check_tool_entry(ev.tools[i], ev.policy)) {
+        bad.push_back(fmt::format("tools[{}] ({}).{}", i, ev.tools[i].name, *problem));
+      } else if (ev.tools[i].isolation == isolation::microvm) {
+        bad.push_back(
+            fmt::format("tools[{}] ({}).isolation: microvm has no backend", i, ev.tools[i].name));
+      }
+    }
+    verdict("tools", bad,
+            ev.tools.empty()
+                ? std::string("no registered tools")
+                : fmt::format("{} registered tools are valid under the policy", ev.tools.size()));
+  }
+}
+
 }  // namespace
 
 // --- report --------------------------------------------------------------------------------
@@ -443,10 +606,26 @@ std::vector<std::string> audit_report::failed() const {
   return out;
 }
 
+std::string audit_probe_proof(const std::string& nonce) {
+  const std::string text = "agent-sandbox-audit:" + nonce + ":" + std::to_string(nonce.size());
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(text.data(), text.size(), md, &len, EVP_sha256(), nullptr) != 1) return {};
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
+  return hex;
+}
+
 std::string audit_probe_source(const std::vector<std::string>& host_sockets,
                                const std::vector<std::string>& host_addresses,
-                               std::uint32_t max_forks) {
+                               std::uint32_t max_forks, const std::string& nonce) {
   std::string s(probe_template);
+  // The nonce is embedded in a Python string literal: only hex digits are kept.
+  std::string safe_nonce;
+  for (char c : nonce) {
+    if (std::isxdigit(static_cast<unsigned char>(c)) != 0) safe_nonce += c;
+  }
+  s = replace_all(s, "@NONCE@", safe_nonce);
   s = replace_all(s, "@MAX_FORKS@", std::to_string(max_forks));
   s = replace_all(s, "@SOCKETS@", py_json(host_sockets));
   s = replace_all(s, "@ADDRESSES@", py_json(host_addresses));
@@ -460,6 +639,17 @@ audit_evidence gather_audit_evidence(runtime& rt, const audit_options& o) {
   ev.isolation = o.isolation;
   ev.runtime = o.runtime;
   ev.max_pids = rt.policy().max_pids;
+  ev.policy = rt.policy();
+  for (const auto& [name, t] : rt.catalog().tools) ev.tools.push_back(t.entry);
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max != RLIM_INFINITY) {
+    ev.host_max_open_files = static_cast<std::uint64_t>(rl.rlim_max);
+  }
+  {
+    unsigned char raw[16];
+    if (RAND_bytes(raw, sizeof raw) == 1) {
+      for (unsigned char b : raw) ev.nonce += fmt::format("{:02x}", b);
+    }
+  }
   ev.memory_limit_bytes = o.memory_limit_bytes;
   ev.timeout = o.timeout;
   ev.timeout_slack = o.timeout_slack;
@@ -512,7 +702,9 @@ audit_evidence gather_audit_evidence(runtime& rt, const audit_options& o) {
   // 1. The probe, under a ticket pinning the current image.
   auto sockets = o.host_sockets.empty() ? discover_host_sockets() : o.host_sockets;
   auto addresses = o.host_addresses.empty() ? discover_host_addresses() : o.host_addresses;
-  std::string source = audit_probe_source(sockets, addresses, ev.max_pids * 2 + 64);
+  addresses.resize(std::min(addresses.size(), max_host_targets));  // as the probe embeds them
+  ev.probe_addresses = addresses;
+  std::string source = audit_probe_source(sockets, addresses, ev.max_pids * 2 + 64, ev.nonce);
   ev.probe = run(mint("audit-probe", true, pin),
                  request(source, std::chrono::milliseconds(8000), 512ULL << 20));
   ev.probe_stdout = ev.probe.std_out.summary;
@@ -571,6 +763,12 @@ audit_report evaluate_audit(const audit_evidence& ev) {
   }
 
   // probe
+  // The probe's report counts only where the host's own evidence of the same run agrees
+  // with it: the levels whose backend records direct egress (process, container) must have
+  // recorded the probe's connects to every address it was given, and so ended
+  // network_disabled; and the report must answer this audit's nonce.
+  const bool records_egress =
+      ev.isolation == isolation::process || ev.isolation == isolation::container;
   std::string why;
   std::optional<probe_report> p;
   const bool probe_ran_ok =
@@ -585,10 +783,45 @@ audit_report evaluate_audit(const audit_evidence& ev) {
   } else {
     p = parse_probe(ev.probe_stdout, &why);
   }
+  if (p && (ev.nonce.empty() || p->proof != audit_probe_proof(ev.nonce))) {
+    why = ev.nonce.empty() ? "no audit nonce: the probe's report cannot be bound to this audit"
+                           : "the probe's proof " + shown(p->proof, 72) +
+                                 " does not answer this audit's nonce (a canned or replayed "
+                                 "report, or not the audit's probe)";
+    p.reset();
+  }
+  if (p && records_egress) {
+    std::set<std::string> recorded;
+    for (const auto& a : ev.probe.egress_attempts) recorded.insert(canonical_address(a.address));
+    std::vector<std::string> missing;
+    for (const auto& a : ev.probe_addresses) {
+      if (recorded.count(canonical_address(a)) == 0) missing.push_back(a);
+    }
+    if (ev.probe_addresses.empty()) {
+      why = "the probe was given no address to try, so the host has no egress evidence";
+      p.reset();
+    } else if (ev.probe.code != code::network_disabled) {
+      why = fmt::format(
+          "the probe's run ended {} with {} egress attempts recorded by the host, but it tried "
+          "{} addresses: at {} a real probe ends network_disabled",
+          to_string(ev.probe.code), ev.probe.egress_attempts.size(), ev.probe_addresses.size(),
+          level);
+      p.reset();
+    } else if (missing.size() > ev.probe.egress_attempts_dropped) {
+      why = "the host recorded no egress attempt to " + join_shown(missing) +
+            ", which the probe must have tried";
+      p.reset();
+    }
+  }
   if (p) {
-    out.push_back(check("probe", true,
-                        fmt::format("ran at {} on {} ({})", level, shown(ev.probe.backend),
-                                    to_string(ev.probe.code))));
+    out.push_back(
+        check("probe", true,
+              fmt::format("ran at {} on {} ({}); nonce answered{}", level, shown(ev.probe.backend),
+                          to_string(ev.probe.code),
+                          records_egress ? fmt::format("; {} egress attempts recorded by the host",
+                                                       ev.probe.egress_attempts.size() +
+                                                           ev.probe.egress_attempts_dropped)
+                                         : std::string("; this level records no direct egress"))));
   } else {
     out.push_back(check("probe", false, why));
   }
@@ -781,6 +1014,10 @@ audit_report evaluate_audit(const audit_evidence& ev) {
       out.push_back(check("image_pinned", true, ev.current_digest + "; other pins refused"));
     }
   }
+  rep.image_digest = ev.probe.runtime.digest;
+  rep.image_current = !rep.image_digest.empty() && rep.image_digest == ev.current_digest;
+
+  evaluate_configuration(ev, out);
   return rep;
 }
 
@@ -803,6 +1040,10 @@ std::string format_audit_table(const audit_report& r) {
     s += fmt::format("audit of the {} level FAILED: {}\n", to_string(r.isolation),
                      names.empty() ? std::string("no checks") : names);
   }
+  // The verdict is about this image only (docs/security.md, "What an audit proves").
+  s += fmt::format("image audited: {} ({})\n",
+                   r.image_digest.empty() ? std::string("none") : r.image_digest,
+                   r.image_current ? "the store's current one" : "not the store's current one");
   return s;
 }
 
@@ -815,6 +1056,8 @@ std::string encode_audit_report(const audit_report& r) {
   nlohmann::ordered_json j = {{"v", 1},
                               {"isolation", std::string(to_string(r.isolation))},
                               {"passed", r.passed()},
+                              {"image_digest", r.image_digest},
+                              {"image_current", r.image_current},
                               {"failed", r.failed()},
                               {"checks", checks}};
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);

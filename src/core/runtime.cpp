@@ -5,6 +5,7 @@
 
 #include <pwd.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -260,6 +261,7 @@ void runtime_impl::log(log_level level, std::string_view line) const noexcept {
 error_code runtime_impl::init(runtime_options o) noexcept {
   try {
     policy_ = o.policy;
+    if (auto ec = check_open_files_limit()) return ec;
     spans_ = o.spans;
     approver_ = o.approver;
     receipt_signer_ = o.receipt_signer;
@@ -436,6 +438,29 @@ error_code runtime_impl::resolve_tools(const runtime_options& o) {
     }
     catalog_.tools.emplace(e.name,
                            host_catalog::tool{.entry = std::move(entry), .digest = std::move(digest)});
+  }
+  return {};
+}
+
+error_code runtime_impl::check_open_files_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_max == RLIM_INFINITY) return {};
+  const auto hard = static_cast<std::uint64_t>(rl.rlim_max);
+  if (policy_.max_open_files > hard) {
+    // Refused, not clamped: this is every default run's value, and a host whose operator
+    // asked for more descriptors than it can give should hear so before serving runs that
+    // would all end `internal`.
+    log(log_level::error, "policy.max_open_files: " + std::to_string(policy_.max_open_files) +
+                              " is above the host's hard RLIMIT_NOFILE (" + std::to_string(hard) +
+                              "); every run would fail to start (lower it, or raise the "
+                              "host's limit: ulimit -Hn, LimitNOFILE=)");
+    return make_error_code(errc::invalid_argument);
+  }
+  if (policy_.ceilings.max_open_files > hard) {
+    log(log_level::warning,
+        "policy.ceilings.max_open_files: " + std::to_string(policy_.ceilings.max_open_files) +
+            " is above the host's hard RLIMIT_NOFILE; clamped to " + std::to_string(hard));
+    policy_.ceilings.max_open_files = static_cast<std::uint32_t>(hard);
   }
   return {};
 }

@@ -108,6 +108,11 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   boost::system::error_code resolve_tools(const runtime_options& o);
   /// Logs, once, each profile field above its ceiling (clamped at every run).
   void log_clamped_profiles() const;
+  /// Holds `policy_`'s RLIMIT_NOFILE values to the host's hard limit (no run can raise its own
+  /// above it): `max_open_files` above it refuses creation (invalid_argument, the field named
+  /// in the log); `ceilings.max_open_files` above it is lowered to it with a warning, so
+  /// profiles are then clamped like any value above its ceiling.
+  boost::system::error_code check_open_files_limit();
   /// What every backend built on sandbox-init gets from this runtime (process, OCI).
   init_backend_context backend_context(const runtime_options& o);
   void register_process_backend(const runtime_options& o);

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <fstream>
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -975,9 +976,15 @@ void audit_passes(const std::string& level) {
   CHECK(r["isolation"] == level);
   CHECK(r["failed"] == json::array());
   CHECK(r["passed"] == true);
-  CHECK(r["checks"].size() == 14);
+  CHECK(r["checks"].size() == 20);
   CHECK(o.status == 0);
   CHECK(contains(check_detail(r, "probe"), "ran at " + level));
+  // The real probe answered the nonce and (process, container) the host recorded its
+  // connects; the report names the image audited, the store's current one.
+  CHECK(contains(check_detail(r, "probe"), "nonce answered"));
+  if (level != "gvisor") CHECK(contains(check_detail(r, "probe"), "egress attempts recorded"));
+  CHECK(r.value("image_digest", "").starts_with("sha256:"));
+  CHECK(r["image_current"] == true);
 }
 
 }  // namespace
@@ -985,6 +992,22 @@ void audit_passes(const std::string& level) {
 TEST_CASE("audit: an unknown level is a usage error", "[input]") {
   usage_error(sandboxctl({"audit", "--isolation", "chroot"}), "--isolation 'chroot'");
   usage_error(sandboxctl({"audit", "--isolation", "microvm"}), "expected process, container or gvisor");
+}
+
+TEST_CASE("audit: --runtime must name a configured Python runtime", "[input]") {
+  // Unknown names (a traversal, a tool image's name) and a runtime whose interpreter is not
+  // Python are usage errors naming the flag, not a failed audit.
+  usage_error(sandboxctl(with({"audit", "--runtime", "../x"}, clitest::private_store_flags())),
+              "--runtime '../x': unknown runtime");
+  usage_error(sandboxctl(with({"audit", "--runtime", "tools"}, clitest::private_store_flags())),
+              "--runtime 'tools': unknown runtime");
+  usage_error(sandboxctl(with({"audit", "--runtime", "python"}, clitest::private_store_flags())),
+              "--runtime 'python': unknown runtime");
+  usage_error(sandboxctl(with({"audit", "--runtime", "node"}, clitest::private_store_flags())),
+              "--runtime 'node': its interpreter");
+  usage_error(
+      sandboxctl(with({"audit", "--runtime", "node", "--json"}, clitest::private_store_flags())),
+      "is not Python");
 }
 
 TEST_CASE("audit: a level whose runtime binary is missing fails, naming the backend's reason",
@@ -1013,6 +1036,90 @@ TEST_CASE("audit: a level whose runtime binary is missing fails, naming the back
 }
 
 TEST_CASE("audit: every check passes at the process level", "[backend]") { audit_passes("process"); }
+
+namespace {
+
+std::string host_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  REQUIRE(f.good());
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+// The tester's finding, reproduced: an image whose /usr/bin/python3 is a shell script that
+// prints a canned perfect probe report, exhausts memory for the memory snippet and spins for
+// the timeout snippet. The host's evidence (no nonce answer, no recorded egress, `ok` instead
+// of `network_disabled`) fails the probe and every check resting on it; the checks the host
+// decides alone still pass, and the report names the (fake) image it audited.
+TEST_CASE("audit: an image with a fake python3 printing a canned report fails the probe",
+          "[backend]") {
+  const json canned = {
+      {"v", 1},
+      {"env_names", {"HOME", "LANG", "PATH", "SANDBOX_INPUT_DIR", "SANDBOX_OUTPUT_DIR"}},
+      {"status",
+       {{"Seccomp", "2"},
+        {"NoNewPrivs", "1"},
+        {"CapInh", "0000000000000000"},
+        {"CapPrm", "0000000000000000"},
+        {"CapEff", "0000000000000000"},
+        {"CapBnd", "0000000000000000"},
+        {"CapAmb", "0000000000000000"}}},
+      {"seccomp_mode", 2},
+      {"no_new_privs", 1},
+      {"socket_files", json::array()},
+      {"unix_connected", json::array()},
+      {"interfaces", {"lo"}},
+      {"reachable", json::array()},
+      {"forks", 61},
+      {"fork_error", "EAGAIN"},
+      {"proof", std::string(64, '0')}};
+  // argv is /usr/bin/python3 -I SOURCE: the script reads the source's first line.
+  const std::string script =
+      "#!/bin/sh\nfor a; do src=$a; done\nIFS= read -r first < \"$src\"\n"
+      "case \"$first\" in\n"
+      "'# agent-sandbox audit probe') printf '%s\\n' '" +
+      canned.dump() +
+      "' ;;\n"
+      "'# agent-sandbox audit: memory') x=xxxxxxxxxxxxxxxx; "
+      "while :; do x=\"$x$x\"; done ;;\n"
+      "'# agent-sandbox audit: timeout') while :; do :; done ;;\n"
+      "*) echo ran ;;\nesac\n";
+  auto tar = store_test::tar_builder();
+  for (const char* d : {"bin", "dev", "etc", "home", "lib", "lib/x86_64-linux-gnu", "lib64", "proc",
+                        "run", "sys", "tmp", "usr", "usr/bin"}) {
+    tar.dir(d);
+  }
+  tar.file("bin/sh", host_file("/bin/dash"), 0755)
+      .file("lib/x86_64-linux-gnu/libc.so.6", host_file("/lib/x86_64-linux-gnu/libc.so.6"), 0755)
+      .file("lib64/ld-linux-x86-64.so.2", host_file("/lib64/ld-linux-x86-64.so.2"), 0755)
+      .file("usr/bin/python3", script, 0755);
+  store_test::layout_builder layout(clitest::scratch() / "fake-python-layout");
+  const std::string digest = layout.single({{.tar = tar.finish()}});
+  const std::string store = (clitest::scratch() / "fake-python-store").string();
+  auto imp =
+      sandboxctl({"image", "import", layout.dir().string(), "python3", "--image-dir", store});
+  INFO("import: " << imp.err);
+  REQUIRE(imp.status == 0);
+
+  std::vector<std::string> flags{"--state-dir", (clitest::scratch() / "fake-state").string(),
+                                 "--blob-dir",  (clitest::scratch() / "fake-blobs").string(),
+                                 "--image-dir", store};
+  if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT"); p != nullptr && *p != '\0') {
+    flags.insert(flags.end(), {"--cgroup-parent", p});
+  }
+  auto o = sandboxctl(with({"audit", "--isolation", "process", "--json"}, flags));
+  json r = audit_json(o);
+  INFO("report: " << r.dump(2) << "\nstderr: " << o.err);
+  CHECK(o.status == 1);
+  CHECK(r["passed"] == false);
+  CHECK(r["failed"] == json{"probe", "environment", "seccomp", "no_new_privs", "capabilities",
+                            "no_host_socket", "no_route_out", "pids_limit"});
+  CHECK(contains(check_detail(r, "probe"), "nonce"));
+  CHECK(contains(check_detail(r, "memory_limit"), "oom"));
+  CHECK(r["image_digest"] == digest);
+  CHECK(r["image_current"] == true);
+}
 
 // The OCI levels need root and crun / runsc (registered separately in CMakeLists.txt, run as
 // root in CI; a host without them fails here with the backend's reason, never skips).
