@@ -78,7 +78,7 @@ out = os.environ["SANDBOX_OUTPUT_DIR"]
 profile = "/tmp/chromium-profile"         # fresh, in the sandbox's own tmpfs
 base = ["/usr/bin/chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
         "--no-first-run", "--no-default-browser-check", "--disable-extensions",
-        "--disable-dev-shm-usage", "--user-data-dir=" + profile,
+        "--user-data-dir=" + profile,
         "--proxy-server=" + proxy, "--proxy-bypass-list=<-loopback>",
         "--window-size={width},{height}"]
 dom = subprocess.run(base + ["--dump-dom", "{url}"], capture_output=True, text=True, timeout=60)
@@ -89,6 +89,14 @@ if dom.returncode or shot.returncode:
     sys.stderr.write(dom.stderr[-2000:] + shot.stderr[-2000:])
     sys.exit(1)
 print("profile:", sorted(os.listdir(profile))[:3], "...")
+# The same name on another port (the host's own port 80 under the pinned loopback name) is
+# not the page's server: the proxy refuses it.
+import urllib.request, urllib.error
+try:
+    urllib.request.urlopen("http://{host}:80/", timeout=10)
+    print("port 80: reached")
+except urllib.error.HTTPError as e:
+    print("port 80: refused", e.code)
 )py";
 
 // A tiny HTTP/1.1 server on 127.0.0.1: the page for every request, one per connection.
@@ -165,19 +173,24 @@ int run_example(sandbox::runtime_options options, bool skip_unavailable,
                               .source_name = "main.py",
                               .image = "chromium"});
   options.egress.pinned_hosts[page_host] = {"127.0.0.1"};
-  options.egress.http_ports = {80, port};
+  // Only the test server's port: with the name pinned to 127.0.0.1, any other plain-HTTP
+  // port would open the host's own loopback services (port 80, …) to the page.
+  options.egress.http_ports = {port};
+  options.egress.connect_ports = {};
   options.policy.max_timeout = 60s;
   options.policy.max_memory_bytes = 2ULL << 30;
   // The workload profile for browsers: Chromium starts a few processes with dozens of
-  // threads each, keeps a profile directory and wants /dev/shm. A snippet's run keeps the
-  // policy's smaller defaults (64 pids, 16 MiB /dev/shm); the ticket below names this one.
+  // threads each, keeps a profile directory and shares its rendered frames through
+  // /dev/shm. A snippet's run keeps the policy's smaller defaults (64 pids, 16 MiB
+  // /dev/shm); the ticket below names this one. (Each tmpfs is also capped at an eighth of
+  // the memory limit: 2 GiB gives /dev/shm its 256 MiB.)
   options.policy.profiles["browser"] = {.max_pids = 512,
                                         .max_open_files = 4096,
                                         .tmp_bytes = 256ULL << 20,
                                         .home_bytes = 64ULL << 20,
                                         .shm_bytes = 256ULL << 20,
                                         .tmpfs_inodes = 16384,
-                                        .memory_limit_bytes = 1536ULL << 20,
+                                        .memory_limit_bytes = 2ULL << 30,
                                         .timeout = 45s};
 
   auto rt = sandbox::runtime::create(io.get_executor(), options);
@@ -231,6 +244,7 @@ int run_example(sandbox::runtime_options options, bool skip_unavailable,
   const std::string url = "http://" + std::string(page_host) + ":" + std::to_string(port) + "/";
   std::string source = browser_snippet;
   replace_all(source, "{url}", url);
+  replace_all(source, "{host}", page_host);
   replace_all(source, "{width}", std::to_string(window_width));
   replace_all(source, "{height}", std::to_string(window_height));
   // Timeout and memory limit are left to the profile.
@@ -277,11 +291,20 @@ int run_example(sandbox::runtime_options options, bool skip_unavailable,
   // 5. The screenshot, by blob id.
   checker check;
   check.expect(result.code == sandbox::code::ok, "the run ended ok");
-  check.expect(result.timeout == 45s && result.memory_limit_bytes == (1536ULL << 20),
+  check.expect(result.timeout == 45s && result.memory_limit_bytes == (2ULL << 30),
                "the run got the browser profile's timeout and memory limit");
   check.expect(result.std_out.summary.find("rendered 42") != std::string::npos,
                "the DOM shows the page's script ran (\"rendered 42\")");
   check.expect(proxied, "the page came through the run's egress proxy");
+  bool port80_refused = false;
+  for (const auto& e : result.egress_attempts) {
+    if (e.protocol == "http" && e.host == page_host && e.port == 80 && !e.allowed) {
+      port80_refused = true;
+    }
+  }
+  check.expect(port80_refused &&
+                   result.std_out.summary.find("port 80: refused 403") != std::string::npos,
+               "the page's name on the host's port 80 was refused by the proxy");
   check.expect(requests >= 2, "the test server answered the browser (" +
                                   std::to_string(requests) + " requests)");
   std::optional<std::string> png;
