@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/json_strict.hpp"
+#include "core/result_json.hpp"
 #include "core/receipt_json.hpp"
 #include "core/text_util.hpp"
 #include "core/ticket_json.hpp"
@@ -434,12 +435,7 @@ std::string encode(const run_result& r) {
     e["reason"] = std::string(to_string(d.reason));
     j["files_dropped"].push_back(std::move(e));
   }
-  ordered_json usage;
-  usage["setup_ms"] = static_cast<std::int64_t>(r.usage.setup.count());
-  usage["wall_ms"] = static_cast<std::int64_t>(r.usage.wall.count());
-  usage["cpu_ms"] = static_cast<std::int64_t>(r.usage.cpu.count());
-  usage["peak_memory_bytes"] = r.usage.peak_memory_bytes;
-  j["usage"] = std::move(usage);
+  j["usage"] = detail::encode_usage(r.usage);
   j["oom_kills"] = r.oom_kills;
   j["timeout_clamped"] = r.timeout_clamped;
   j["memory_clamped"] = r.memory_clamped;
@@ -447,19 +443,7 @@ std::string encode(const run_result& r) {
   j["memory_limit_bytes"] = r.memory_limit_bytes;
   j["isolation"] = std::string(to_string(r.isolation));
   j["runtime"] = {{"name", r.runtime.name}, {"digest", r.runtime.digest}};
-  j["egress_attempts"] = ordered_json::array();
-  for (const auto& a : r.egress_attempts) {
-    ordered_json e;
-    e["protocol"] = a.protocol;
-    e["host"] = a.host;
-    e["address"] = a.address;
-    e["port"] = a.port;
-    e["allowed"] = a.allowed;
-    e["reason"] = a.reason;
-    e["bytes_up"] = a.bytes_up;
-    e["bytes_down"] = a.bytes_down;
-    j["egress_attempts"].push_back(std::move(e));
-  }
+  j["egress_attempts"] = detail::encode_egress_attempts(r.egress_attempts);
   j["egress_attempts_dropped"] = r.egress_attempts_dropped;
   j["violation"] = r.violation ? ordered_json(*r.violation) : ordered_json(nullptr);
   j["run_id"] = r.run_id;
@@ -502,5 +486,35 @@ std::string encode(const approval_request& a) {
   for (const auto& [key, value] : body.items()) j[key] = value;
   return detail::dump_compact(j);
 }
+
+namespace detail {
+
+nlohmann::ordered_json encode_usage(const run_usage& u) {
+  nlohmann::ordered_json usage;
+  usage["setup_ms"] = static_cast<std::int64_t>(u.setup.count());
+  usage["wall_ms"] = static_cast<std::int64_t>(u.wall.count());
+  usage["cpu_ms"] = static_cast<std::int64_t>(u.cpu.count());
+  usage["peak_memory_bytes"] = u.peak_memory_bytes;
+  return usage;
+}
+
+nlohmann::ordered_json encode_egress_attempts(const std::vector<egress_attempt>& attempts) {
+  auto out = nlohmann::ordered_json::array();
+  for (const auto& a : attempts) {
+    nlohmann::ordered_json e;
+    e["protocol"] = a.protocol;
+    e["host"] = a.host;
+    e["address"] = a.address;
+    e["port"] = a.port;
+    e["allowed"] = a.allowed;
+    e["reason"] = a.reason;
+    e["bytes_up"] = a.bytes_up;
+    e["bytes_down"] = a.bytes_down;
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace detail
 
 }  // namespace sandbox

@@ -8,6 +8,7 @@
 #include "core/ed25519.hpp"
 #include "core/json_strict.hpp"
 #include "core/receipt_json.hpp"
+#include "core/result_json.hpp"
 #include "core/sha256.hpp"
 #include "core/text_util.hpp"
 #include "core/ticket_json.hpp"
@@ -50,25 +51,8 @@ ordered_json claims_json(const receipt_claims& c) {
   j["backend"] = c.backend;
   j["isolation"] = std::string(to_string(c.isolation));
   j["runtime"] = {{"name", c.runtime.name}, {"digest", c.runtime.digest}};
-  ordered_json usage;
-  usage["setup_ms"] = static_cast<std::int64_t>(c.usage.setup.count());
-  usage["wall_ms"] = static_cast<std::int64_t>(c.usage.wall.count());
-  usage["cpu_ms"] = static_cast<std::int64_t>(c.usage.cpu.count());
-  usage["peak_memory_bytes"] = c.usage.peak_memory_bytes;
-  j["usage"] = std::move(usage);
-  j["egress_attempts"] = ordered_json::array();
-  for (const auto& a : c.egress_attempts) {
-    ordered_json e;
-    e["protocol"] = a.protocol;
-    e["host"] = a.host;
-    e["address"] = a.address;
-    e["port"] = a.port;
-    e["allowed"] = a.allowed;
-    e["reason"] = a.reason;
-    e["bytes_up"] = a.bytes_up;
-    e["bytes_down"] = a.bytes_down;
-    j["egress_attempts"].push_back(std::move(e));
-  }
+  j["usage"] = encode_usage(c.usage);
+  j["egress_attempts"] = encode_egress_attempts(c.egress_attempts);
   j["egress_attempts_dropped"] = c.egress_attempts_dropped;
   j["stdout"] = stream_json(c.std_out);
   j["stderr"] = stream_json(c.std_err);
