@@ -151,6 +151,20 @@ std::string kid_from_file_name(const fs::path& p, bool strip_pub) {
   return name;
 }
 
+result<ed25519_signing_key> make_signing_key(std::string kid, std::string_view private_pem) {
+  if (!is_valid_key_id(kid)) return make_error_code(errc::invalid_argument);
+  auto k = read_private_pem(private_pem);
+  if (!k) return make_error_code(errc::invalid_argument);
+  return ed25519_signing_key{.kid = std::move(kid), .key = std::move(k)};
+}
+
+result<ed25519_signing_key> load_signing_key(const fs::path& file, std::string kid) {
+  auto text = read_key_file(file);
+  if (!text) return text.error();
+  if (kid.empty()) kid = kid_from_file_name(file, false);
+  return make_signing_key(std::move(kid), *text);
+}
+
 std::optional<std::string> private_pem_of(EVP_PKEY* k) {
   bio_ptr bio(BIO_new(BIO_s_mem()));
   if (!bio || PEM_write_bio_PrivateKey(bio.get(), k, nullptr, nullptr, 0, nullptr, nullptr) != 1) {

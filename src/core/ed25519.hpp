@@ -52,6 +52,21 @@ bool ed25519_verify(EVP_PKEY* k, std::string_view message, std::string_view sig)
 /// "k1" from ".../k1.pub.pem" (or ".../k1.pem"; `strip_pub` also strips ".pub").
 std::string kid_from_file_name(const std::filesystem::path& p, bool strip_pub);
 
+/// A private Ed25519 key and its key id: what ticket and receipt signers hold.
+struct ed25519_signing_key {
+  std::string kid;
+  pkey_ptr key;
+};
+
+/// The key of PEM text `private_pem` under `kid` (`is_valid_key_id`). Errors:
+/// `invalid_argument` (a bad key id, or not an Ed25519 private key).
+result<ed25519_signing_key> make_signing_key(std::string kid, std::string_view private_pem);
+
+/// The key in `file`; an empty `kid` is taken from the file name ("k1.pem" → "k1"). Errors:
+/// those of `read_key_file` and `make_signing_key`.
+result<ed25519_signing_key> load_signing_key(const std::filesystem::path& file,
+                                             std::string kid);
+
 /**
  * Trusted Ed25519 public keys by key id. Copies share the key objects but not the map:
  * adding a key to one copy leaves the others as they were. Lookups are thread-safe; adding

@@ -336,26 +336,20 @@ std::optional<std::string> receipt_mismatch(const receipt_claims& c, const run_r
 
 // --- signer -------------------------------------------------------------------------------
 
-struct receipt_signer::impl {
-  std::string kid;
-  pkey_ptr key;
+struct receipt_signer::impl : ed25519_signing_key {
+  explicit impl(ed25519_signing_key k) : ed25519_signing_key(std::move(k)) {}
 };
 
 result<receipt_signer> receipt_signer::from_pem(std::string kid, std::string_view private_pem) {
-  if (!is_valid_key_id(kid)) return make_error_code(errc::invalid_argument);
-  auto k = read_private_pem(private_pem);
-  if (!k) return make_error_code(errc::invalid_argument);
-  auto p = std::make_shared<impl>();
-  p->kid = std::move(kid);
-  p->key = std::move(k);
-  return receipt_signer(std::move(p));
+  auto k = make_signing_key(std::move(kid), private_pem);
+  if (!k) return k.error();
+  return receipt_signer(std::make_shared<const impl>(std::move(*k)));
 }
 
 result<receipt_signer> receipt_signer::load(const std::filesystem::path& file, std::string kid) {
-  auto text = read_key_file(file);
-  if (!text) return text.error();
-  if (kid.empty()) kid = kid_from_file_name(file, false);
-  return from_pem(std::move(kid), *text);
+  auto k = load_signing_key(file, std::move(kid));
+  if (!k) return k.error();
+  return receipt_signer(std::make_shared<const impl>(std::move(*k)));
 }
 
 const std::string& receipt_signer::kid() const noexcept { return impl_->kid; }

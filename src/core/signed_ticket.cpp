@@ -127,26 +127,20 @@ result<void> write_ed25519_key_files(const fs::path& dir, std::string_view kid) 
 
 // --- signer -----------------------------------------------------------------------------
 
-struct ticket_signer::impl {
-  std::string kid;
-  pkey_ptr key;
+struct ticket_signer::impl : detail::ed25519_signing_key {
+  explicit impl(detail::ed25519_signing_key k) : detail::ed25519_signing_key(std::move(k)) {}
 };
 
 result<ticket_signer> ticket_signer::from_pem(std::string kid, std::string_view private_pem) {
-  if (!is_valid_key_id(kid)) return make_error_code(errc::invalid_argument);
-  auto k = read_private_pem(private_pem);
-  if (!k) return make_error_code(errc::invalid_argument);
-  auto p = std::make_shared<impl>();
-  p->kid = std::move(kid);
-  p->key = std::move(k);
-  return ticket_signer(std::move(p));
+  auto k = detail::make_signing_key(std::move(kid), private_pem);
+  if (!k) return k.error();
+  return ticket_signer(std::make_shared<const impl>(std::move(*k)));
 }
 
 result<ticket_signer> ticket_signer::load(const fs::path& private_key_file, std::string kid) {
-  auto text = detail::read_key_file(private_key_file);
-  if (!text) return text.error();
-  if (kid.empty()) kid = kid_from_file_name(private_key_file, false);
-  return from_pem(std::move(kid), *text);
+  auto k = detail::load_signing_key(private_key_file, std::move(kid));
+  if (!k) return k.error();
+  return ticket_signer(std::make_shared<const impl>(std::move(*k)));
 }
 
 const std::string& ticket_signer::kid() const noexcept { return impl_->kid; }
