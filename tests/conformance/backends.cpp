@@ -67,6 +67,41 @@ std::unique_ptr<sandbox::runtime> make_process_with(std::string* why, const char
       {.name = "sh", .image = "tools", .binary = "/bin/sh", .args = {"-s"}},
       {.name = "sh-big", .image = "tools", .binary = "/bin/sh", .args = {"-s"},
        .profile = "conformance-big"},
+      // A fetcher with its own egress (suite.hpp, egress_tool_name): the model's URLs come
+      // on stdin, never in argv; what it may reach is the entry's, not the request's.
+      {.name = egress_tool_name, .image = "python3", .binary = "/usr/bin/python3",
+       .args = {"-u", "-c", R"PY(
+import json, os, socket, ssl, sys, urllib.request, urllib.error
+ca = os.path.join(os.environ.get('SANDBOX_INPUT_DIR', '/nonexistent'), 'ca.pem')
+ctx = ssl.create_default_context(cafile=ca) if os.path.exists(ca) else ssl.create_default_context()
+opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx))
+def fetch(url):
+    try:
+        with opener.open(url, timeout=5) as r:
+            return [r.status, r.read(4096).decode(errors='replace')]
+    except urllib.error.HTTPError as e:
+        return [e.code, e.read(4096).decode(errors='replace')]
+    except Exception as e:
+        return [0, type(e).__name__ + ': ' + str(e)]
+def direct(target):
+    host, _, port = target.rpartition(':')
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+        return [1, 'connected']
+    except Exception as e:
+        return [0, type(e).__name__ + ': ' + str(e)]
+while True:
+    line = sys.stdin.readline()
+    if not line:
+        break
+    line = line.strip()
+    if not line:
+        continue
+    out = direct(line[7:]) if line.startswith('direct ') else fetch(line)
+    print(json.dumps({'in': line, 'status': out[0], 'body': out[1],
+                      'proxy': os.environ.get('HTTPS_PROXY', '')}), flush=True)
+)PY"},
+       .egress = {egress_approved_name}},
   };
   opts.scheduler.max_running = 64;
   opts.scheduler.default_class.max_running = 64;
@@ -167,7 +202,8 @@ const std::vector<backend_profile>& profiles() {
                               .parent_of_home_reachable = false,
                               .syscall_slowdown = 20,
                               .gap_fork_bomb_ends_on_memory = true,
-                              .gap_tmpfs_inode_limit = true},
+                              .gap_tmpfs_inode_limit = true,
+                              .gap_no_sessions = true},
                    .host_config = R"({"v":1,"backends":{"gvisor":{"runtime":"runsc"}}})",
                    // 100-135 s measured on a loaded 2-core host.
                    .ci_budget = std::chrono::seconds(600)});

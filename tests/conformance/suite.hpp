@@ -109,6 +109,11 @@ struct expectations {
   /// enforced inside gVisor (its tmpfs ignores nr_inodes): entries can be created until the
   /// memory limit; only the output directory (a host tmpfs) answers ENOSPC.
   bool gap_tmpfs_inode_limit = false;
+  /// GAP (missing feature, docs/architecture.md "Sessions"): the backend runs no sessions
+  /// (gVisor: its launcher cannot pass the stdin descriptor), so opening one, even for an
+  /// entry whose level it is the only one to serve, is `runtime_unavailable` ("… does not
+  /// run sessions").
+  bool gap_no_sessions = false;
 };
 
 /// One backend under test.
@@ -237,6 +242,14 @@ inline constexpr const char* egress_other_name = "other.test";
 /// ("metadata.test"): DNS rebinding, as a hostile DNS server would do it.
 inline constexpr const char* egress_rebind_name = "rebind.test";
 inline constexpr const char* egress_metadata_name = "metadata.test";
+/// The registered tool with its own egress (cases/tool_egress_test.cpp): /usr/bin/python3
+/// of the python3 image with a fixed script; `egress` = {egress_approved_name}, isolation
+/// process (the entry's egress alone lifts its runs to container or stronger). Per stdin
+/// line, model bytes: a URL, fetched through the environment's proxy (the origins' CA from
+/// input file `ca.pem` when given), or `direct HOST:PORT`, a plain TCP connect. Per line it
+/// prints one JSON object: {"in": line, "status": HTTP status (0: no response; 1: direct
+/// connected), "body": up to 4 KiB or the error, "proxy": $HTTPS_PROXY}.
+inline constexpr const char* egress_tool_name = "fetch";
 /// Per-run proxy budgets of the suite's runtimes.
 inline constexpr std::uint32_t egress_max_connections = 8;
 inline constexpr std::uint64_t egress_max_bytes_down = 2ULL << 20;
