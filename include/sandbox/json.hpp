@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "sandbox/protocol.hpp"
+#include "sandbox/session.hpp"
 
 namespace sandbox {
 
@@ -46,5 +47,26 @@ boost::system::result<approval_request, rejection> decode_approval_request(
 /// Encodes an approval request as one line of JSON; `decode_approval_request(encode(a)) == a`
 /// for every valid `a`.
 std::string encode(const approval_request& a);
+
+/// Decodes a `session_request` (docs/protocol.md, "Sessions"): `{"v":1, "tool": NAME,
+/// "max_lifetime_ms": N, "idle_timeout_ms": N}`, only `tool` required. Strict like every
+/// document (`invalid_request` naming the field: unknown fields, wrong types, integers out of
+/// int64 range). Semantic checks (unknown tool, durations ≤ 0) are the runtime's, at
+/// `runtime::async_open_session`.
+boost::system::result<session_request, rejection> decode_session_request(
+    std::string_view json, const decode_options& = {});
+
+/// Encodes a session request as one line of JSON; `decode_session_request(encode(r)) == r`.
+std::string encode(const session_request& r);
+
+/// Decodes a `session_result` (`{"v":1, "end": "closed", "result": RUN_RESULT,
+/// "bytes_to_server": N, "bytes_from_server": N}`); `invalid_request` naming the field
+/// otherwise (`end` must be one of `to_string(session_end)`'s names).
+boost::system::result<session_result, rejection> decode_session_result(
+    std::string_view json, const decode_options& = {});
+
+/// Encodes a session result as one line of JSON (no trailing newline);
+/// `decode_session_result(encode(r)) == r`.
+std::string encode(const session_result& r);
 
 }  // namespace sandbox

@@ -13,6 +13,11 @@
 //     client whose unwritten answers pass `max_output_bytes` is disconnected.
 //   - A client that disconnects (its socket hung up) has every run in flight cancelled; the
 //     runtime kills each one and confirms it dead before completing it.
+//   - Sessions (`session_open` …, sandbox/session.hpp) belong to their connection: each has at
+//     most one stdout read outstanding, started only while the connection's unwritten answers
+//     are under `output_pause_bytes` (so a server's output waits in its own pipe, never in the
+//     daemon), and a queue of writes handed to the session one at a time (each answered once
+//     the session's stdin buffer took it). A disconnect closes them all (kill-and-confirm).
 //   - stdio mode: two pump threads copy between the daemon's stdin/stdout and private pipes,
 //     so the connection code is the same, the caller's file descriptions never become
 //     non-blocking, and regular files (which epoll refuses) work too.
@@ -272,6 +277,25 @@ class connection : public std::enable_shared_from_this<connection> {
     std::optional<std::pair<sandbox::run_request, sandbox::ticket>> record_of;
   };
 
+  /// One open session of this connection (sandbox/session.hpp), keyed by its wire id.
+  struct session_write_op {
+    std::string id;    ///< the `session_write` line's id
+    std::string data;  ///< bytes for the server's stdin
+  };
+  struct session_entry {
+    std::shared_ptr<sandbox::session> s;
+    std::shared_ptr<std::vector<char>> buf;  ///< stdout chunk of the outstanding read
+    bool reading = false;                    ///< an async_read_some is outstanding
+    bool writing = false;                    ///< the front of `writes` is in async_write
+    bool out_done = false;                   ///< stdout ended (eof event sent)
+    bool closing = false;                    ///< async_close started: no more requests
+    bool ended = false;                      ///< async_close completed
+    std::deque<session_write_op> writes;
+    std::optional<std::string> close_stdin_id;  ///< `session_close_stdin` waiting for writes
+    bool stdin_closed = false;
+    std::optional<std::string> close_id;  ///< the `session_close` line's id
+  };
+
   sandbox::log_sink& log();
   const service_limits& limits() const;
   bool paused() const;
@@ -286,6 +310,25 @@ class connection : public std::enable_shared_from_this<connection> {
   void start_blob_put(std::string id, const json& op);
   void start_blob_get(std::string id, const json& op);
   void start_replay(std::string id, const json& op);
+  void start_session_open(std::string id, const json& op);
+  void on_session_opened(const std::string& id, error_code ec, sandbox::session_start start);
+  /// The entry named by `op.session` (`op_name.session` in messages); queues the error
+  /// answer and returns null when there is none (or it is closing).
+  session_entry* find_session(const std::string& id, const json& op, const std::string& op_name,
+                              std::string& sid);
+  void start_session_write(std::string id, const json& op);
+  void start_session_close_stdin(std::string id, const json& op);
+  void start_session_close(std::string id, const json& op);
+  void start_service_stats(std::string id, const json& op);
+  void write_session(const std::string& sid);
+  void on_session_written(const std::string& sid, error_code ec, std::size_t n);
+  void close_session(const std::string& sid, session_entry& e);
+  void on_session_closed(const std::string& sid, sandbox::session_result r);
+  /// Starts a stdout read on every session that has none, while the answer budget has room.
+  void pump_session_reads();
+  void on_session_read(const std::string& sid, error_code ec, std::size_t n);
+  void maybe_erase_session(const std::string& sid);
+  void close_sessions();
   /// The ticket of a request line's `ticket` member: verified against the trusted keys
   /// when the daemon has them, else decoded as a plain ticket. Rejections say "ticket: …".
   boost::system::result<sandbox::ticket, sandbox::rejection> ticket_of(const json& ticket_doc);
@@ -325,6 +368,10 @@ class connection : public std::enable_shared_from_this<connection> {
   std::set<std::string> ids_;  // ids of runs and blob requests in flight
   bool blob_busy_ = false;
 
+  std::map<std::string, session_entry> sessions_;
+  std::uint32_t opening_ = 0;            ///< session_open lines not completed yet
+  std::size_t session_write_bytes_ = 0;  ///< bytes in the sessions' `writes` queues
+
   std::deque<std::string> wq_;
   std::size_t wq_bytes_ = 0;  ///< also counted in service::unwritten_total()
   bool writing_ = false;
@@ -337,6 +384,12 @@ class service {
  public:
   /// Unwritten answer bytes of every connection (they add and subtract their own).
   std::atomic<std::size_t>& unwritten_total() noexcept { return unwritten_total_; }
+  /// Sessions open or opening, every connection together (`max_sessions`).
+  std::atomic<std::size_t>& sessions() noexcept { return sessions_; }
+  /// Stdout bytes read from every session's server since the start (`service_stats`).
+  std::atomic<std::uint64_t>& session_stdout_bytes() noexcept { return session_stdout_bytes_; }
+  /// Bytes of `session_write` data waiting in the daemon, every connection together.
+  std::atomic<std::size_t>& session_write_bytes() noexcept { return session_write_bytes_; }
 
   service(asio::io_context& io, sandbox::runtime& rt, asio::thread_pool& pool,
           const serve_options& options)
@@ -506,6 +559,9 @@ class service {
   sandbox::runtime& rt_;
   asio::thread_pool& pool_;
   std::atomic<std::size_t> unwritten_total_{0};
+  std::atomic<std::size_t> sessions_{0};
+  std::atomic<std::uint64_t> session_stdout_bytes_{0};
+  std::atomic<std::size_t> session_write_bytes_{0};
   const serve_options& options_;
   sandbox::log_sink log_;
   strand_t strand_;
@@ -576,12 +632,15 @@ void connection::on_stop() {
   error_code ec;
   in_.close(ec);  // no more requests; a pending read completes with operation_aborted
   cancel_runs();
+  close_sessions();
   maybe_finish();
 }
 
 bool connection::paused() const {
-  return blob_busy_ || runs_.size() >= limits().max_in_flight ||
-         wq_bytes_ >= limits().output_pause_bytes;
+  // ids_ holds every request in flight: runs, the blob request, session lines.
+  return blob_busy_ || ids_.size() >= limits().max_in_flight ||
+         wq_bytes_ >= limits().output_pause_bytes ||
+         session_write_bytes_ >= limits().session_write_pause_bytes;
 }
 
 void connection::read_more() {
@@ -724,6 +783,39 @@ void connection::handle_line(std::string_view line) {
       return;
     }
     id = s;
+
+    // Session and stats lines: `{"id":…, "<op>":{…}}`, nothing else beside the id.
+    static constexpr std::array<std::string_view, 5> session_ops{
+        "session_open", "session_write", "session_close_stdin", "session_close", "service_stats"};
+    for (auto op : session_ops) {
+      if (sandbox::detail::find_member(doc, op) == nullptr) continue;
+      try {
+        sandbox::detail::check_known_fields(doc, "", {"id", op});
+      } catch (const sandbox::detail::decode_error& e) {
+        queue_answer(error_line(id, "invalid_request", e.what()));
+        return;
+      }
+      if (ids_.count(*id) != 0) {
+        queue_answer(error_line(
+            std::nullopt, "invalid_request",
+            fmt::format("id: a request with id {} is still in flight",
+                        escape_format_chars(sandbox::detail::quote_for_message(*id, 64)))));
+        return;
+      }
+      const json& body = doc[std::string(op)];
+      if (op == "session_open") {
+        start_session_open(*id, body);
+      } else if (op == "session_write") {
+        start_session_write(*id, body);
+      } else if (op == "session_close_stdin") {
+        start_session_close_stdin(*id, body);
+      } else if (op == "session_close") {
+        start_session_close(*id, body);
+      } else {
+        start_service_stats(*id, body);
+      }
+      return;
+    }
 
     const bool put = sandbox::detail::find_member(doc, "blob_put") != nullptr;
     const bool get = !put && sandbox::detail::find_member(doc, "blob_get") != nullptr;
@@ -1051,6 +1143,370 @@ void connection::start_replay(std::string id, const json& op) {
   });
 }
 
+// --- sessions ------------------------------------------------------------------------------
+//
+// `{"id":…,"session_open":{"ticket":T,"request":SESSION_REQUEST}}` → `{"id":…,"session":S}`;
+// `session_write` → `{"id":…,"written":N}` once the session's stdin buffer took every byte;
+// `session_close_stdin` → `{"id":…,"stdin_closed":true}` after the writes before it;
+// `session_close` → `{"id":…,"session_result":{…}}`. Stdout arrives as events without an id:
+// `{"session":S,"stdout":B64}`, then `{"session":S,"eof":true}` once it ended.
+
+void connection::start_session_open(std::string id, const json& op) {
+  try {
+    sandbox::detail::as_object(op, "session_open");
+    sandbox::detail::check_known_fields(op, "session_open", {"ticket", "request"});
+    sandbox::detail::require_member(op, "session_open", "ticket");
+    sandbox::detail::require_member(op, "session_open", "request");
+  } catch (const sandbox::detail::decode_error& e) {
+    queue_answer(error_line(id, "invalid_request", e.what()));
+    return;
+  }
+  auto ticket = ticket_of(op["ticket"]);
+  if (!ticket) {
+    queue_answer(error_line(id, sandbox::to_string(ticket.error().code),
+                            "session_open." + ticket.error().message));
+    return;
+  }
+  auto request = sandbox::decode_session_request(dump(op["request"]));
+  if (!request) {
+    queue_answer(error_line(id, "invalid_request",
+                            "session_open.request: " + request.error().message));
+    return;
+  }
+  if (sessions_.size() + opening_ >= limits().max_sessions_per_client) {
+    queue_answer(error_line(id, "capacity",
+                            fmt::format("this connection has {} sessions open (at most {})",
+                                        sessions_.size() + opening_,
+                                        limits().max_sessions_per_client)));
+    return;
+  }
+  if (svc_.sessions().fetch_add(1) >= limits().max_sessions) {
+    svc_.sessions() -= 1;
+    queue_answer(error_line(
+        id, "capacity",
+        fmt::format("the daemon has {} sessions open (at most {})", limits().max_sessions,
+                    limits().max_sessions)));
+    return;
+  }
+  ++opening_;
+  ids_.insert(id);
+  try {
+    svc_.rt().async_open_session(
+        std::move(*request), std::move(*ticket),
+        asio::bind_executor(strand_, [self = shared_from_this(), id](
+                                         error_code ec, sandbox::session_start start) mutable {
+          self->on_session_opened(id, ec, std::move(start));
+        }));
+  } catch (...) {
+    --opening_;
+    ids_.erase(id);
+    svc_.sessions() -= 1;
+    throw;
+  }
+}
+
+void connection::on_session_opened(const std::string& id, error_code ec,
+                                   sandbox::session_start start) {
+  --opening_;
+  ids_.erase(id);
+  if (ec || !start.session) {
+    svc_.sessions() -= 1;
+    const auto c = ec && start.code == sandbox::code::ok ? sandbox::code::internal : start.code;
+    queue_answer(error_line(
+        id, sandbox::to_string(c),
+        start.message.empty() ? std::string("the session could not be started") : start.message));
+    resume();
+    return;
+  }
+  const std::string sid = start.session->id();
+  auto& e = sessions_[sid];
+  e.s = std::move(start.session);
+  e.buf = std::make_shared<std::vector<char>>(limits().session_read_chunk_bytes);
+  if (closed_ || stopping_) {
+    // The client went away (or the daemon stops) while the server started: stop it at once.
+    close_session(sid, e);
+    maybe_finish();
+    return;
+  }
+  log()(sandbox::log_level::info, fmt::format("serve: {}: session {} opened", name_, sid));
+  queue_answer(answer_line(id, "session", json_string(sid)));
+  resume();
+}
+
+connection::session_entry* connection::find_session(const std::string& id, const json& op,
+                                                    const std::string& op_name,
+                                                    std::string& sid) {
+  try {
+    sandbox::detail::as_object(op, op_name);
+    sid = sandbox::detail::as_string(sandbox::detail::require_member(op, op_name, "session"),
+                                     op_name + ".session");
+  } catch (const sandbox::detail::decode_error& e) {
+    queue_answer(error_line(id, "invalid_request", e.what()));
+    return nullptr;
+  }
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end()) {
+    // Also another connection's session: sessions belong to the connection that opened them.
+    queue_answer(error_line(
+        id, "session_not_found",
+        fmt::format("{}.session: no session {} on this connection", op_name,
+                    escape_format_chars(sandbox::detail::quote_for_message(sid, 64)))));
+    return nullptr;
+  }
+  if (it->second.closing) {
+    queue_answer(error_line(id, "session_ended",
+                            fmt::format("{}.session: the session is closing", op_name)));
+    return nullptr;
+  }
+  return &it->second;
+}
+
+void connection::start_session_write(std::string id, const json& op) {
+  std::string data;
+  try {
+    sandbox::detail::as_object(op, "session_write");
+    sandbox::detail::check_known_fields(op, "session_write", {"session", "data_b64", "text"});
+    const json* b64 = sandbox::detail::find_member(op, "data_b64");
+    const json* text = sandbox::detail::find_member(op, "text");
+    if ((b64 == nullptr) == (text == nullptr)) {
+      sandbox::detail::fail("session_write", "expected exactly one of data_b64 and text");
+    }
+    if (text != nullptr) {
+      data = sandbox::detail::as_string(*text, "session_write.text");
+    } else {
+      if (!b64->is_string()) sandbox::detail::fail("session_write.data_b64", "expected a string");
+      auto decoded = base64_decode(b64->get_ref<const std::string&>());
+      if (!decoded) {
+        sandbox::detail::fail("session_write.data_b64", "not valid base64 (RFC 4648, padded)");
+      }
+      data = std::move(*decoded);
+    }
+  } catch (const sandbox::detail::decode_error& e) {
+    queue_answer(error_line(id, "invalid_request", e.what()));
+    return;
+  }
+  std::string sid;
+  session_entry* e = find_session(id, op, "session_write", sid);
+  if (e == nullptr) return;
+  if (e->stdin_closed || e->close_stdin_id) {
+    queue_answer(error_line(id, "session_ended", "session_write: the session's stdin is closed"));
+    return;
+  }
+  ids_.insert(id);
+  session_write_bytes_ += data.size();
+  svc_.session_write_bytes() += data.size();
+  e->writes.push_back({std::move(id), std::move(data)});
+  write_session(sid);
+}
+
+void connection::write_session(const std::string& sid) {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end()) return;
+  auto& e = it->second;
+  if (e.writing || e.closing) return;
+  if (e.writes.empty()) {
+    if (e.close_stdin_id) {
+      // Every write before the close_stdin line was accepted: now the server gets EOF.
+      e.s->close_stdin();
+      e.stdin_closed = true;
+      std::string id = std::move(*e.close_stdin_id);
+      e.close_stdin_id.reset();
+      ids_.erase(id);
+      queue_answer(answer_line(id, "stdin_closed", "true"));
+    }
+    return;
+  }
+  e.writing = true;
+  // The data stays in the queue's front element (a deque never moves it) until the handler.
+  const std::string& data = e.writes.front().data;
+  e.s->async_write(asio::buffer(data),
+                   asio::bind_executor(strand_, [self = shared_from_this(), sid](
+                                                    error_code ec, std::size_t n) {
+                     self->on_session_written(sid, ec, n);
+                   }));
+}
+
+void connection::on_session_written(const std::string& sid, error_code ec, std::size_t n) {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end()) return;
+  auto& e = it->second;
+  e.writing = false;
+  session_write_op op = std::move(e.writes.front());
+  e.writes.pop_front();
+  session_write_bytes_ -= op.data.size();
+  svc_.session_write_bytes() -= op.data.size();
+  ids_.erase(op.id);
+  if (!ec) {
+    queue_answer(answer_line(op.id, "written", std::to_string(n)));
+  } else if (ec == asio::error::broken_pipe) {
+    queue_answer(error_line(op.id, "session_ended",
+                            fmt::format("session_write: the server's stdin is closed ({} of {} "
+                                        "bytes accepted)",
+                                        n, op.data.size())));
+  } else {
+    queue_answer(error_line(
+        op.id, "session_ended",
+        fmt::format("session_write: the session ended ({} of {} bytes accepted)", n,
+                    op.data.size())));
+  }
+  if (e.closing) {
+    maybe_erase_session(sid);
+  } else {
+    write_session(sid);
+  }
+  resume();
+}
+
+void connection::start_session_close_stdin(std::string id, const json& op) {
+  std::string sid;
+  try {
+    sandbox::detail::as_object(op, "session_close_stdin");
+    sandbox::detail::check_known_fields(op, "session_close_stdin", {"session"});
+  } catch (const sandbox::detail::decode_error& e) {
+    queue_answer(error_line(id, "invalid_request", e.what()));
+    return;
+  }
+  session_entry* e = find_session(id, op, "session_close_stdin", sid);
+  if (e == nullptr) return;
+  if (e->stdin_closed || e->close_stdin_id) {
+    queue_answer(answer_line(id, "stdin_closed", "true"));  // idempotent, like close_stdin()
+    return;
+  }
+  ids_.insert(id);
+  e->close_stdin_id = std::move(id);
+  write_session(sid);  // closes now when no write is waiting
+}
+
+void connection::start_session_close(std::string id, const json& op) {
+  std::string sid;
+  try {
+    sandbox::detail::as_object(op, "session_close");
+    sandbox::detail::check_known_fields(op, "session_close", {"session"});
+  } catch (const sandbox::detail::decode_error& e) {
+    queue_answer(error_line(id, "invalid_request", e.what()));
+    return;
+  }
+  session_entry* e = find_session(id, op, "session_close", sid);
+  if (e == nullptr) return;
+  ids_.insert(id);
+  e->close_id = std::move(id);
+  close_session(sid, *e);
+}
+
+void connection::close_session(const std::string& sid, session_entry& e) {
+  if (e.closing) return;
+  e.closing = true;
+  // Writes not yet handed to the session will never be: answer them now.
+  const std::size_t keep = e.writing ? 1 : 0;
+  while (e.writes.size() > keep) {
+    session_write_op op = std::move(e.writes.back());
+    e.writes.pop_back();
+    session_write_bytes_ -= op.data.size();
+    svc_.session_write_bytes() -= op.data.size();
+    ids_.erase(op.id);
+    queue_answer(error_line(op.id, "session_ended",
+                            "session_write: the session was closed before this write"));
+  }
+  if (e.close_stdin_id) {
+    ids_.erase(*e.close_stdin_id);
+    queue_answer(answer_line(*e.close_stdin_id, "stdin_closed", "true"));
+    e.close_stdin_id.reset();
+  }
+  e.s->async_close(asio::bind_executor(
+      strand_, [self = shared_from_this(), sid](error_code, sandbox::session_result r) mutable {
+        self->on_session_closed(sid, std::move(r));
+      }));
+}
+
+void connection::on_session_closed(const std::string& sid, sandbox::session_result r) {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end()) return;
+  auto& e = it->second;
+  e.ended = true;
+  svc_.sessions() -= 1;
+  log()(sandbox::log_level::info,
+        fmt::format("serve: {}: session {} closed ({})", name_, sid, sandbox::to_string(r.end)));
+  if (e.close_id) {
+    ids_.erase(*e.close_id);
+    queue_answer(answer_line(*e.close_id, "session_result", sandbox::encode(r)));
+    e.close_id.reset();
+  }
+  maybe_erase_session(sid);
+  resume();
+}
+
+void connection::pump_session_reads() {
+  if (closed_) return;
+  for (auto& [sid, e] : sessions_) {
+    // Read only while the client's outgoing budget has room: otherwise the server's output
+    // stays in its own pipe (and the server blocks on it), never in the daemon.
+    if (wq_bytes_ >= limits().output_pause_bytes) return;
+    if (e.reading || e.out_done || e.ended) continue;
+    e.reading = true;
+    e.s->async_read_some(
+        asio::buffer(*e.buf),
+        asio::bind_executor(strand_, [self = shared_from_this(), sid = sid, buf = e.buf](
+                                         error_code ec, std::size_t n) {
+          self->on_session_read(sid, ec, n);
+        }));
+  }
+}
+
+void connection::on_session_read(const std::string& sid, error_code ec, std::size_t n) {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end()) return;
+  auto& e = it->second;
+  e.reading = false;
+  if (n > 0) {
+    svc_.session_stdout_bytes() += n;
+    if (!e.ended) {
+      std::string line = R"({"session":)" + json_string(sid) + R"(,"stdout":")" +
+                         base64_encode(std::string_view(e.buf->data(), n)) + "\"}\n";
+      queue_answer(std::move(line));
+    }
+  }
+  if (ec) {
+    e.out_done = true;
+    if (!e.ended) queue_answer(R"({"session":)" + json_string(sid) + R"(,"eof":true})" "\n");
+  }
+  maybe_erase_session(sid);
+  resume();
+}
+
+void connection::maybe_erase_session(const std::string& sid) {
+  auto it = sessions_.find(sid);
+  if (it == sessions_.end()) return;
+  const auto& e = it->second;
+  // Handlers of the session still outstanding refer to the entry (and its buffers).
+  if (e.ended && !e.reading && !e.writing) sessions_.erase(it);
+}
+
+void connection::close_sessions() {
+  std::size_t n = 0;
+  for (auto& [sid, e] : sessions_) {
+    if (e.closing) continue;
+    ++n;
+    close_session(sid, e);
+  }
+  if (n > 0) log()(sandbox::log_level::info, fmt::format("serve: {}: closing {} session(s)", name_, n));
+}
+
+void connection::start_service_stats(std::string id, const json& op) {
+  try {
+    sandbox::detail::as_object(op, "service_stats");
+    sandbox::detail::check_known_fields(op, "service_stats", {});
+  } catch (const sandbox::detail::decode_error& e) {
+    queue_answer(error_line(id, "invalid_request", e.what()));
+    return;
+  }
+  nlohmann::ordered_json j;
+  j["sessions"] = svc_.sessions().load();
+  j["session_stdout_bytes"] = svc_.session_stdout_bytes().load();
+  j["session_write_bytes"] = svc_.session_write_bytes().load();
+  j["unwritten_bytes"] = svc_.unwritten_total().load();
+  queue_answer(answer_line(id, "service_stats", j.dump()));
+}
+
 void connection::on_blob_done(const std::string& id, std::string line, std::size_t reserved) {
   svc_.unwritten_total() -= reserved;
   blob_busy_ = false;
@@ -1099,6 +1555,7 @@ void connection::on_written(const error_code& ec) {
 void connection::resume() {
   process_lines();
   read_more();
+  pump_session_reads();
   maybe_finish();
 }
 
@@ -1129,12 +1586,13 @@ void connection::disconnect(const std::string& reason) {
   rbuf_.shrink_to_fit();
   rpos_ = scan_ = 0;
   cancel_runs();
+  close_sessions();
   maybe_finish();
 }
 
 void connection::maybe_finish() {
   if (finished_) return;
-  const bool idle = runs_.empty() && !blob_busy_;
+  const bool idle = runs_.empty() && !blob_busy_ && sessions_.empty() && opening_ == 0;
   if (!closed_) {
     // Graceful end: no more requests, everything answered and written.
     if (!(eof_ && idle && rpos_ >= rbuf_.size() && wq_.empty() && !writing_)) return;
@@ -1463,6 +1921,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   bool stdio = false, verbose = false, help = false;
   // Numbers are read as text and checked strictly below: "-1" must not wrap to 2^32-1.
   std::string max_running, max_queued, tenant_max_running, tenant_max_queued, queue_deadline_ms;
+  std::string max_sessions, client_max_sessions;
   po::options_description d("serve options");
   d.add_options()("socket", po::value(&socket), "listen on this unix socket (mode 0660)")(
       "stdio", po::bool_switch(&stdio), "serve one client on stdin/stdout")(
@@ -1478,6 +1937,9 @@ int cmd_serve(const std::vector<std::string>& args) {
       "tenant-max-running", po::value(&tenant_max_running), "runs of one tenant at once")(
       "tenant-max-queued", po::value(&tenant_max_queued), "queued runs of one tenant")(
       "queue-deadline-ms", po::value(&queue_deadline_ms), "longest wait for a slot")(
+      "max-sessions", po::value(&max_sessions), "sessions open at once, all clients (default 64)")(
+      "client-max-sessions", po::value(&client_max_sessions),
+      "sessions one client may have open at once (default 8)")(
       "trusted-keys", po::value(&trusted_keys),
       "accept only tickets signed by these Ed25519 public keys: a <kid>.pub.pem file, or a "
       "directory of them (repeatable)")(
@@ -1514,7 +1976,15 @@ int cmd_serve(const std::vector<std::string>& args) {
   std::optional<std::uint32_t> max_running_n, max_queued_n, tenant_max_running_n,
       tenant_max_queued_n;
   std::optional<std::int64_t> queue_deadline_n;
+  std::optional<std::uint32_t> max_sessions_n, client_max_sessions_n;
   try {
+    if (vm.count("max-sessions") != 0) {
+      max_sessions_n = parse_number<std::uint32_t>("max-sessions", max_sessions, 0, u32_max);
+    }
+    if (vm.count("client-max-sessions") != 0) {
+      client_max_sessions_n =
+          parse_number<std::uint32_t>("client-max-sessions", client_max_sessions, 0, u32_max);
+    }
     if (vm.count("max-running") != 0) {
       max_running_n = parse_number<std::uint32_t>("max-running", max_running, 0, u32_max);
     }
@@ -1576,6 +2046,8 @@ int cmd_serve(const std::vector<std::string>& args) {
       return exit_usage;
     }
   }
+  if (max_sessions_n) o.limits.max_sessions = *max_sessions_n;
+  if (client_max_sessions_n) o.limits.max_sessions_per_client = *client_max_sessions_n;
   auto& s = o.runtime.scheduler;
   if (max_running_n) s.max_running = *max_running_n;
   if (max_queued_n) s.max_queued = *max_queued_n;

@@ -43,6 +43,18 @@ struct service_limits {
   /// `capacity` (the rest of an answer is small): bounds the daemon's memory when many
   /// clients do not read, whatever each stays under.
   std::size_t max_total_output_bytes = 128U << 20;
+  /// Sessions (`session_open`) of one connection open or opening at once; beyond: the open
+  /// is answered `capacity`.
+  std::uint32_t max_sessions_per_client = 8;
+  /// Sessions of all connections together; beyond: `capacity`.
+  std::uint32_t max_sessions = 64;
+  /// Bytes of `session_write` data a connection has waiting for its sessions' stdin buffers
+  /// at which the daemon stops reading its lines (the write answers are the backpressure).
+  std::size_t session_write_pause_bytes = 1U << 20;
+  /// Most stdout bytes one `{"session":S,"stdout":…}` event carries (before base64). A
+  /// session's stdout is read only while the connection's unwritten answers are under
+  /// `output_pause_bytes`, so a server's output is never buffered beyond that.
+  std::size_t session_read_chunk_bytes = 16U << 10;
 };
 
 /// How the daemon is started.

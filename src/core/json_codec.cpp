@@ -517,4 +517,76 @@ nlohmann::ordered_json encode_egress_attempts(const std::vector<egress_attempt>&
 
 }  // namespace detail
 
+// --- sessions ---------------------------------------------------------------------------
+
+boost::system::result<session_request, rejection> decode_session_request(
+    std::string_view json_text, const decode_options& options) {
+  return decode_with<session_request>(json_text, options, [](const json& doc) {
+    const json& o = as_object(doc, "");
+    detail::check_version(o);
+    check_known_fields(o, "", {"v", "tool", "max_lifetime_ms", "idle_timeout_ms"});
+    session_request r;
+    r.tool = as_string(require_member(o, "", "tool"), "tool");
+    // Signed, so that a negative value reaches the runtime's check ("≤ 0 is invalid") with
+    // its own message instead of a type error.
+    optional_member(o, "", "max_lifetime_ms", [&](const json& v, const std::string& p) {
+      r.max_lifetime = std::chrono::milliseconds(as_signed(v, p, int64_min, int64_max));
+    });
+    optional_member(o, "", "idle_timeout_ms", [&](const json& v, const std::string& p) {
+      r.idle_timeout = std::chrono::milliseconds(as_signed(v, p, int64_min, int64_max));
+    });
+    return r;
+  });
+}
+
+std::string encode(const session_request& r) {
+  ordered_json j;
+  j["v"] = protocol_version;
+  j["tool"] = r.tool;
+  if (r.max_lifetime) j["max_lifetime_ms"] = static_cast<std::int64_t>(r.max_lifetime->count());
+  if (r.idle_timeout) j["idle_timeout_ms"] = static_cast<std::int64_t>(r.idle_timeout->count());
+  return detail::dump_compact(j);
+}
+
+boost::system::result<session_result, rejection> decode_session_result(
+    std::string_view json_text, const decode_options& options) {
+  return decode_with<session_result>(json_text, options, [](const json& doc) {
+    const json& o = as_object(doc, "");
+    detail::check_version(o);
+    check_known_fields(o, "", {"v", "end", "result", "bytes_to_server", "bytes_from_server"});
+    session_result r;
+    const std::string end = as_string(require_member(o, "", "end"), "end");
+    bool known = false;
+    for (auto e : {session_end::closed, session_end::server_exited, session_end::idle_timeout,
+                   session_end::max_lifetime, session_end::oom, session_end::seccomp_violation,
+                   session_end::killed, session_end::failed}) {
+      if (to_string(e) == end) {
+        r.end = e;
+        known = true;
+      }
+    }
+    if (!known) fail("end", "unknown session end " + detail::quote_for_message(end));
+    try {
+      r.result = decode_result_body(require_member(o, "", "result"));
+    } catch (const detail::decode_error& e) {
+      // The run_result's own paths are relative to it.
+      fail("result", e.what());
+    }
+    r.bytes_to_server = as_unsigned(require_member(o, "", "bytes_to_server"), "bytes_to_server");
+    r.bytes_from_server =
+        as_unsigned(require_member(o, "", "bytes_from_server"), "bytes_from_server");
+    return r;
+  });
+}
+
+std::string encode(const session_result& r) {
+  ordered_json j;
+  j["v"] = protocol_version;
+  j["end"] = std::string(to_string(r.end));
+  j["result"] = ordered_json::parse(encode(r.result));
+  j["bytes_to_server"] = r.bytes_to_server;
+  j["bytes_from_server"] = r.bytes_from_server;
+  return detail::dump_compact(j);
+}
+
 }  // namespace sandbox
