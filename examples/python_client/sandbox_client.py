@@ -13,23 +13,34 @@ number of threads may call it at once.
                   "max_memory_bytes": 536870912}
         result = sb.run(ticket, {"runtime": "python3", "source": "print(6 * 7)"})
         print(result["code"], result["stdout"]["summary"])   # ok 42
+
+Sessions (a registered server with live stdin/stdout, e.g. a stdio MCP server) go through the
+same connection; the ticket must grant `tool.run` for the entry:
+
+        s = sb.open_session(tool_ticket, {"tool": "mcp-everything"})
+        s.write(b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}\n')
+        print(s.readline())          # the server's answer line (bytes)
+        print(s.close()["end"])      # the session_result: "closed"
 """
 
 import base64
 import concurrent.futures
 import itertools
 import json
+import queue
 import socket
 import threading
+import time
 
-__all__ = ["SandboxClient", "SandboxError"]
+__all__ = ["SandboxClient", "SandboxError", "Session"]
 
 
 class SandboxError(Exception):
     """An `error` answer: the line itself was refused, or a blob request failed.
 
     `code` is a stable string (`invalid_request`, `blob_not_found`, `too_large`,
-    `quota_exceeded`, `capacity`, `internal`); `message` is short and sanitized.
+    `quota_exceeded`, `capacity`, `session_not_found`, `session_ended`, `action_denied`,
+    `runtime_unavailable`, `internal`); `message` is short and sanitized.
     """
 
     def __init__(self, code, message):
@@ -63,6 +74,8 @@ class SandboxClient:
         self._closed = False
         self._failure = None
         self.unmatched = []  # answers with "id": null or an id we did not send
+        self._sessions = {}  # session id -> Session
+        self._early_events = {}  # session id -> events before open_session registered it
         self._reader = threading.Thread(target=self._read_answers, daemon=True)
         self._reader.start()
 
@@ -112,6 +125,29 @@ class SandboxClient:
         op = {"tenant": tenant, "blob": blob}
         return self._send({"blob_get": op}, None,
                           lambda a: base64.b64decode(a["data_b64"], validate=True)).result(timeout)
+
+    def open_session(self, ticket, request, timeout=None):
+        """Starts a session of a registered server; returns a Session once it runs.
+
+        `request` is a session request dict (`{"tool": NAME}`, optionally `max_lifetime_ms`,
+        `idle_timeout_ms`). Raises SandboxError when the daemon refuses it (`invalid_request`
+        for an unknown tool, `action_denied` when the ticket lacks `tool.run` for it,
+        `capacity` at the session caps, `runtime_unavailable`).
+        """
+        sid = self._send({"session_open": {"ticket": ticket, "request": request}}, None,
+                         lambda a: a["session"]).result(timeout)
+        session = Session(self, sid)
+        with self._lock:
+            self._sessions[sid] = session
+            # Events that raced ahead of the answer.
+            for event in self._early_events.pop(sid, []):
+                session._deliver(event)
+        return session
+
+    def stats(self, timeout=None):
+        """The daemon's counters (`service_stats`): sessions, session_stdout_bytes, ..."""
+        return self._send({"service_stats": {}}, None,
+                          lambda a: a["service_stats"]).result(timeout)
 
     def close(self):
         """Closes the connection; runs still in flight are cancelled by the daemon."""
@@ -172,6 +208,14 @@ class SandboxClient:
         try:
             for raw in self._sock.makefile("rb"):
                 answer = json.loads(raw)
+                if "id" not in answer and "session" in answer:
+                    with self._lock:
+                        session = self._sessions.get(answer["session"])
+                        if session is None:
+                            self._early_events.setdefault(answer["session"], []).append(answer)
+                    if session is not None:
+                        session._deliver(answer)  # may wait: see Session.MAX_QUEUED
+                    continue
                 with self._lock:
                     future = self._pending.pop(answer.get("id"), None)
                 if future is None:
@@ -189,5 +233,126 @@ class SandboxClient:
         with self._lock:
             self._failure = failure
             pending, self._pending = self._pending, {}
+            sessions = list(self._sessions.values())
         for future in pending.values():
             future.set_exception(failure)
+        for session in sessions:
+            session._gone.set()
+
+
+class Session:
+    """A live session opened by SandboxClient.open_session. Thread-safe.
+
+    Its stdout arrives as chunks (bytes, exactly as the server wrote them). At most
+    MAX_QUEUED chunks (16 KiB each at most) wait here for `read`; beyond, this connection
+    stops reading from the daemon until `read` takes one, and the daemon in turn stops reading
+    the server's stdout: a server's output never piles up without bound. Answers of the other
+    requests on the connection wait meanwhile, so read what you asked for.
+    """
+
+    MAX_QUEUED = 256
+
+    def __init__(self, client, session_id):
+        self._client = client
+        self.id = session_id
+        self._chunks = queue.Queue(self.MAX_QUEUED)
+        self._pending = b""
+        self._eof = False
+        self._closed = threading.Event()
+        self._gone = threading.Event()  # the connection ended
+
+    def write(self, data, timeout=None):
+        """Writes `data` (bytes, or str sent as UTF-8) to the server's stdin.
+
+        Returns once the daemon accepted every byte (it waits while the session's stdin buffer
+        is full); raises SandboxError `session_ended` when the server or the session is gone.
+        """
+        if isinstance(data, str):
+            op = {"session": self.id, "text": data}
+        else:
+            op = {"session": self.id, "data_b64": base64.b64encode(data).decode("ascii")}
+        return self._client._send({"session_write": op}, None,
+                                  lambda a: a["written"]).result(timeout)
+
+    def read(self, timeout=None):
+        """The next chunk of the server's stdout (bytes); b"" once it ended.
+
+        Raises queue.Empty after `timeout` seconds without output.
+        """
+        if self._pending:
+            chunk, self._pending = self._pending, b""
+            return chunk
+        if self._eof:
+            return b""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                chunk = self._chunks.get(timeout=0.2)
+                break
+            except queue.Empty:
+                if self._gone.is_set() and self._chunks.empty():
+                    chunk = None
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+        if chunk is None:
+            self._eof = True
+            return b""
+        return chunk
+
+    def readline(self, timeout=None):
+        """The next line of the server's stdout, with its b"\n" (what is left at the end)."""
+        buf = b""
+        while True:
+            nl = buf.find(b"\n")
+            if nl >= 0:
+                self._pending = buf[nl + 1:] + self._pending
+                return buf[:nl + 1]
+            chunk = self.read(timeout)
+            if not chunk:
+                return buf
+            buf += chunk
+
+    def close_stdin(self, timeout=None):
+        """Closes the server's stdin after the writes sent before (EOF for the server)."""
+        self._client._send({"session_close_stdin": {"session": self.id}}, None,
+                           lambda a: a["stdin_closed"]).result(timeout)
+
+    def close(self, timeout=None):
+        """Stops the server (kill-and-confirm) and returns the session_result dict."""
+        self._closed.set()
+        self._drain()  # the reader may be waiting to hand this session a chunk
+        result = self._client._send({"session_close": {"session": self.id}}, None,
+                                    lambda a: a["session_result"]).result(timeout)
+        with self._client._lock:
+            self._client._sessions.pop(self.id, None)
+        return result
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self._closed.is_set():
+            self.close()
+
+    def _drain(self):
+        try:
+            while True:
+                self._chunks.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _deliver(self, event):
+        """Called by the reader thread: one event (None: the connection ended)."""
+        if event is None or "eof" in event:
+            item = None
+        else:
+            item = base64.b64decode(event["stdout"], validate=True)
+        while True:
+            if self._closed.is_set():
+                return  # output of a closing session is dropped
+            try:
+                self._chunks.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue

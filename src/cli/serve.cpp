@@ -682,6 +682,9 @@ void connection::on_eof() {
     return;
   }
   process_lines();
+  // No session_close can come any more: the sessions are closed (kill-and-confirm) now, their
+  // output up to then still delivered.
+  close_sessions();
   maybe_finish();
 }
 

@@ -720,3 +720,77 @@ TEST_CASE("optional result fields accept null where documented", "[json][result]
   CHECK(r->signal == 9);
   CHECK(r->violation == "ptrace");
 }
+
+// --- sessions (the service daemon's session_open request and session_close answer) ---------
+
+TEST_CASE("a session request decodes strictly and round-trips", "[json][session]") {
+  auto r = sandbox::decode_session_request(R"({"tool":"mcp-everything"})");
+  REQUIRE(decoded(r));
+  CHECK(r->tool == "mcp-everything");
+  CHECK_FALSE(r->max_lifetime.has_value());
+  CHECK_FALSE(r->idle_timeout.has_value());
+
+  sandbox::session_request full{.tool = "cat",
+                                .max_lifetime = std::chrono::milliseconds(60000),
+                                .idle_timeout = std::chrono::milliseconds(-5)};
+  auto back = sandbox::decode_session_request(sandbox::encode(full));
+  REQUIRE(decoded(back));
+  CHECK(*back == full);  // ≤ 0 is the runtime's to refuse, with its own message
+
+  auto error = [](std::string_view json) {
+    auto d = sandbox::decode_session_request(json);
+    if (d) return "<decoded>"s;
+    CHECK(d.error().code == sandbox::code::invalid_request);
+    return d.error().message;
+  };
+  CHECK(error(R"({})") == "tool: required field is missing");
+  CHECK(error(R"({"tool":7})") == "tool: expected a string");
+  CHECK(error(R"({"tool":"cat","binary":"/bin/sh"})") == "unknown field 'binary'");
+  CHECK(error(R"({"tool":"cat","idle_timeout_ms":"5"})").rfind("idle_timeout_ms: ", 0) == 0);
+  CHECK(error(R"({"tool":"cat","max_lifetime_ms":1e400})") != "<decoded>");
+  CHECK(error(R"({"tool":"cat","v":2})") != "<decoded>");
+  CHECK(error(R"({"tool":"cat","tool":"sh"})") != "<decoded>");
+  CHECK(error("[1]") != "<decoded>");
+}
+
+TEST_CASE("a session result encodes every field and decodes back", "[json][session]") {
+  sandbox::session_result r;
+  r.end = sandbox::session_end::idle_timeout;
+  r.result.code = sandbox::code::timeout;
+  r.result.message = "the session was idle";
+  r.result.signal = 9;
+  r.result.std_out.total_bytes = 12;
+  r.bytes_to_server = 34;
+  r.bytes_from_server = 12;
+  const std::string text = sandbox::encode(r);
+  const auto j = nlohmann::json::parse(text);
+  CHECK(j["end"] == "idle_timeout");
+  CHECK(j["result"]["code"] == "timeout");
+  CHECK(j["bytes_to_server"] == 34);
+  CHECK(j["bytes_from_server"] == 12);
+  auto back = sandbox::decode_session_result(text);
+  REQUIRE(decoded(back));
+  CHECK(*back == r);
+
+  auto error = [](std::string_view json) {
+    auto d = sandbox::decode_session_result(json);
+    if (d) return "<decoded>"s;
+    CHECK(d.error().code == sandbox::code::invalid_request);
+    return d.error().message;
+  };
+  auto doc = j;
+  doc["end"] = "vanished";
+  CHECK(error(doc.dump()) == "end: unknown session end 'vanished'");
+  doc = j;
+  doc["result"]["code"] = "nope";
+  CHECK(error(doc.dump()).rfind("result: ", 0) == 0);
+  doc = j;
+  doc["bytes_to_server"] = -1;
+  CHECK(error(doc.dump()).rfind("bytes_to_server: ", 0) == 0);
+  doc = j;
+  doc.erase("end");
+  CHECK(error(doc.dump()) == "end: required field is missing");
+  doc = j;
+  doc["extra"] = 1;
+  CHECK(error(doc.dump()) == "unknown field 'extra'");
+}
