@@ -62,8 +62,8 @@ std::string encode(const session_request& r);
 /// Decodes a `session_result` (`{"v":1, "end": "closed", "result": RUN_RESULT,
 /// "bytes_to_server": N, "bytes_from_server": N}`); `invalid_request` naming the field
 /// otherwise (`end` must be one of `to_string(session_end)`'s names).
-boost::system::result<session_result, rejection> decode_session_result(
-    std::string_view json, const decode_options& = {});
+boost::system::result<session_result, rejection> decode_session_result(std::string_view json,
+                                                                       const decode_options& = {});
 
 /// Encodes a session result as one line of JSON (no trailing newline);
 /// `decode_session_result(encode(r)) == r`.

@@ -1172,23 +1172,22 @@ void connection::start_session_open(std::string id, const json& op) {
   }
   auto request = sandbox::decode_session_request(dump(op["request"]));
   if (!request) {
-    queue_answer(error_line(id, "invalid_request",
-                            "session_open.request: " + request.error().message));
+    queue_answer(
+        error_line(id, "invalid_request", "session_open.request: " + request.error().message));
     return;
   }
   if (sessions_.size() + opening_ >= limits().max_sessions_per_client) {
-    queue_answer(error_line(id, "capacity",
-                            fmt::format("this connection has {} sessions open (at most {})",
-                                        sessions_.size() + opening_,
-                                        limits().max_sessions_per_client)));
+    queue_answer(
+        error_line(id, "capacity",
+                   fmt::format("this connection has {} sessions open (at most {})",
+                               sessions_.size() + opening_, limits().max_sessions_per_client)));
     return;
   }
   if (svc_.sessions().fetch_add(1) >= limits().max_sessions) {
     svc_.sessions() -= 1;
-    queue_answer(error_line(
-        id, "capacity",
-        fmt::format("the daemon has {} sessions open (at most {})", limits().max_sessions,
-                    limits().max_sessions)));
+    queue_answer(error_line(id, "capacity",
+                            fmt::format("the daemon has {} sessions open (at most {})",
+                                        limits().max_sessions, limits().max_sessions)));
     return;
   }
   ++opening_;
@@ -1237,8 +1236,7 @@ void connection::on_session_opened(const std::string& id, error_code ec,
 }
 
 connection::session_entry* connection::find_session(const std::string& id, const json& op,
-                                                    const std::string& op_name,
-                                                    std::string& sid) {
+                                                    const std::string& op_name, std::string& sid) {
   try {
     sandbox::detail::as_object(op, op_name);
     sid = sandbox::detail::as_string(sandbox::detail::require_member(op, op_name, "session"),
@@ -1250,10 +1248,10 @@ connection::session_entry* connection::find_session(const std::string& id, const
   auto it = sessions_.find(sid);
   if (it == sessions_.end()) {
     // Also another connection's session: sessions belong to the connection that opened them.
-    queue_answer(error_line(
-        id, "session_not_found",
-        fmt::format("{}.session: no session {} on this connection", op_name,
-                    escape_format_chars(sandbox::detail::quote_for_message(sid, 64)))));
+    queue_answer(
+        error_line(id, "session_not_found",
+                   fmt::format("{}.session: no session {} on this connection", op_name,
+                               escape_format_chars(sandbox::detail::quote_for_message(sid, 64)))));
     return nullptr;
   }
   if (it->second.closing) {
@@ -1322,11 +1320,11 @@ void connection::write_session(const std::string& sid) {
   e.writing = true;
   // The data stays in the queue's front element (a deque never moves it) until the handler.
   const std::string& data = e.writes.front().data;
-  e.s->async_write(asio::buffer(data),
-                   asio::bind_executor(strand_, [self = shared_from_this(), sid](
-                                                    error_code ec, std::size_t n) {
-                     self->on_session_written(sid, ec, n);
-                   }));
+  e.s->async_write(
+      asio::buffer(data),
+      asio::bind_executor(strand_, [self = shared_from_this(), sid](error_code ec, std::size_t n) {
+        self->on_session_written(sid, ec, n);
+      }));
 }
 
 void connection::on_session_written(const std::string& sid, error_code ec, std::size_t n) {
@@ -1347,10 +1345,10 @@ void connection::on_session_written(const std::string& sid, error_code ec, std::
                                         "bytes accepted)",
                                         n, op.data.size())));
   } else {
-    queue_answer(error_line(
-        op.id, "session_ended",
-        fmt::format("session_write: the session ended ({} of {} bytes accepted)", n,
-                    op.data.size())));
+    queue_answer(
+        error_line(op.id, "session_ended",
+                   fmt::format("session_write: the session ended ({} of {} bytes accepted)", n,
+                               op.data.size())));
   }
   if (e.closing) {
     maybe_erase_session(sid);
@@ -1446,12 +1444,11 @@ void connection::pump_session_reads() {
     if (wq_bytes_ >= limits().output_pause_bytes) return;
     if (e.reading || e.out_done || e.ended) continue;
     e.reading = true;
-    e.s->async_read_some(
-        asio::buffer(*e.buf),
-        asio::bind_executor(strand_, [self = shared_from_this(), sid = sid, buf = e.buf](
-                                         error_code ec, std::size_t n) {
-          self->on_session_read(sid, ec, n);
-        }));
+    e.s->async_read_some(asio::buffer(*e.buf),
+                         asio::bind_executor(strand_, [self = shared_from_this(), sid = sid,
+                                                       buf = e.buf](error_code ec, std::size_t n) {
+                           self->on_session_read(sid, ec, n);
+                         }));
   }
 }
 
@@ -1470,7 +1467,10 @@ void connection::on_session_read(const std::string& sid, error_code ec, std::siz
   }
   if (ec) {
     e.out_done = true;
-    if (!e.ended) queue_answer(R"({"session":)" + json_string(sid) + R"(,"eof":true})" "\n");
+    if (!e.ended)
+      queue_answer(R"({"session":)" + json_string(sid) +
+                   R"(,"eof":true})"
+                   "\n");
   }
   maybe_erase_session(sid);
   resume();
@@ -1491,7 +1491,8 @@ void connection::close_sessions() {
     ++n;
     close_session(sid, e);
   }
-  if (n > 0) log()(sandbox::log_level::info, fmt::format("serve: {}: closing {} session(s)", name_, n));
+  if (n > 0)
+    log()(sandbox::log_level::info, fmt::format("serve: {}: closing {} session(s)", name_, n));
 }
 
 void connection::start_service_stats(std::string id, const json& op) {
@@ -1934,8 +1935,8 @@ int cmd_serve(const std::vector<std::string>& args) {
       "cgroup-parent", po::value(&cgroup_parent), "parent cgroup of runs")(
       "config", po::value(&config_path),
       "host configuration JSON: scheduler classes, warm pools, policy (docs/operations.md); "
-      "the flags below override it")(
-      "max-running", po::value(&max_running), "runs starting or running at once, host-wide")(
+      "the flags below override it")("max-running", po::value(&max_running),
+                                     "runs starting or running at once, host-wide")(
       "max-queued", po::value(&max_queued), "runs queued at once, host-wide")(
       "tenant-max-running", po::value(&tenant_max_running), "runs of one tenant at once")(
       "tenant-max-queued", po::value(&tenant_max_queued), "queued runs of one tenant")(

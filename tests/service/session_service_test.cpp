@@ -64,8 +64,10 @@ std::string unbase64(const std::string& in) {
 }
 
 /// Opens a session of `tool`; REQUIREs success and returns its id.
-std::string open_session(svctest::client& c, const std::string& tool, const std::string& id = "open") {
-  c.send(line({{"id", id}, {"session_open", {{"ticket", session_ticket()}, {"request", {{"tool", tool}}}}}}));
+std::string open_session(svctest::client& c, const std::string& tool,
+                         const std::string& id = "open") {
+  c.send(line({{"id", id},
+               {"session_open", {{"ticket", session_ticket()}, {"request", {{"tool", tool}}}}}}));
   const json a = c.answer();
   INFO(a.dump());
   REQUIRE(a["id"] == id);
@@ -75,8 +77,8 @@ std::string open_session(svctest::client& c, const std::string& tool, const std:
 
 /// Reads lines until the answer with `id` (empty: until the eof event); stdout events of
 /// `sid` on the way are appended to `out` (decoded), an eof event sets `eof`.
-json answer_of(svctest::client& c, const std::string& id, const std::string& sid,
-               std::string& out, bool& eof) {
+json answer_of(svctest::client& c, const std::string& id, const std::string& sid, std::string& out,
+               bool& eof) {
   for (;;) {
     auto l = c.read_line(60s);
     if (!l) {
@@ -119,7 +121,8 @@ TEST_CASE("a session through the daemon echoes bytes exactly; bad session lines 
   // Every byte value, NULs included, more than the session's stdin buffer and the pipe hold
   // (so writes wait for the server): sent as several writes, all before reading anything.
   std::string data(300U << 10, '\0');
-  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 131 + i / 256) & 0xff);
+  for (std::size_t i = 0; i < data.size(); ++i)
+    data[i] = static_cast<char>((i * 131 + i / 256) & 0xff);
   constexpr std::size_t piece = 48U << 10;
   std::string lines;
   int writes = 0;
@@ -156,30 +159,47 @@ TEST_CASE("a session through the daemon echoes bytes exactly; bad session lines 
   };
   const std::vector<refused> cases{
       {{{"id", "x1"}, {"session_write", {{"session", "nope"}, {"text", "x"}}}},
-       "session_not_found", "session_write.session: no session 'nope'"},
-      {{{"id", "x2"}, {"session_close", {{"session", "nope"}}}}, "session_not_found",
+       "session_not_found",
+       "session_write.session: no session 'nope'"},
+      {{{"id", "x2"}, {"session_close", {{"session", "nope"}}}},
+       "session_not_found",
        "session_close.session"},
-      {{{"id", "x3"}, {"session_close_stdin", {{"session", "nope"}}}}, "session_not_found",
+      {{{"id", "x3"}, {"session_close_stdin", {{"session", "nope"}}}},
+       "session_not_found",
        "session_close_stdin.session"},
-      {{{"id", "x4"}, {"session_write", {{"text", "x"}}}}, "invalid_request",
+      {{{"id", "x4"}, {"session_write", {{"text", "x"}}}},
+       "invalid_request",
        "session_write.session: required field is missing"},
       {{{"id", "x5"}, {"session_write", {{"session", sid}, {"text", "x"}, {"data_b64", "eA=="}}}},
-       "invalid_request", "exactly one of data_b64 and text"},
+       "invalid_request",
+       "exactly one of data_b64 and text"},
       {{{"id", "x6"}, {"session_write", {{"session", sid}, {"data_b64", "eA="}}}},
-       "invalid_request", "session_write.data_b64: not valid base64"},
-      {{{"id", "x7"}, {"session_write", {{"session", 7}, {"text", "x"}}}}, "invalid_request",
+       "invalid_request",
+       "session_write.data_b64: not valid base64"},
+      {{{"id", "x7"}, {"session_write", {{"session", 7}, {"text", "x"}}}},
+       "invalid_request",
        "session_write.session: expected a string"},
-      {{{"id", "x8"}, {"session_open", {{"ticket", session_ticket()}, {"request", {{"tool", "cat"}, {"binary", "/bin/sh"}}}}}},
-       "invalid_request", "session_open.request: unknown field 'binary'"},
-      {{{"id", "x9"}, {"session_open", {{"request", {{"tool", "cat"}}}}}}, "invalid_request",
+      {{{"id", "x8"},
+        {"session_open",
+         {{"ticket", session_ticket()}, {"request", {{"tool", "cat"}, {"binary", "/bin/sh"}}}}}},
+       "invalid_request",
+       "session_open.request: unknown field 'binary'"},
+      {{{"id", "x9"}, {"session_open", {{"request", {{"tool", "cat"}}}}}},
+       "invalid_request",
        "session_open.ticket: required field is missing"},
-      {{{"id", "x10"}, {"session_open", {{"ticket", session_ticket()}, {"request", {{"tool", "sh"}}}}}},
-       "invalid_request", "tool"},
-      {{{"id", "x11"}, {"session_open", {{"ticket", svctest::ticket("sessvc")}, {"request", {{"tool", "cat"}}}}}},
-       "action_denied", "tool.run"},
-      {{{"id", "x12"}, {"session_close", {{"session", sid}}}, {"extra", 1}}, "invalid_request",
+      {{{"id", "x10"},
+        {"session_open", {{"ticket", session_ticket()}, {"request", {{"tool", "sh"}}}}}},
+       "invalid_request",
+       "tool"},
+      {{{"id", "x11"},
+        {"session_open", {{"ticket", svctest::ticket("sessvc")}, {"request", {{"tool", "cat"}}}}}},
+       "action_denied",
+       "tool.run"},
+      {{{"id", "x12"}, {"session_close", {{"session", sid}}}, {"extra", 1}},
+       "invalid_request",
        "unknown field 'extra'"},
-      {{{"id", "x13"}, {"service_stats", {{"all", true}}}}, "invalid_request",
+      {{{"id", "x13"}, {"service_stats", {{"all", true}}}},
+       "invalid_request",
        "service_stats: unknown field 'all'"},
   };
   for (const auto& r : cases) {
@@ -216,9 +236,10 @@ TEST_CASE("a session through the daemon echoes bytes exactly; bad session lines 
   CHECK(again != sid);
 }
 
-TEST_CASE("a client that does not read its session's stdout: the output waits in the server's "
-          "pipe, not in the daemon",
-          "[service][session]") {
+TEST_CASE(
+    "a client that does not read its session's stdout: the output waits in the server's "
+    "pipe, not in the daemon",
+    "[service][session]") {
   svctest::daemon d({"--config", session_config().string()});
   svctest::client c(d.socket());
   svctest::client watcher(d.socket());
@@ -266,14 +287,16 @@ TEST_CASE("a client that does not read its session's stdout: the output waits in
 
 TEST_CASE("a client that disconnects has its sessions killed; the session caps hold",
           "[service][session]") {
-  svctest::daemon d({"--config", session_config().string(), "--client-max-sessions", "1",
-                     "--max-sessions", "2"});
+  svctest::daemon d(
+      {"--config", session_config().string(), "--client-max-sessions", "1", "--max-sessions", "2"});
   const auto instances = d.instances();
   REQUIRE_FALSE(instances.empty());
   {
     svctest::client c(d.socket());
     open_session(c, "cat");
-    c.send(line({{"id", "second"}, {"session_open", {{"ticket", session_ticket()}, {"request", {{"tool", "cat"}}}}}}));
+    c.send(
+        line({{"id", "second"},
+              {"session_open", {{"ticket", session_ticket()}, {"request", {{"tool", "cat"}}}}}}));
     const json a = c.answer();
     INFO(a.dump());
     CHECK(a["error"]["code"] == "capacity");
@@ -291,7 +314,8 @@ TEST_CASE("a client that disconnects has its sessions killed; the session caps h
   CHECK(eventually([&] { return stats(c)["sessions"] == 0; }, 10s));
   open_session(a, "cat");
   open_session(b, "cat");
-  c.send(line({{"id", "third"}, {"session_open", {{"ticket", session_ticket()}, {"request", {{"tool", "cat"}}}}}}));
+  c.send(line({{"id", "third"},
+               {"session_open", {{"ticket", session_ticket()}, {"request", {{"tool", "cat"}}}}}}));
   const json third = c.answer();
   INFO(third.dump());
   CHECK(third["error"]["code"] == "capacity");
