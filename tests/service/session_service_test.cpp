@@ -309,6 +309,20 @@ TEST_CASE("a client that disconnects has its sessions killed; the session caps h
       },
       10s));
   CHECK(eventually([&] { return d.log().find("closing 1 session(s)") != std::string::npos; }, 5s));
+  // The end of a client's input (it shut down its sending side) closes its sessions as well
+  // (no session_close can come any more); the daemon then ends the connection.
+  {
+    svctest::client c(d.socket());
+    open_session(c, "cat", "half-closed");
+    REQUIRE(eventually([&] { return !svctest::run_processes(instances).empty(); }, 30s));
+    c.shutdown_write();
+    CHECK(c.closed_by_peer(30s));
+  }
+  CHECK(eventually(
+      [&] {
+        return svctest::run_processes(instances).empty() && svctest::run_cgroups(instances).empty();
+      },
+      10s));
   // The daemon-wide cap: two clients hold both sessions; a third is refused.
   svctest::client a(d.socket()), b(d.socket()), c(d.socket());
   CHECK(eventually([&] { return stats(c)["sessions"] == 0; }, 10s));
