@@ -84,8 +84,9 @@ TEST_CASE("tool egress: the entry's network needs no code.network and asks no ap
   REQUIRE(r.code == code::ok);
   CHECK(approver.count() == 0);
   CHECK(process->requests().empty());
-  REQUIRE(container->requests().size() == 1);
-  const auto& adm = container->requests().front();
+  const auto seen = container->requests();  // a copy: requests() returns by value
+  REQUIRE(seen.size() == 1);
+  const auto& adm = seen.front();
   CHECK(adm.request.network);
   // The entry's names, canonical (lowercase, no trailing dot), and nothing else.
   CHECK(adm.request.egress == std::vector<std::string>{"api.example.com", "*.cdn.example.org"});
