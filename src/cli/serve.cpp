@@ -1101,16 +1101,22 @@ void connection::start_blob_get(std::string id, const json& op) {
   });
 }
 
+// `op` (the value of line member `name`) is an object holding exactly `fields`, every one of
+// them: throws decode_error naming the first fault, as the codec's decoders do.
+void require_exactly(const json& op, const std::string& name,
+                     std::initializer_list<std::string_view> fields) {
+  sandbox::detail::as_object(op, name);
+  sandbox::detail::check_known_fields(op, name, fields);
+  for (auto f : fields) sandbox::detail::require_member(op, name, f);
+}
+
 // `{"id":…, "replay":{"ticket":{…}, "record":{…run record…}}}`: answers like a run (a
 // `result` line), with the stored result and nothing executed, or a rejected result
 // (`blob_not_found` naming the collected blob, `action_denied` for another tenant's record,
 // `invalid_request` for a malformed record). The blob checks are file I/O: on the pool.
 void connection::start_replay(std::string id, const json& op) {
   try {
-    sandbox::detail::as_object(op, "replay");
-    sandbox::detail::check_known_fields(op, "replay", {"ticket", "record"});
-    sandbox::detail::require_member(op, "replay", "ticket");
-    sandbox::detail::require_member(op, "replay", "record");
+    require_exactly(op, "replay", {"ticket", "record"});
   } catch (const sandbox::detail::decode_error& e) {
     queue_answer(error_line(id, "invalid_request", e.what()));
     return;
@@ -1156,10 +1162,7 @@ void connection::start_replay(std::string id, const json& op) {
 
 void connection::start_session_open(std::string id, const json& op) {
   try {
-    sandbox::detail::as_object(op, "session_open");
-    sandbox::detail::check_known_fields(op, "session_open", {"ticket", "request"});
-    sandbox::detail::require_member(op, "session_open", "ticket");
-    sandbox::detail::require_member(op, "session_open", "request");
+    require_exactly(op, "session_open", {"ticket", "request"});
   } catch (const sandbox::detail::decode_error& e) {
     queue_answer(error_line(id, "invalid_request", e.what()));
     return;
