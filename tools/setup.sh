@@ -22,7 +22,8 @@ fi
 # 1. Packages (Debian 12). Only what is missing is installed. crun, runc and runsc are the OCI
 #    runtimes of the container and gvisor levels (their backends are tested in CI); python3
 #    and openssl make the egress tests' loopback origins and their certificate on the host;
-#    gdb gives the conformance hang watchdog its backtraces.
+#    gdb gives the conformance hang watchdog its backtraces; qemu-system-x86 and erofs-utils
+#    are the microvm level's VMM and its read-only image disks.
 PACKAGES=(
   g++ cmake make pkg-config git ca-certificates tar gzip xz-utils
   libboost1.81-dev libboost-program-options1.81-dev libfmt-dev nlohmann-json3-dev
@@ -30,6 +31,7 @@ PACKAGES=(
   debootstrap util-linux iproute2 procps bubblewrap
   crun runc runsc
   python3 openssl gdb
+  qemu-system-x86 erofs-utils
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -44,6 +46,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+
+# The microvm level's guest kernel (Debian's cloud kernel, unpacked, not installed).
+"$ROOT/tools/fetch-guest-kernel.sh"
 
 # 2. Build.
 log "building ($PRESET)"

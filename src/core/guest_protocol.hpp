@@ -1,0 +1,91 @@
+// The host ↔ guest agent channel of the microvm level (private to src/).
+//
+// The guest agent (src/helpers/guest, `sandbox-guest`) is PID 1 of the microVM. It plays the
+// part an OCI runtime plays for sandbox-init: it builds the run's filesystem and cgroup inside
+// the guest, then starts sandbox-init in stream mode (init_protocol.hpp) and relays that
+// channel. One virtio-serial port carries everything, as the stream mode's frames:
+//
+//     u32 length (host order; both ends run on the same architecture) · init_header · payload
+//
+// where `length` counts the header and the payload and never exceeds
+// init_protocol::max_packet. Message types below 100 are sandbox-init's own, relayed unchanged
+// in both directions once the agent has started sandbox-init; types from 100 are the agent's.
+// Everything the guest sends is untrusted: the host checks every length, name and count again
+// (a guest kernel the code took over can send anything).
+//
+// Ports (virtio-serial port names, /sys/class/virtio-ports/*/name in the guest):
+//   "sandbox.ctl"     this channel
+//   "sandbox.stdout"  the program's stdout (sandbox-init's stdout): bytes, guest → host
+//   "sandbox.stderr"  the program's stderr: bytes, guest → host
+//
+// Flow of one run:
+//   agent → host  agent_ready  a = guest_protocol::version; payload: "key=value\0" pairs for
+//                              the host log only (kernel release)
+//   host → agent  setup        payload: "key=value\0" pairs (setup_keys below): the run's
+//                              limits and sizes the agent applies before sandbox-init starts
+//   agent → host  agent_failed a = agent_step, b = errno; payload: what failed (host log)
+//   (from here on sandbox-init's frames are relayed: host → init config … go, init → host
+//    ready, started, exited, dns, quiet, failed)
+//   host → agent  file_open / file_data* / file_close   (any number, before `go`): a file to
+//                              place under the guest's workspace (the source, inputs). `go`
+//                              is forwarded to sandbox-init only after every file is closed.
+//   agent → host  file_open / file_data* / file_close   (after sandbox-init's `quiet`, before
+//                              the agent forwards it): the run's output files, collected in
+//                              the guest without following links
+//   agent → host  usage        payload: "key=value\0" pairs (usage_keys): the guest cgroup's
+//                              figures, sent just before the relayed `quiet`
+// A warm-pool VM stops after `ready`: its files and `go` come when it is handed out.
+#pragma once
+
+#include <cstdint>
+
+#include "core/init_protocol.hpp"
+
+namespace sandbox::detail::guest_protocol {
+
+/// Version of this protocol; `agent_ready` carries it and the host refuses any other.
+inline constexpr std::uint32_t version = 1;
+
+/// Port names (virtio-serial `name=`).
+inline constexpr const char* ctl_port = "sandbox.ctl";
+inline constexpr const char* stdout_port = "sandbox.stdout";
+inline constexpr const char* stderr_port = "sandbox.stderr";
+
+/// Agent message types (init_header::type values from 100; sandbox-init's are below).
+enum class msg : std::uint32_t {
+  agent_ready = 100,
+  setup = 101,
+  agent_failed = 102,
+  /// payload = relative path ('/'-separated, no "." or ".." component, no empty component,
+  /// ≤ 255 bytes per component); a = file mode bits (0400 | 0200 | 0100 only); b = size
+  /// in bytes, which the data frames must match exactly.
+  file_open = 103,
+  /// payload = the next bytes of the open file (at most max_packet - header).
+  file_data = 104,
+  /// closes the open file; a = 0.
+  file_close = 105,
+  usage = 106,
+};
+
+/// Setup steps of the agent, reported in `agent_failed`.
+enum class agent_step : std::uint32_t {
+  modules = 1,
+  ports,
+  image_disk,
+  mounts,
+  cgroup,
+  setup_message,
+  files,
+  start_init,
+  outputs,
+};
+
+// `setup` keys (all decimal unless noted):
+//   memory_bytes, pids, cpu_quota_us, cpu_period_us   the guest cgroup's limits
+//   tmp_bytes, out_bytes, shm_bytes                    tmpfs sizes (/tmp, output dir, /dev/shm)
+//   out_files                                          most output files the agent sends
+//   uid, gid                                           the program's ids inside the guest
+//   network=0                                          (the first version has no egress)
+// `usage` keys: memory_peak_bytes, cpu_usec, oom_kills, pids_peak.
+
+}  // namespace sandbox::detail::guest_protocol
