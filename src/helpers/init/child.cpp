@@ -58,6 +58,17 @@ void report(int fd, child_report r) { (void)!write(fd, &r, sizeof r); }
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
   setsid();
+  // 2. The OOM killer's choice again: sandbox-init set its own oom_score_adj to -1000 (root
+  //    hosts) and a clone inherits it. A program that kept it could never be OOM-killed: at
+  //    its memory limit it would spin in reclaim until the deadline (`timeout`, not `oom`).
+  //    Raising it back needs no privilege; where sandbox-init could not lower it (no
+  //    CAP_SYS_RESOURCE) this writes the value it already has.
+  if (!cfg.userns) {
+    int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (adj < 0 && errno != ENOENT) child_fail(info_fd, step::rlimits, errno);
+    if (adj >= 0 && write(adj, "0", 1) != 1) child_fail(info_fd, step::rlimits, errno);
+    if (adj >= 0) close(adj);
+  }
   // 3. Resource limits the cgroup does not cover: no core dumps, bounded descriptors and
   //    file size.
   const rlimit core{0, 0};
