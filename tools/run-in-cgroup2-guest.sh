@@ -47,16 +47,27 @@ KERNEL=${SANDBOX_KERNEL_DIR:-/var/lib/agent-sandbox/microvm/kernel}/current
 IMAGES=${SANDBOX_IMAGE_DIR:-/var/lib/agent-sandbox/images}
 PROGRAM=${TESTBED_PROGRAM:-$BUILD/tests/sandbox_process_tests}
 INIT=$BUILD/tests/guest_testbed/testbed_init
-TIMEOUT=${TESTBED_TIMEOUT:-1200}
-BOOT_TIMEOUT=${TESTBED_BOOT_TIMEOUT:-180}
-MEM=${TESTBED_MEM_MIB:-3072}
-CPUS=${TESTBED_CPUS:-2}
+# Numbers from the environment: positive integers, checked before anything is built.
+number() {  # number NAME DEFAULT
+  local v=${!1:-$2}
+  [[ $v =~ ^[1-9][0-9]{0,5}$ ]] || die "$1 must be a positive integer, not '$v'"
+  echo "$v"
+}
+TIMEOUT=$(number TESTBED_TIMEOUT 1200)
+BOOT_TIMEOUT=$(number TESTBED_BOOT_TIMEOUT 180)
+MEM=$(number TESTBED_MEM_MIB 3072)
+CPUS=$(number TESTBED_CPUS 2)
+# TCG unless asked: a /dev/kvm that opens is not yet one that runs a guest (this project's
+# build hosts have one that fails at the first MSR write).
+CPU=max
+case ${TESTBED_ACCEL:-tcg} in
+  tcg) ACCEL=tcg,thread=multi,tb-size=256 ;;
+  kvm) ACCEL=kvm CPU=host ;;
+  *) die "TESTBED_ACCEL: tcg or kvm, not '${TESTBED_ACCEL}'" ;;
+esac
 read -r -a WANT_IMAGES <<<"${TESTBED_IMAGES:-python3 node tools mcp}"
 PY=/usr/bin/python3
 
-for n in TIMEOUT BOOT_TIMEOUT MEM CPUS; do
-  [[ ${!n} =~ ^[1-9][0-9]{0,5}$ ]] || die "TESTBED_$n / ${n}: a positive integer, not '${!n}'"
-done
 for tool in qemu-system-x86_64 mkfs.erofs cpio ldd strip sha256sum; do
   command -v "$tool" >/dev/null || die "$tool is not installed (tools/setup.sh installs it)"
 done
@@ -64,9 +75,9 @@ done
 for f in vmlinuz modules/order; do
   [ -f "$KERNEL/$f" ] || die "no guest kernel: $KERNEL/$f is missing (run tools/fetch-guest-kernel.sh)"
 done
+[[ $PROGRAM = /* ]] || die "TESTBED_PROGRAM must be an absolute path, not '$PROGRAM'"
 [ -x "$PROGRAM" ] || die "test program $PROGRAM is not built (cmake --build $BUILD)"
 [ -x "$INIT" ] || die "$INIT is not built (cmake --build $BUILD --target testbed_init)"
-[[ $PROGRAM = /* ]] || die "TESTBED_PROGRAM must be an absolute path"
 [ -f "$IMAGES/layout/index.json" ] || die "no image store at $IMAGES (run tools/setup.sh)"
 
 CACHE=$BUILD/guest-testbed
@@ -74,7 +85,10 @@ mkdir -p "$CACHE"
 RUN=$(mktemp -d "$CACHE/run-XXXXXX")
 QEMU_PID=
 cleanup() {
-  [ -n "$QEMU_PID" ] && kill -KILL "$QEMU_PID" 2>/dev/null || true
+  if [ -n "$QEMU_PID" ]; then
+    kill -KILL "$QEMU_PID" 2>/dev/null || true
+    wait "$QEMU_PID" 2>/dev/null || true  # reaped here: PID 1 of a container may never reap it
+  fi
   rm -rf "$RUN"
 }
 trap cleanup EXIT
@@ -83,9 +97,12 @@ trap 'exit 130' INT TERM
 # --- 1. What goes on the disk ---------------------------------------------------------------
 # Executables at the paths compiled into the tests (SANDBOXCTL_PATH, SANDBOX_LINGER_RACE_PATH,
 # SANDBOX_TEST_HELPERS_DIR), so the tests find them in the guest where they are on the host.
+# The process tests and the bed's probe are always there, so that the self-test and the tests
+# share one cached disk.
 EXES=("$PROGRAM")
-for f in "$BUILD/bin/sandboxctl" "$BUILD/tests/sandbox_linger_race"; do
-  [ -x "$f" ] && EXES+=("$f")
+for f in "$BUILD/tests/sandbox_process_tests" "$BUILD/bin/sandboxctl" \
+  "$BUILD/tests/sandbox_linger_race" "$BUILD/tests/guest_testbed/testbed_probe"; do
+  [ -x "$f" ] && [ "$f" != "$PROGRAM" ] && EXES+=("$f")
 done
 DIRS=()
 [ -d "$ROOT/tests/helpers" ] && DIRS+=("$ROOT/tests/helpers")
@@ -98,7 +115,7 @@ LIBS=()
 for e in "${EXES[@]}"; do
   while read -r lib; do
     [ -n "$lib" ] && LIBS+=("$lib")
-  done < <(ldd "$e" 2>/dev/null | awk '/=> \//{print $3} /^\s*\/[^ ]+ \(/{print $1}' || true)
+  done < <(ldd "$e" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' || true)
 done
 mapfile -t LIBS < <(printf '%s\n' "${LIBS[@]}" | sort -u | sed '/^$/d')
 # The images: the current digest of each wanted runtime, its manifest and config blobs, and
@@ -187,14 +204,6 @@ printf '%s\0' "$PROGRAM" "$@" >"$INITRD/testbed/argv"
   die "cpio failed"
 
 # --- 4. Boot ------------------------------------------------------------------------------------
-# TCG unless asked: a /dev/kvm that opens is not yet one that runs a guest (this project's
-# build hosts have one that fails at the first MSR write).
-CPU=max
-case ${TESTBED_ACCEL:-tcg} in
-  tcg) ACCEL=tcg,thread=multi,tb-size=256 ;;
-  kvm) ACCEL=kvm CPU=host ;;
-  *) die "TESTBED_ACCEL: tcg or kvm, not '${TESTBED_ACCEL}'" ;;
-esac
 # The guest's TSC rate is given, not measured: under TCG on a loaded host the kernel's PIT
 # calibration fails, it marks the TSC unstable and hangs with no clock at all (seen here).
 # TCG's TSC is the host's, so the host's rate is the right one.
@@ -253,5 +262,5 @@ if [ "${TESTBED_REQUIRE_CGROUP_PARENT:-0}" = 1 ]; then
       die "the tests did not make the runtime's cgroup with $c on cgroup2 (parent: $parent)"
   done
 fi
-echo "run-in-cgroup2-guest: the tests exited with status $code" >&2
+echo "run-in-cgroup2-guest: the command exited with status $code" >&2
 exit "$code"

@@ -61,7 +61,10 @@ struct writable_dir {
   mode_t mode;
 };
 constexpr writable_dir kWritableDirs[] = {
-    {"/tmp", 01777}, {"/var/tmp", 01777}, {"/run", 0755}, {"/root", 0700},
+    {"/tmp", 01777},
+    {"/var/tmp", 01777},
+    {"/run", 0755},
+    {"/root", 0700},
     {"/var/lib/agent-sandbox/blobs", 0700},
 };
 
@@ -223,7 +226,8 @@ void setup_cgroup2() {
   }
   // What the tests will see: one line, the v2 root; and no v1 hierarchy mounted anywhere.
   auto self = read_text("/proc/self/cgroup");
-  if (!self || *self != "0::/\n") fail("/proc/self/cgroup is not \"0::/\" only: " + self.value_or("unreadable"));
+  if (!self || *self != "0::/\n")
+    fail("/proc/self/cgroup is not \"0::/\" only: " + self.value_or("unreadable"));
   auto mounts = read_text("/proc/self/mountinfo", 1 << 20);
   if (!mounts) fail("cannot read /proc/self/mountinfo");
   if (mounts->find(" - cgroup ") != std::string::npos) fail("a cgroup v1 hierarchy is mounted");
@@ -262,7 +266,8 @@ std::vector<std::string> read_argv() {
     args.push_back(text->substr(at, end - at));
     at = end + 1;
   }
-  if (args.front().empty() || args.front().front() != '/') fail("the command must be an absolute path");
+  if (args.front().empty() || args.front().front() != '/')
+    fail("the command must be an absolute path");
   return args;
 }
 
@@ -272,8 +277,13 @@ int run_command(const std::vector<std::string>& args) {
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  const char* envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8",
-                        "TERM=dumb", "CI=true", "SANDBOX_MUST_WORK=1", nullptr};
+  const char* envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+                        "HOME=/root",
+                        "LANG=C.UTF-8",
+                        "TERM=dumb",
+                        "CI=true",
+                        "SANDBOX_MUST_WORK=1",
+                        nullptr};
   pid_t child = ::fork();
   must(child >= 0, "fork");
   if (child == 0) {

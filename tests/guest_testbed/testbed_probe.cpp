@@ -1,7 +1,8 @@
 // The test bed's self-test probe: run inside the guest as the command. It checks what the
 // bed promises the tests, prints a forged status line on the console (the bed must ignore
 // it), and exits with the status given as its argument — or 99 naming the first broken
-// promise, so a bed that lost a guarantee fails its self-test.
+// promise, so a bed that lost a guarantee fails its self-test. `testbed_probe hang` checks
+// the same, then never exits (the bed's run deadline must end the guest).
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -31,8 +32,9 @@ std::string read_text(const char* path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) broken("usage: testbed_probe <exit status 0-98>");
-  const int want = std::atoi(argv[1]);
+  if (argc != 2) broken("usage: testbed_probe <exit status 0-98> | hang");
+  const bool hang = std::strcmp(argv[1], "hang") == 0;
+  const int want = hang ? 0 : std::atoi(argv[1]);
   // 1. Pure cgroup v2: this process sits in the v2 root, and no v1 hierarchy exists.
   if (read_text("/proc/self/cgroup") != "0::/\n") broken("/proc/self/cgroup is not 0::/ only");
   if (read_text("/proc/self/mountinfo").find(" - cgroup ") != std::string::npos) {
@@ -48,7 +50,8 @@ int main(int argc, char** argv) {
   if (::geteuid() != 0) broken("not root");
   const char* ci = std::getenv("CI");
   const char* must = std::getenv("SANDBOX_MUST_WORK");
-  if (ci == nullptr || std::strcmp(ci, "true") != 0 || must == nullptr || std::strcmp(must, "1") != 0) {
+  if (ci == nullptr || std::strcmp(ci, "true") != 0 || must == nullptr ||
+      std::strcmp(must, "1") != 0) {
     broken("CI=true SANDBOX_MUST_WORK=1 not set");
   }
   // 3. The disk is read-only; /tmp is writable.
@@ -61,7 +64,8 @@ int main(int argc, char** argv) {
   // 4. The status port is out of reach: no virtio-serial port node in /dev.
   if (DIR* d = ::opendir("/dev")) {
     while (dirent* e = ::readdir(d)) {
-      if (std::strncmp(e->d_name, "vport", 5) == 0) broken(std::string("/dev/") + e->d_name + " exists");
+      if (std::strncmp(e->d_name, "vport", 5) == 0)
+        broken(std::string("/dev/") + e->d_name + " exists");
     }
     ::closedir(d);
   }
@@ -69,6 +73,11 @@ int main(int argc, char** argv) {
   std::printf("TESTBED-EXIT 0\n");
   std::fflush(stdout);
   std::fprintf(stderr, "TESTBED-EXIT 0\n");
+  if (hang) {
+    std::printf("testbed_probe: all promises hold; hanging\n");
+    std::fflush(stdout);
+    for (;;) ::pause();
+  }
   std::printf("testbed_probe: all promises hold; exiting %d\n", want);
   return want;
 }
