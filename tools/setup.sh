@@ -23,7 +23,8 @@ fi
 #    runtimes of the container and gvisor levels (their backends are tested in CI); python3
 #    and openssl make the egress tests' loopback origins and their certificate on the host;
 #    gdb gives the conformance hang watchdog its backtraces; qemu-system-x86 and erofs-utils
-#    are the microvm level's VMM and its read-only image disks.
+#    are the microvm level's VMM and its read-only image disks; cpio packs the initramfs of
+#    the pure cgroup v2 test bed (tools/run-in-cgroup2-guest.sh).
 PACKAGES=(
   g++ cmake make pkg-config git ca-certificates tar gzip xz-utils
   libboost1.81-dev libboost-program-options1.81-dev libfmt-dev nlohmann-json3-dev
@@ -32,6 +33,7 @@ PACKAGES=(
   crun runc runsc
   python3 openssl gdb
   qemu-system-x86 erofs-utils
+  cpio
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
