@@ -84,6 +84,7 @@ CACHE=$BUILD/guest-testbed
 mkdir -p "$CACHE"
 RUN=$(mktemp -d "$CACHE/run-XXXXXX")
 QEMU_PID=
+# shellcheck disable=SC2317  # invoked by the EXIT trap
 cleanup() {
   if [ -n "$QEMU_PID" ]; then
     kill -KILL "$QEMU_PID" 2>/dev/null || true
@@ -206,8 +207,9 @@ printf '%s\0' "$PROGRAM" "$@" >"$INITRD/testbed/argv"
 # --- 4. Boot ------------------------------------------------------------------------------------
 # The guest's TSC rate is given, not measured: under TCG on a loaded host the kernel's PIT
 # calibration fails, it marks the TSC unstable and hangs with no clock at all (seen here).
-# TCG's TSC is the host's, so the host's rate is the right one.
-TSC_KHZ=${TESTBED_TSC_KHZ:-$(awk -F: '/^cpu MHz/{printf "%d", $2 * 1000; exit}' /proc/cpuinfo)}
+# TCG's TSC is the host's, so the host's rate is the right one: x86 Linux derives BogoMIPS
+# from it (2 × TSC MHz), which, unlike "cpu MHz", does not move with frequency scaling.
+TSC_KHZ=${TESTBED_TSC_KHZ:-$(awk -F: '/^bogomips/{printf "%d", $2 * 500; exit}' /proc/cpuinfo)}
 [[ $TSC_KHZ =~ ^[1-9][0-9]{3,8}$ ]] || die "cannot tell the host's TSC rate (set TESTBED_TSC_KHZ)"
 STATUS=$RUN/status
 : >"$STATUS"
