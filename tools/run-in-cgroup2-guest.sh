@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the process backend's integration tests inside a QEMU microvm guest whose only cgroup
 # hierarchy is cgroup2 (memory, pids, cpu enabled for subtrees), as root with CI=true
-# SANDBOX_MUST_WORK=1: the pure cgroup v2 test bed. This project's build hosts are cgroup
+# SANDBOX_MUST_WORK=1: the pure cgroup v2 test bed. TESTBED_AS=user runs them as an
+# unprivileged user (uid/gid 1000) that owns a delegated subtree instead, as
+# tools/run-unprivileged.sh does on this host. This project's build hosts are cgroup
 # v1-hybrid; production hosts are pure v2, and this is where the library's v2 path runs for
 # real (docs/operations.md, "Pure cgroup v2 test bed").
 #
@@ -25,6 +27,8 @@
 #   TESTBED_PROGRAM         the command run in the guest (default <build>/tests/sandbox_process_tests)
 #   TESTBED_TIMEOUT         seconds for the whole guest run (default 1200)
 #   TESTBED_BOOT_TIMEOUT    seconds until the guest reports ready (default 180)
+#   TESTBED_AS              root (default) or user: uid 1000 with /sys/fs/cgroup/agent-sandbox-ci
+#                           delegated (runs under agent-sandbox-ci/runs)
 #   TESTBED_ACCEL           tcg (default) or kvm
 #   TESTBED_MEM_MIB         guest RAM (default 3072); TESTBED_CPUS: vCPUs (default 2)
 #   TESTBED_IMAGES          runtime images put on the disk (default "python3 node tools mcp")
@@ -64,6 +68,10 @@ case ${TESTBED_ACCEL:-tcg} in
   tcg) ACCEL=tcg,thread=multi,tb-size=256 ;;
   kvm) ACCEL=kvm CPU=host ;;
   *) die "TESTBED_ACCEL: tcg or kvm, not '${TESTBED_ACCEL}'" ;;
+esac
+case ${TESTBED_AS:-root} in
+  root | user) AS=${TESTBED_AS:-root} ;;
+  *) die "TESTBED_AS: root or user, not '${TESTBED_AS}'" ;;
 esac
 read -r -a WANT_IMAGES <<<"${TESTBED_IMAGES:-python3 node tools mcp}"
 PY=/usr/bin/python3
@@ -201,6 +209,7 @@ while read -r m; do
   echo "$m" >>"$INITRD/modules/order"
 done <"$KERNEL/modules/order"
 printf '%s\0' "$PROGRAM" "$@" >"$INITRD/testbed/argv"
+if [ "$AS" = user ]; then printf '1000:1000' >"$INITRD/testbed/user"; fi
 (cd "$INITRD" && find . | cpio --quiet -o -H newc -R 0:0) >"$RUN/initrd.cpio" ||
   die "cpio failed"
 
@@ -213,7 +222,7 @@ TSC_KHZ=${TESTBED_TSC_KHZ:-$(awk -F: '/^bogomips/{printf "%d", $2 * 500; exit}' 
 [[ $TSC_KHZ =~ ^[1-9][0-9]{3,8}$ ]] || die "cannot tell the host's TSC rate (set TESTBED_TSC_KHZ)"
 STATUS=$RUN/status
 : >"$STATUS"
-echo "run-in-cgroup2-guest: booting ($ACCEL, ${MEM} MiB, $CPUS vCPUs): $PROGRAM $*" >&2
+echo "run-in-cgroup2-guest: booting ($ACCEL, ${MEM} MiB, $CPUS vCPUs, as $AS): $PROGRAM $*" >&2
 qemu-system-x86_64 \
   -M microvm,x-option-roms=off,isa-serial=on -accel "$ACCEL" -cpu "$CPU" \
   -m "$MEM" -smp "$CPUS" -nodefaults -no-user-config -display none -no-reboot \

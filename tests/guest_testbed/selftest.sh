@@ -3,7 +3,8 @@
 #   1. bad input is refused before anything is built, naming the variable or path;
 #   2. the probe (testbed_probe.cpp) finds every promise kept inside the guest (cgroup2 only
 #      with memory, pids, cpu; root; CI=true SANDBOX_MUST_WORK=1; read-only root; no status
-#      port in /dev), prints a forged "TESTBED-EXIT 0" and exits 7: the bed must exit 7;
+#      port in /dev), prints a forged "TESTBED-EXIT 0" and exits 7: the bed must exit 7; and
+#      as TESTBED_AS=user: not root, in the delegated leaf, managing only its own subtree;
 #   3. a command that never ends is stopped at TESTBED_TIMEOUT: exit 125, no QEMU left.
 # Exit 77 (skipped) without root, QEMU or the guest kernel — unless CI=true or
 # SANDBOX_MUST_WORK=1, where that is a failure.
@@ -49,6 +50,7 @@ expect_refusal() {  # expect_refusal WHAT_THE_MESSAGE_NAMES ENV... -- ARGS...
 expect_refusal TESTBED_MEM_MIB TESTBED_MEM_MIB=lots -- "$BUILD"
 expect_refusal TESTBED_TIMEOUT TESTBED_TIMEOUT=-5 -- "$BUILD"
 expect_refusal TESTBED_CPUS TESTBED_CPUS=2x -- "$BUILD"
+expect_refusal TESTBED_AS TESTBED_AS=admin -- "$BUILD"
 expect_refusal TESTBED_ACCEL TESTBED_ACCEL=xen TESTBED_PROGRAM="$PROBE" -- "$BUILD" 0
 expect_refusal /nonexistent-build-dir X=1 -- /nonexistent-build-dir
 expect_refusal "TESTBED_PROGRAM" TESTBED_PROGRAM=relative/prog -- "$BUILD"
@@ -63,6 +65,13 @@ grep -q "^TESTBED-EXIT 0" "$LOG" || fail "the probe's forged status line is not 
 grep -q "all promises hold" "$LOG" || fail "the probe did not report its promises held"
 [ $rc = 7 ] || fail "expected the probe's exit status 7, got $rc"
 echo "selftest: the probe's status 7 came back; its forged 'TESTBED-EXIT 0' did not count" >&2
+
+# 2b. The same as the unprivileged user (TESTBED_AS=user): in its delegated leaf, not root.
+TESTBED_AS=user TESTBED_PROGRAM=$PROBE "$BED" "$BUILD" 5 user >"$LOG" 2>&1
+rc=$?
+cat "$LOG" >&2
+[ $rc = 5 ] || fail "expected the probe's exit status 5 as the user, got $rc"
+echo "selftest: as the user, in a delegated subtree: every promise held" >&2
 
 # 3. A command that never ends: stopped at the run deadline, the guest gone.
 TESTBED_PROGRAM=$PROBE TESTBED_TIMEOUT=30 "$BED" "$BUILD" hang >"$LOG" 2>&1

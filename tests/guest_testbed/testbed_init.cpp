@@ -2,19 +2,24 @@
 //
 // The host on which this project is built is cgroup v1-hybrid; production hosts are pure
 // cgroup v2. This init turns a QEMU microvm guest into a pure v2 host and runs one test
-// command there as root, so the library's v2 path (src/core/cgroup.cpp) runs for real.
+// command there, so the library's v2 path (src/core/cgroup.cpp) runs for real: as root, or
+// as an unprivileged user owning a delegated subtree (/testbed/user), the way systemd's
+// Delegate=yes hands one over — the user's processes in its leaf `host`, runs under `runs`.
 //
 // Initramfs (built by the script, cpio newc):
 //   /init                   this program, static
 //   /modules/order          kernel modules to load, one file name a line, in order
 //   /modules/<name>.ko      those modules (virtio_mmio, virtio_console, virtio_blk, erofs, …)
 //   /testbed/argv           the command: its arguments, each ended by a NUL byte
+//   /testbed/user           optional, "<uid>:<gid>" (not 0): run the command as that user
+//                           with /sys/fs/cgroup/agent-sandbox-ci delegated to it
 // Disk (virtio-blk, erofs, read-only): the root of the tests; it must hold the mount points
 //   /tmp /run /var/tmp /root /var/lib/agent-sandbox/blobs /dev /proc /sys.
 // Status port: the virtio-serial port named "testbed.status" carries, one line each,
 //   TESTBED-READY                  the root is assembled, the command is about to start
-//   TESTBED-CGROUP-PARENT <text>   after the command: cgroup.subtree_control of
-//                                  /sys/fs/cgroup/agent-sandbox, or "absent"
+//   TESTBED-CGROUP-PARENT <text>   after the command: cgroup.subtree_control of the
+//                                  runtime's parent cgroup (/sys/fs/cgroup/agent-sandbox,
+//                                  or agent-sandbox-ci/runs for a user), or "absent"
 //   TESTBED-EXIT <n>               the command's exit status (128 + signal when killed)
 //   TESTBED-FAIL <reason>          the test bed itself failed (instead of READY or EXIT)
 // The command never holds the port: it is opened close-on-exec and its device node is
@@ -22,6 +27,7 @@
 // their output goes to the console (ttyS0) only.
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <net/if.h>
 #include <signal.h>
 #include <string.h>
@@ -69,6 +75,15 @@ constexpr writable_dir kWritableDirs[] = {
 };
 
 int status_fd = -1;  // the status port; -1 until found
+
+/// Who runs the command: root, or a user with a delegated cgroup subtree.
+struct identity {
+  bool is_user = false;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+constexpr const char* kDelegated = "/sys/fs/cgroup/agent-sandbox-ci";  // the user's subtree
+constexpr const char* kUserHome = "/tmp/home-testbed";
 
 /// Writes one line to the console (test bed's own messages, not the tests').
 void say(const std::string& line) {
@@ -271,26 +286,94 @@ std::vector<std::string> read_argv() {
   return args;
 }
 
-// 7. The command, as root, in /tmp, with a fixed environment; stdin is /dev/null and its
-//    output goes to the console. Returns its wait status as an exit status.
-int run_command(const std::vector<std::string>& args) {
+identity read_identity() {
+  identity id;
+  auto text = read_text("/testbed/user", 64);
+  if (!text) return id;
+  unsigned long uid = 0, gid = 0;
+  char rest = 0;
+  if (std::sscanf(text->c_str(), "%lu:%lu%c", &uid, &gid, &rest) < 2 ||
+      (rest != 0 && rest != '\n') || uid == 0 || gid == 0 || uid > 0xfffffffeUL ||
+      gid > 0xfffffffeUL) {
+    fail("/testbed/user must be \"<uid>:<gid>\", both non-zero: " + text->substr(0, 32));
+  }
+  id.is_user = true;
+  id.uid = static_cast<uid_t>(uid);
+  id.gid = static_cast<gid_t>(gid);
+  return id;
+}
+
+void chown_or_fail(const std::string& path, const identity& id) {
+  must(::chown(path.c_str(), id.uid, id.gid) == 0, "chown " + path);
+}
+
+// 7a. A delegated subtree, as cgroup-v2.rst's "Delegation" says and systemd does it: the
+//     user owns the subtree's directory and its cgroup.procs, cgroup.threads and
+//     cgroup.subtree_control (not its limits), the controllers are enabled in it, and the
+//     user's processes live in the leaf `host` (no internal processes), runs under `runs`.
+void delegate_subtree(const identity& id) {
+  const std::string sub = kDelegated;
+  must(::mkdir(sub.c_str(), 0755) == 0, "mkdir " + sub);
+  for (const char* c : {"+memory", "+pids", "+cpu"}) {
+    int fd = ::open((sub + "/cgroup.subtree_control").c_str(), O_WRONLY | O_CLOEXEC);
+    must(fd >= 0 && ::write(fd, c, ::strlen(c)) == static_cast<ssize_t>(::strlen(c)),
+         std::string("write ") + c + " to " + sub + "/cgroup.subtree_control");
+    ::close(fd);
+  }
+  chown_or_fail(sub, id);
+  for (const char* f : {"cgroup.procs", "cgroup.threads", "cgroup.subtree_control"}) {
+    chown_or_fail(sub + "/" + f, id);
+  }
+  // Children the user would have made itself: everything in them is the user's.
+  for (const char* leaf : {"host", "runs"}) {
+    const std::string dir = sub + "/" + leaf;
+    must(::mkdir(dir.c_str(), 0755) == 0, "mkdir " + dir);
+    chown_or_fail(dir, id);
+    for (const auto& e : fs::directory_iterator(dir)) chown_or_fail(e.path().string(), id);
+  }
+  must(::mkdir(kUserHome, 0700) == 0, std::string("mkdir ") + kUserHome);
+  chown_or_fail(kUserHome, id);
+}
+
+// 7b. The command, as root or the user, in /tmp, with a fixed environment; stdin is
+//     /dev/null and its output goes to the console. Returns its wait status as an exit status.
+int run_command(const std::vector<std::string>& args, const identity& id) {
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  const char* envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
-                        "HOME=/root",
-                        "LANG=C.UTF-8",
-                        "TERM=dumb",
-                        "CI=true",
-                        "SANDBOX_MUST_WORK=1",
-                        nullptr};
+  std::vector<std::string> env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "TERM=dumb",
+                                  "CI=true", "SANDBOX_MUST_WORK=1"};
+  if (id.is_user) {
+    // As tools/run-unprivileged.sh sets them: runs under the delegated subtree, root's image
+    // store (read-only), a home of its own.
+    env.push_back(std::string("HOME=") + kUserHome);
+    env.push_back("SANDBOX_CGROUP_PARENT=/agent-sandbox-ci/runs");
+    env.push_back("SANDBOX_IMAGE_DIR=/var/lib/agent-sandbox/images");
+  } else {
+    env.push_back("HOME=/root");
+  }
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const std::string leaf_procs = std::string(kDelegated) + "/host/cgroup.procs";
   pid_t child = ::fork();
   must(child >= 0, "fork");
   if (child == 0) {
     ::setsid();
     int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null < 0 || ::dup2(null, STDIN_FILENO) < 0 || ::chdir("/tmp") != 0) _exit(126);
-    ::execve(argv[0], argv.data(), const_cast<char* const*>(envp));
+    if (id.is_user) {
+      // Into the leaf first (as root), then the identity: groups, gid, uid, verified.
+      int procs = ::open(leaf_procs.c_str(), O_WRONLY | O_CLOEXEC);
+      if (procs < 0 || ::write(procs, "0", 1) != 1) _exit(126);
+      ::close(procs);
+      if (::setgroups(0, nullptr) != 0 || ::setresgid(id.gid, id.gid, id.gid) != 0 ||
+          ::setresuid(id.uid, id.uid, id.uid) != 0 || ::getuid() != id.uid ||
+          ::geteuid() != id.uid) {
+        _exit(126);
+      }
+    }
+    ::execve(argv[0], argv.data(), envp.data());
     std::string msg = std::string("testbed: execve ") + argv[0] + ": " + ::strerror(errno) + "\n";
     (void)!::write(STDERR_FILENO, msg.data(), msg.size());
     _exit(127);
@@ -333,14 +416,18 @@ int main() {
   load_modules();
   open_status_port();
   const auto args = read_argv();
+  const identity id = read_identity();
   assemble_root();
   setup_cgroup2();
   loopback_up();
   must(::sethostname("testbed", 7) == 0, "sethostname");
   enter_root();
+  if (id.is_user) delegate_subtree(id);
   status("TESTBED-READY");
-  const int code = run_command(args);
-  auto parent = read_text("/sys/fs/cgroup/agent-sandbox/cgroup.subtree_control");
+  const int code = run_command(args, id);
+  auto parent =
+      read_text(id.is_user ? std::string(kDelegated) + "/runs/cgroup.subtree_control"
+                           : std::string("/sys/fs/cgroup/agent-sandbox/cgroup.subtree_control"));
   std::string controllers = parent ? parent->substr(0, parent->find('\n')) : "absent";
   status("TESTBED-CGROUP-PARENT " + (controllers.empty() ? std::string("none") : controllers));
   say("command exited with status " + std::to_string(code));

@@ -2,10 +2,14 @@
 // bed promises the tests, prints a forged status line on the console (the bed must ignore
 // it), and exits with the status given as its argument — or 99 naming the first broken
 // promise, so a bed that lost a guarantee fails its self-test. `testbed_probe hang` checks
-// the same, then never exits (the bed's run deadline must end the guest).
+// the same, then never exits (the bed's run deadline must end the guest). A second argument
+// `user` expects the bed's TESTBED_AS=user instead of root: not root, in the leaf of a
+// delegated subtree that it may manage but whose limits it may not change.
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -32,11 +36,16 @@ std::string read_text(const char* path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) broken("usage: testbed_probe <exit status 0-98> | hang");
+  if (argc < 2 || argc > 3 || (argc == 3 && std::strcmp(argv[2], "user") != 0)) {
+    broken("usage: testbed_probe <exit status 0-98> | hang [user]");
+  }
   const bool hang = std::strcmp(argv[1], "hang") == 0;
   const int want = hang ? 0 : std::atoi(argv[1]);
-  // 1. Pure cgroup v2: this process sits in the v2 root, and no v1 hierarchy exists.
-  if (read_text("/proc/self/cgroup") != "0::/\n") broken("/proc/self/cgroup is not 0::/ only");
+  const bool as_user = argc == 3;
+  // 1. Pure cgroup v2: this process sits in the v2 root (a user: in its delegated leaf), and
+  //    no v1 hierarchy exists.
+  const std::string own = as_user ? "0::/agent-sandbox-ci/host\n" : "0::/\n";
+  if (read_text("/proc/self/cgroup") != own) broken("/proc/self/cgroup is not " + own);
   if (read_text("/proc/self/mountinfo").find(" - cgroup ") != std::string::npos) {
     broken("a cgroup v1 hierarchy is mounted");
   }
@@ -46,8 +55,20 @@ int main(int argc, char** argv) {
       broken(std::string(c) + " not in cgroup.subtree_control: " + sub);
     }
   }
-  // 2. Root and uid 0, CI=true and SANDBOX_MUST_WORK=1 (tests must fail, never skip).
-  if (::geteuid() != 0) broken("not root");
+  // 2. Root (or not, as asked), CI=true and SANDBOX_MUST_WORK=1 (tests fail, never skip).
+  if ((::geteuid() == 0) == as_user) broken(as_user ? "root, not a user" : "not root");
+  if (as_user) {
+    // The delegated subtree: the user makes and removes cgroups in it, and may not raise
+    // the limits set on it from above.
+    if (::mkdir("/sys/fs/cgroup/agent-sandbox-ci/runs/probe", 0755) != 0 ||
+        ::rmdir("/sys/fs/cgroup/agent-sandbox-ci/runs/probe") != 0) {
+      broken("cannot manage cgroups under the delegated runs/: " +
+             std::string(std::strerror(errno)));
+    }
+    if (::open("/sys/fs/cgroup/agent-sandbox-ci/memory.max", O_WRONLY | O_CLOEXEC) >= 0) {
+      broken("the user may write the delegated subtree's own memory.max");
+    }
+  }
   const char* ci = std::getenv("CI");
   const char* must = std::getenv("SANDBOX_MUST_WORK");
   if (ci == nullptr || std::strcmp(ci, "true") != 0 || must == nullptr ||
@@ -55,9 +76,8 @@ int main(int argc, char** argv) {
     broken("CI=true SANDBOX_MUST_WORK=1 not set");
   }
   // 3. The disk is read-only; /tmp is writable.
-  if (::open("/testbed-probe", O_WRONLY | O_CREAT | O_CLOEXEC, 0600) >= 0 || errno != EROFS) {
-    broken("the root is writable (or not erofs): " + std::string(std::strerror(errno)));
-  }
+  struct statvfs root {};
+  if (::statvfs("/", &root) != 0 || (root.f_flag & ST_RDONLY) == 0) broken("the root is writable");
   int t = ::open("/tmp/testbed-probe", O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
   if (t < 0) broken("/tmp is not writable");
   ::close(t);
