@@ -8,6 +8,7 @@
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/post.hpp>
 #include <chrono>
+#include <functional>
 #include <boost/system/error_code.hpp>
 #include <cstdint>
 #include <filesystem>
@@ -68,6 +69,13 @@ struct run_job {
 struct session_job {
   std::chrono::milliseconds idle_timeout{std::chrono::minutes(2)};  ///< no byte either way
   std::uint32_t stdin_buffer_bytes = 64 * 1024;  ///< host-side stdin buffer (bytes)
+  /// Set by the runtime: the backend calls it exactly once, with the closing record, when
+  /// the session is over — every process of it confirmed dead, or it never started — before
+  /// any `async_close` handler is queued. The runtime records the session's span and
+  /// releases its scheduler slot there. Must not block; never throws. A backend that drops
+  /// it uncalled (refusing the session) releases the slot by dropping it; the runtime then
+  /// records the span from the open's outcome.
+  std::function<void(const session_result&)> on_end;
 };
 
 /// One warm pool's figures (sandbox/runtime.hpp `warm_pool_class`).

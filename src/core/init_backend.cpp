@@ -348,13 +348,13 @@ class init_run : public std::enable_shared_from_this<init_run> {
   /// `session`) or the run ended before (without).
   void start_session(session_job sj, std::shared_ptr<sandbox::session> session,
                      std::shared_ptr<session_shared> shared, open_handler opened) {
-    asio::dispatch(strand_, [self = shared_from_this(), sj, session = std::move(session),
+    asio::dispatch(strand_, [self = shared_from_this(), sj = std::move(sj), session = std::move(session),
                              shared = std::move(shared), opened = std::move(opened)]() mutable {
       self->session_ = true;
       self->session_shared_ = std::move(shared);
-      self->sjob_ = sj;
-      self->stdin_buf_.reserve(sj.stdin_buffer_bytes);
-      self->stdin_capacity_ = sj.stdin_buffer_bytes;
+      self->sjob_ = std::move(sj);
+      self->stdin_buf_.reserve(self->sjob_.stdin_buffer_bytes);
+      self->stdin_capacity_ = self->sjob_.stdin_buffer_bytes;
       self->open_session_ = std::move(session);
       self->open_handler_.emplace(std::move(opened));
       self->prepare();
@@ -372,7 +372,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
       if (me.finishing_ || me.torn_down_) {
         return me.complete_io(std::move(h), asio::error::operation_aborted, 0);
       }
-      if (me.stdin_close_requested_ || !me.stdin_.is_open()) {
+      if (me.stdin_close_requested_ || !me.stdin_is_open()) {
         return me.complete_io(std::move(h), asio::error::broken_pipe, 0);
       }
       me.pending_write_.emplace(pending_write{d, 0, std::move(h)});
@@ -389,11 +389,18 @@ class init_run : public std::enable_shared_from_this<init_run> {
       if (me.finishing_ || me.torn_down_ || !me.stdout_.is_open()) {
         return me.complete_io(std::move(h), asio::error::operation_aborted, 0);
       }
+      if (me.stdout_quiet_) return me.read_after_quiet(b, std::move(h));
       me.read_pending_ = true;
-      me.stdout_.async_read_some(b, [self, h = std::move(h)](boost::system::error_code ec,
-                                                             std::size_t n) mutable {
+      me.stdout_.async_read_some(b, [self, b, h = std::move(h)](boost::system::error_code ec,
+                                                                std::size_t n) mutable {
         auto& me = *self;
         me.read_pending_ = false;
+        // Stream mode: `quiet` cancelled this wait (the pipe's writers inside are gone, but
+        // the runtime holds it open): what is left in it is read without waiting.
+        if (ec == asio::error::operation_aborted && n == 0 && me.stdout_quiet_ &&
+            !me.finishing_ && !me.torn_down_ && me.stdout_.is_open()) {
+          return me.read_after_quiet(b, std::move(h));
+        }
         if (n > 0) {
           me.bytes_from_server_ += n;
           me.touch();
@@ -433,9 +440,9 @@ class init_run : public std::enable_shared_from_this<init_run> {
       // stdin closes now (buffered bytes are dropped: the host is done); stdout no longer
       // holds the end back; the server gets the exit grace to go by itself, then the kill.
       me.stdin_buf_.clear();
+      me.stdin_sent_ = 0;
       me.stdin_buffered_ = 0;
-      boost::system::error_code ignored;
-      me.stdin_.close(ignored);
+      me.close_stdin_pipe();
       me.fail_pending_write(asio::error::operation_aborted);
       me.stdout_open_ = false;
       me.close_timer_.expires_after(me.job_.policy.exit_grace);
@@ -523,7 +530,98 @@ class init_run : public std::enable_shared_from_this<init_run> {
     return r;
   }
 
+  /// The host can still send the program stdin bytes (the pipe, or in stream mode the
+  /// control stream's stdin, is open).
+  bool stdin_is_open() const noexcept { return stream_ ? stdin_stream_open_ : stdin_.is_open(); }
+
+  /// EOF for the program: the pipe's write end closes, or (stream mode) `stdin_close` is
+  /// queued behind the bytes already sent.
+  void close_stdin_pipe() {
+    if (stream_) {
+      if (!stdin_stream_open_) return;
+      stdin_stream_open_ = false;
+      send_frame(ip::msg::stdin_close, 0, {});
+      return;
+    }
+    boost::system::error_code ignored;
+    stdin_.close(ignored);
+  }
+
+  /// Stream mode: sends what the credit window allows of the buffer's unsent bytes
+  /// (`stdin_sent_` of its front are in flight), in chunks; the buffer's front is erased only
+  /// as sandbox-init acknowledges it, so `stdin_buffered_` counts every byte not yet in the
+  /// program's pipe.
+  void flush_stdin_stream() {
+    if (!stdin_stream_open_) return;
+    while (stdin_sent_ < stdin_buf_.size() && stdin_sent_ < ip::stdin_window) {
+      const std::size_t n = std::min<std::size_t>(
+          {stdin_buf_.size() - stdin_sent_, ip::stdin_chunk, ip::stdin_window - stdin_sent_});
+      send_frame(ip::msg::stdin_data, 0, std::string_view(stdin_buf_.data() + stdin_sent_, n));
+      stdin_sent_ += n;
+    }
+    if (stdin_buf_.empty() && stdin_close_requested_) close_stdin_pipe();
+  }
+
+  /// Stream mode: sandbox-init wrote `n` more bytes into the program's pipe. Untrusted: a
+  /// count above what is in flight, or an ack outside a session, is a protocol fault.
+  void on_stdin_ack(std::uint32_t n) {
+    if (!session_ || !stream_ || n == 0 || n > stdin_sent_) {
+      return protocol_fault("sandbox-init acknowledged stdin bytes it was not sent");
+    }
+    stdin_buf_.erase(0, n);
+    stdin_sent_ -= n;
+    bytes_to_server_ += n;
+    stdin_buffered_ = static_cast<std::uint32_t>(stdin_buf_.size());
+    touch();
+    accept_input();
+    flush_stdin_stream();
+  }
+
+  /// Stream mode: the program closed its stdin; what the host holds for it is dropped.
+  void on_stdin_closed() {
+    if (!session_ || !stream_) {
+      return protocol_fault("sandbox-init reported a stdin the run does not have");
+    }
+    stdin_stream_open_ = false;
+    stdin_buf_.clear();
+    stdin_sent_ = 0;
+    stdin_buffered_ = 0;
+    fail_pending_write(asio::error::broken_pipe);
+  }
+
+  void protocol_fault(const char* what) {
+    log(log_level::error, what);
+    if (finishing_) return;
+    if (!started_) return fail_setup(what);
+    internal_error_ = "sandbox failed";
+    detail_.text = what;
+    finish();
+  }
+
+  /// Stream mode, after `quiet`: no process inside holds the session's stdout any more, but
+  /// the runtime does, so its end never shows. Every byte the server wrote is in the pipe:
+  /// read what is there without waiting; an empty pipe is the end (EOF).
+  void read_after_quiet(asio::mutable_buffer b, io_handler h) {
+    ssize_t n = -1;
+    if (stdout_.is_open() && b.size() > 0) {
+      do {
+        n = ::read(stdout_.native_handle(), b.data(), b.size());
+      } while (n < 0 && errno == EINTR);
+    }
+    if (n > 0) {
+      bytes_from_server_ += static_cast<std::uint64_t>(n);
+      touch();
+      return complete_io(std::move(h), {}, static_cast<std::size_t>(n));
+    }
+    if (b.size() == 0 && stdout_.is_open()) return complete_io(std::move(h), {}, 0);
+    stdout_eof_ = true;
+    stdout_open_ = false;
+    maybe_end_after_exit();
+    complete_io(std::move(h), asio::error::eof, 0);
+  }
+
   void flush_stdin() {
+    if (stream_) return flush_stdin_stream();
     if (stdin_flushing_ || !stdin_.is_open()) return;
     if (stdin_buf_.empty()) {
       if (stdin_close_requested_) {
@@ -616,6 +714,11 @@ class init_run : public std::enable_shared_from_this<init_run> {
       session_shared_->last = stats_snapshot();
     }
     fail_pending_write(asio::error::operation_aborted);
+    // The runtime's span and scheduler slot (session_job::on_end): once, before any handler.
+    if (auto on_end = std::move(sjob_.on_end)) {
+      sjob_.on_end = nullptr;
+      on_end(sr);
+    }
     if (open_handler_) {
       // Never started: the open fails with the run's code (never `ok`).
       auto h = std::move(*open_handler_);
@@ -723,9 +826,11 @@ class init_run : public std::enable_shared_from_this<init_run> {
       return fail_setup(fmt::format("pipe2: errno {}", errno));
     }
     input_name_ = "in-" + random_hex(8);
-    if (session_) {
+    if (session_ && !stream_) {
       // A session's stdin: the host keeps the write end (non-blocking), the read end goes to
       // sandbox-init with the program (`go`, a = 1) and on to the program as its fd 0.
+      // (Stream mode: sandbox-init makes the pipe and the bytes travel on the control
+      // stream, init_protocol.hpp.)
       int inp[2];
       if (pipe2(inp, O_CLOEXEC) < 0) {
         ::close(ctl[0]);
@@ -852,20 +957,12 @@ class init_run : public std::enable_shared_from_this<init_run> {
   // One packet on the control channel, with descriptors (SCM_RIGHTS) when `fds` has any.
   int send_packet(std::string& packet, std::span<const int> fds) {
     if (stream_) {
-      // Length-prefixed; the socket buffer (a few hundred KiB) takes a whole packet, and
-      // sandbox-init reads its configuration before anything else.
+      // Length-prefixed, queued whole behind what is still unsent (a session's stdin chunks
+      // follow `go` on the same stream), sent as the socket takes it.
       std::uint32_t len = static_cast<std::uint32_t>(packet.size());
-      std::string framed(reinterpret_cast<const char*>(&len), sizeof len);
-      framed += packet;
-      std::size_t off = 0;
-      while (off < framed.size()) {
-        ssize_t n = ::send(ctl_.native_handle(), framed.data() + off, framed.size() - off,
-                           MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return -1;
-        off += static_cast<std::size_t>(n);
-      }
-      return 0;
+      ctl_out_.append(reinterpret_cast<const char*>(&len), sizeof len);
+      ctl_out_ += packet;
+      return flush_control_out() ? 0 : -1;
     }
     iovec iov{packet.data(), packet.size()};
     msghdr m{};
@@ -882,6 +979,42 @@ class init_run : public std::enable_shared_from_this<init_run> {
       std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
     }
     return ::sendmsg(ctl_.native_handle(), &m, MSG_NOSIGNAL) < 0 ? -1 : 0;
+  }
+
+  /// Stream mode: one host → init packet of `type` with `payload`, queued.
+  void send_frame(ip::msg type, std::uint32_t a, std::string_view payload) {
+    ip::init_header h{type, a, 0};
+    std::string packet(reinterpret_cast<const char*>(&h), sizeof h);
+    packet.append(payload);
+    (void)send_packet(packet, {});  // a dead channel shows as its EOF on the read side
+  }
+
+  /// Stream mode: sends what the control socket takes of `ctl_out_` now and waits for room
+  /// for the rest. Bounded: the configuration, `go`, at most `stdin_window` bytes of stdin
+  /// and their frames. False when the channel failed (sandbox-init is gone).
+  bool flush_control_out() {
+    while (!ctl_out_.empty()) {
+      ssize_t n = ::send(ctl_.native_handle(), ctl_out_.data(), ctl_out_.size(),
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (!ctl_out_waiting_) {
+          ctl_out_waiting_ = true;
+          ctl_.async_wait(asio::posix::descriptor_base::wait_write,
+                          [self = shared_from_this()](boost::system::error_code ec) {
+                            self->ctl_out_waiting_ = false;
+                            if (!ec && !self->finishing_) (void)self->flush_control_out();
+                          });
+        }
+        return true;
+      }
+      if (n <= 0) {
+        ctl_out_.clear();
+        return false;
+      }
+      ctl_out_.erase(0, static_cast<std::size_t>(n));
+    }
+    return true;
   }
 
   void send_go() {
@@ -933,14 +1066,16 @@ class init_run : public std::enable_shared_from_this<init_run> {
       w.add("env", k + "=" + v);
     }
 
-    const bool with_stdin = session_ && stdin_child_fd_ >= 0;
+    const bool with_stdin = session_ && (stream_ || stdin_child_fd_ >= 0);
     ip::init_header h{ip::msg::go, with_stdin ? 1U : 0U, 0};
     std::string packet(reinterpret_cast<const char*>(&h), sizeof h);
     packet += w.bytes();
     if (packet.size() > ip::max_packet) return fail_setup("program description too large");
     const int stdin_fds[1] = {stdin_child_fd_};
-    const int sent = with_stdin ? send_packet(packet, stdin_fds) : send_packet(packet, {});
+    const int sent = with_stdin && !stream_ ? send_packet(packet, stdin_fds)
+                                            : send_packet(packet, {});
     close_fd(stdin_child_fd_);  // only sandbox-init (then the program) holds the read end
+    if (with_stdin && stream_) stdin_stream_open_ = true;
     if (sent < 0) {
       return fail_setup(fmt::format("sending the program failed: errno {}", errno));
     }
@@ -1212,9 +1347,26 @@ class init_run : public std::enable_shared_from_this<init_run> {
         // Stream mode: the runtime holds the capture pipes, so their end never shows; nothing
         // of the run is left to write to them.
         if (stream_ && main_status_) {
-          stdout_open_ = stderr_open_ = false;
+          stderr_open_ = false;
+          if (session_) {
+            // A session's stdout is read by the host at its pace: what the server left in
+            // the pipe is still read, then EOF (read_after_quiet).
+            stdout_quiet_ = true;
+            if (read_pending_) {
+              boost::system::error_code ignored;
+              stdout_.cancel(ignored);
+            }
+          } else {
+            stdout_open_ = false;
+          }
           maybe_end_after_exit();
         }
+        break;
+      case ip::msg::stdin_ack:
+        on_stdin_ack(h.a);
+        break;
+      case ip::msg::stdin_closed:
+        on_stdin_closed();
         break;
       case ip::msg::failed:
         fail_setup(fmt::format("sandbox-init step '{}' ({}) failed: {}", payload,
@@ -1926,6 +2078,14 @@ class init_run : public std::enable_shared_from_this<init_run> {
   bool session_ = false;
   session_job sjob_;
   asio::posix::stream_descriptor stdin_;  ///< write end of the program's stdin pipe
+  /// Stream mode: the program's stdin is fed through the control stream (init_protocol.hpp)
+  /// and still open; `stdin_sent_` bytes at the front of `stdin_buf_` are in flight (sent,
+  /// not yet acknowledged: ≤ stdin_window).
+  bool stdin_stream_open_ = false;
+  std::size_t stdin_sent_ = 0;
+  bool stdout_quiet_ = false;  ///< stream mode: `quiet` came (see read_after_quiet)
+  std::string ctl_out_;        ///< stream mode: host → init bytes not yet taken by the socket
+  bool ctl_out_waiting_ = false;
   int stdin_child_fd_ = -1;               ///< its read end, until sent with `go`
   std::string stdin_buf_;                 ///< accepted, not yet written (≤ capacity)
   std::uint32_t stdin_capacity_ = 0;
@@ -2295,10 +2455,7 @@ class init_backend final : public backend,
   }
 
   void open_session(run_job job, session_job sj, session_handler handler) override {
-    if (shared_->launcher->stream_control()) {
-      // The stdin pipe travels as a descriptor, which a stream control channel cannot carry.
-      return backend::open_session(std::move(job), sj, std::move(handler));
-    }
+    // (A stream control channel carries the stdin bytes themselves: init_protocol.hpp.)
     auto ex = job.executor ? job.executor : shared_->ctx.executor;
     auto run = std::make_shared<init_run>(shared_, ex, std::move(job), false);
     {
@@ -2307,7 +2464,7 @@ class init_backend final : public backend,
     }
     auto state = std::make_shared<session_shared>();
     auto s = std::make_shared<init_session>(run, run->run_id(), state, ex);
-    run->start_session(sj, std::move(s), std::move(state), std::move(handler));
+    run->start_session(std::move(sj), std::move(s), std::move(state), std::move(handler));
   }
 
   std::shared_ptr<backend_shared> shared_;

@@ -23,8 +23,18 @@
 //   init → host   quiet      the main process exited and nothing of the run is left
 //   init → host   dns        (stream mode only) a DNS query's name
 // `go` with a = 1 (sessions, sandbox/session.hpp) carries the program's stdin: the read end of
-// a pipe whose write end the host keeps (SCM_RIGHTS); without it stdin is /dev/null. Stream
-// mode cannot carry it, so sessions need a launcher without `stream_control`.
+// a pipe whose write end the host keeps (SCM_RIGHTS); without it stdin is /dev/null.
+// Stream mode cannot carry a descriptor: there `go` with a = 1 makes sandbox-init create the
+// pipe itself (the read end becomes the program's fd 0) and the stdin bytes travel through
+// the control stream, under a credit window:
+//   host → init   stdin_data   payload = 1..stdin_chunk bytes for the program's stdin
+//   host → init   stdin_close  once the host's bytes are all sent: EOF for the program
+//   init → host   stdin_ack    a = bytes of earlier stdin_data written into the pipe
+//   init → host   stdin_closed the program closed its stdin (EPIPE): later bytes are dropped
+// The host never has more than `stdin_window` bytes sent and not acknowledged, so sandbox-init
+// holds at most that much (a host that sends more is a protocol fault: sandbox-init exits),
+// and a program that never reads leaves the host's writes waiting on its bounded buffer. The
+// host checks every ack (never more than is outstanding, only in a stream-mode session).
 // `config` with a = 1 carries the program's stdout and stderr pipes (SCM_RIGHTS) for a
 // launcher whose runtime would hold them otherwise (init_launcher::stdio_over_control).
 #pragma once
@@ -52,7 +62,18 @@ enum class msg : std::uint32_t {
   dns = 14,    ///< payload = the name a DNS query asked for (stream mode: init serves the sink)
   quiet = 15,  ///< the main process was reported and no process of the run is left
   egress_proxy = 16,  ///< fds: [the egress proxy's listening socket, in the run's netns]
+  // Stream-mode sessions only (see the flow above):
+  stdin_data = 3,     ///< host → init: payload = bytes for the program's stdin
+  stdin_close = 4,    ///< host → init: no more bytes; close the pipe once they are written
+  stdin_ack = 17,     ///< init → host: a = bytes written into the program's stdin pipe
+  stdin_closed = 18,  ///< init → host: the program closed its stdin (EPIPE)
 };
+
+/// Largest `stdin_data` payload (bytes).
+inline constexpr std::uint32_t stdin_chunk = 16 * 1024;
+/// Most stdin bytes the host may have sent and not yet seen acknowledged (bytes): what
+/// sandbox-init holds at most besides the pipe.
+inline constexpr std::uint32_t stdin_window = 64 * 1024;
 
 /// Stream mode (a launcher whose runtime cannot pass descriptors, e.g. runsc: the control
 /// channel is sandbox-init's stdin, a SOCK_STREAM socket): every packet is preceded by its

@@ -41,6 +41,9 @@ namespace ip = detail::init_protocol;
 
 // Stream mode (see init_protocol.hpp): set from argv before anything is read or sent.
 bool g_stream = false;
+// Stream mode, a session: the write end of the program's stdin pipe (non-blocking), fed from
+// the control stream's `stdin_data`; -1 when there is none or it was closed.
+int g_stdin_w = -1;
 
 bool write_all(int fd, const void* p, std::size_t n) {
   const char* c = static_cast<const char*>(p);
@@ -204,7 +207,16 @@ bool read_go(config* cfg) {
   // a = 1: a session's live stdin (the read end of the host's pipe) came with the program;
   // the program gets it as fd 0 (start_child). Anything else that came along is closed.
   if (fds[1] >= 0) close(fds[1]);
-  if (a == 1) {
+  if (a == 1 && g_stream) {
+    // Stream mode: no descriptor can come, so the pipe is made here; its bytes arrive as
+    // `stdin_data` (supervise). Both ends close-on-exec: the read end becomes the program's
+    // fd 0 (dup2 clears the flag), the write end stays ours alone.
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0) return false;
+    fcntl(p[1], F_SETFL, O_NONBLOCK);
+    cfg->stdin_fd = p[0];
+    g_stdin_w = p[1];
+  } else if (a == 1) {
     if (fds[0] < 0) return false;
     cfg->stdin_fd = fds[0];
   } else if (fds[0] >= 0) {
@@ -284,6 +296,71 @@ bool drop_own_privileges() {
   return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0;
 }
 
+// Stream mode, a session: the program's stdin, fed from the control stream. Holds at most
+// `stdin_window` bytes (the host's credit); each write into the pipe is acknowledged with
+// `stdin_ack`, so the host sends more only as the program reads. A host that sends more than
+// the window, an oversized or unknown packet: a protocol fault, sandbox-init exits (its exit
+// ends the run).
+struct stdin_feed {
+  std::string in;       // control bytes not yet a whole packet (< 4 + max_packet)
+  std::string pending;  // stdin bytes received, not yet in the pipe (≤ stdin_window)
+  bool close_requested = false;
+
+  void on_control(const char* p, std::size_t n) {
+    in.append(p, n);
+    while (in.size() >= sizeof(std::uint32_t)) {
+      std::uint32_t len = 0;
+      memcpy(&len, in.data(), sizeof len);
+      if (len < sizeof(ip::init_header) || len > sizeof(ip::init_header) + ip::stdin_chunk) {
+        _exit(2);
+      }
+      if (in.size() < sizeof len + len) return;
+      ip::init_header h;
+      memcpy(&h, in.data() + sizeof len, sizeof h);
+      const std::size_t body = len - sizeof h;
+      if (h.type == ip::msg::stdin_data) {
+        if (close_requested || pending.size() + body > ip::stdin_window) _exit(2);
+        // After the program closed its stdin (stdin_closed sent), bytes still in flight
+        // are dropped: nothing can read them.
+        if (g_stdin_w >= 0) pending.append(in, sizeof len + sizeof h, body);
+      } else if (h.type == ip::msg::stdin_close) {
+        close_requested = true;
+      } else {
+        _exit(2);
+      }
+      in.erase(0, sizeof len + len);
+    }
+    write_some();
+  }
+
+  // Writes what the pipe takes now; acknowledges it; closes the pipe once asked and empty.
+  // SIGPIPE is blocked in sandbox-init (main): a reader gone is EPIPE here.
+  void write_some() {
+    if (g_stdin_w < 0) return;
+    while (!pending.empty()) {
+      ssize_t w = write(g_stdin_w, pending.data(), pending.size());
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && errno == EAGAIN) break;
+      if (w <= 0) {  // EPIPE: the program (and everything it started) closed its stdin
+        close(g_stdin_w);
+        g_stdin_w = -1;
+        pending.clear();
+        pending.shrink_to_fit();
+        if (!send_msg(ip::msg::stdin_closed, 0, 0, {}, nullptr, 0)) _exit(1);
+        return;
+      }
+      pending.erase(0, static_cast<std::size_t>(w));
+      if (!send_msg(ip::msg::stdin_ack, static_cast<std::uint32_t>(w), 0, {}, nullptr, 0)) {
+        _exit(1);
+      }
+    }
+    if (pending.empty() && close_requested) {
+      close(g_stdin_w);  // EOF for the program
+      g_stdin_w = -1;
+    }
+  }
+};
+
 // Reaps until the host ends the run; reports the main process's exit once.
 // `dns_fd` >= 0 (stream mode): the DNS sink's socket, served here — each query's name is
 // reported as `dns` and answered REFUSED, the run's own names answered locally (the host
@@ -312,9 +389,17 @@ bool drop_own_privileges() {
   reap();  // the child may already have exited
   int dns_budget = 256;  // queries reported per second at most; the rest only answered
   time_t dns_window = 0;
+  stdin_feed feed;
   for (;;) {
-    pollfd fds[3] = {{ip::control_fd, POLLIN, 0}, {sfd, POLLIN, 0}, {dns_fd, POLLIN, 0}};
-    int n = poll(fds, dns_fd >= 0 ? 3 : 2, sfd >= 0 ? -1 : 50);
+    pollfd fds[4] = {{ip::control_fd, POLLIN, 0},
+                     {sfd, POLLIN, 0},
+                     {dns_fd, POLLIN, 0},
+                     {feed.pending.empty() ? -1 : g_stdin_w, POLLOUT, 0}};
+    // (A negative descriptor is skipped by poll: the DNS socket and the stdin pipe are there
+    // only in stream mode, the pipe only while bytes wait for it — a pipe whose reader is
+    // gone reports POLLERR whatever is asked.)
+    int n = poll(fds, 4, sfd >= 0 ? -1 : 50);
+    if (g_stdin_w >= 0 && (fds[3].revents & (POLLOUT | POLLERR | POLLHUP))) feed.write_some();
     if (dns_fd >= 0 && (fds[2].revents & POLLIN)) {
       for (int i = 0; i < 64; ++i) {
         unsigned char pkt[1500];
@@ -347,9 +432,12 @@ bool drop_own_privileges() {
     }
     if (n < 0 && errno != EINTR) _exit(2);
     if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-      char b[64];
-      ssize_t r = recv(ip::control_fd, b, sizeof b, MSG_DONTWAIT);
+      char b[16384];
+      ssize_t r = recv(ip::control_fd, b, g_stream ? sizeof b : 64, MSG_DONTWAIT);
       if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) _exit(0);  // host gone
+      // Stream mode: the host's packets after `go` (a session's stdin); a packet mode host
+      // sends nothing after `go`, and what came is dropped.
+      if (r > 0 && g_stream) feed.on_control(b, static_cast<std::size_t>(r));
     }
     if (sfd >= 0 && (fds[1].revents & POLLIN)) {
       signalfd_siginfo si;
@@ -446,9 +534,12 @@ int main(int argc, char** argv) {
   }
 
   // 5. The user program. SIGCHLD is blocked first so no exit is lost before supervise().
+  // SIGPIPE too: writing a session's stdin pipe (stream mode) after the program closed it
+  // must be EPIPE, not our death. (The child sets its own mask to empty before exec.)
   sigset_t chld;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);
+  sigaddset(&chld, SIGPIPE);
   sigprocmask(SIG_BLOCK, &chld, nullptr);
   pid_t child = -1;
   int listener = -1;

@@ -1,8 +1,10 @@
-// Sessions (sandbox/session.hpp): long-lived servers with live stdio, in the process backend
-// and the container backend (crun). Each case drives a real server in a real sandbox and
-// then checks that nothing of it is left on the host.
+// Sessions (sandbox/session.hpp): long-lived servers with live stdio, in the process backend,
+// the container backend (crun) and the gvisor backend (runsc, where the server's stdin travels
+// through sandbox-init's control stream under a credit window). Each case drives a real
+// server in a real sandbox and then checks that nothing of it is left on the host.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/use_future.hpp>
@@ -99,7 +101,48 @@ time.sleep(3600)
 )PY"));
   // Closes its stdout at once and lives on.
   e.push_back(py_entry("early-close", "import os, time\nos.close(1)\ntime.sleep(3600)"));
+  // Reads its stdin to EOF, reports what it got (length, CRC-32, NULs) and lives on: the EOF
+  // it saw is the host's close_stdin, not its own end.
+  e.push_back(py_entry("eof-reporter", R"PY(
+import sys, time, zlib
+d = sys.stdin.buffer.read()
+print(len(d), zlib.crc32(d), d.count(0), flush=True)
+time.sleep(3600)
+)PY"));
+  // The same servers at the gvisor level ("<name>-gvisor"; "<name>-container" at crun).
+  for (const char* name : {"cat", "sleeper", "stdin-closer", "eof-reporter", "mcp-everything"}) {
+    auto it = std::find_if(e.begin(), e.end(), [&](const auto& x) { return x.name == name; });
+    auto g = *it;
+    g.name = std::string(name) + "-gvisor";
+    g.isolation = sandbox::isolation::gvisor;
+    e.push_back(g);
+  }
+  auto eof_container = *std::find_if(e.begin(), e.end(),
+                                     [](const auto& x) { return x.name == "eof-reporter"; });
+  eof_container.name = "eof-reporter-container";
+  eof_container.isolation = sandbox::isolation::container;
+  e.push_back(eof_container);
   return e;
+}
+
+// The level a test entry asks for, by its name's suffix (see entries()).
+sandbox::isolation level_of(const std::string& tool) {
+  auto ends = [&](std::string_view suffix) {
+    return tool.size() >= suffix.size() && tool.compare(tool.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (ends("-gvisor")) return sandbox::isolation::gvisor;
+  if (ends("-container")) return sandbox::isolation::container;
+  return sandbox::isolation::process;
+}
+
+// CRC-32 (IEEE, as zlib.crc32) of `data`.
+std::uint32_t crc32(const std::string& data) {
+  std::uint32_t c = 0xffffffffu;
+  for (unsigned char b : data) {
+    c ^= b;
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+  }
+  return c ^ 0xffffffffu;
 }
 
 // Waits (bounded) until our descriptor count has been stable for a while: a container run's
@@ -127,6 +170,7 @@ session_fixture& fixture() {
     session_fixture s;
     auto opts = itest::private_runtime_options(&s.state_root);
     opts.container.enabled = true;
+    opts.gvisor.enabled = true;
     opts.tools = entries();
     opts.sessions.idle_timeout = 60s;
     opts.sessions.stdin_buffer_bytes = 16 * 1024;
@@ -157,10 +201,20 @@ itest::host_snapshot snapshot() {
   return itest::snapshot();
 }
 
-bool has_container() {
+bool has_level(sandbox::isolation level) {
   for (const auto& b : runtime().backends()) {
-    if (b.isolation == sandbox::isolation::container && b.registered) return true;
+    if (b.isolation == level && b.registered) return true;
   }
+  return false;
+}
+
+bool has_container() { return has_level(sandbox::isolation::container); }
+
+// The gvisor level: needs root and runsc (docs/architecture.md); as root it must work in CI.
+bool has_gvisor() {
+  if (has_level(sandbox::isolation::gvisor)) return true;
+  if (itest::must_work() && ::geteuid() == 0) FAIL("gvisor backend unavailable under CI=true");
+  WARN("gvisor backend unavailable: skipped");
   return false;
 }
 
@@ -234,6 +288,7 @@ void byte_exact_echo(const std::string& tool) {
   REQUIRE(echo.size() == data.size());
   CHECK(echo == data);
   auto r = close(*s);
+  CHECK(r.result.isolation == level_of(tool));
   CHECK((r.end == session_end::server_exited || r.end == session_end::closed));
   CHECK(r.result.code == code::ok);
   CHECK(r.bytes_to_server == data.size());
@@ -325,9 +380,47 @@ void mcp_initialize_and_list(const std::string& tool) {
   auto call = read_response(*s, pending, 3);
   CHECK(call.dump().find("hi from the sandbox") != std::string::npos);
   auto r = close(*s);
+  CHECK(r.result.isolation == level_of(tool));
   CHECK(r.end == session_end::closed);
   CHECK(r.result.code == code::ok);
   CHECK(r.result.egress_attempts.empty());
+  s.reset();
+  st.session.reset();
+  itest::check_host_unchanged(before);
+}
+
+
+// close_stdin is EOF for the server, after every byte (binary: NULs and all byte values,
+// more than the host's buffer and the pipe hold) — and the server lives on past it.
+void stdin_close_is_eof(const std::string& tool) {
+  auto before = snapshot();
+  auto st = open(runtime(), {.tool = tool});
+  REQUIRE(st.code == code::ok);
+  auto s = st.session;
+  std::string data(300 * 1024 + 7, '\0');
+  std::mt19937 gen(7);
+  for (auto& c : data) c = static_cast<char>(gen() & 0xff);
+  for (std::size_t i = 0; i < data.size(); i += 101) data[i] = '\0';
+  std::size_t nuls = 0;
+  for (char c : data) nuls += c == '\0' ? 1 : 0;
+  auto n = s->async_write(asio::buffer(data), asio::use_future).get();
+  CHECK(n == data.size());
+  s->close_stdin();
+  std::string pending;
+  const std::string line = read_line(*s, pending);
+  CHECK(line == std::to_string(data.size()) + " " + std::to_string(crc32(data)) + " " +
+                    std::to_string(nuls));
+  CHECK(!s->stats().ended);  // it saw EOF and lives on
+  CHECK(s->stats().bytes_to_server == data.size());
+  // Writes after close_stdin are refused.
+  std::promise<boost::system::error_code> p;
+  s->async_write(asio::buffer(data, 1),
+                 [&](boost::system::error_code e, std::size_t) { p.set_value(e); });
+  CHECK(p.get_future().get() == asio::error::broken_pipe);
+  auto r = close(*s);
+  CHECK(r.result.isolation == level_of(tool));
+  CHECK(r.end == session_end::closed);
+  CHECK(r.bytes_to_server == data.size());
   s.reset();
   st.session.reset();
   itest::check_host_unchanged(before);
@@ -351,6 +444,13 @@ TEST_CASE("session: MCP initialize and tools/list over stdio (container, crun)",
   settle_fds();
 }
 
+TEST_CASE("session: MCP initialize and tools/list over stdio (gvisor)",
+          "[session][mcp][gvisor]") {
+  if (!has_gvisor()) return;
+  mcp_initialize_and_list("mcp-everything-gvisor");
+  settle_fds();
+}
+
 TEST_CASE("session: the fixture runtime exists", "[session]") {
   INFO(fixture().why);
   REQUIRE(fixture().rt.has_value());
@@ -371,6 +471,12 @@ TEST_CASE("session: stdio is byte-exact both ways (container, crun)", "[session]
   settle_fds();
 }
 
+TEST_CASE("session: stdio is byte-exact both ways (gvisor)", "[session][gvisor]") {
+  if (!has_gvisor()) return;
+  byte_exact_echo("cat-gvisor");
+  settle_fds();
+}
+
 TEST_CASE("session: the model picks only a name; the ticket decides", "[session]") {
   auto unknown = open(runtime(), {.tool = "/bin/sh"});
   CHECK(unknown.code == code::invalid_request);
@@ -388,13 +494,15 @@ TEST_CASE("session: the model picks only a name; the ticket decides", "[session]
   CHECK(!denied.session);
 }
 
-TEST_CASE("session: a server that does not read makes writes wait; host memory bounded",
-          "[session]") {
+// A server that never reads its stdin while the host writes 4 MiB: the write waits with the
+// host's buffer at capacity, and what reached the server is only what its pipe (and, under
+// gVisor, sandbox-init's credit window) holds.
+static void unread_stdin_waits(const std::string& tool) {
   auto before = snapshot();
-  auto st = open(runtime(), {.tool = "sleeper"});
+  auto st = open(runtime(), {.tool = tool});
   REQUIRE(st.code == code::ok);
   auto s = st.session;
-  std::string data(1 << 20, 'a');
+  std::string data(4 << 20, 'a');
   std::atomic<bool> done{false};
   boost::system::error_code write_ec;
   std::size_t accepted = 0;
@@ -413,7 +521,17 @@ TEST_CASE("session: a server that does not read makes writes wait; host memory b
   CHECK(x.stdin_capacity == 16 * 1024);
   CHECK(x.bytes_to_server < data.size());  // the pipe took what it holds, no more
   CHECK(x.bytes_to_server + x.stdin_buffered < data.size());
+  // In the pipe at most: a pipe's largest size (1 MiB, fs.pipe-max-size's default).
+  CHECK(x.bytes_to_server <= (1u << 20));
+  // Still waiting after the server had every chance to take more: nothing drains the host's
+  // buffer but the server's reads.
+  std::this_thread::sleep_for(200ms);
+  auto y = s->stats();
+  CHECK(y.write_waiting);
+  CHECK(y.stdin_buffered == y.stdin_capacity);
+  CHECK(y.bytes_to_server == x.bytes_to_server);
   auto r = close(*s);
+  CHECK(r.result.isolation == level_of(tool));
   CHECK(r.end == session_end::closed);
   CHECK(r.result.code == code::ok);
   REQUIRE(eventually([&] { return done.load(); }));
@@ -422,6 +540,41 @@ TEST_CASE("session: a server that does not read makes writes wait; host memory b
   s.reset();
   st.session.reset();
   itest::check_host_unchanged(before);
+}
+
+TEST_CASE("session: a server that does not read makes writes wait; host memory bounded",
+          "[session]") {
+  unread_stdin_waits("sleeper");
+}
+
+TEST_CASE("session: a server that does not read makes writes wait (gvisor)",
+          "[session][gvisor]") {
+  if (!has_gvisor()) return;
+  unread_stdin_waits("sleeper-gvisor");
+  settle_fds();
+}
+
+TEST_CASE("session: close_stdin is EOF for the server, after every byte (process)",
+          "[session]") {
+  stdin_close_is_eof("eof-reporter");
+}
+
+TEST_CASE("session: close_stdin is EOF for the server, after every byte (container, crun)",
+          "[session][container]") {
+  if (!has_container()) {
+    if (itest::must_work() && ::geteuid() == 0) FAIL("container backend unavailable under CI=true");
+    WARN("container backend unavailable: skipped");
+    return;
+  }
+  stdin_close_is_eof("eof-reporter-container");
+  settle_fds();
+}
+
+TEST_CASE("session: close_stdin is EOF for the server, after every byte (gvisor)",
+          "[session][gvisor]") {
+  if (!has_gvisor()) return;
+  stdin_close_is_eof("eof-reporter-gvisor");
+  settle_fds();
 }
 
 TEST_CASE("session: a host that does not read blocks the server on its pipe", "[session]") {
@@ -521,10 +674,10 @@ TEST_CASE("session: a server that closes stdout early gives EOF; close still kil
   itest::check_host_unchanged(before);
 }
 
-TEST_CASE("session: a server that closes its stdin makes writes fail with broken_pipe",
-          "[session]") {
+// A server that closes its stdin: writes fail with broken_pipe, never a signal.
+static void closed_stdin_breaks_writes(const std::string& tool) {
   auto before = snapshot();
-  auto st = open(runtime(), {.tool = "stdin-closer"});
+  auto st = open(runtime(), {.tool = tool});
   REQUIRE(st.code == code::ok);
   auto s = st.session;
   std::string pending;
@@ -546,6 +699,7 @@ TEST_CASE("session: a server that closes its stdin makes writes fail with broken
                  [&](boost::system::error_code e, std::size_t) { p2.set_value(e); });
   CHECK(p2.get_future().get() == asio::error::broken_pipe);
   auto r = close(*s);
+  CHECK(r.result.isolation == level_of(tool));
   CHECK(r.end == session_end::closed);
   // stderr is captured like a run's, as a blob.
   CHECK(r.result.std_err.summary == "stdin closed on purpose\n");
@@ -555,6 +709,18 @@ TEST_CASE("session: a server that closes its stdin makes writes fail with broken
   s.reset();
   st.session.reset();
   itest::check_host_unchanged(before);
+}
+
+TEST_CASE("session: a server that closes its stdin makes writes fail with broken_pipe",
+          "[session]") {
+  closed_stdin_breaks_writes("stdin-closer");
+}
+
+TEST_CASE("session: a server that closes its stdin makes writes fail with broken_pipe (gvisor)",
+          "[session][gvisor]") {
+  if (!has_gvisor()) return;
+  closed_stdin_breaks_writes("stdin-closer-gvisor");
+  settle_fds();
 }
 
 TEST_CASE("session: dropping the session object kills the server", "[session]") {
