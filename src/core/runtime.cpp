@@ -627,6 +627,10 @@ void runtime_impl::unregister(std::uint64_t key) noexcept {
   ops_.erase(key);
 }
 
+void runtime_impl::record_span(const span& s) const noexcept {
+  if (spans_) spans_->record(s);
+}
+
 void runtime_impl::record_span(const run_op& op, error_code ec, const run_result& r) const noexcept {
   if (!spans_) return;
   try {

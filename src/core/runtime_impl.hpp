@@ -80,6 +80,8 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   void log(log_level level, std::string_view line) const noexcept;
   void record_span(const run_op& op, boost::system::error_code ec,
                    const run_result& r) const noexcept;
+  /// Hands a finished span (a session's: src/core/session.cpp) to the span sink, if any.
+  void record_span(const span& s) const noexcept;
   void unregister(std::uint64_t key) noexcept;
   std::shared_ptr<backend> backend_at(sandbox::isolation level) const;
   const runtime_spec* spec(std::string_view name) const noexcept;

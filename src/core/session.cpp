@@ -4,7 +4,11 @@
 #include "sandbox/session.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/post.hpp>
+#include <mutex>
 
 #include "core/runtime_impl.hpp"
 #include "core/text_util.hpp"
@@ -46,6 +50,102 @@ void refuse(open_handler h, const boost::asio::any_io_executor& fallback, code c
   detail::post_completion(
       fallback, std::move(h), ec,
       session_start{.session = nullptr, .code = c, .message = std::move(message)});
+}
+
+/// One admitted session's bookkeeping in the runtime: the scheduler slot it holds for its
+/// whole life and the span recorded at its end. `end` runs once (the backend's
+/// `session_job::on_end`, or the open's outcome when the session never started); the slot
+/// goes with it. Destroyed unended (a backend that dropped `on_end`): the slot is released
+/// and the span recorded as `internal`.
+class session_tracker {
+ public:
+  session_tracker(std::shared_ptr<detail::runtime_impl> rt, const admitted& adm,
+                  std::string run_id, std::string ticket_id)
+      : rt_(std::move(rt)),
+        run_id_(std::move(run_id)),
+        tenant_(adm.tenant),
+        ticket_id_(std::move(ticket_id)),
+        isolation_(adm.isolation),
+        timeout_(adm.request.timeout),
+        runtime_(adm.runtime),
+        start_(std::chrono::system_clock::now()) {}
+  session_tracker(const session_tracker&) = delete;
+  session_tracker& operator=(const session_tracker&) = delete;
+  ~session_tracker() {
+    if (ended_.load()) return;
+    session_result r;
+    r.result.code = code::internal;
+    end(r);
+  }
+
+  void hold(std::shared_ptr<detail::scheduler::slot> s) {
+    std::lock_guard lk(mu_);
+    slot_ = std::move(s);
+  }
+  void waited(std::chrono::milliseconds w) noexcept { queue_wait_ = w; }
+
+  /// The session is over (or never started): its span, then its slot is released.
+  void end(const session_result& r) noexcept {
+    if (ended_.exchange(true)) return;
+    try {
+      span s;
+      s.name = "sandbox.session";
+      s.start = start_;
+      s.end = std::chrono::system_clock::now();
+      auto& a = s.attributes;
+      a["sandbox.run_id"] = run_id_;
+      a["sandbox.tenant"] = tenant_;
+      a["sandbox.ticket_id"] = ticket_id_;
+      a["sandbox.isolation"] = std::string(to_string(isolation_));
+      a["sandbox.timeout"] = static_cast<std::int64_t>(timeout_.count());
+      a["sandbox.runtime"] = runtime_.name;
+      a["sandbox.runtime_digest"] = runtime_.digest;
+      a["error_code"] = std::string(to_string(r.result.code));
+      if (r.result.exit_code) a["sandbox.exit_code"] = static_cast<std::int64_t>(*r.result.exit_code);
+      a["sandbox.usage.setup_ms"] = static_cast<std::int64_t>(r.result.usage.setup.count());
+      a["sandbox.usage.wall_ms"] = static_cast<std::int64_t>(r.result.usage.wall.count());
+      a["sandbox.usage.cpu_ms"] = static_cast<std::int64_t>(r.result.usage.cpu.count());
+      a["sandbox.usage.peak_memory_bytes"] = static_cast<std::int64_t>(
+          std::min<std::uint64_t>(r.result.usage.peak_memory_bytes, INT64_MAX));
+      a["sandbox.egress_attempts"] = static_cast<std::int64_t>(
+          r.result.egress_attempts.size() + r.result.egress_attempts_dropped);
+      a["sandbox.oom_kills"] = static_cast<std::int64_t>(r.result.oom_kills);
+      a["sandbox.queue_wait_ms"] = static_cast<std::int64_t>(queue_wait_.count());
+      a["sandbox.session.end"] = std::string(to_string(r.end));
+      a["sandbox.session.bytes_to_server"] =
+          static_cast<std::int64_t>(std::min<std::uint64_t>(r.bytes_to_server, INT64_MAX));
+      a["sandbox.session.bytes_from_server"] =
+          static_cast<std::int64_t>(std::min<std::uint64_t>(r.bytes_from_server, INT64_MAX));
+      rt_->record_span(s);
+    } catch (...) {
+      rt_->log(log_level::warning, "span for session " + run_id_ + " lost (allocation failed)");
+    }
+    std::shared_ptr<detail::scheduler::slot> released;
+    std::lock_guard lk(mu_);
+    released = std::move(slot_);  // (destroyed after the lock: the scheduler dispatches)
+  }
+
+ private:
+  std::shared_ptr<detail::runtime_impl> rt_;
+  std::string run_id_, tenant_, ticket_id_;
+  isolation isolation_;
+  std::chrono::milliseconds timeout_;
+  runtime_info runtime_;
+  std::chrono::system_clock::time_point start_;
+  std::chrono::milliseconds queue_wait_{0};
+  std::atomic<bool> ended_{false};
+  std::mutex mu_;
+  std::shared_ptr<detail::scheduler::slot> slot_;
+};
+
+/// The closing record of a session that never started (refused by the scheduler or the
+/// backend, or failed to start): for its span.
+session_result not_started(code c, const std::string& message) {
+  session_result r;
+  r.end = session_end::failed;
+  r.result.code = c;
+  r.result.message = message;
+  return r;
 }
 
 }  // namespace
@@ -177,9 +277,49 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
               .blobs = impl->blobs(),
               .policy = pol,
               .executor = ex};
+  // 6. A scheduler slot, held for the session's whole life (a session is a live sandbox like
+  //    a run's, so it counts against the same caps: the host's and its tenant's class),
+  //    released when it ends (session_job::on_end). No slot in time: `queue_timeout`; a full
+  //    queue: `capacity` — the open completes with that code. The session's span is
+  //    recorded at its end, or here when it never starts.
+  auto tracker =
+      std::make_shared<session_tracker>(impl, job.admitted, job.run_id, t.id());
   session_job sj{.idle_timeout = idle,
-                 .stdin_buffer_bytes = std::max<std::uint32_t>(opts.stdin_buffer_bytes, 1)};
-  chosen->open_session(std::move(job), sj, std::move(handler));
+                 .stdin_buffer_bytes = std::max<std::uint32_t>(opts.stdin_buffer_bytes, 1),
+                 .on_end = [tracker](const session_result& r) { tracker->end(r); }};
+  // The open's outcome: a session that never started ends here, before its handler runs
+  // (no-op when the backend reported its end already). The caller's executor stays the
+  // handler's.
+  auto caller_ex = boost::asio::get_associated_executor(handler, ex);
+  open_handler opened = boost::asio::bind_executor(
+      caller_ex, [tracker, h = std::move(handler)](boost::system::error_code ec,
+                                                   session_start st) mutable {
+        if (!st.session) tracker->end(not_started(st.code, st.message));
+        std::move(h)(ec, std::move(st));
+      });
+  struct pending_open {
+    std::shared_ptr<backend> chosen;
+    run_job job;
+    session_job sj;
+    open_handler opened;
+  };
+  auto p = std::make_shared<pending_open>(
+      pending_open{std::move(chosen), std::move(job), std::move(sj), std::move(opened)});
+  auto start = [p, tracker](std::shared_ptr<detail::scheduler::slot> slot) {
+    tracker->hold(std::move(slot));
+    p->chosen->open_session(std::move(p->job), std::move(p->sj), std::move(p->opened));
+  };
+  auto sched = impl->sched();
+  if (!sched) return start(nullptr);
+  sched->submit(t.tenant(), [p, tracker, start, ex = ex](detail::scheduler::outcome o) {
+    if (!o.granted) {
+      const rejection rej = o.rejected.value_or(rejection{code::internal, "internal error"});
+      tracker->waited(o.waited);
+      return refuse(std::move(p->opened), ex, rej.code, rej.message);
+    }
+    tracker->waited(o.granted->waited());
+    start(std::move(o.granted));
+  });
 }
 
 }  // namespace sandbox
