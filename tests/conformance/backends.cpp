@@ -202,8 +202,7 @@ const std::vector<backend_profile>& profiles() {
                               .parent_of_home_reachable = false,
                               .syscall_slowdown = 20,
                               .gap_fork_bomb_ends_on_memory = true,
-                              .gap_tmpfs_inode_limit = true,
-                              .gap_no_sessions = true},
+                              .gap_tmpfs_inode_limit = true},
                    .host_config = R"({"v":1,"backends":{"gvisor":{"runtime":"runsc"}}})",
                    // 100-135 s measured on a loaded 2-core host.
                    .ci_budget = std::chrono::seconds(600)});

@@ -109,11 +109,6 @@ struct expectations {
   /// enforced inside gVisor (its tmpfs ignores nr_inodes): entries can be created until the
   /// memory limit; only the output directory (a host tmpfs) answers ENOSPC.
   bool gap_tmpfs_inode_limit = false;
-  /// GAP (missing feature, docs/architecture.md "Sessions"): the backend runs no sessions
-  /// (gVisor: its launcher cannot pass the stdin descriptor), so opening one, even for an
-  /// entry whose level it is the only one to serve, is `runtime_unavailable` ("… does not
-  /// run sessions").
-  bool gap_no_sessions = false;
 };
 
 /// One backend under test.
