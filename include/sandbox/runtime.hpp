@@ -295,7 +295,10 @@ class runtime {
    * unexpired and grant `tool.run` for the entry (as for a tool run: `ticket_spec::tools`).
    * Completes once with `(error_code, session_start)` on the handler's
    * associated executor (default: the runtime's), never inside this call, when the server
-   * has started or could not (`session_start::code`). Sessions do not take scheduler slots.
+   * has started or could not (`session_start::code`). A session holds a scheduler slot of
+   * its ticket's tenant (the same class and caps as its runs) from before its server starts
+   * until it ends; waiting for one past the class's queue deadline is `queue_timeout`, a full
+   * queue `capacity`. One span (`sandbox.session`) is recorded per session, at its end.
    * Thread-safe.
    */
   template <class CompletionToken>

@@ -17,10 +17,13 @@
 //         s.session->async_close([](auto ec, sandbox::session_result r) { ... });
 //       });
 //
-// Bytes are passed byte-exact both ways. Host memory stays bounded whatever the server or the
-// host does: writes are accepted into a bounded buffer (`session_limits::stdin_buffer_bytes`)
-// and wait while it is full (the server does not read); stdout is read straight into the
-// caller's buffer, so a server whose host does not read blocks on its own pipe.
+// Bytes are passed byte-exact both ways, at every isolation level (under gVisor the stdin
+// bytes travel through sandbox-init's control stream). Host memory stays bounded whatever the
+// server or the host does: writes are accepted into a bounded buffer
+// (`session_options::stdin_buffer_bytes`) and wait while it is full (the server does not
+// read); stdout is read straight into the caller's buffer, so a server whose host does not
+// read blocks on its own pipe. A session holds a scheduler slot while it lives and records
+// one span (`sandbox.session`) at its end, like a run.
 #pragma once
 
 #include <boost/asio/any_completion_handler.hpp>
@@ -199,7 +202,10 @@ struct session_start {
   /// `action_denied` (ticket expired, or no `tool.run` for this entry: `ticket_spec::tools`
   /// must name it or hold "*"), `runtime_unavailable` (no
   /// backend at the level, the entry's image absent, a backend without sessions),
-  /// `digest_mismatch` (the entry's or ticket's pin differs from the image), `internal`.
+  /// `digest_mismatch` (the entry's or ticket's pin differs from the image),
+  /// `queue_timeout` (no scheduler slot of the tenant's class within its queue deadline: a
+  /// session holds one for its whole life), `capacity` (the scheduler's queue is full),
+  /// `internal`.
   sandbox::code code = sandbox::code::ok;
   std::string message;  ///< short, sanitized; names the field for `invalid_request`
 };

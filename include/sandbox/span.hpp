@@ -5,6 +5,11 @@
 // `error_code`, `sandbox.exit_code` (when exited), `sandbox.usage.setup_ms`,
 // `sandbox.usage.wall_ms`, `sandbox.usage.cpu_ms`, `sandbox.usage.peak_memory_bytes`,
 // `sandbox.egress_attempts`, `sandbox.oom_kills`.
+// A session (sandbox/session.hpp) records one span named `sandbox.session` at its end, with
+// the same attributes (`sandbox.timeout` is its maximum lifetime, `sandbox.usage.wall_ms` its
+// life) plus `sandbox.session.end` (session_end's wire name), `sandbox.session.bytes_to_server`,
+// `sandbox.session.bytes_from_server` and `sandbox.queue_wait_ms`; also for a session that
+// never started (its `error_code` says why).
 #pragma once
 
 #include <chrono>
