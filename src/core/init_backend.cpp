@@ -439,9 +439,10 @@ class init_run : public std::enable_shared_from_this<init_run> {
       me.close_requested_ = true;
       // stdin closes now (buffered bytes are dropped: the host is done); stdout no longer
       // holds the end back; the server gets the exit grace to go by itself, then the kill.
-      me.stdin_buf_.clear();
-      me.stdin_sent_ = 0;
-      me.stdin_buffered_ = 0;
+      // (Stream mode: the bytes in flight stay counted until sandbox-init acknowledges
+      // them; only the unsent rest is dropped.)
+      me.stdin_buf_.resize(me.stream_ ? me.stdin_sent_ : 0);
+      me.stdin_buffered_ = static_cast<std::uint32_t>(me.stdin_buf_.size());
       me.close_stdin_pipe();
       me.fail_pending_write(asio::error::operation_aborted);
       me.stdout_open_ = false;

@@ -523,13 +523,14 @@ static void unread_stdin_waits(const std::string& tool) {
   CHECK(x.bytes_to_server + x.stdin_buffered < data.size());
   // In the pipe at most: a pipe's largest size (1 MiB, fs.pipe-max-size's default).
   CHECK(x.bytes_to_server <= (1u << 20));
-  // Still waiting after the server had every chance to take more: nothing drains the host's
-  // buffer but the server's reads.
+  // Still waiting a while later: the pipe (and, under gVisor, sandbox-init's window) may
+  // take a little more meanwhile, never the 4 MiB.
   std::this_thread::sleep_for(200ms);
   auto y = s->stats();
   CHECK(y.write_waiting);
-  CHECK(y.stdin_buffered == y.stdin_capacity);
-  CHECK(y.bytes_to_server == x.bytes_to_server);
+  CHECK(!done.load());
+  CHECK(y.stdin_buffered <= y.stdin_capacity);
+  CHECK(y.bytes_to_server <= (1u << 20));
   auto r = close(*s);
   CHECK(r.result.isolation == level_of(tool));
   CHECK(r.end == session_end::closed);
