@@ -245,6 +245,12 @@ inline constexpr const char* egress_metadata_name = "metadata.test";
 /// prints one JSON object: {"in": line, "status": HTTP status (0: no response; 1: direct
 /// connected), "body": up to 4 KiB or the error, "proxy": $HTTPS_PROXY}.
 inline constexpr const char* egress_tool_name = "fetch";
+/// The session server of cases/session_stdio_test.cpp: /usr/bin/python3 of the python3 image
+/// with a fixed script, isolation process. First it reports, as one JSON line, what it could
+/// reach of sandbox-init's descriptors ({"ctl": {path: "opened <link>" | errno name}, "fds":
+/// [its descriptors above 2], "stdin_fifo": bool}); then it echoes its stdin byte for byte,
+/// and at EOF prints "eof <bytes>" and lives on.
+inline constexpr const char* session_probe_tool_name = "session-probe";
 /// Per-run proxy budgets of the suite's runtimes.
 inline constexpr std::uint32_t egress_max_connections = 8;
 inline constexpr std::uint64_t egress_max_bytes_down = 2ULL << 20;
