@@ -8,7 +8,6 @@
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/use_future.hpp>
 #include <catch2/catch.hpp>
-
 #include <future>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -26,9 +25,13 @@ namespace {
 /// tool.run for the probe, at the backend's own level (the entry asks for process only).
 sandbox::ticket probe_ticket(sandbox::isolation level) {
   return sandbox::ticket_issuer{}
-      .issue({.id = "conformance-session", .tenant = "conformance", .execute = false,
-              .isolation = level, .max_timeout = 8000ms,
-              .max_memory_bytes = 1ULL << 30, .tools = {conformance::session_probe_tool_name}})
+      .issue({.id = "conformance-session",
+              .tenant = "conformance",
+              .execute = false,
+              .isolation = level,
+              .max_timeout = 8000ms,
+              .max_memory_bytes = 1ULL << 30,
+              .tools = {conformance::session_probe_tool_name}})
       .value();
 }
 
@@ -87,7 +90,8 @@ TEST_CASE("session stdio: a plain pipe inside, the control channel out of reach,
 
   // 2. Bytes exact both ways, past the host's buffer and the credit window, then EOF.
   std::string data(200 * 1024 + 13, '\0');
-  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 131 + i / 256) & 0xff);
+  for (std::size_t i = 0; i < data.size(); ++i)
+    data[i] = static_cast<char>((i * 131 + i / 256) & 0xff);
   for (std::size_t i = 0; i < data.size(); i += 97) data[i] = '\0';
   std::promise<std::pair<boost::system::error_code, std::size_t>> wrote;
   s.async_write(asio::buffer(data), [&](boost::system::error_code ec, std::size_t n) {

@@ -64,9 +64,13 @@ std::string text(const sandbox::span& s, const std::string& key) {
 
 sandbox::ticket ticket_for(const std::string& tenant, bool execute = false) {
   return sandbox::ticket_issuer{}
-      .issue({.id = "itest-" + tenant, .tenant = tenant, .execute = execute,
-              .isolation = sandbox::isolation::process, .max_timeout = 8000ms,
-              .max_memory_bytes = 1ULL << 30, .tools = {"*"}})
+      .issue({.id = "itest-" + tenant,
+              .tenant = tenant,
+              .execute = execute,
+              .isolation = sandbox::isolation::process,
+              .max_timeout = 8000ms,
+              .max_memory_bytes = 1ULL << 30,
+              .tools = {"*"}})
       .value();
 }
 
@@ -99,10 +103,10 @@ TEST_CASE("session: holds a scheduler slot for its life; queue_timeout, capacity
   auto opts = itest::private_runtime_options(&root);
   // Tenant "queued": one slot, a short queue deadline. Tenant "solo": one slot, no queue.
   opts.scheduler.max_running = 8;
-  opts.scheduler.classes["queued"] = {.max_running = 1, .max_queued = 4, .weight = 1,
-                                      .queue_deadline = 300ms};
-  opts.scheduler.classes["solo"] = {.max_running = 1, .max_queued = 0, .weight = 1,
-                                    .queue_deadline = 300ms};
+  opts.scheduler.classes["queued"] = {
+      .max_running = 1, .max_queued = 4, .weight = 1, .queue_deadline = 300ms};
+  opts.scheduler.classes["solo"] = {
+      .max_running = 1, .max_queued = 0, .weight = 1, .queue_deadline = 300ms};
   opts.scheduler.tenant_classes = {{"queued", "queued"}, {"solo", "solo"}};
   opts.tools = {{.name = "sleeper",
                  .image = "python3",
@@ -150,8 +154,8 @@ TEST_CASE("session: holds a scheduler slot for its life; queue_timeout, capacity
 
     // 4. A session that ends by itself (idle timeout) releases its slot at its end, while
     //    the host still holds the session object.
-    auto c = open(rt, {.tool = "sleeper", .max_lifetime = std::nullopt, .idle_timeout = 300ms},
-                  queued);
+    auto c =
+        open(rt, {.tool = "sleeper", .max_lifetime = std::nullopt, .idle_timeout = 300ms}, queued);
     REQUIRE(c.code == code::ok);
     CHECK(rt.queue_stats().running == 1);
     REQUIRE(eventually([&] { return c.session->stats().ended; }));

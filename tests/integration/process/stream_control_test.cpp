@@ -185,8 +185,10 @@ struct fake_backend_fixture {
     thread = std::thread([this] { io.run(); });
     auto made = sandbox::detail::make_init_backend(
         ctx, std::make_shared<fake_stream_launcher>(py, fake_init_py));
-    if (auto* b = std::get_if<std::shared_ptr<sandbox::backend>>(&made)) backend = *b;
-    else why = std::get<std::string>(made);
+    if (auto* b = std::get_if<std::shared_ptr<sandbox::backend>>(&made))
+      backend = *b;
+    else
+      why = std::get<std::string>(made);
   }
   ~fake_backend_fixture() {
     if (backend) backend->shutdown();
@@ -216,10 +218,9 @@ struct fake_backend_fixture {
 
   sandbox::session_start open(const std::string& mode, std::uint32_t buffer = 256 * 1024) {
     std::promise<sandbox::session_start> p;
-    backend->open_session(job(mode), {.idle_timeout = 20s, .stdin_buffer_bytes = buffer, .on_end = {}},
-                          [&](boost::system::error_code, sandbox::session_start s) {
-                            p.set_value(std::move(s));
-                          });
+    backend->open_session(
+        job(mode), {.idle_timeout = 20s, .stdin_buffer_bytes = buffer, .on_end = {}},
+        [&](boost::system::error_code, sandbox::session_start s) { p.set_value(std::move(s)); });
     return p.get_future().get();
   }
 
@@ -282,8 +283,10 @@ TEST_CASE("stream control: a well-behaved stand-in round-trips a session's stdin
     });
     for (;;) {
       std::promise<std::pair<boost::system::error_code, std::size_t>> p;
-      st.session->async_read_some(asio::buffer(buf), [&](boost::system::error_code e,
-                                                         std::size_t k) { p.set_value({e, k}); });
+      st.session->async_read_some(asio::buffer(buf),
+                                  [&](boost::system::error_code e, std::size_t k) {
+                                    p.set_value({e, k});
+                                  });
       auto [ec, n] = p.get_future().get();
       echo.append(buf.data(), n);
       if (ec) {
