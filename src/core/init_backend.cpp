@@ -560,7 +560,8 @@ class init_run : public std::enable_shared_from_this<init_run> {
       send_frame(ip::msg::stdin_data, 0, std::string_view(stdin_buf_.data() + stdin_sent_, n));
       stdin_sent_ += n;
     }
-    if (stdin_buf_.empty() && stdin_close_requested_) close_stdin_pipe();
+    // EOF as soon as every byte is sent: sandbox-init writes what it holds first.
+    if (stdin_sent_ == stdin_buf_.size() && stdin_close_requested_) close_stdin_pipe();
   }
 
   /// Stream mode: sandbox-init wrote `n` more bytes into the program's pipe. Untrusted: a
