@@ -199,3 +199,183 @@ TEST_CASE("image build: npm packages must be pinned to one exact version", "[ses
     CHECK(!is_pinned_npm_package(bad));
   }
 }
+
+namespace {
+
+// A session backend without processes: each open succeeds at once with a session that does
+// nothing but end when closed (reporting its end through `session_job::on_end`, as the real
+// backends do), or — `drop_on_end` — a backend that loses `on_end` uncalled.
+class scripted_session_backend final : public sandbox::backend {
+ public:
+  explicit scripted_session_backend(bool drop_on_end = false) : drop_(drop_on_end) {}
+  sandbox::isolation isolation() const noexcept override { return sandbox::isolation::process; }
+  std::string_view name() const noexcept override { return "scripted"; }
+  void shutdown() noexcept override {}
+  std::atomic<int> opened{0};
+
+  class scripted_session final : public sandbox::session {
+   public:
+    scripted_session(std::string id, std::function<void(const sandbox::session_result&)> on_end,
+                     boost::asio::any_io_executor ex)
+        : id_(std::move(id)), on_end_(std::move(on_end)), ex_(std::move(ex)) {}
+    const std::string& id() const noexcept override { return id_; }
+    void close_stdin() override {}
+    sandbox::session_stats stats() const override { return {}; }
+
+   private:
+    void do_write(boost::asio::const_buffer,
+                  boost::asio::any_completion_handler<void(boost::system::error_code, std::size_t)>
+                      h) override {
+      sandbox::detail::post_completion(ex_, std::move(h), boost::system::error_code{},
+                                       std::size_t{0});
+    }
+    void do_read(boost::asio::mutable_buffer,
+                 boost::asio::any_completion_handler<void(boost::system::error_code, std::size_t)>
+                     h) override {
+      sandbox::detail::post_completion(ex_, std::move(h), boost::system::error_code{},
+                                       std::size_t{0});
+    }
+    void do_close(boost::asio::any_completion_handler<void(boost::system::error_code,
+                                                           sandbox::session_result)>
+                      h) override {
+      sandbox::session_result r;
+      r.end = sandbox::session_end::closed;
+      r.result.code = code::ok;
+      r.bytes_to_server = 5;
+      if (auto f = std::move(on_end_)) f(r);
+      on_end_ = nullptr;
+      sandbox::detail::post_completion(ex_, std::move(h), boost::system::error_code{}, r);
+    }
+    std::string id_;
+    std::function<void(const sandbox::session_result&)> on_end_;
+    boost::asio::any_io_executor ex_;
+  };
+
+  void open_session(sandbox::run_job job, sandbox::session_job sj,
+                    session_handler handler) override {
+    ++opened;
+    if (drop_) sj.on_end = nullptr;  // lost uncalled: the runtime must still free the slot
+    auto s = std::make_shared<scripted_session>(job.run_id, std::move(sj.on_end), job.executor);
+    sandbox::detail::post_completion(job.executor, std::move(handler),
+                                     boost::system::error_code{},
+                                     sandbox::session_start{.session = s, .code = code::ok,
+                                                            .message = {}});
+  }
+
+ private:
+  void do_execute(sandbox::run_job,
+                  boost::asio::any_completion_handler<void(boost::system::error_code,
+                                                           sandbox::run_result)>) override {}
+  bool drop_;
+};
+
+std::string attr(const sandbox::span& s, const std::string& key) {
+  auto it = s.attributes.find(key);
+  if (it == s.attributes.end()) return "(absent)";
+  if (const auto* v = std::get_if<std::string>(&it->second)) return *v;
+  if (const auto* v = std::get_if<std::int64_t>(&it->second)) return std::to_string(*v);
+  return std::get<bool>(it->second) ? "true" : "false";
+}
+
+}  // namespace
+
+TEST_CASE("session scheduling: a slot per session until its end; queue_timeout, capacity, spans",
+          "[session][scheduler][runtime]") {
+  asio::io_context io;
+  auto o = options();
+  auto sink = std::make_shared<sandbox::test::recording_sink>();
+  o.spans = sink;
+  o.scheduler.max_running = 1;
+  o.scheduler.max_queued = 1;
+  o.scheduler.default_class = {.max_running = 1, .max_queued = 1, .weight = 1,
+                               .queue_deadline = std::chrono::milliseconds(50)};
+  auto rt = sandbox::runtime::create(io.get_executor(), o);
+  REQUIRE(rt.has_value());
+  auto backend = std::make_shared<scripted_session_backend>();
+  rt->add_backend(backend);
+  const auto t = tool_ticket({"cat"});
+
+  auto a = open(io, *rt, {.tool = "cat"}, t);
+  REQUIRE(a.code == code::ok);
+  REQUIRE(a.session);
+  CHECK(rt->queue_stats().running == 1);
+
+  // The one slot is held: the next open waits past its deadline; nothing reached the backend.
+  auto b = open(io, *rt, {.tool = "cat"}, t);
+  CHECK(b.code == code::queue_timeout);
+  CHECK(!b.session);
+  CHECK(backend->opened == 1);
+
+  // A full queue refuses at once: one open waits (its completion is not run yet), the next
+  // finds the queue full.
+  std::optional<sandbox::session_start> waiting;
+  rt->async_open_session({.tool = "cat"}, t,
+                         [&](boost::system::error_code, sandbox::session_start s) {
+                           waiting = std::move(s);
+                         });
+  auto c = open(io, *rt, {.tool = "cat"}, t);
+  CHECK(c.code == code::capacity);
+  io.restart();
+  for (int i = 0; i < 1000 && !waiting; ++i) io.run_one_for(std::chrono::milliseconds(100));
+  REQUIRE(waiting.has_value());
+  CHECK(waiting->code == code::queue_timeout);
+
+  // The end releases the slot: the next open gets it.
+  std::optional<sandbox::session_result> closed;
+  a.session->async_close([&](boost::system::error_code, sandbox::session_result r) { closed = r; });
+  io.restart();
+  for (int i = 0; i < 1000 && !closed; ++i) io.run_one_for(std::chrono::milliseconds(100));
+  REQUIRE(closed.has_value());
+  for (int i = 0; i < 100 && rt->queue_stats().running != 0; ++i) {
+    io.run_one_for(std::chrono::milliseconds(10));
+  }
+  CHECK(rt->queue_stats().running == 0);
+  auto d = open(io, *rt, {.tool = "cat"}, t);
+  CHECK(d.code == code::ok);
+  CHECK(rt->queue_stats().running == 1);
+
+  // One span per session: the closed one with its end and bytes, the refused ones with their
+  // codes.
+  auto spans = sink->spans();
+  std::size_t closed_spans = 0, queue_timeouts = 0, capacities = 0;
+  for (const auto& s : spans) {
+    CHECK(s.name == "sandbox.session");
+    CHECK(attr(s, "sandbox.tenant") == "acme");
+    CHECK(attr(s, "sandbox.runtime") == "cat");
+    const auto ec = attr(s, "error_code");
+    if (ec == "ok") {
+      ++closed_spans;
+      CHECK(attr(s, "sandbox.run_id") == a.session->id());
+      CHECK(attr(s, "sandbox.session.end") == "closed");
+      CHECK(attr(s, "sandbox.session.bytes_to_server") == "5");
+    }
+    queue_timeouts += ec == "queue_timeout" ? 1 : 0;
+    capacities += ec == "capacity" ? 1 : 0;
+  }
+  CHECK(closed_spans == 1);
+  CHECK(queue_timeouts == 2);
+  CHECK(capacities == 1);
+}
+
+TEST_CASE("session scheduling: a backend that loses on_end still gives the slot back",
+          "[session][scheduler][runtime]") {
+  asio::io_context io;
+  auto o = options();
+  auto sink = std::make_shared<sandbox::test::recording_sink>();
+  o.spans = sink;
+  o.scheduler.max_running = 1;
+  auto rt = sandbox::runtime::create(io.get_executor(), o);
+  REQUIRE(rt.has_value());
+  rt->add_backend(std::make_shared<scripted_session_backend>(true));
+  auto a = open(io, *rt, {.tool = "cat"}, tool_ticket({"cat"}));
+  REQUIRE(a.code == code::ok);
+  // Its on_end is gone with the open: the slot is free, the span says `internal`.
+  io.restart();
+  for (int i = 0; i < 100 && rt->queue_stats().running != 0; ++i) {
+    io.run_one_for(std::chrono::milliseconds(10));
+  }
+  CHECK(rt->queue_stats().running == 0);
+  auto spans = sink->spans();
+  REQUIRE(spans.size() == 1);
+  CHECK(attr(spans[0], "error_code") == "internal");
+}
