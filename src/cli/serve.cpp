@@ -52,8 +52,8 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <future>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -66,6 +66,7 @@
 #include <utility>
 
 #include "cli_util.hpp"
+#include "core/confirmed_wait.hpp"
 #include "core/json_strict.hpp"
 #include "sandbox/sandbox.hpp"
 
@@ -231,12 +232,23 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 /// POLLHUP / POLLERR on `fd` right now: the peer of a socket closed, or the reader of a pipe
 /// went away.
 bool is_hung_up(int fd) {
-  pollfd p{fd, 0, 0};
-  int n = 0;
+  return (sandbox::detail::poll_events_now(fd, 0) & (POLLHUP | POLLERR)) != 0;
+}
+
+/// The hang-up watch's confirmation (sandbox::detail::async_wait_confirmed): true when `fd`
+/// is hung up. What else can wake the watch is consumed here, so that it does not wake it
+/// again at once: a unix socket's out-of-band byte (MSG_OOB, no part of the protocol) is
+/// discarded; one that cannot be (true as well) ends the connection.
+bool hangup_confirmed(int fd) {
+  const short revents = sandbox::detail::poll_events_now(fd, POLLPRI);
+  if ((revents & (POLLHUP | POLLERR | POLLNVAL)) != 0) return true;
+  if ((revents & POLLPRI) == 0) return false;  // a wake-up with nothing behind it
+  std::array<char, 16> oob{};
+  ssize_t n = 0;
   do {
-    n = ::poll(&p, 1, 0);
+    n = ::recv(fd, oob.data(), oob.size(), MSG_OOB | MSG_DONTWAIT);
   } while (n < 0 && errno == EINTR);
-  return n > 0 && (p.revents & (POLLHUP | POLLERR)) != 0;
+  return n <= 0 && (sandbox::detail::poll_events_now(fd, POLLPRI) & POLLPRI) != 0;
 }
 
 bool write_all(int fd, const char* data, std::size_t size) {
@@ -298,6 +310,9 @@ class connection : public std::enable_shared_from_this<connection> {
 
   sandbox::log_sink& log();
   const service_limits& limits() const;
+  /// Arms the hang-up watch on the output side: disconnects once the descriptor itself
+  /// shows the hang-up (`hangup_confirmed`), whatever else wakes the wait.
+  void watch_hangup();
   bool paused() const;
   void read_more();
   void on_read(const error_code& ec, std::size_t n);
@@ -603,12 +618,7 @@ const service_limits& connection::limits() const { return svc_.limits(); }
 
 void connection::start() {
   asio::dispatch(strand_, [self = shared_from_this()] {
-    // Hang-up watch: completes on EPOLLHUP/EPOLLERR of the output side (the client closed
-    // its socket, or the reader of our stdout went away) even while reading is paused, so
-    // a client that disconnects has its runs cancelled at once.
-    self->out_.async_wait(asio::posix::descriptor_base::wait_error, [self](const error_code& ec) {
-      if (!ec && !self->closed_) self->disconnect("client disconnected");
-    });
+    self->watch_hangup();
     // A hang-up before the wait was queued would have been missed (edge-triggered): check.
     if (is_hung_up(self->out_.native_handle())) {
       self->disconnect("client disconnected");
@@ -620,6 +630,23 @@ void connection::start() {
 
 void connection::stop() {
   asio::post(strand_, [self = shared_from_this()] { self->on_stop(); });
+}
+
+void connection::watch_hangup() {
+  // Completes on EPOLLHUP/EPOLLERR of the output side even while reading is paused, so a
+  // client that disconnects (closes its socket, or the reader of our stdout goes away) has
+  // its runs and sessions ended at once. Confirmed on the descriptor itself: a bare wake-up
+  // (Asio applies another, closed descriptor's events to a recycled one; see
+  // core/confirmed_wait.hpp) once dropped live clients with their requests unanswered
+  // whenever one client disconnected while another connected.
+  sandbox::detail::async_wait_confirmed(
+      out_, asio::posix::descriptor_base::wait_error, hangup_confirmed,
+      [self = shared_from_this()](const error_code& ec) {
+        if (ec || self->closed_) return;
+        self->disconnect(is_hung_up(self->out_.native_handle())
+                             ? "client disconnected"
+                             : "out-of-band data that cannot be discarded");
+      });
 }
 
 void connection::on_stop() {

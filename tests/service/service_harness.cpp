@@ -248,6 +248,15 @@ std::size_t client::send_nonblocking(std::string_view bytes) {
   return sent;
 }
 
+void client::send_oob(char byte) {
+  for (;;) {
+    ssize_t n = ::send(fd_, &byte, 1, MSG_OOB | MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno("send(MSG_OOB)");
+    return;
+  }
+}
+
 std::optional<std::string> client::read_line(std::chrono::milliseconds limit) {
   const auto end = std::chrono::steady_clock::now() + limit;
   for (;;) {

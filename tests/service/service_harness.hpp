@@ -74,6 +74,8 @@ class client {
   void send(std::string_view bytes);
   /// Sends what it can of `bytes` without blocking; returns the count sent.
   std::size_t send_nonblocking(std::string_view bytes);
+  /// Sends one out-of-band byte (MSG_OOB), which raises POLLPRI on the daemon's side.
+  void send_oob(char byte);
   /// The next line (without its newline), or nullopt at EOF or after `limit`.
   std::optional<std::string> read_line(std::chrono::milliseconds limit = 60s);
   /// The next line parsed as JSON; FAILs the test on EOF, timeout or bad JSON.

@@ -10,14 +10,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
-#include <filesystem>
 #include <ctime>
+#include <filesystem>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/cli_harness.hpp"
@@ -478,6 +480,103 @@ TEST_CASE("many clients that do not read cannot grow the daemon past its answer 
   CHECK(data_answers + capacity == 2 * clients);
   CHECK(capacity > 0);
   CHECK(data_answers > 100);
+}
+
+// The daemon notices a client's hang-up through a wait on its socket, which must never be
+// taken for the hang-up itself: Asio completes such a wait when it recycles another, just
+// closed connection's descriptor state for this one (the reason "many clients that do not
+// read …" once lost an answer: a client connecting as the blob_put client left was dropped
+// as "disconnected"), and an out-of-band byte completes it too. Here, deterministically: an
+// out-of-band byte wakes the watch while the client is read, and while it is paused.
+TEST_CASE("a wake-up of the daemon's hang-up watch that is no hang-up keeps the client served",
+          "[service]") {
+  svctest::daemon d;
+  svctest::client c(d.socket());
+  auto stats_line = [](const std::string& id) {
+    return json{{"id", id}, {"service_stats", json::object()}}.dump() + "\n";
+  };
+  c.send(stats_line("before"));
+  CHECK(c.answer()["id"] == "before");
+  c.send_oob('!');
+  c.send(stats_line("after"));
+  auto a = c.answer();
+  CHECK(a["id"] == "after");
+  CHECK(a.contains("service_stats"));
+
+  // Paused (an answer of ~0.9 MiB and a second one unread: over the 1 MiB pause), the watch
+  // is all that looks at the socket; woken without a hang-up, the client stays.
+  std::string data(700U << 10, 'p');
+  c.send(
+      json{{"id", "put"}, {"blob_put", {{"tenant", "acme"}, {"data_b64", svctest::base64(data)}}}}
+          .dump() +
+      "\n");
+  const std::string blob = c.answer()["blob"];
+  std::string gets;
+  for (int k = 0; k < 3; ++k) {
+    gets +=
+        json{{"id", "g" + std::to_string(k)}, {"blob_get", {{"tenant", "acme"}, {"blob", blob}}}}
+            .dump() +
+        "\n";
+  }
+  c.send(gets);
+  svctest::sleep_ms(300);
+  c.send_oob('?');
+  svctest::sleep_ms(300);
+  for (int k = 0; k < 3; ++k) {
+    auto g = c.answer();
+    CHECK(g["id"] == "g" + std::to_string(k));
+    CHECK(g.contains("data_b64"));
+  }
+  c.send(stats_line("last"));
+  CHECK(c.answer()["id"] == "last");
+  // A real hang-up is still seen (the daemon's start-up probe is one disconnect already).
+  auto disconnects = [&] {
+    const std::string log = d.log();
+    std::size_t n = 0;
+    for (auto at = log.find("client disconnected"); at != std::string::npos;
+         at = log.find("client disconnected", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  const std::size_t before = disconnects();
+  c.close();
+  CHECK(eventually([&] { return disconnects() > before; }, 10s));
+}
+
+// The race itself: clients that connect while others disconnect. Every connection asks one
+// cheap question and must get its answer before it closes; before the hang-up watch
+// confirmed what woke it, about 2 in 100 of these were dropped unanswered.
+TEST_CASE("clients that connect while others disconnect are all answered", "[service]") {
+  svctest::daemon d;
+  constexpr int threads = 16;
+  constexpr int per_thread = 250;
+  std::atomic<int> answered{0};
+  std::atomic<int> lost{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < per_thread; ++i) {
+        try {
+          svctest::client c(d.socket());
+          const std::string id = "t" + std::to_string(t) + "-" + std::to_string(i);
+          c.send(json{{"id", id}, {"service_stats", json::object()}}.dump() + "\n");
+          auto line = c.read_line(60s);
+          auto a = json::parse(line.value_or(""), nullptr, false);
+          if (a.is_object() && a.value("id", "") == id) {
+            ++answered;
+          } else {
+            ++lost;
+          }
+        } catch (const std::exception&) {
+          ++lost;
+        }
+      }
+    });
+  }
+  for (auto& th : ts) th.join();
+  CHECK(lost == 0);
+  CHECK(answered == threads * per_thread);
 }
 
 TEST_CASE("the socket path: a non-socket is refused, a live socket too, a stale one replaced",
