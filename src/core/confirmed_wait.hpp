@@ -29,6 +29,10 @@ inline short poll_events_now(int fd, short events) noexcept {
   return n > 0 ? p.revents : short{0};
 }
 
+/// `async_wait_confirmed`'s confirmation for a pidfd (waited on with `wait_read`): it polls
+/// readable once its process has exited.
+inline bool pidfd_exited(int fd) noexcept { return (poll_events_now(fd, POLLIN) & POLLIN) != 0; }
+
 /**
  * Waits (`w`) on `d` until `confirm(d.native_handle())` returns true, then calls
  * `handler(error_code{})`; a completion that `confirm` does not confirm re-arms the wait. A
@@ -40,8 +44,7 @@ inline short poll_events_now(int fd, short events) noexcept {
  * `d` must outlive the wait (keep its owner alive in `handler`). The handler and `confirm`
  * run on `d`'s executor (the handler's own associated executor is not used).
  *
- *   detail::async_wait_confirmed(pidfd_desc_, wait_read,
- *       [](int fd) { return (detail::poll_events_now(fd, POLLIN) & POLLIN) != 0; },
+ *   detail::async_wait_confirmed(pidfd_desc_, wait_read, detail::pidfd_exited,
  *       [self](boost::system::error_code ec) { if (!ec) self->on_exit(); });
  */
 template <class Descriptor, class Confirm, class Handler>

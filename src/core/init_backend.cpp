@@ -57,6 +57,7 @@
 #include "core/capture.hpp"
 #include "core/cgroup.hpp"
 #include "core/collector.hpp"
+#include "core/confirmed_wait.hpp"
 #include "core/dns_sink.hpp"
 #include "core/egress_proxy.hpp"
 #include "core/init_protocol.hpp"
@@ -913,16 +914,20 @@ class init_run : public std::enable_shared_from_this<init_run> {
     read_control();
     if (!session_) read_stream(stdout_, out_, stdout_open_);  // a session's reader reads it
     read_stream(stderr_, err_, stderr_open_);
-    pidfd_desc_.async_wait(asio::posix::descriptor_base::wait_read,
-                           [self](boost::system::error_code ec) {
-                             if (ec) return;
-                             self->helper_exited_ = true;
-                             // Killing: sandbox-init (PID 1 of the run) exits last, so this
-                             // is the moment to confirm, rather than the next poll.
-                             if (self->finishing_) return self->poll_dead();
-                             if (!self->started_) return self->fail_setup("sandbox-init exited during setup");
-                             self->supervisor_lost();
-                           });
+    // A pidfd polls readable once its process has exited; a bare wake-up of the wait (Asio
+    // applies a closed descriptor's events to the one that recycles its state:
+    // core/confirmed_wait.hpp) is no exit, and must not end a live run as "supervisor lost".
+    async_wait_confirmed(pidfd_desc_, asio::posix::descriptor_base::wait_read, pidfd_exited,
+                         [self](boost::system::error_code ec) {
+                           if (ec) return;
+                           self->helper_exited_ = true;
+                           // Killing: sandbox-init (PID 1 of the run) exits last, so this
+                           // is the moment to confirm, rather than the next poll.
+                           if (self->finishing_) return self->poll_dead();
+                           if (!self->started_)
+                             return self->fail_setup("sandbox-init exited during setup");
+                           self->supervisor_lost();
+                         });
     if (int fd = cgroup_->oom_event_fd(); fd >= 0) {
       oom_.assign(::dup(fd));
       watch_oom();

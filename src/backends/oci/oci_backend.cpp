@@ -59,6 +59,7 @@
 #include <fmt/format.h>
 
 #include "backends/oci/bundle.hpp"
+#include "core/confirmed_wait.hpp"
 #include "core/netns.hpp"
 #include "core/spawn.hpp"
 #include "core/tool_process.hpp"
@@ -486,21 +487,24 @@ class oci_launcher final : public init_launcher,
           self->log(log_level::warning, "delete of " + id + " timed out; killed");
         }
       });
-      watch->async_wait(asio::posix::descriptor_base::wait_read,
-                        [self, watch, timer, pidfd, id, cgroup_path](boost::system::error_code) {
-                          timer->cancel();
-                          std::lock_guard lock(self->mu_);
-                          auto it = std::find(self->pending_.begin(), self->pending_.end(), pidfd);
-                          if (it == self->pending_.end()) return;  // drain() reaped it
-                          siginfo_t si{};
-                          if (::waitid(P_PIDFD, static_cast<id_t>(pidfd), &si, WEXITED) == 0 &&
-                              (si.si_code != CLD_EXITED || si.si_status != 0)) {
-                            self->log(log_level::warning, "delete of " + id + " failed");
-                          }
-                          ::close(pidfd);
-                          self->pending_.erase(it);
-                          remove_runtime_cgroups(cgroup_path);
-                        });
+      // Confirmed (core/confirmed_wait.hpp): the handler's waitid blocks, and after a bare
+      // wake-up, with the kill timer cancelled, it would block until the delete ends.
+      async_wait_confirmed(*watch, asio::posix::descriptor_base::wait_read, pidfd_exited,
+                           [self, watch, timer, pidfd, id, cgroup_path](boost::system::error_code) {
+                             timer->cancel();
+                             std::lock_guard lock(self->mu_);
+                             auto it =
+                                 std::find(self->pending_.begin(), self->pending_.end(), pidfd);
+                             if (it == self->pending_.end()) return;  // drain() reaped it
+                             siginfo_t si{};
+                             if (::waitid(P_PIDFD, static_cast<id_t>(pidfd), &si, WEXITED) == 0 &&
+                                 (si.si_code != CLD_EXITED || si.si_status != 0)) {
+                               self->log(log_level::warning, "delete of " + id + " failed");
+                             }
+                             ::close(pidfd);
+                             self->pending_.erase(it);
+                             remove_runtime_cgroups(cgroup_path);
+                           });
     } catch (...) {
       log(log_level::warning, "cannot start delete for " + id);
     }
