@@ -285,6 +285,29 @@ TEST_CASE(
   }
 }
 
+// A wake-up of the daemon's hang-up watch that is no hang-up (here an out-of-band byte, as
+// a recycled descriptor state's stale event does in a busy daemon) once counted as a
+// disconnect, which also kills the client's sessions: the session must live on.
+TEST_CASE("a client's session survives a wake-up of the hang-up watch that is no hang-up",
+          "[service][session]") {
+  svctest::daemon d({"--config", session_config().string()});
+  g_daemon = &d;
+  svctest::client c(d.socket());
+  const std::string sid = open_session(c, "cat");
+  c.send_oob('!');
+  c.send(line({{"id", "w"}, {"session_write", {{"session", sid}, {"text", "still here\n"}}}}));
+  std::string out;
+  bool eof = false;
+  CHECK(answer_of(c, "w", sid, out, eof)["written"] == 11);
+  c.send(line({{"id", "eof"}, {"session_close_stdin", {{"session", sid}}}}));
+  CHECK(answer_of(c, "eof", sid, out, eof)["stdin_closed"] == true);
+  if (!eof) answer_of(c, "", sid, out, eof);
+  CHECK(out == "still here\n");
+  c.send(line({{"id", "close"}, {"session_close", {{"session", sid}}}}));
+  CHECK(answer_of(c, "close", sid, out, eof)["session_result"]["end"] == "closed");
+  g_daemon = nullptr;
+}
+
 TEST_CASE("a client that disconnects has its sessions killed; the session caps hold",
           "[service][session]") {
   svctest::daemon d(
