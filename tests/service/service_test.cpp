@@ -15,6 +15,7 @@
 #include <ctime>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -546,13 +547,23 @@ TEST_CASE("a wake-up of the daemon's hang-up watch that is no hang-up keeps the 
 
 // The race itself: clients that connect while others disconnect. Every connection asks one
 // cheap question and must get its answer before it closes; before the hang-up watch
-// confirmed what woke it, about 2 in 100 of these were dropped unanswered.
+// confirmed what woke it, 300 to 900 of these 4000 were dropped unanswered. (A daemon starved
+// of CPU may hold more closed connections than it has released yet, and so refuse newcomers
+// at its connection cap with `capacity`: an answer, counted apart.)
 TEST_CASE("clients that connect while others disconnect are all answered", "[service]") {
   svctest::daemon d;
   constexpr int threads = 16;
   constexpr int per_thread = 250;
   std::atomic<int> answered{0};
+  std::atomic<int> refused{0};  // the daemon's connection cap (256), were it ever reached
   std::atomic<int> lost{0};
+  std::mutex mu;
+  std::vector<std::string> samples;  // what the first lost ones got instead
+  auto note = [&](std::string what) {
+    ++lost;
+    std::lock_guard lock(mu);
+    if (samples.size() < 5) samples.push_back(std::move(what));
+  };
   std::vector<std::thread> ts;
   for (int t = 0; t < threads; ++t) {
     ts.emplace_back([&, t] {
@@ -565,18 +576,26 @@ TEST_CASE("clients that connect while others disconnect are all answered", "[ser
           auto a = json::parse(line.value_or(""), nullptr, false);
           if (a.is_object() && a.value("id", "") == id) {
             ++answered;
+          } else if (a.is_object() && a["id"].is_null() && a.contains("error") &&
+                     a["error"].value("code", "") == "capacity") {
+            ++refused;  // at the connection cap: answered and closed, as documented
           } else {
-            ++lost;
+            note(line ? "the line " + line->substr(0, 200) : std::string("no line"));
           }
-        } catch (const std::exception&) {
-          ++lost;
+        } catch (const std::exception& e) {
+          note(e.what());
         }
       }
     });
   }
   for (auto& th : ts) th.join();
+  std::string what;
+  for (const auto& w : samples) what += w + "\n";
+  INFO("lost ones got:\n" << what);
+  INFO(refused << " refused at the connection cap");
   CHECK(lost == 0);
-  CHECK(answered == threads * per_thread);
+  CHECK(answered + refused == threads * per_thread);
+  CHECK(answered > 0);
 }
 
 TEST_CASE("the socket path: a non-socket is refused, a live socket too, a stale one replaced",
