@@ -103,6 +103,33 @@ struct oci_backend_options {
   std::vector<warm_pool_class> warm_pool;
 };
 
+/// The `microvm` level: one QEMU `-M microvm` VM per run (KVM when /dev/kvm is usable, else
+/// TCG emulation), booted from the kernel store with an initramfs holding the guest agent
+/// and sandbox-init, the runtime image as a read-only erofs disk, no network device
+/// (docs/architecture.md, "microvm level"). Needs root. Uses the process backend's cgroup
+/// parent, cgroup root and uid range. Runs that need the network are refused
+/// (`runtime_unavailable`): the guest has no egress path yet.
+struct microvm_backend_options {
+  /// Register the backend (after its self-test, which boots one VM). Off by default.
+  bool enabled = false;
+  /// The kernel store: `vmlinuz`, `modules/order` and the modules it names
+  /// (tools/fetch-guest-kernel.sh fills it).
+  std::filesystem::path kernel_dir = "/var/lib/agent-sandbox/microvm/kernel/current";
+  /// "auto" (KVM when /dev/kvm can make a VM, else TCG), "kvm" (refuse to register without
+  /// it) or "tcg".
+  std::string accel = "auto";
+  /// Guest RAM = the run's memory limit + this (the guest kernel, the agent, the initramfs
+  /// and the guest workspace's tmpfs), MiB. Default 96.
+  std::uint64_t guest_overhead_mib = 96;
+  /// The run cgroup's memory = guest RAM + this, for the VMM itself (QEMU and, under TCG,
+  /// its 64 MiB translation cache), MiB. Default 192.
+  std::uint64_t vmm_overhead_mib = 192;
+  /// `qemu-system-x86_64`; empty: /usr/bin/qemu-system-x86_64.
+  std::filesystem::path qemu_path;
+  /// `mkfs.erofs` (erofs-utils), which builds the image disks; empty: /usr/bin/mkfs.erofs.
+  std::filesystem::path mkfs_erofs_path;
+};
+
 /// The host side of network runs: each run granted the network gets its own egress proxy,
 /// served by the host on a socket listening on the run's own loopback (127.0.0.1:3128, given
 /// to the program as HTTP_PROXY / HTTPS_PROXY). It forwards HTTP `CONNECT` (HTTPS; the TLS
@@ -177,6 +204,8 @@ struct runtime_options {
   /// The `gvisor` level (runsc).
   oci_backend_options gvisor{.enabled = false, .runtime = "runsc", .path = {},
                              .platform = "ptrace", .warm_pool = {}};
+  /// The `microvm` level (QEMU microvm).
+  microvm_backend_options microvm;
   /// Network runs' egress proxy (pinned names, ports, per-run budgets).
   egress_proxy_options egress;
   std::shared_ptr<span_sink> spans;  ///< receives one span per run; may be null

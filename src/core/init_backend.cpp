@@ -885,6 +885,8 @@ class init_run : public std::enable_shared_from_this<init_run> {
     }
     helper_pid_ = sp->pid;
     pidfd_desc_.assign(::dup(sp->pidfd));
+    agent_ = shared_->launcher->make_agent_channel(lr);
+    if (agent_) ctl_out_ += agent_->initial_frames();  // sent ahead of the configuration
     t_spawned_ = clock::now();
     if (sp->egress_listener >= 0) {
       // The launcher made the run's network namespace (makes_network_namespace).
@@ -1032,7 +1034,10 @@ class init_run : public std::enable_shared_from_this<init_run> {
       w.add("argv", shared_->launcher->probe_path());
       w.add("argv", "--probe");
       w.add("argv", std::to_string(uid_));
-      if (stream_) w.add("argv", "gvisor");
+      // gVisor's procfs shows PID 1's environ (the probe is told); a microVM's is Linux's.
+      if (stream_ && shared_->launcher->isolation() == sandbox::isolation::gvisor) {
+        w.add("argv", "gvisor");
+      }
     } else if (session_) {
       for (const auto& a : job_.runtime.argv) w.add("argv", a);  // the entry's, as is
     } else {
@@ -1168,6 +1173,14 @@ class init_run : public std::enable_shared_from_this<init_run> {
     }
     if (clock::now() - t0_ > job_.policy.setup_budget) {
       return fail_setup("setup budget exceeded while staging the inputs");
+    }
+    if (agent_) {
+      // A guest cannot see the host's workspace: the staged files travel as frames first
+      // (the agent forwards `go` only after them).
+      auto frames = agent_->file_frames(ws_);
+      if (!frames) return fail_setup("workspace: " + frames.error().message());
+      ctl_out_ += *frames;
+      if (!flush_control_out()) return fail_setup("sending the files to the guest failed");
     }
     send_go();
     if (ready_.load()) arm_setup_timer();  // a pooled instance: the clock starts now
@@ -1381,11 +1394,31 @@ class init_run : public std::enable_shared_from_this<init_run> {
                                std::strerror(static_cast<int>(h.b))));
         break;
       default:
+        // A guest agent's own frames (microvm, core/guest_protocol.hpp): untrusted; the
+        // channel checks them and anything it refuses ends the run.
+        if (static_cast<std::uint32_t>(h.type) >= 100) {
+          if (!agent_) {
+            fail_setup("unexpected agent message on the control channel");
+            break;
+          }
+          if (auto why = agent_->on_frame(h, payload); !why.empty()) agent_refused(why);
+        }
         break;
     }
     for (int fd : fds) {
       if (fd >= 0) ::close(fd);
     }
+  }
+
+  // The guest agent sent something its channel refused (a name, size or count out of
+  // bounds, a frame out of order, a setup failure): the VM is not to be trusted with more.
+  void agent_refused(const std::string& why) {
+    log(log_level::error, "guest agent: " + why);
+    if (!internal_error_) {
+      internal_error_ = started_ ? "the microVM's guest agent failed or broke the protocol; the VM was destroyed"
+                                 : "sandbox setup failed";
+    }
+    finish();
   }
 
   void read_stream(asio::posix::stream_descriptor& d, stream_capture_buffer& cap, bool& open) {
@@ -1621,6 +1654,17 @@ class init_run : public std::enable_shared_from_this<init_run> {
       stats_.cpu_usage_usec = std::max(stats_.cpu_usage_usec, st->cpu_usage_usec);
       stats_.peak_memory_bytes = std::max(stats_.peak_memory_bytes, st->peak_memory_bytes);
       stats_.peak_is_sampled = st->peak_is_sampled;
+    }
+    // A guest's own report (microvm): the host cgroup holds the VMM, whose figures are the
+    // VM's; the program's are the guest cgroup's, as trustworthy as the guest kernel.
+    if (agent_) {
+      if (auto u = agent_->usage()) {
+        stats_.oom_kills = std::max<std::uint64_t>(stats_.oom_kills, u->oom_kills);
+        stats_.cpu_usage_usec = u->cpu_usec;
+        stats_.peak_memory_bytes = u->memory_peak_bytes;
+        stats_.peak_is_sampled = true;
+      }
+      return;
     }
     // The CPU time of processes that joined only the v1 hierarchies (crun and runsc on a
     // hybrid host: our figure comes from the unified cpu.stat).
@@ -2040,6 +2084,8 @@ class init_run : public std::enable_shared_from_this<init_run> {
   std::string input_name_;
   bool stream_ = false;   ///< the launcher's stream_control()
   std::string ctl_in_;    ///< stream mode: bytes received, not yet a whole packet
+  /// The guest agent's side of this run (microvm), or nullptr (launcher::make_agent_channel).
+  std::unique_ptr<agent_channel> agent_;
   std::string cgroup_path_;  ///< the run cgroup's path inside each hierarchy
   std::string instance_id_;  ///< names the cgroup and workspace (the template's run id)
   int out_dir_fd_ = -1;

@@ -51,6 +51,32 @@ struct launched {
   int egress_listener = -1;
 };
 
+/// Usage figures a guest reported (microvm: its own cgroup's), as trustworthy as its kernel.
+struct guest_usage {
+  std::uint64_t memory_peak_bytes = 0, cpu_usec = 0, oom_kills = 0;
+};
+
+/**
+ * One run's side of a guest agent (the microvm level, core/guest_protocol.hpp): the run
+ * machine hands it the agent's frames (types from 100) and asks it for the files to send
+ * before `go`. Everything it gets came from the guest and is untrusted. Used on the run's
+ * strand only.
+ */
+class agent_channel {
+ public:
+  virtual ~agent_channel() = default;
+  /// Stream-framed frames to send before sandbox-init's configuration (the agent's `setup`).
+  virtual std::string initial_frames() = 0;
+  /// The staged source and inputs of `ws` as stream-framed file_* frames (sent before `go`).
+  /// Errors: `io_error` when a staged file cannot be read.
+  virtual result<std::string> file_frames(const run_workspace& ws) = 0;
+  /// Handles one agent frame. Empty when accepted; else a short reason for the host log
+  /// (never guest bytes): the run then ends `internal`.
+  virtual std::string on_frame(const init_protocol::init_header& h, std::string_view payload) = 0;
+  /// The guest's usage report, once it came.
+  virtual std::optional<guest_usage> usage() const = 0;
+};
+
 /// How one backend starts sandbox-init. Implementations are thread-safe.
 class init_launcher {
  public:
@@ -150,6 +176,13 @@ class init_launcher {
 
   /// At shutdown: waits (bounded) for releases still in flight.
   virtual void drain() noexcept {}
+
+  /// A guest agent between the host and sandbox-init (microvm): the run's channel, made
+  /// right after `launch`; nullptr (the default) when sandbox-init is reached directly.
+  virtual std::unique_ptr<agent_channel> make_agent_channel(const launch_request& r) {
+    (void)r;
+    return nullptr;
+  }
 };
 
 /// Ids inside a run's user namespace (unprivileged hosts).

@@ -40,6 +40,9 @@
 #ifdef SANDBOX_HAS_OCI_BACKEND
 #include "backends/oci/oci_backend.hpp"
 #endif
+#ifdef SANDBOX_HAS_MICROVM_BACKEND
+#include "backends/microvm/microvm_backend.hpp"
+#endif
 
 namespace sandbox {
 
@@ -275,6 +278,7 @@ error_code runtime_impl::init(runtime_options o) noexcept {
     register_process_backend(o);
     register_oci_backend(o, o.container, isolation::container);
     register_oci_backend(o, o.gvisor, isolation::gvisor);
+    register_microvm_backend(o);
     return {};
   } catch (const std::exception& e) {
     log(log_level::error, std::string("runtime initialisation failed: ") + e.what());
@@ -488,7 +492,8 @@ std::optional<std::pair<runtime_spec, fs::path>> runtime_impl::tool_launch(
   return std::make_pair(std::move(spec), root == tool_rootfs_.end() ? fs::path{} : root->second);
 }
 
-#if defined(SANDBOX_HAS_PROCESS_BACKEND) || defined(SANDBOX_HAS_OCI_BACKEND)
+#if defined(SANDBOX_HAS_PROCESS_BACKEND) || defined(SANDBOX_HAS_OCI_BACKEND) || \
+    defined(SANDBOX_HAS_MICROVM_BACKEND)
 init_backend_context runtime_impl::backend_context(const runtime_options& o) {
   return {.executor = executor_, .options = o.process, .state_dir = o.state_dir, .log = log_,
           .policy = policy_,
@@ -528,6 +533,34 @@ void runtime_impl::register_process_backend(const runtime_options& o) {
   st.reason = "not built into this library (SANDBOX_BACKEND_PROCESS=OFF)";
 #endif
   if (!st.registered) log(log_level::warning, "process backend not registered: " + st.reason);
+  std::lock_guard lk(mu_);
+  statuses_.push_back(std::move(st));
+  refresh_levels_locked();
+}
+
+void runtime_impl::register_microvm_backend(const runtime_options& o) {
+  if (!o.microvm.enabled) return;
+  backend_status st{.isolation = isolation::microvm, .name = "microvm", .reason = {}};
+#ifdef SANDBOX_HAS_MICROVM_BACKEND
+  try {
+    auto made = detail::make_microvm_backend(backend_context(o), o.microvm);
+    if (auto* b = std::get_if<std::shared_ptr<backend>>(&made); b != nullptr && *b) {
+      st.registered = true;
+      std::lock_guard lk(mu_);
+      backends_[isolation::microvm] = *b;
+    } else if (auto* why = std::get_if<std::string>(&made)) {
+      st.reason = why->empty() ? "self-test failed" : *why;
+    } else {
+      st.reason = "the backend factory returned nothing";
+    }
+  } catch (const std::exception& e) {
+    st.reason = std::string("self-test threw: ") + e.what();
+  }
+#else
+  (void)o;
+  st.reason = "not built into this library (SANDBOX_BACKEND_MICROVM=OFF)";
+#endif
+  if (!st.registered) log(log_level::warning, "microvm backend not registered: " + st.reason);
   std::lock_guard lk(mu_);
   statuses_.push_back(std::move(st));
   refresh_levels_locked();

@@ -120,6 +120,8 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   void register_process_backend(const runtime_options& o);
   void register_oci_backend(const runtime_options& o, const oci_backend_options& oci,
                             isolation level);
+  /// The microvm level (backends/microvm), when `o.microvm.enabled`.
+  void register_microvm_backend(const runtime_options& o);
   void refresh_levels_locked();
 
   boost::asio::any_io_executor executor_;

@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/mount.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -26,8 +27,11 @@ struct child_args {
   int exec_fd;
   char* const* argv;
   char* const* envp;
-  int src[5];
+  int src[10];
   int nfds;
+  long uid, gid;       // -1: keep the parent's
+  long supplementary;  // -1: none
+  rlimit fsize;        // rlim_cur 0: unchanged
   bool ambient_caps;
   const char* detach_mount;  // or nullptr
   int netns_fd;              // or -1
@@ -50,7 +54,7 @@ int child_fn(void* p) {
     raw(SYS_exit_group, 127);
   }
   // Move every source above the target range first, so dup2 never clobbers a source.
-  int tmp[5];
+  int tmp[10];
   for (int i = 0; i < a->nfds; ++i) {
     tmp[i] = static_cast<int>(raw(SYS_fcntl, a->src[i], F_DUPFD, 16));
     if (tmp[i] < 0) {
@@ -98,6 +102,23 @@ int child_fn(void* p) {
       raw(SYS_exit_group, 127);
     }
   }
+  // Another identity (a VMM run as the run's uid): groups, gid, then uid — in that order,
+  // since dropping the uid first would forbid the rest — and no way back through exec.
+  if (a->uid >= 0) {
+    gid_t groups[1] = {static_cast<gid_t>(a->supplementary)};
+    if (raw(SYS_setgroups, a->supplementary >= 0 ? 1 : 0, reinterpret_cast<long>(groups)) < 0 ||
+        raw(SYS_setresgid, a->gid, a->gid, a->gid) < 0 ||
+        raw(SYS_setresuid, a->uid, a->uid, a->uid) < 0 ||
+        raw(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) {
+      a->err.store(errno);
+      raw(SYS_exit_group, 127);
+    }
+  }
+  if (a->fsize.rlim_cur > 0 &&
+      raw(SYS_prlimit64, 0, RLIMIT_FSIZE, reinterpret_cast<long>(&a->fsize), 0) < 0) {
+    a->err.store(errno);
+    raw(SYS_exit_group, 127);
+  }
   // Close everything else except the executable's descriptor, which exec closes itself.
   raw(SYS_close_range, a->nfds, exec_fd - 1, 0);
   raw(SYS_close_range, exec_fd + 1, ~0U, 0);
@@ -126,6 +147,14 @@ result<spawned_process> spawn_process(const spawn_request& req) {
   args.src[3] = req.fd3;
   args.src[4] = req.fd4;
   args.nfds = req.fd4 >= 0 ? 5 : 4;
+  if ((!req.extra_fds.empty() && req.fd4 < 0) || req.extra_fds.size() > 5) {
+    return boost::system::error_code(EINVAL, boost::system::generic_category());
+  }
+  for (int fd : req.extra_fds) args.src[args.nfds++] = fd;
+  args.uid = req.uid ? static_cast<long>(*req.uid) : -1;
+  args.gid = req.uid ? static_cast<long>(req.gid) : -1;
+  args.supplementary = req.supplementary_gid ? static_cast<long>(*req.supplementary_gid) : -1;
+  args.fsize = {static_cast<rlim_t>(req.fsize_bytes), static_cast<rlim_t>(req.fsize_bytes)};
   args.ambient_caps = (req.clone_flags & CLONE_NEWUSER) != 0;
   args.detach_mount = req.detach_mount.empty() ? nullptr : req.detach_mount.c_str();
   if (args.detach_mount != nullptr && (req.clone_flags & CLONE_NEWNS) == 0) {

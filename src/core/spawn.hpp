@@ -11,6 +11,8 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,16 @@ struct spawn_request {
   /// Descriptors that become 0, 1, 2, 3 (and 4 when `fd4` >= 0) in the child; every other
   /// descriptor is closed. The environment is empty.
   int fd0 = -1, fd1 = -1, fd2 = -1, fd3 = -1, fd4 = -1;
+  /// Become 5, 6, … in the child (needs `fd4`; at most 5 of them).
+  std::vector<int> extra_fds;
+  /// When set, the child drops to this uid and `gid` (no supplementary group but
+  /// `supplementary_gid` when set; no_new_privs) just before the exec: a VMM run as the
+  /// run's own uid (backends/microvm). Root only.
+  std::optional<uid_t> uid;
+  gid_t gid = 0;
+  std::optional<gid_t> supplementary_gid;
+  /// > 0: RLIMIT_FSIZE of the child, bytes (a log it writes cannot fill the disk).
+  std::uint64_t fsize_bytes = 0;
   /// CLONE_NEW* flags. With CLONE_NEWUSER the child keeps its capabilities in the new user
   /// namespace across the exec (raised into the ambient set; see spawn.cpp).
   unsigned long clone_flags = 0;

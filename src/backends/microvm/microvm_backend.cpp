@@ -1,0 +1,654 @@
+// The microvm launcher: per run, one VMM process (QEMU microvm) booting the guest agent from
+// an initramfs, with the runtime image as a read-only erofs disk; the run machine talks to
+// sandbox-init in the guest through the agent (stream control). See microvm_backend.hpp.
+//
+// Steps of one launch (each one's reason beside it):
+//  1. The image disk: built once per image by `mkfs.erofs` (temp file + rename, 0444), kept
+//     beside the image store's unpacked roots, keyed by the image's digest.
+//  2. `<ws>/out`: the host output dir the guest's output files are written into (by the
+//     guest channel, with the caps enforced here), then read by the shared collector.
+//  3. The VMM, started by `spawn_process` (no shell, empty environment, every other
+//     descriptor closed) in new pid, mount, ipc, uts and network namespaces (no network
+//     device exists anyway), as the run's own uid with no_new_privs; it reaches kernel,
+//     initramfs and disk only through descriptors the host opened; its own log is capped
+//     by RLIMIT_FSIZE. Then it joins the run's cgroup, whose memory covers guest RAM and the
+//     VMM's overhead.
+//  4. The guest channel: `setup` goes first, then the run machine's configuration, relayed
+//     by the agent to sandbox-init.
+#include "backends/microvm/microvm_backend.hpp"
+
+#include <fcntl.h>
+#include <linux/kvm.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef P_PIDFD
+#define P_PIDFD static_cast<idtype_t>(3)
+#endif
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "backends/microvm/cpio.hpp"
+#include "backends/microvm/vmm.hpp"
+#include "core/guest_protocol.hpp"
+#include "core/sha256.hpp"
+#include "core/spawn.hpp"
+#include "core/text_util.hpp"
+#include "core/tool_process.hpp"
+#include "core/workspace.hpp"
+
+#ifdef SANDBOX_HAS_MICROVM_BACKEND
+extern "C" {
+extern const char sandbox_guest_image_begin[];
+extern const char sandbox_guest_image_end[];
+}
+#endif
+
+namespace sandbox::detail {
+namespace {
+
+namespace ip = init_protocol;
+namespace gp = guest_protocol;
+namespace fs = std::filesystem;
+
+// Guest paths sandbox-init's configuration names (helpers/guest/main.cpp makes them).
+constexpr const char* kGuestImage = "/run/image";
+constexpr const char* kGuestStaging = "/run/ws/root";
+constexpr const char* kGuestInputs = "/run/ws/in";
+constexpr const char* kGuestSource = "/run/ws/source";
+
+// The VMM's own log (QEMU's messages and the guest console) stops growing here: RLIMIT_FSIZE
+// (a VMM the guest took over cannot fill the host's disk through it).
+constexpr std::uint64_t kVmmLogBytes = 1 << 20;
+
+std::string frame(gp::msg type, std::uint32_t a, std::int64_t b, std::string_view payload) {
+  ip::init_header h{static_cast<ip::msg>(static_cast<std::uint32_t>(type)), a, b};
+  std::uint32_t len = static_cast<std::uint32_t>(sizeof h + payload.size());
+  std::string f(reinterpret_cast<const char*>(&len), sizeof len);
+  f.append(reinterpret_cast<const char*>(&h), sizeof h);
+  f.append(payload);
+  return f;
+}
+
+// A file's frames: file_open (name, mode 0400, size), file_data chunks, file_close.
+void append_file_frames(std::string& out, std::string_view name, std::string_view content) {
+  out += frame(gp::msg::file_open, 0400, static_cast<std::int64_t>(content.size()), name);
+  const std::size_t chunk = ip::max_packet - sizeof(ip::init_header);
+  for (std::size_t off = 0; off < content.size(); off += chunk) {
+    out += frame(gp::msg::file_data, 0, 0, content.substr(off, chunk));
+  }
+  out += frame(gp::msg::file_close, 0, 0, {});
+}
+
+bool read_file(const fs::path& p, std::string* out, std::uint64_t max_bytes) {
+  int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;
+  struct stat st {};
+  if (::fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+      static_cast<std::uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return false;
+  }
+  out->assign(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < out->size()) {
+    ssize_t n = ::read(fd, out->data() + got, out->size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  out->resize(got);
+  return true;
+}
+
+// Writes `content` to `path` atomically (temp file + rename), mode 0444.
+bool write_atomically(const fs::path& path, std::string_view content) {
+  auto tmp = path;
+  tmp += ".tmp-" + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0444);
+  if (fd < 0) return false;
+  std::size_t off = 0;
+  bool ok = true;
+  while (off < content.size()) {
+    ssize_t n = ::write(fd, content.data() + off, content.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ok = false;
+      break;
+    }
+    off += static_cast<std::size_t>(n);
+  }
+  ok = ok && ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+bool valid_output_name(std::string_view n) {
+  if (n.empty() || n.size() > 255 || n == "." || n == "..") return false;
+  return std::none_of(n.begin(), n.end(), [](char c) { return c == '/' || c == '\0'; });
+}
+
+// --- the guest channel ------------------------------------------------------------------
+
+class guest_channel final : public agent_channel {
+ public:
+  guest_channel(int out_dir_fd, guest_output_limits limits, std::string setup)
+      : out_dir_(out_dir_fd), limits_(limits), setup_(std::move(setup)) {}
+  ~guest_channel() override {
+    if (file_fd_ >= 0) ::close(file_fd_);
+  }
+
+  std::string initial_frames() override { return frame(gp::msg::setup, 0, 0, setup_); }
+
+  result<std::string> file_frames(const run_workspace& ws) override {
+    std::string out, content;
+    if (!read_file(ws.source, &content, 1ULL << 30)) return make_error_code(errc::io_error);
+    append_file_frames(out, "source", content);
+    std::error_code ec;
+    std::vector<fs::path> inputs;
+    for (const auto& e : fs::directory_iterator(ws.inputs, ec)) inputs.push_back(e.path());
+    if (ec) return make_error_code(errc::io_error);
+    std::sort(inputs.begin(), inputs.end());
+    for (const auto& p : inputs) {
+      if (!read_file(p, &content, 1ULL << 30)) return make_error_code(errc::io_error);
+      append_file_frames(out, "in/" + p.filename().string(), content);
+    }
+    return out;
+  }
+
+  std::string on_frame(const ip::init_header& h, std::string_view payload) override {
+    if (refused_) return "frame after a refused one";
+    std::string why = handle(h, payload);
+    if (!why.empty()) {
+      refused_ = true;
+      if (file_fd_ >= 0) {
+        ::close(file_fd_);
+        file_fd_ = -1;
+        ::unlinkat(out_dir_, file_name_.c_str(), 0);  // a partial file is not an output
+      }
+    }
+    return why;
+  }
+
+  std::optional<guest_usage> usage() const override { return usage_; }
+
+ private:
+  std::string handle(const ip::init_header& h, std::string_view payload) {
+    const auto type = static_cast<gp::msg>(static_cast<std::uint32_t>(h.type));
+    if (type != gp::msg::agent_ready && !ready_) return "agent message before agent_ready";
+    switch (type) {
+      case gp::msg::agent_ready:
+        if (ready_) return "agent_ready twice";
+        if (h.a != gp::version)
+          return fmt::format("guest protocol version {} (expected {})", h.a, gp::version);
+        ready_ = true;
+        return {};
+      case gp::msg::agent_failed:
+        return fmt::format("agent setup step {} failed (errno {}): {}", h.a, h.b,
+                           quote_for_message(payload, 160));
+      case gp::msg::file_open: {
+        if (file_fd_ >= 0) return "file_open while a file is open";
+        if (usage_) return "file_open after usage";
+        if (!valid_output_name(payload))
+          return "output file name " + quote_for_message(payload, 64);
+        if ((h.a & ~0700U) != 0) return "output file mode";
+        if (h.b < 0) return "output file size";
+        if (files_ + 1 > limits_.max_files) return "more output files than files_out.max_files";
+        if (bytes_ + static_cast<std::uint64_t>(h.b) > limits_.max_bytes) {
+          return "output files larger than files_out.max_bytes";
+        }
+        std::string name(payload);
+        int fd = ::openat(out_dir_, name.c_str(),
+                          O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd < 0) {
+          return errno == EEXIST ? "output file sent twice " + quote_for_message(name, 64)
+                                 : fmt::format("creating an output file: errno {}", errno);
+        }
+        file_fd_ = fd;
+        file_name_ = std::move(name);
+        declared_ = static_cast<std::uint64_t>(h.b);
+        written_ = 0;
+        ++files_;
+        bytes_ += declared_;
+        return {};
+      }
+      case gp::msg::file_data: {
+        if (file_fd_ < 0) return "file_data without an open file";
+        if (written_ + payload.size() > declared_) return "output file longer than declared";
+        std::size_t off = 0;
+        while (off < payload.size()) {
+          ssize_t n = ::write(file_fd_, payload.data() + off, payload.size() - off);
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) return fmt::format("writing an output file: errno {}", errno);
+          off += static_cast<std::size_t>(n);
+        }
+        written_ += payload.size();
+        return {};
+      }
+      case gp::msg::file_close:
+        if (file_fd_ < 0) return "file_close without an open file";
+        if (written_ != declared_) return "output file shorter than declared";
+        ::close(file_fd_);
+        file_fd_ = -1;
+        return {};
+      case gp::msg::usage: {
+        if (usage_) return "usage twice";
+        if (file_fd_ >= 0) return "usage while a file is open";
+        guest_usage u;
+        for (auto [k, v] : ip::parse_config(payload)) {
+          std::uint64_t n = 0;
+          auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+          if (ec != std::errc{} || p != v.data() + v.size()) return "usage figure not a number";
+          if (k == "memory_peak_bytes")
+            u.memory_peak_bytes = n;
+          else if (k == "cpu_usec")
+            u.cpu_usec = n;
+          else if (k == "oom_kills")
+            u.oom_kills = n;
+        }
+        usage_ = u;
+        return {};
+      }
+      default:
+        return fmt::format("unexpected agent message type {}", static_cast<std::uint32_t>(type));
+    }
+  }
+
+  int out_dir_;
+  guest_output_limits limits_;
+  std::string setup_;
+  bool ready_ = false, refused_ = false;
+  int file_fd_ = -1;
+  std::string file_name_;
+  std::uint64_t declared_ = 0, written_ = 0, files_ = 0, bytes_ = 0;
+  std::optional<guest_usage> usage_;
+};
+
+// --- the launcher -----------------------------------------------------------------------
+
+struct microvm_settings {
+  std::unique_ptr<vmm_driver> vmm;
+  std::string vmm_version;  // "7.2.22"
+  fs::path mkfs_erofs;
+  fs::path kernel, initramfs;
+  fs::path state_disks;  // disks of roots that are not image-store roots (the self-test's)
+  bool kvm = false;
+  gid_t kvm_gid = 0;
+  std::uint64_t guest_overhead_mib = 96, vmm_overhead_mib = 192;
+  log_sink log;
+};
+
+class microvm_launcher final : public init_launcher {
+ public:
+  explicit microvm_launcher(microvm_settings s) : s_(std::move(s)) {}
+
+  sandbox::isolation isolation() const noexcept override { return sandbox::isolation::microvm; }
+  std::string_view name() const noexcept override { return "microvm"; }
+  std::string describe() const override {
+    return fmt::format("{} {} microvm ({})", s_.vmm->name(), s_.vmm_version,
+                       s_.kvm ? "kvm" : "tcg");
+  }
+  bool stream_control() const noexcept override { return true; }
+  std::string probe_path() const override { return "sandbox-init"; }
+
+  void adjust_limits(cgroup_limits& limits) const override {
+    // The run cgroup holds the VMM: guest RAM (the run's limit + the guest's own overhead)
+    // plus QEMU's. The program's own limits are the guest cgroup's (`setup`).
+    limits.memory_bytes += (s_.guest_overhead_mib + s_.vmm_overhead_mib) << 20;
+    limits.max_pids += 64;  // QEMU's threads (vCPU, RCU, I/O workers)
+    if (limits.cpu_quota_millicores > 0) {
+      limits.cpu_quota_millicores = std::max<std::uint32_t>(limits.cpu_quota_millicores, 1000);
+    }
+  }
+
+  fs::path host_output_dir(const run_workspace& ws) const override { return ws.dir / "out"; }
+
+  void add_config(const launch_request& r, ip::config_writer& w) override {
+    (void)r;
+    // Guest paths: the agent mounted the image and made the workspace there.
+    w.add("rootfs", kGuestImage);
+    w.add("staging", kGuestStaging);
+    w.add("inputs", kGuestInputs);
+    w.add("source", kGuestSource);
+    w.add("notify", "0");  // a stream channel carries no listener
+  }
+
+  result<launched> launch(const launch_request& r, std::string* why) override {
+    // 1. The image disk.
+    auto disk = ensure_disk(r.job.rootfs, why);
+    if (disk.empty()) return make_error_code(errc::io_error);
+    // 2. The host output dir (the run machine opens it after this returns).
+    const auto out = host_output_dir(r.ws);
+    if (::mkdir(out.c_str(), 0700) < 0) {
+      *why = fmt::format("mkdir output dir: errno {}", errno);
+      return make_error_code(errc::io_error);
+    }
+    // 3. The VMM.
+    auto log_path = r.ws.dir / "vmm.log";
+    int logfd = ::open(log_path.c_str(),
+                       O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    int kernel = ::open(s_.kernel.c_str(), O_RDONLY | O_CLOEXEC);
+    int initrd = ::open(s_.initramfs.c_str(), O_RDONLY | O_CLOEXEC);
+    int diskfd = ::open(disk.c_str(), O_RDONLY | O_CLOEXEC);
+    int exec = ::open(s_.vmm->binary().c_str(), O_PATH | O_CLOEXEC);
+    struct closer {
+      std::vector<int*> fds;
+      ~closer() {
+        for (int* f : fds) {
+          if (*f >= 0) ::close(*f);
+        }
+      }
+    } close_all{{&logfd, &devnull, &kernel, &initrd, &diskfd, &exec}};
+    if (logfd < 0 || devnull < 0 || kernel < 0 || initrd < 0 || diskfd < 0 || exec < 0) {
+      *why = fmt::format("opening the VMM's files: errno {}", errno);
+      return make_error_code(errc::io_error);
+    }
+    if (::fchown(logfd, r.uid, r.uid) < 0) {
+      *why = fmt::format("fchown vmm.log: errno {}", errno);
+      return make_error_code(errc::io_error);
+    }
+    const auto& req = r.job.admitted.request;
+    vm_spec vm{.memory_mib = (req.memory_limit_bytes >> 20) + s_.guest_overhead_mib,
+               .vcpus = 1,
+               .kvm = s_.kvm,
+               .kernel_cmdline = "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init"};
+    spawn_request sr;
+    sr.exec_fd = exec;
+    sr.argv = s_.vmm->argv(vm);
+    sr.fd0 = devnull;
+    sr.fd1 = logfd;
+    sr.fd2 = logfd;
+    sr.fd3 = r.ctl_fd;
+    sr.fd4 = r.out_fd;
+    sr.extra_fds = {r.err_fd, kernel, initrd, diskfd, logfd};
+    sr.clone_flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS;
+    sr.uid = r.uid;
+    sr.gid = r.uid;
+    if (s_.kvm) sr.supplementary_gid = s_.kvm_gid;
+    sr.fsize_bytes = kVmmLogBytes;
+    auto sp = spawn_process(sr);
+    if (!sp) {
+      *why = "starting the VMM: " + sp.error().message();
+      return sp.error();
+    }
+    launched l{sp->pid, sp->pidfd};
+    if (auto a = r.cgroup.attach(l.pid); !a) {
+      *why = "cgroup attach failed: " + a.error().message();
+      ::kill(l.pid, SIGKILL);
+      siginfo_t si{};
+      ::waitid(P_PIDFD, static_cast<id_t>(l.pidfd), &si, WEXITED);
+      ::close(l.pidfd);
+      return make_error_code(errc::io_error);
+    }
+    return l;
+  }
+
+  std::unique_ptr<agent_channel> make_agent_channel(const launch_request& r) override {
+    // The output dir stays open for the channel's life: files are created beneath it only.
+    int dir =
+        ::open(host_output_dir(r.ws).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    if (dir < 0) return nullptr;
+    const auto& req = r.job.admitted.request;
+    const auto& pol = r.job.policy;
+    ip::config_writer w;
+    w.add("memory_bytes", req.memory_limit_bytes);
+    w.add("pids", std::uint64_t{pol.max_pids});
+    if (pol.cpu_quota_millicores > 0) {
+      w.add("cpu_quota_us", std::uint64_t{pol.cpu_quota_millicores} * 100);
+      w.add("cpu_period_us", std::uint64_t{100000});
+    }
+    // The guest workspace holds the source (or a tool's stdin) and the inputs.
+    w.add("ws_bytes",
+          std::max(pol.max_source_bytes, pol.max_stdin_bytes) + pol.max_input_bytes + (1 << 20));
+    w.add("in_files", std::uint64_t{pol.max_input_files});
+    w.add("out_files", std::uint64_t{req.files_out.max_files});
+    w.add("out_bytes", req.files_out.max_bytes);
+    w.add("network", "0");
+    auto ch = std::make_unique<owning_channel>(
+        dir, guest_output_limits{req.files_out.max_files, req.files_out.max_bytes}, w.bytes());
+    return ch;
+  }
+
+  std::string diagnostics(const run_workspace& ws) const override {
+    std::string text;
+    if (!read_file(ws.dir / "vmm.log", &text, kVmmLogBytes)) return {};
+    if (text.size() > 4096) text = text.substr(text.size() - 4096);
+    return "vmm: " + escape_for_display(text);
+  }
+
+ private:
+  // The guest channel owning its output dir descriptor.
+  class owning_channel final : public agent_channel {
+   public:
+    owning_channel(int dir, guest_output_limits l, std::string setup)
+        : dir_(dir), inner_(make_guest_channel(dir, l, std::move(setup))) {}
+    ~owning_channel() override {
+      inner_.reset();
+      ::close(dir_);
+    }
+    std::string initial_frames() override { return inner_->initial_frames(); }
+    result<std::string> file_frames(const run_workspace& ws) override {
+      return inner_->file_frames(ws);
+    }
+    std::string on_frame(const ip::init_header& h, std::string_view p) override {
+      return inner_->on_frame(h, p);
+    }
+    std::optional<guest_usage> usage() const override { return inner_->usage(); }
+
+   private:
+    int dir_;
+    std::unique_ptr<agent_channel> inner_;
+  };
+
+  // The erofs disk of `rootfs`, built once (under a lock: concurrent first runs of one image
+  // build it once). Image-store roots (<images>/rootfs/<64 hex>) get
+  // <images>/microvm/disks/sha256-<hex>.erofs; any other root (the self-test's empty one) a
+  // disk under the state dir named by the hash of its path.
+  fs::path ensure_disk(const fs::path& rootfs, std::string* why) {
+    std::lock_guard lock(disk_mu_);
+    const std::string base = rootfs.filename().string();
+    const bool store_root =
+        rootfs.parent_path().filename() == "rootfs" && base.size() == 64 &&
+        std::all_of(base.begin(), base.end(), [](char c) {
+          return std::isdigit(static_cast<unsigned char>(c)) || (c >= 'a' && c <= 'f');
+        });
+    fs::path dir =
+        store_root ? rootfs.parent_path().parent_path() / "microvm" / "disks" : s_.state_disks;
+    fs::path disk =
+        dir / (store_root ? "sha256-" + base + ".erofs"
+                          : "root-" + sha256_hex(rootfs.string()).substr(0, 16) + ".erofs");
+    struct stat st {};
+    if (::stat(disk.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return disk;
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) {
+      *why = "cannot create the disk cache " + dir.string();
+      return {};
+    }
+    auto tmp = disk;
+    tmp += ".tmp-" + std::to_string(::getpid());
+    ::unlink(tmp.c_str());
+    // -x-1: no extended attributes (no file capabilities reach the guest); -T0: fixed times.
+    auto built =
+        run_tool({s_.mkfs_erofs.string(), "--quiet", "-x-1", "-T0", tmp.string(), rootfs.string()},
+                 minimal_tool_env(), std::chrono::minutes(5));
+    if (!built || !built->ok()) {
+      ::unlink(tmp.c_str());
+      *why = "mkfs.erofs failed" +
+             (built ? ": " + built->describe() + ": " + built->output.substr(0, 512) : "");
+      return {};
+    }
+    ::chmod(tmp.c_str(), 0444);
+    if (::rename(tmp.c_str(), disk.c_str()) != 0) {
+      ::unlink(tmp.c_str());
+      *why = fmt::format("rename disk: errno {}", errno);
+      return {};
+    }
+    if (s_.log) s_.log(log_level::info, "microvm: built image disk " + disk.string());
+    return disk;
+  }
+
+  microvm_settings s_;
+  std::mutex disk_mu_;
+};
+
+// KVM is usable when /dev/kvm makes a VM and a non-root VMM may open it (group rw).
+bool kvm_usable(gid_t* gid, std::string* why) {
+  int fd = ::open("/dev/kvm", O_RDWR | O_CLOEXEC);
+  if (fd < 0) return *why = "/dev/kvm cannot be opened", false;
+  int vm = ::ioctl(fd, KVM_CREATE_VM, 0);
+  ::close(fd);
+  if (vm < 0) return *why = fmt::format("/dev/kvm cannot create a VM (errno {})", errno), false;
+  ::close(vm);
+  struct stat st {};
+  if (::stat("/dev/kvm", &st) < 0 || (st.st_mode & 0060) != 0060) {
+    return *why = "/dev/kvm is not group read-write (the VMM runs as the run's uid)", false;
+  }
+  *gid = st.st_gid;
+  return true;
+}
+
+// The initramfs: /init (the guest agent), /sandbox-init, /modules/{order, *.ko}. Cached by
+// the hash of its bytes; returns its path or "" with `*why`.
+fs::path build_initramfs(const fs::path& state, const fs::path& kernel_dir, int init_exec_fd,
+                         std::string* why) {
+#ifdef SANDBOX_HAS_MICROVM_BACKEND
+  std::string_view guest(
+      sandbox_guest_image_begin,
+      static_cast<std::size_t>(sandbox_guest_image_end - sandbox_guest_image_begin));
+#else
+  std::string_view guest;
+#endif
+  // (A sealed memfd, or a file opened O_PATH: reopened for reading through /proc.)
+  std::string init;
+  {
+    int fd = ::open(fmt::format("/proc/self/fd/{}", init_exec_fd).c_str(), O_RDONLY | O_CLOEXEC);
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+      if (fd >= 0) ::close(fd);
+      return *why = "cannot read the sandbox-init executable", fs::path{};
+    }
+    init.assign(static_cast<std::size_t>(st.st_size), '\0');
+    ssize_t got = ::pread(fd, init.data(), init.size(), 0);
+    ::close(fd);
+    if (got != static_cast<ssize_t>(init.size()))
+      return *why = "cannot read the sandbox-init executable", fs::path{};
+  }
+  std::string order;
+  if (!read_file(kernel_dir / "modules" / "order", &order, 1 << 20)) {
+    return *why = "kernel store: " + (kernel_dir / "modules" / "order").string() + " is missing",
+           fs::path{};
+  }
+  cpio_writer w;
+  w.add_file("init", 0755, guest);
+  w.add_file("sandbox-init", 0755, init);
+  w.add_directory("modules", 0755);
+  w.add_file("modules/order", 0444, order);
+  std::istringstream lines(order);
+  for (std::string name; std::getline(lines, name);) {
+    if (name.empty()) continue;
+    if (name.find('/') != std::string::npos || name == "." || name == ".." || name == "order") {
+      return *why = "kernel store: modules/order names '" + name + "'", fs::path{};
+    }
+    std::string ko;
+    if (!read_file(kernel_dir / "modules" / name, &ko, 64 << 20)) {
+      return *why =
+                 "kernel store: module " + (kernel_dir / "modules" / name).string() + " is missing",
+             fs::path{};
+    }
+    w.add_file("modules/" + name, 0444, ko);
+  }
+  std::string archive = w.finish();
+  auto dir = state / "initramfs";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  auto path = dir / (sha256_hex(archive).substr(0, 32) + ".cpio");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+      static_cast<std::size_t>(st.st_size) == archive.size()) {
+    return path;
+  }
+  if (!write_atomically(path, archive))
+    return *why = "cannot write the initramfs under " + dir.string(), fs::path{};
+  return path;
+}
+
+}  // namespace
+
+std::unique_ptr<agent_channel> make_guest_channel(int out_dir_fd, guest_output_limits limits,
+                                                  std::string setup_payload) {
+  return std::make_unique<guest_channel>(out_dir_fd, limits, std::move(setup_payload));
+}
+
+std::variant<std::shared_ptr<backend>, std::string> make_microvm_backend(
+    const init_backend_context& ctx, const microvm_backend_options& o) {
+  if (::geteuid() != 0) return std::string("microvm: needs root");
+  microvm_settings s;
+  fs::path qemu = o.qemu_path.empty() ? fs::path("/usr/bin/qemu-system-x86_64") : o.qemu_path;
+  if (::access(qemu.c_str(), X_OK) != 0) {
+    return "microvm: " + qemu.string() + " is missing (install qemu-system-x86)";
+  }
+  auto ver = run_tool({qemu.string(), "--version"}, minimal_tool_env(), std::chrono::seconds(10));
+  if (!ver || !ver->ok()) return "microvm: `" + qemu.string() + " --version` failed";
+  {
+    // "QEMU emulator version 7.2.22 (Debian …)"
+    std::string first = ver->output.substr(0, ver->output.find('\n'));
+    auto at = first.find("version ");
+    s.vmm_version =
+        at == std::string::npos ? "?" : first.substr(at + 8, first.find(' ', at + 8) - at - 8);
+  }
+  s.vmm = make_qemu_driver(qemu);
+  s.mkfs_erofs = o.mkfs_erofs_path.empty() ? fs::path("/usr/bin/mkfs.erofs") : o.mkfs_erofs_path;
+  if (::access(s.mkfs_erofs.c_str(), X_OK) != 0) {
+    return "microvm: " + s.mkfs_erofs.string() + " is missing (install erofs-utils)";
+  }
+  s.kernel = o.kernel_dir / "vmlinuz";
+  if (::access(s.kernel.c_str(), R_OK) != 0) {
+    return "microvm: kernel store " + o.kernel_dir.string() +
+           " has no vmlinuz (run tools/fetch-guest-kernel.sh, or set backends.microvm.kernel_dir)";
+  }
+  if (o.accel != "auto" && o.accel != "kvm" && o.accel != "tcg") {
+    return "microvm: accel must be auto, kvm or tcg (got '" + o.accel + "')";
+  }
+  if (o.accel != "tcg") {
+    std::string why;
+    s.kvm = kvm_usable(&s.kvm_gid, &why);
+    if (!s.kvm && o.accel == "kvm") return "microvm: accel kvm: " + why;
+  }
+  s.guest_overhead_mib = o.guest_overhead_mib;
+  s.vmm_overhead_mib = o.vmm_overhead_mib;
+  s.log = ctx.log;
+  auto state = ctx.state_dir / "microvm";
+  std::error_code ec;
+  fs::create_directories(state, ec);
+  if (ec) return "microvm: state directory " + state.string() + " cannot be created";
+  ::chmod(state.c_str(), 0711);
+  s.state_disks = state / "disks";
+  int init_fd = open_init_executable(ctx.options.init_path);
+  if (init_fd < 0) return std::string("microvm: cannot load the sandbox-init helper");
+  std::string why;
+  s.initramfs = build_initramfs(state, o.kernel_dir, init_fd, &why);
+  ::close(init_fd);
+  if (s.initramfs.empty()) return "microvm: " + why;
+  return make_init_backend(ctx, std::make_shared<microvm_launcher>(std::move(s)));
+}
+
+}  // namespace sandbox::detail

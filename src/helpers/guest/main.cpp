@@ -1,0 +1,644 @@
+// sandbox-guest: PID 1 of a microvm run's guest (the guest agent). See core/guest_protocol.hpp
+// for the channel and docs/architecture.md ("microvm level") for the whole run.
+//
+// The agent plays, inside the VM, the part runsc plays for the gvisor level: it starts
+// sandbox-init in stream mode and relays its control channel. Unlike under runsc, sandbox-init
+// runs in its process mode here (a real Linux kernel, the agent is root): it builds the run's
+// namespaces and filesystem itself (helpers/init/mounts.cpp), from the image disk and the
+// guest workspace the agent prepared — the same code as the process level's.
+//
+// Order of events (each step's reason beside it):
+//  1. Leave the initramfs: a fresh tmpfs becomes "/" (MS_MOVE + chroot, as switch_root does),
+//     because pivot_root(2) — which sandbox-init needs — refuses the initramfs as the root.
+//  2. /dev, /proc, /sys; the kernel store's modules (virtio transport, console, block, erofs),
+//     in the order of /modules/order.
+//  3. The virtio-serial ports by name; `agent_ready` on the control port.
+//  4. `setup` from the host: the image disk (/dev/vda, erofs) mounted read-only, cgroup2 with
+//     one run cgroup holding the limits (memory.swap.max = 0, memory.oom.group = 1), the
+//     guest workspace (a size-capped tmpfs: in/, the source file, the staging mount point).
+//  5. sandbox-init, cloned into new pid, mount, net, ipc and uts namespaces and put into the
+//     run cgroup before it reads anything; its stdin is a socketpair the agent relays to the
+//     control port, its stdout/stderr the stdout/stderr ports.
+//  6. Relay: file_* frames from the host are written into the workspace (names, sizes and
+//     count checked here too), `go` is forwarded only with no file open. On sandbox-init's
+//     `quiet`: the output files (no link followed, regular files only, capped) go to the host
+//     as file_* frames, then `usage`, then `quiet`.
+//  7. The control port closing (the host ended the run or died) powers the VM off at once.
+// Single-threaded, statically linked, no exceptions; nothing here trusts the host's frames
+// more than it must (a malformed one ends the VM).
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/reboot.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/guest_protocol.hpp"
+
+namespace {
+
+namespace ip = sandbox::detail::init_protocol;
+namespace gp = sandbox::detail::guest_protocol;
+using gp::agent_step;
+
+constexpr const char* kNewRoot = "/newroot";
+constexpr const char* kImage = "/run/image";  // the image disk, read-only
+constexpr const char* kWs = "/run/ws";        // the guest workspace (tmpfs)
+constexpr const char* kCgroup = "/sys/fs/cgroup/run";
+constexpr std::size_t kMaxFrame = ip::max_packet;
+
+int g_ctl = -1;  // the control port
+
+[[noreturn]] void power_off() {
+  sync();
+  reboot(RB_POWER_OFF);
+  _exit(1);  // PID 1 exiting panics the kernel, which (panic=-1, -no-reboot) also ends the VM
+}
+
+bool write_all(int fd, const void* p, std::size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+bool send_frame(int fd, std::uint32_t type, std::uint32_t a, std::int64_t b,
+                std::string_view payload) {
+  ip::init_header h{static_cast<ip::msg>(type), a, b};
+  std::string f;
+  std::uint32_t len = static_cast<std::uint32_t>(sizeof h + payload.size());
+  f.append(reinterpret_cast<const char*>(&len), sizeof len);
+  f.append(reinterpret_cast<const char*>(&h), sizeof h);
+  f.append(payload);
+  return write_all(fd, f.data(), f.size());
+}
+
+bool send_agent(gp::msg type, std::uint32_t a, std::int64_t b, std::string_view payload) {
+  return send_frame(g_ctl, static_cast<std::uint32_t>(type), a, b, payload);
+}
+
+// Reports a failed step to the host (host log only) and powers off.
+[[noreturn]] void fail(agent_step step, int err, std::string_view what) {
+  if (g_ctl >= 0) send_agent(gp::msg::agent_failed, static_cast<std::uint32_t>(step), err, what);
+  fprintf(stderr, "sandbox-guest: %.*s failed: %s\n", static_cast<int>(what.size()), what.data(),
+          strerror(err));
+  power_off();
+}
+
+std::string read_small_file(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  char buf[4096];
+  std::string out;
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+    if (out.size() > (1 << 20)) break;
+  }
+  close(fd);
+  return out;
+}
+
+bool write_file(const std::string& path, std::string_view content) {
+  int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = write_all(fd, content.data(), content.size());
+  close(fd);
+  return ok;
+}
+
+std::uint64_t to_u64(std::string_view v) {
+  std::uint64_t out = 0;
+  std::from_chars(v.data(), v.data() + v.size(), out);
+  return out;
+}
+
+bool copy_file(const char* from, const std::string& to, mode_t mode) {
+  int in = open(from, O_RDONLY | O_CLOEXEC);
+  if (in < 0) return false;
+  int out = open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  if (out < 0) {
+    close(in);
+    return false;
+  }
+  char buf[65536];
+  bool ok = true;
+  for (;;) {
+    ssize_t n = read(in, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0 || !write_all(out, buf, static_cast<std::size_t>(n))) {
+      ok = false;
+      break;
+    }
+  }
+  close(in);
+  close(out);
+  return ok;
+}
+
+// 1. A tmpfs root holding what the guest needs after the switch: sandbox-init and the modules.
+void leave_initramfs() {
+  mkdir(kNewRoot, 0755);
+  if (mount("newroot", kNewRoot, "tmpfs", MS_NOSUID, "mode=0755,size=64m") < 0) {
+    fail(agent_step::mounts, errno, "tmpfs root");
+  }
+  std::string r = kNewRoot;
+  for (const char* d : {"/dev", "/proc", "/sys", "/run", "/modules", "/tmp"})
+    mkdir((r + d).c_str(), 0755);
+  if (!copy_file("/sandbox-init", r + "/sandbox-init", 0555))
+    fail(agent_step::mounts, errno, "copy sandbox-init");
+  std::string order = read_small_file("/modules/order");
+  if (!copy_file("/modules/order", r + "/modules/order", 0444))
+    fail(agent_step::modules, errno, "modules/order");
+  std::string_view rest = order;
+  while (!rest.empty()) {
+    auto nl = rest.find('\n');
+    std::string name(rest.substr(0, nl));
+    rest = nl == std::string_view::npos ? std::string_view{} : rest.substr(nl + 1);
+    if (name.empty() || name.find('/') != std::string::npos) continue;
+    if (!copy_file(("/modules/" + name).c_str(), r + "/modules/" + name, 0444)) {
+      fail(agent_step::modules, errno, "copy module " + name);
+    }
+  }
+  if (chdir(kNewRoot) < 0 || mount(".", "/", nullptr, MS_MOVE, nullptr) < 0 || chroot(".") < 0 ||
+      chdir("/") < 0) {
+    fail(agent_step::mounts, errno, "switch root");
+  }
+}
+
+// 2. Modules, in order (a module already built in or loaded is fine).
+void load_modules() {
+  std::string order = read_small_file("/modules/order");
+  std::string_view rest = order;
+  while (!rest.empty()) {
+    auto nl = rest.find('\n');
+    std::string name(rest.substr(0, nl));
+    rest = nl == std::string_view::npos ? std::string_view{} : rest.substr(nl + 1);
+    if (name.empty()) continue;
+    int fd = open(("/modules/" + name).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail(agent_step::modules, errno, "open module " + name);
+    if (syscall(SYS_finit_module, fd, "", 0) < 0 && errno != EEXIST) {
+      fail(agent_step::modules, errno, "finit_module " + name);
+    }
+    close(fd);
+  }
+}
+
+// 3. /dev/vportNpM of the port named `name`, opened with `flags`; waits up to ~5 s for the
+//    device to appear (udev does not exist here: devtmpfs makes the node).
+int open_port(const char* name, int flags) {
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    DIR* d = opendir("/sys/class/virtio-ports");
+    if (d != nullptr) {
+      while (dirent* e = readdir(d)) {
+        if (e->d_name[0] == '.') continue;
+        std::string n =
+            read_small_file(std::string("/sys/class/virtio-ports/") + e->d_name + "/name");
+        while (!n.empty() && (n.back() == '\n' || n.back() == '\0')) n.pop_back();
+        if (n != name) continue;
+        std::string dev = std::string("/dev/") + e->d_name;
+        int fd = open(dev.c_str(), flags | O_CLOEXEC);
+        if (fd >= 0) {
+          closedir(d);
+          return fd;
+        }
+      }
+      closedir(d);
+    }
+    usleep(10000);
+  }
+  return -1;
+}
+
+// Frames from a byte stream: whatever arrived is appended, whole frames are taken off.
+struct frame_reader {
+  std::string buf;
+  // One whole frame, or false (need more). `*bad` on a length out of range.
+  bool next(ip::init_header* h, std::string* payload, bool* bad) {
+    if (buf.size() < sizeof(std::uint32_t)) return false;
+    std::uint32_t len;
+    memcpy(&len, buf.data(), sizeof len);
+    if (len < sizeof(ip::init_header) || len > kMaxFrame) {
+      *bad = true;
+      return false;
+    }
+    if (buf.size() < sizeof len + len) return false;
+    memcpy(h, buf.data() + sizeof len, sizeof *h);
+    payload->assign(buf, sizeof len + sizeof *h, len - sizeof *h);
+    buf.erase(0, sizeof len + len);
+    return true;
+  }
+  // Reads what is there; false on EOF or error.
+  bool fill(int fd) {
+    char chunk[65536];
+    ssize_t n = read(fd, chunk, sizeof chunk);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+    if (n <= 0) return false;
+    buf.append(chunk, static_cast<std::size_t>(n));
+    return true;
+  }
+  // Blocks until one whole frame is there.
+  bool read_one(int fd, ip::init_header* h, std::string* payload) {
+    bool bad = false;
+    while (!next(h, payload, &bad)) {
+      if (bad || !fill(fd)) return false;
+    }
+    return true;
+  }
+};
+
+struct setup_values {
+  std::uint64_t memory_bytes = 0, pids = 0, cpu_quota_us = 0, cpu_period_us = 100000;
+  std::uint64_t ws_bytes = 64ULL << 20;  // the guest workspace: source + inputs
+  std::uint64_t out_files = 16, out_bytes = 8ULL << 20;
+  std::uint64_t in_files = 64;
+  std::string source_name = "main.py";
+};
+
+bool valid_component(std::string_view c) {
+  if (c.empty() || c.size() > 255 || c == "." || c == "..") return false;
+  for (char ch : c) {
+    if (ch == '/' || ch == '\0') return false;
+  }
+  return true;
+}
+
+// 4a. The image disk: read-only erofs at /run/image.
+void mount_image() {
+  mkdir("/run/image", 0755);
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    if (access("/dev/vda", F_OK) == 0) break;
+    usleep(10000);
+  }
+  if (mount("/dev/vda", kImage, "erofs", MS_RDONLY | MS_NODEV | MS_NOSUID, nullptr) < 0) {
+    fail(agent_step::image_disk, errno, "mount /dev/vda (erofs)");
+  }
+}
+
+// 4b. cgroup2 only, one run cgroup with the limits.
+void make_cgroup(const setup_values& s) {
+  if (mount("cgroup2", "/sys/fs/cgroup", "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) <
+      0) {
+    fail(agent_step::cgroup, errno, "mount cgroup2");
+  }
+  if (!write_file("/sys/fs/cgroup/cgroup.subtree_control", "+memory +pids +cpu")) {
+    fail(agent_step::cgroup, errno, "cgroup.subtree_control");
+  }
+  if (mkdir(kCgroup, 0755) < 0) fail(agent_step::cgroup, errno, "mkdir run cgroup");
+  std::string c = kCgroup;
+  auto put = [&](const char* file, const std::string& v) {
+    if (!write_file(c + "/" + file, v)) fail(agent_step::cgroup, errno, file);
+  };
+  put("memory.max", std::to_string(s.memory_bytes));
+  put("memory.swap.max", "0");
+  put("memory.oom.group", "1");
+  put("pids.max", std::to_string(s.pids));
+  if (s.cpu_quota_us > 0) {
+    put("cpu.max", std::to_string(s.cpu_quota_us) + " " + std::to_string(s.cpu_period_us));
+  }
+}
+
+// 4c. The guest workspace: in/, the (empty) source file, the staging mount point.
+void make_workspace(const setup_values& s) {
+  mkdir(kWs, 0755);
+  std::string opts = "mode=0755,size=" + std::to_string(s.ws_bytes) + ",nr_inodes=4096";
+  if (mount("ws", kWs, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts.c_str()) < 0) {
+    fail(agent_step::mounts, errno, "workspace tmpfs");
+  }
+  std::string w = kWs;
+  if (mkdir((w + "/in").c_str(), 0555) < 0 || mkdir((w + "/root").c_str(), 0755) < 0) {
+    fail(agent_step::mounts, errno, "workspace dirs");
+  }
+  int fd = open((w + "/source").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
+  if (fd < 0) fail(agent_step::mounts, errno, "source file");
+  close(fd);
+}
+
+// 6a. Files from the host, before `go`.
+struct file_sink {
+  int fd = -1;
+  std::uint64_t declared = 0, written = 0, count = 0;
+  const setup_values* s = nullptr;
+
+  // Returns false (with `*why`) on anything malformed.
+  bool open_file(std::string_view name, std::uint32_t mode, std::int64_t size, std::string* why) {
+    if (fd >= 0) return *why = "file_open while a file is open", false;
+    if (size < 0 || static_cast<std::uint64_t>(size) > s->ws_bytes)
+      return *why = "file size", false;
+    if ((mode & ~0700U) != 0) return *why = "file mode", false;
+    std::string path;
+    if (name == "source") {
+      path = std::string(kWs) + "/source";  // the already-bound source file, same inode
+      fd = open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOFOLLOW);
+    } else if (name.substr(0, 3) == "in/" && valid_component(name.substr(3))) {
+      if (++count > s->in_files) return *why = "too many files", false;
+      path = std::string(kWs) + "/in/" + std::string(name.substr(3));
+      fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444);
+    } else {
+      return *why = "file name", false;
+    }
+    if (fd < 0) return *why = "open " + std::string(name) + ": " + strerror(errno), false;
+    declared = static_cast<std::uint64_t>(size);
+    written = 0;
+    return true;
+  }
+  bool data(std::string_view bytes, std::string* why) {
+    if (fd < 0) return *why = "file_data without an open file", false;
+    if (written + bytes.size() > declared) return *why = "file longer than declared", false;
+    if (!write_all(fd, bytes.data(), bytes.size())) return *why = strerror(errno), false;
+    written += bytes.size();
+    return true;
+  }
+  bool close_file(std::string* why) {
+    if (fd < 0) return *why = "file_close without an open file", false;
+    close(fd);
+    fd = -1;
+    if (written != declared) return *why = "file shorter than declared", false;
+    return true;
+  }
+};
+
+// 6b. The output files, after `quiet`: top-level regular files of the output directory,
+//     opened without following any link, at most `out_files` files and `out_bytes` bytes
+//     (what is past the caps is not sent).
+void send_outputs(int out_dir, const setup_values& s) {
+  if (out_dir < 0) return;
+  int scan = openat(out_dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (scan < 0) return;
+  DIR* d = fdopendir(scan);
+  if (d == nullptr) {
+    close(scan);
+    return;
+  }
+  std::vector<std::string> names;
+  while (dirent* e = readdir(d)) {
+    if (valid_component(e->d_name) && names.size() < 65536) names.emplace_back(e->d_name);
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  std::uint64_t files = 0, total = 0;
+  for (const auto& name : names) {
+    if (files >= s.out_files) break;
+    open_how how{};
+    how.flags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
+    int fd = static_cast<int>(syscall(SYS_openat2, out_dir, name.c_str(), &how, sizeof how));
+    if (fd < 0) continue;
+    struct stat st {};
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+        total + static_cast<std::uint64_t>(st.st_size) > s.out_bytes) {
+      close(fd);
+      continue;
+    }
+    std::string content;
+    content.reserve(static_cast<std::size_t>(st.st_size));
+    char buf[65536];
+    for (;;) {
+      ssize_t n = read(fd, buf, sizeof buf);
+      if (n <= 0) break;
+      content.append(buf, static_cast<std::size_t>(n));
+      if (content.size() > static_cast<std::size_t>(st.st_size)) break;  // grew: cut below
+    }
+    close(fd);
+    if (content.size() > static_cast<std::size_t>(st.st_size))
+      content.resize(static_cast<std::size_t>(st.st_size));
+    if (total + content.size() > s.out_bytes) continue;
+    ++files;
+    total += content.size();
+    send_agent(gp::msg::file_open, st.st_mode & 0700, static_cast<std::int64_t>(content.size()),
+               name);
+    const std::size_t chunk = kMaxFrame - sizeof(ip::init_header);
+    for (std::size_t off = 0; off < content.size(); off += chunk) {
+      send_agent(gp::msg::file_data, 0, 0, std::string_view(content).substr(off, chunk));
+    }
+    send_agent(gp::msg::file_close, 0, 0, {});
+  }
+}
+
+// 6c. The guest cgroup's figures. memory.peak does not exist before Linux 6.5 (the cloud
+//     kernel is 6.1): the agent then reports the largest memory.current it sampled.
+void send_usage(std::uint64_t sampled_peak) {
+  std::string c = kCgroup;
+  ip::config_writer w;
+  std::uint64_t peak = sampled_peak;
+  if (auto p = read_small_file(c + "/memory.peak"); !p.empty()) peak = std::max(peak, to_u64(p));
+  w.add("memory_peak_bytes", peak);
+  std::string cpu = read_small_file(c + "/cpu.stat");
+  if (auto at = cpu.find("usage_usec "); at != std::string::npos) {
+    w.add("cpu_usec", to_u64(std::string_view(cpu).substr(at + 11)));
+  }
+  std::string ev = read_small_file(c + "/memory.events");
+  if (auto at = ev.find("oom_kill "); at != std::string::npos) {
+    w.add("oom_kills", to_u64(std::string_view(ev).substr(at + 9)));
+  }
+  if (auto p = read_small_file(c + "/pids.peak"); !p.empty()) w.add("pids_peak", to_u64(p));
+  send_agent(gp::msg::usage, 0, 0, w.bytes());
+}
+
+}  // namespace
+
+int main() {
+  // Console output (ttyS0) is for the host log only.
+  setvbuf(stderr, nullptr, _IONBF, 0);
+  signal(SIGPIPE, SIG_IGN);
+
+  // 1-2. Leave the initramfs, mount the kernel's file systems, load the modules.
+  leave_initramfs();
+  if (mount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, nullptr) < 0)
+    fail(agent_step::mounts, errno, "devtmpfs");
+  if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) < 0)
+    fail(agent_step::mounts, errno, "proc");
+  if (mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) < 0)
+    fail(agent_step::mounts, errno, "sysfs");
+  load_modules();
+
+  // 3. Ports, then agent_ready.
+  g_ctl = open_port(gp::ctl_port, O_RDWR);
+  if (g_ctl < 0) fail(agent_step::ports, errno, "control port");
+  int out_port = open_port(gp::stdout_port, O_WRONLY);
+  int err_port = open_port(gp::stderr_port, O_WRONLY);
+  if (out_port < 0 || err_port < 0) fail(agent_step::ports, errno, "stdout/stderr ports");
+  {
+    utsname u{};
+    uname(&u);
+    ip::config_writer w;
+    w.add("kernel", u.release);
+    if (!send_agent(gp::msg::agent_ready, gp::version, 0, w.bytes())) power_off();
+  }
+
+  // 4. setup.
+  frame_reader host;
+  ip::init_header h{};
+  std::string payload;
+  if (!host.read_one(g_ctl, &h, &payload)) power_off();
+  if (h.type != static_cast<ip::msg>(gp::msg::setup))
+    fail(agent_step::setup_message, EINVAL, "expected setup");
+  setup_values s;
+  for (auto [k, v] : ip::parse_config(payload)) {
+    if (k == "memory_bytes")
+      s.memory_bytes = to_u64(v);
+    else if (k == "pids")
+      s.pids = to_u64(v);
+    else if (k == "cpu_quota_us")
+      s.cpu_quota_us = to_u64(v);
+    else if (k == "cpu_period_us")
+      s.cpu_period_us = to_u64(v);
+    else if (k == "ws_bytes")
+      s.ws_bytes = to_u64(v);
+    else if (k == "out_files")
+      s.out_files = to_u64(v);
+    else if (k == "out_bytes")
+      s.out_bytes = to_u64(v);
+    else if (k == "in_files")
+      s.in_files = to_u64(v);
+  }
+  if (s.memory_bytes == 0 || s.pids == 0) fail(agent_step::setup_message, EINVAL, "setup limits");
+  mkdir("/run", 0755);
+  mount_image();
+  make_cgroup(s);
+  make_workspace(s);
+
+  // 5. sandbox-init: its control channel is a socketpair (stream mode), PID 1 of new
+  //    namespaces, in the run cgroup before it reads its configuration.
+  int sp[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
+    fail(agent_step::start_init, errno, "socketpair");
+  int self_exec = open("/sandbox-init", O_PATH | O_CLOEXEC);  // the self-test's probe
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &chld, nullptr);
+  long pid = syscall(
+      SYS_clone, SIGCHLD | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS,
+      nullptr, nullptr, nullptr, nullptr);
+  if (pid < 0) fail(agent_step::start_init, errno, "clone");
+  if (pid == 0) {
+    sigprocmask(SIG_UNBLOCK, &chld, nullptr);
+    if (dup2(sp[1], 0) < 0 || dup2(out_port, 1) < 0 || dup2(err_port, 2) < 0) _exit(127);
+    if (self_exec >= 0 && dup2(self_exec, ip::self_exec_fd) < 0) _exit(127);
+    char arg0[] = "sandbox-init";
+    char arg1[] = "--control-stdin";
+    char* argv[] = {arg0, arg1, nullptr};
+    char* envp[] = {nullptr};
+    execve("/sandbox-init", argv, envp);
+    _exit(127);
+  }
+  close(sp[1]);
+  close(out_port);
+  close(err_port);
+  if (self_exec >= 0) close(self_exec);
+  if (!write_file(std::string(kCgroup) + "/cgroup.procs", std::to_string(pid))) {
+    kill(static_cast<pid_t>(pid), SIGKILL);
+    fail(agent_step::start_init, errno, "cgroup.procs");
+  }
+  const int init = sp[0];
+  int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+
+  // 6. Relay.
+  frame_reader from_init;
+  file_sink files;
+  files.s = &s;
+  int out_dir = -1;
+  std::uint64_t peak = 0;
+  std::string why;
+  bool init_gone = false;
+  // Frames from the host already read (the configuration may have come with `setup`).
+  auto drain_host = [&] {
+    bool bad = false;
+    while (host.next(&h, &payload, &bad)) {
+      auto t = static_cast<std::uint32_t>(h.type);
+      bool ok = true;
+      if (t == static_cast<std::uint32_t>(gp::msg::file_open)) {
+        ok = files.open_file(payload, h.a, h.b, &why);
+      } else if (t == static_cast<std::uint32_t>(gp::msg::file_data)) {
+        ok = files.data(payload, &why);
+      } else if (t == static_cast<std::uint32_t>(gp::msg::file_close)) {
+        ok = files.close_file(&why);
+      } else if (t >= 100) {
+        ok = false;
+        why = "unexpected agent message";
+      } else {
+        if (h.type == ip::msg::go && files.fd >= 0) {
+          ok = false;
+          why = "go while a file is open";
+        } else {
+          ok = send_frame(init, t, h.a, h.b, payload);
+          if (!ok) why = "relay to sandbox-init";
+        }
+      }
+      if (!ok) fail(agent_step::files, EINVAL, why);
+    }
+    if (bad) fail(agent_step::files, EINVAL, "malformed frame from the host");
+  };
+  drain_host();
+  for (;;) {
+    pollfd fds[3] = {
+        {g_ctl, POLLIN, 0}, {init, init_gone ? short{0} : short{POLLIN}, 0}, {sfd, POLLIN, 0}};
+    int n = poll(fds, 3, 50);
+    if (n < 0 && errno != EINTR) power_off();
+    if (auto cur = read_small_file(std::string(kCgroup) + "/memory.current"); !cur.empty()) {
+      peak = std::max(peak, to_u64(cur));
+    }
+    if (fds[2].revents & POLLIN) {
+      signalfd_siginfo si;
+      while (read(sfd, &si, sizeof si) == sizeof si) {
+      }
+      int st;
+      while (waitpid(-1, &st, WNOHANG) > 0) {
+      }
+    }
+    if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+      // 7. The control port closing ends the VM.
+      if (!host.fill(g_ctl)) power_off();
+      drain_host();
+    }
+    if (!init_gone && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+      if (!from_init.fill(init)) {
+        init_gone = true;  // sandbox-init exited (it reported why); the host ends the VM
+        continue;
+      }
+      bool bad = false;
+      while (from_init.next(&h, &payload, &bad)) {
+        if (h.type == ip::msg::ready && out_dir < 0) {
+          // The run's output dir, held from before the program starts (sandbox-init is
+          // alive until the host ends the run; its root is the run's root).
+          std::string p = "/proc/" + std::to_string(pid) + "/root/sandbox/out";
+          out_dir = open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+          if (out_dir < 0) fail(agent_step::outputs, errno, "open the output dir");
+        }
+        if (h.type == ip::msg::quiet) {
+          send_outputs(out_dir, s);
+          send_usage(peak);
+        }
+        if (!send_frame(g_ctl, static_cast<std::uint32_t>(h.type), h.a, h.b, payload)) power_off();
+      }
+      if (bad) init_gone = true;
+    }
+  }
+}
