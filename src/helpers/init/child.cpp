@@ -78,6 +78,18 @@ void report(int fd, child_report r) { (void)!write(fd, &r, sizeof r); }
       setrlimit(RLIMIT_FSIZE, &fsize) < 0) {
     child_fail(info_fd, step::rlimits, errno);
   }
+  // The program is the OOM killer's to choose again: sandbox-init lowered its own
+  // oom_score_adj to -1000, which a child inherits, and with every task of the run at -1000
+  // a cgroup v2 OOM finds "no killable processes" — the program then retries its page fault
+  // forever instead of being killed (found on the microvm level's pure-v2 guest). Raising
+  // it needs no privilege.
+  {
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      (void)!write(fd, "0", 1);
+      close(fd);
+    }
+  }
   // Under gVisor the host's pids.max counts the sandbox kernel's own threads as well, and
   // reaching it kills the whole sandbox: the program's processes are capped inside first
   // (every process of the run has the run's uid; sandbox-init, root, is not counted).
