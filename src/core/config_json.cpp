@@ -153,9 +153,43 @@ void decode_oci(const json& v, const std::string& path, oci_backend_options& out
                  [&](const json& x, const std::string& q) { decode_pool(x, q, out.warm_pool); });
 }
 
+// "microvm": {"kernel_dir": "/var/lib/agent-sandbox/microvm/kernel/current",
+//             "accel": "auto"|"kvm"|"tcg", "guest_overhead_mib": 96, "vmm_overhead_mib": 192,
+//             "qemu_path": ..., "mkfs_erofs_path": ...}. Present means enabled.
+void decode_microvm(const json& v, const std::string& path, microvm_backend_options& out) {
+  const json& o = as_object(v, path);
+  check_known_fields(o, path, {"kernel_dir", "accel", "guest_overhead_mib", "vmm_overhead_mib",
+                               "qemu_path", "mkfs_erofs_path"});
+  out.enabled = true;
+  auto abs_path = [](const json& x, const std::string& q) {
+    std::string p = as_string(x, q);
+    if (p.empty() || p[0] != '/' || p.find('\0') != std::string::npos) fail(q, "must be an absolute path");
+    return std::filesystem::path(p);
+  };
+  optional_field(o, path, "kernel_dir", [&](const json& x, const std::string& q) { out.kernel_dir = abs_path(x, q); });
+  optional_field(o, path, "qemu_path", [&](const json& x, const std::string& q) { out.qemu_path = abs_path(x, q); });
+  optional_field(o, path, "mkfs_erofs_path",
+                 [&](const json& x, const std::string& q) { out.mkfs_erofs_path = abs_path(x, q); });
+  optional_field(o, path, "accel", [&](const json& x, const std::string& q) {
+    out.accel = as_string(x, q);
+    if (out.accel != "auto" && out.accel != "kvm" && out.accel != "tcg") fail(q, "must be one of: auto, kvm, tcg");
+  });
+  optional_field(o, path, "guest_overhead_mib", [&](const json& x, const std::string& q) {
+    out.guest_overhead_mib = as_unsigned(x, q, 4096);
+    if (out.guest_overhead_mib < 32) fail(q, "must be at least 32");
+  });
+  optional_field(o, path, "vmm_overhead_mib", [&](const json& x, const std::string& q) {
+    out.vmm_overhead_mib = as_unsigned(x, q, 4096);
+    if (out.vmm_overhead_mib < 64) fail(q, "must be at least 64");
+  });
+}
+
 void decode_backends(const json& v, const std::string& path, runtime_options& opts) {
   const json& o = as_object(v, path);
-  check_known_fields(o, path, {"container", "gvisor"});
+  check_known_fields(o, path, {"container", "gvisor", "microvm"});
+  optional_field(o, path, "microvm", [&](const json& x, const std::string& q) {
+    decode_microvm(x, q, opts.microvm);
+  });
   optional_field(o, path, "container", [&](const json& x, const std::string& q) {
     decode_oci(x, q, opts.container, {"crun", "runc"});
   });

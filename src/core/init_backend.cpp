@@ -1122,8 +1122,13 @@ class init_run : public std::enable_shared_from_this<init_run> {
                                  us(t_destroyed_), us(clock::now()), removed ? 0 : 1));
   }
 
+  // The policy's setup budget, or the launcher's floor when that is longer (a VM boots).
+  std::chrono::milliseconds setup_budget() const {
+    return std::max(job_.policy.setup_budget, shared_->launcher->min_setup_budget());
+  }
+
   void arm_setup_timer() {
-    setup_timer_.expires_after(job_.policy.setup_budget);
+    setup_timer_.expires_after(setup_budget());
     setup_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
       if (ec || self->started_ || self->finishing_) return;
       // An idle pool instance is not on the clock: only preparing and activated runs are.
@@ -1171,7 +1176,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
       }
       return fail_setup("workspace: " + staged.error().message());
     }
-    if (clock::now() - t0_ > job_.policy.setup_budget) {
+    if (clock::now() - t0_ > setup_budget()) {
       return fail_setup("setup budget exceeded while staging the inputs");
     }
     if (agent_) {
@@ -2348,7 +2353,8 @@ class init_backend final : public backend,
       }
     });
     run.reset();
-    io.run_for(std::chrono::seconds(30));
+    io.run_for(std::max<std::chrono::milliseconds>(std::chrono::seconds(30),
+                                                   shared_->launcher->min_setup_budget() + std::chrono::seconds(20)));
     return reason;
   }
 
@@ -2469,6 +2475,25 @@ class init_backend final : public backend,
 
   void do_execute(run_job job, handler_type handler) override {
     auto ex = job.executor ? job.executor : shared_->ctx.executor;
+    if (job.admitted.request.network && !shared_->launcher->runs_network()) {
+      // Refused before anything starts, never run without the network it was granted.
+      run_result r;
+      r.run_id = job.run_id;
+      r.isolation = shared_->launcher->isolation();
+      r.backend = shared_->launcher->describe();
+      r.runtime = job.admitted.runtime;
+      r.code = sandbox::code::runtime_unavailable;
+      r.message = fmt::format("network runs are not available at the {} level on this host",
+                              to_string(shared_->launcher->isolation()));
+      auto h = std::make_shared<handler_type>(std::move(handler));
+      asio::post(ex, [h, r = std::move(r)]() mutable {
+        auto hex = asio::get_associated_executor(*h);
+        asio::dispatch(hex, [h, r = std::move(r)]() mutable {
+          std::move(*h)(boost::system::error_code{}, std::move(r));
+        });
+      });
+      return;
+    }
     pool_state* from = nullptr;
     std::shared_ptr<init_run> run = take_pooled(job, from);
     const bool pooled = run != nullptr;

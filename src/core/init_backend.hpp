@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -121,6 +122,14 @@ class init_launcher {
   /// there is no seccomp user notification, and `quiet` marks the end of the program's
   /// output (the runtime holds the capture pipes too). See core/init_protocol.hpp.
   virtual bool stream_control() const noexcept { return false; }
+  /// The least setup budget a run of this launcher gets, whatever the policy says (a VM
+  /// boots before sandbox-init can answer: seconds under emulation on a loaded host).
+  virtual std::chrono::milliseconds min_setup_budget() const noexcept {
+    return std::chrono::milliseconds(0);
+  }
+  /// False when the level cannot run network runs at all (microvm: no egress path into the
+  /// guest yet): such runs end `runtime_unavailable` before anything starts.
+  virtual bool runs_network() const noexcept { return true; }
   /// True when a network run's launch makes the run's network namespace on the host and
   /// returns the egress proxy's listener in `launched` (runsc: its sandbox cannot pass a
   /// descriptor out). Such runs never take a warm-pool instance (those have no network).

@@ -106,3 +106,32 @@ TEST_CASE("config: the egress section sets network runs' proxy options", "[confi
   CHECK(o.egress.max_bytes_up == 1000);
   CHECK(o.egress.max_bytes_down == 2000);
 }
+
+TEST_CASE("config: the microvm section enables the level and names its faults", "[config][microvm]") {
+  sandbox::runtime_options o;
+  auto r = sandbox::apply_config(
+      R"({"v": 1, "backends": {"microvm": {"kernel_dir": "/srv/kernel", "accel": "tcg",
+          "guest_overhead_mib": 128, "vmm_overhead_mib": 256}}})",
+      o);
+  REQUIRE(r.has_value());
+  CHECK(o.microvm.enabled);
+  CHECK(o.microvm.kernel_dir == "/srv/kernel");
+  CHECK(o.microvm.accel == "tcg");
+  CHECK(o.microvm.guest_overhead_mib == 128);
+  CHECK(o.microvm.vmm_overhead_mib == 256);
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"backends": {"microvm": {"accel": "hvf"}}})", "backends.microvm.accel: must be one of: auto, kvm, tcg"},
+      {R"({"backends": {"microvm": {"kernel_dir": "relative"}}})", "backends.microvm.kernel_dir: must be an absolute path"},
+      {R"({"backends": {"microvm": {"guest_overhead_mib": 8}}})", "backends.microvm.guest_overhead_mib: must be at least 32"},
+      {R"({"backends": {"microvm": {"vmm_overhead_mib": "big"}}})", "backends.microvm.vmm_overhead_mib"},
+      {R"({"backends": {"microvm": {"kernel": "/x"}}})", "backends.microvm: unknown field 'kernel'"},
+  };
+  for (const auto& [doc, msg] : bad) {
+    INFO(doc);
+    sandbox::runtime_options p;
+    auto e = sandbox::apply_config(doc, p);
+    REQUIRE_FALSE(e.has_value());
+    CHECK(e.error().message.find(msg) != std::string::npos);
+    CHECK_FALSE(p.microvm.enabled);
+  }
+}

@@ -477,6 +477,10 @@ int main() {
   if (mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) < 0)
     fail(agent_step::mounts, errno, "sysfs");
   load_modules();
+  // Every allocation succeeds and the run cgroup's limit decides (as on the host levels):
+  // with the default heuristic a request larger than the guest's RAM would fail with ENOMEM
+  // instead of ending the run as `oom`.
+  write_file("/proc/sys/vm/overcommit_memory", "1");
 
   // 3. Ports, then agent_ready.
   g_ctl = open_port(gp::ctl_port, O_RDWR);

@@ -110,16 +110,31 @@ std::string blob(const std::string& id) {
   return *b;
 }
 
+// Instances of the microvm backend of this test's state dir (their lock files).
+std::vector<std::string> instances() {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(state_dir() + "/instances", ec)) {
+    auto n = e.path().filename().string();
+    if (n.size() > 5 && n.substr(n.size() - 5) == ".lock") out.push_back(n.substr(0, n.size() - 5));
+  }
+  return out;
+}
+
 std::vector<std::string> run_cgroups() {
   std::vector<std::string> out;
   const char* p = std::getenv("SANDBOX_CGROUP_PARENT");
   std::string parent = p != nullptr ? p : "/agent-sandbox";
+  const auto mine = instances();
   for (const char* root : {"/sys/fs/cgroup/unified", "/sys/fs/cgroup/memory", "/sys/fs/cgroup"}) {
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(std::string(root) + parent, ec)) {
       auto n = e.path().filename().string();
-      if (e.is_directory() && n.rfind("r-", 0) == 0)
-        out.push_back(std::string(root) + parent + "/" + n);
+      for (const auto& inst : mine) {
+        // r-<instance>-<run>; the self-test's limits check is r-<instance>-limits-test.
+        if (e.is_directory() && n.rfind("r-" + inst + "-", 0) == 0)
+          out.push_back(e.path().string());
+      }
     }
   }
   return out;
@@ -127,11 +142,17 @@ std::vector<std::string> run_cgroups() {
 
 int vmm_processes() {
   int n = 0;
+  const auto mine = instances();
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
     std::ifstream comm(e.path() / "comm");
     std::string c;
-    if (comm && std::getline(comm, c) && c.rfind("qemu-system", 0) == 0) ++n;
+    if (!comm || !std::getline(comm, c) || c.rfind("qemu-system", 0) != 0) continue;
+    std::ifstream cg(e.path() / "cgroup");
+    std::string all((std::istreambuf_iterator<char>(cg)), {});
+    for (const auto& inst : mine) {
+      if (all.find("/r-" + inst + "-") != std::string::npos) ++n;
+    }
   }
   return n;
 }

@@ -25,8 +25,9 @@ sandbox::run_result run(const std::string& source, sandbox::run_request base = {
 /// Stores bytes for tenant "mvtest" and returns the blob id; reads one back.
 std::string put(const std::string& bytes);
 std::string blob(const std::string& id);
-/// Names of the run cgroups under the runs' parent that belong to the microvm backend's
-/// runs (r-*), and live processes named qemu-system-*.
+/// The run cgroups of this test's microvm backend still present (r-<instance>-*, in every
+/// hierarchy), and its live VMMs (qemu-system-* processes in such a cgroup). Other
+/// engineers' runs on a shared host are not counted.
 std::vector<std::string> run_cgroups();
 int vmm_processes();
 

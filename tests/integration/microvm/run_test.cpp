@@ -29,3 +29,127 @@ TEST_CASE("microvm: a Python run returns stdout, exit code and an output file", 
   CHECK(r.usage.cpu.count() >= 0);
   CHECK(r.usage.peak_memory_bytes > 0);
 }
+
+TEST_CASE("microvm: an input file reaches the guest read-only", "[microvm]") {
+  auto id = mvtest::put("payload-bytes");
+  sandbox::run_request base;
+  base.files_in = {{.name = "data.txt", .blob = id}};
+  auto r = mvtest::run(
+      "import os\n"
+      "p = os.path.join(os.environ['SANDBOX_INPUT_DIR'], 'data.txt')\n"
+      "print(open(p).read())\n"
+      "try:\n"
+      "    open(p, 'w')\n"
+      "    print('writable')\n"
+      "except OSError as e:\n"
+      "    print('refused', e.errno)\n",
+      base);
+  REQUIRE(r.code == code::ok);
+  CHECK(r.exit_code == 0);
+  CHECK(r.std_out.summary.find("payload-bytes\n") == 0);
+  CHECK(r.std_out.summary.find("refused") != std::string::npos);
+}
+
+TEST_CASE("microvm: a busy loop ends as timeout; the VMM is dead and the cgroup gone",
+          "[microvm]") {
+  const int vmms_before = mvtest::vmm_processes();
+  sandbox::run_request base;
+  base.timeout = std::chrono::seconds(3);
+  auto r = mvtest::run("print('spinning', flush=True)\nwhile True:\n    pass\n", base);
+  CHECK(r.code == code::timeout);
+  CHECK(r.signal == SIGKILL);
+  CHECK(r.std_out.summary == "spinning\n");
+  // Every process of the run was confirmed dead before the result: no VMM is left, and the
+  // run's cgroup is gone.
+  CHECK(vmms_before == 0);
+  CHECK(mvtest::vmm_processes() == 0);
+  CHECK(mvtest::run_cgroups().empty());
+}
+
+TEST_CASE("microvm: a memory hog ends as oom (the guest cgroup's limit)", "[microvm]") {
+  sandbox::run_request base;
+  base.memory_limit_bytes = 64ULL << 20;
+  base.timeout = std::chrono::seconds(20);
+  // More than the guest's RAM (limit + overhead): the guest overcommits like a host, so the
+  // run cgroup's limit ends it, not an allocation failure.
+  auto r = mvtest::run("b = bytearray(400 << 20)\nprint('survived')", base);
+  CHECK(r.code == code::oom);
+  CHECK(r.std_out.summary.find("survived") == std::string::npos);
+  CHECK(r.oom_kills >= 1);
+  CHECK(r.signal == SIGKILL);
+  CHECK(mvtest::run_cgroups().empty());
+}
+
+TEST_CASE("microvm: the guest cannot see a host file", "[microvm]") {
+  // A marker on the host, at a path the snippet names: the guest's file system is the image
+  // disk and its own tmpfs mounts, nothing of the host.
+  const std::string marker = "/tmp/mvtest-host-marker-" + std::to_string(::getpid());
+  { std::ofstream(marker) << "host secret"; }
+  auto r = mvtest::run(
+      "import os\n"
+      "for p in ['" +
+      marker + "', '/proc/1/root" + marker +
+      "']:\n"
+      "    try:\n"
+      "        print('read', open(p).read())\n"
+      "    except OSError as e:\n"
+      "        print('absent', e.errno)\n");
+  std::filesystem::remove(marker);
+  REQUIRE(r.code == code::ok);
+  CHECK(r.std_out.summary.find("host secret") == std::string::npos);
+  CHECK(r.std_out.summary.find("read") == std::string::npos);
+  CHECK(r.std_out.summary.find("absent") != std::string::npos);
+}
+
+TEST_CASE("microvm: an output symlink is not followed; only regular files come back", "[microvm]") {
+  auto r = mvtest::run(
+      "import os\n"
+      "out = os.environ['SANDBOX_OUTPUT_DIR']\n"
+      "os.symlink('/etc/passwd', out + '/passwd-link')\n"
+      "os.symlink('/proc/self/environ', out + '/environ-link')\n"
+      "os.mkdir(out + '/subdir')\n"
+      "open(out + '/subdir/nested.txt', 'w').write('nested')\n"
+      "open(out + '/plain.txt', 'w').write('plain')\n");
+  REQUIRE(r.code == code::ok);
+  REQUIRE(r.files_out.size() == 1);
+  CHECK(r.files_out[0].name == "plain.txt");
+  CHECK(mvtest::blob(r.files_out[0].blob) == "plain");
+}
+
+TEST_CASE("microvm: output caps hold (count and bytes)", "[microvm]") {
+  sandbox::run_request base;
+  base.files_out = {.max_files = 2, .max_bytes = 1000};
+  auto r = mvtest::run(
+      "import os\n"
+      "out = os.environ['SANDBOX_OUTPUT_DIR']\n"
+      "for i in range(5):\n"
+      "    open(f'{out}/f{i}.txt', 'w').write('x' * 300)\n"
+      "open(out + '/big.txt', 'w').write('y' * 5000)\n",
+      base);
+  REQUIRE(r.code == code::ok);
+  CHECK(r.files_out.size() <= 2);
+  std::uint64_t total = 0;
+  for (const auto& f : r.files_out) total += mvtest::blob(f.blob).size();
+  CHECK(total <= 1000);
+}
+
+TEST_CASE("microvm: a network run is refused with runtime_unavailable", "[microvm]") {
+  sandbox::ticket_issuer issuer;
+  auto t = issuer
+               .issue({.id = "mvtest-net",
+                       .tenant = "mvtest",
+                       .execute = true,
+                       .isolation = sandbox::isolation::microvm,
+                       .max_timeout = std::chrono::seconds(30),
+                       .max_memory_bytes = 1ULL << 30,
+                       .egress = {"example.com"}},
+                      sandbox::network_grant{})
+               .value();
+  sandbox::run_request req{.runtime = "python3", .source = "print('never')"};
+  req.network = true;
+  req.egress = {"example.com"};
+  auto r = mvtest::rt()->run(req, t);
+  CHECK(r.code == code::runtime_unavailable);
+  CHECK(r.std_out.summary.empty());
+  CHECK(r.message.find("network") != std::string::npos);
+}
