@@ -823,7 +823,13 @@ class init_run : public std::enable_shared_from_this<init_run> {
     if (socketpair(AF_UNIX, (stream_ ? SOCK_STREAM : SOCK_SEQPACKET) | SOCK_CLOEXEC, 0, ctl) < 0) {
       return fail_setup(fmt::format("socketpair: errno {}", errno));
     }
-    if (pipe2(outp, O_CLOEXEC) < 0 || pipe2(errp, O_CLOEXEC) < 0) {
+    // (A launcher may want stream sockets instead of pipes: QEMU's socket chardevs wait
+    // for a full peer, its file chardevs on a pipe were seen losing most of a flood.)
+    const bool sockets = shared_->launcher->stdio_sockets();
+    auto make_pair = [&](int fds[2]) {
+      return sockets ? ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) : ::pipe2(fds, O_CLOEXEC);
+    };
+    if (make_pair(outp) < 0 || make_pair(errp) < 0) {
       ::close(ctl[0]);
       ::close(ctl[1]);
       return fail_setup(fmt::format("pipe2: errno {}", errno));

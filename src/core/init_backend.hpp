@@ -122,6 +122,9 @@ class init_launcher {
   /// there is no seccomp user notification, and `quiet` marks the end of the program's
   /// output (the runtime holds the capture pipes too). See core/init_protocol.hpp.
   virtual bool stream_control() const noexcept { return false; }
+  /// True when the program's stdout/stderr must be stream sockets rather than pipes (the
+  /// host reads them the same way): a VMM whose chardevs only flow-control sockets.
+  virtual bool stdio_sockets() const noexcept { return false; }
   /// The least setup budget a run of this launcher gets, whatever the policy says (a VM
   /// boots before sandbox-init can answer: seconds under emulation on a loaded host).
   virtual std::chrono::milliseconds min_setup_budget() const noexcept {

@@ -1,8 +1,8 @@
 // QEMU's `-M microvm` machine: no PCI, no firmware option ROMs, virtio-mmio devices only.
 //   - no network device at all (`-nodefaults`, none added);
 //   - the image disk read-only (virtio-blk over mmio);
-//   - three virtio-serial ports, named as core/guest_protocol.hpp says, on the descriptors
-//     the host passed (sockets by `fd=`, pipes through an fd set);
+//   - three virtio-serial ports, named as core/guest_protocol.hpp says, on the stream
+//     sockets the host passed (`-chardev socket,fd=`);
 //   - `-sandbox on` (QEMU's own seccomp filter) with elevateprivileges, spawn and
 //     resourcecontrol denied;
 //   - TCG's translation cache bounded (`tb-size`): the VMM runs under the run's cgroup.
@@ -53,17 +53,15 @@ class qemu_driver final : public vmm_driver {
         fmt::format("socket,id=ctl,fd={}", vmm_fd::ctl),
         "-device",
         "virtserialport,chardev=ctl,name=sandbox.ctl",
-        // Pipes are not sockets: they reach QEMU's file chardev through fd sets.
-        "-add-fd",
-        fmt::format("fd={},set=1", vmm_fd::out),
+        // Stream sockets (launcher::stdio_sockets): a socket chardev that the host does not
+        // drain fast enough throttles the port, so the guest's writes wait. (A file chardev
+        // on a pipe was seen losing most of a 24 MiB flood.)
         "-chardev",
-        "file,id=out,path=/dev/fdset/1,append=on",
+        fmt::format("socket,id=out,fd={}", vmm_fd::out),
         "-device",
         "virtserialport,chardev=out,name=sandbox.stdout",
-        "-add-fd",
-        fmt::format("fd={},set=2", vmm_fd::err),
         "-chardev",
-        "file,id=err,path=/dev/fdset/2,append=on",
+        fmt::format("socket,id=err,fd={}", vmm_fd::err),
         "-device",
         "virtserialport,chardev=err,name=sandbox.stderr",
         // The guest's console goes to the VMM's log (host log only).
