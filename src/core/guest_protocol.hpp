@@ -34,6 +34,9 @@
 //                              the guest without following links
 //   agent → host  usage        payload: "key=value\0" pairs (usage_keys): the guest cgroup's
 //                              figures, sent just before the relayed `quiet`
+//   host → agent  finish       (only when the host's deadline or exit grace ends the run
+//                              before sandbox-init's `quiet`): the agent kills the guest's
+//                              run cgroup, then sends the outputs, usage and its own quiet
 // A warm-pool VM stops after `ready`: its files and `go` come when it is handed out.
 #pragma once
 
@@ -65,6 +68,10 @@ enum class msg : std::uint32_t {
   /// closes the open file; a = 0.
   file_close = 105,
   usage = 106,
+  /// host → agent: the host's deadline or exit grace ended the run while processes of it
+  /// are still alive in the guest. The agent kills the guest's run cgroup (sandbox-init with
+  /// it), then sends the outputs, `usage` and a `quiet` of its own, as after sandbox-init's.
+  finish = 107,
 };
 
 /// Setup steps of the agent, reported in `agent_failed`.

@@ -60,6 +60,7 @@
 #include "core/confirmed_wait.hpp"
 #include "core/dns_sink.hpp"
 #include "core/egress_proxy.hpp"
+#include "core/guest_protocol.hpp"
 #include "core/init_protocol.hpp"
 #include "core/seccomp_notify.hpp"
 #include "core/spawn.hpp"
@@ -244,6 +245,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
         setup_timer_(strand_),
         deadline_(strand_),
         grace_(strand_),
+        agent_timer_(strand_),
         teardown_timer_(strand_),
         sample_timer_(strand_),
         stdout_park_(strand_),
@@ -1341,7 +1343,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
           // still hold its pipes when the deadline passes (inside the exit grace) are killed,
           // but cannot turn its end into a timeout.
           self->timed_out_ = !self->main_status_.has_value();
-          self->finish();
+          self->end_run();
         });
         sample_memory();
         if (session_) session_started();
@@ -1377,6 +1379,12 @@ class init_run : public std::enable_shared_from_this<init_run> {
       case ip::msg::quiet:
         // Stream mode: the runtime holds the capture pipes, so their end never shows; nothing
         // of the run is left to write to them.
+        if (stream_) quiet_seen_ = true;
+        if (stream_ && agent_finish_sent_) {  // the guest ended the run when told to
+          stdout_open_ = stderr_open_ = false;
+          finish();
+          break;
+        }
         if (stream_ && main_status_) {
           stderr_open_ = false;
           if (session_) {
@@ -1465,6 +1473,28 @@ class init_run : public std::enable_shared_from_this<init_run> {
     });
   }
 
+  // The deadline or the exit grace ended the run. With a guest agent (microvm) the outputs
+  // are still inside the guest: the agent is told to kill what is left of the run there and
+  // send them (`finish`, core/guest_protocol.hpp); its `quiet` then ends the run, or — if it
+  // does not come within a bounded time — the run ends without them. Every other run ends
+  // now.
+  void end_run() {
+    if (finishing_) return;
+    if (agent_ && started_ && !control_closed_ && !quiet_seen_ && !agent_finish_sent_) {
+      agent_finish_sent_ = true;
+      ip::init_header h{static_cast<ip::msg>(static_cast<std::uint32_t>(guest_protocol::msg::finish)), 0, 0};
+      std::string packet(reinterpret_cast<const char*>(&h), sizeof h);
+      if (send_packet(packet, {}) == 0) {
+        agent_timer_.expires_after(shared_->launcher->min_setup_budget() / 4);
+        agent_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+          if (!ec) self->finish();
+        });
+        return;
+      }
+    }
+    finish();
+  }
+
   void maybe_end_after_exit() {
     if (finishing_ || !main_status_) return;
     if (!stdout_open_ && !stderr_open_) {
@@ -1479,7 +1509,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
     grace_armed_ = true;
     grace_.expires_after(job_.policy.exit_grace);
     grace_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
-      if (!ec) self->finish();
+      if (!ec) self->end_run();
     });
   }
 
@@ -1697,7 +1727,8 @@ class init_run : public std::enable_shared_from_this<init_run> {
     if (finishing_) return;
     finishing_ = true;
     ended_at_ = clock::now();
-    for (auto* t : {&setup_timer_, &deadline_, &grace_, &sample_timer_, &idle_timer_, &close_timer_}) {
+    for (auto* t : {&setup_timer_, &deadline_, &grace_, &sample_timer_, &idle_timer_, &close_timer_,
+                    &agent_timer_}) {
       t->cancel();
     }
     // Usage and the OOM counter are read now, before the kill: once the run's processes are
@@ -2083,6 +2114,10 @@ class init_run : public std::enable_shared_from_this<init_run> {
   stream_capture_buffer out_, err_;
   asio::posix::stream_descriptor ctl_, stdout_, stderr_, pidfd_desc_, listener_, dns_, oom_;
   asio::steady_timer setup_timer_, deadline_, grace_, teardown_timer_, sample_timer_;
+  /// Bounds the wait for a guest agent's outputs after `finish` was sent (end_run).
+  asio::steady_timer agent_timer_;
+  bool quiet_seen_ = false;         ///< stream mode: `quiet` arrived
+  bool agent_finish_sent_ = false;  ///< the guest agent was told to end the run
 
   std::mutex kill_mu_;
   std::optional<run_cgroup> cgroup_;

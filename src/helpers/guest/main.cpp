@@ -572,6 +572,7 @@ int main() {
   std::uint64_t peak = 0;
   std::string why;
   bool init_gone = false;
+  bool finish_requested = false, quiet_sent = false;
   // Frames from the host already read (the configuration may have come with `setup`).
   auto drain_host = [&] {
     bool bad = false;
@@ -584,6 +585,14 @@ int main() {
         ok = files.data(payload, &why);
       } else if (t == static_cast<std::uint32_t>(gp::msg::file_close)) {
         ok = files.close_file(&why);
+      } else if (t == static_cast<std::uint32_t>(gp::msg::finish)) {
+        // The host's deadline or exit grace: every process of the run dies now (sandbox-init
+        // too); the outputs go out once sandbox-init's channel closes (below).
+        finish_requested = true;
+        if (!write_file(std::string(kCgroup) + "/cgroup.kill", "1")) {
+          ok = false;
+          why = "cgroup.kill";
+        }
       } else if (t >= 100) {
         ok = false;
         why = "unexpected agent message";
@@ -625,6 +634,14 @@ int main() {
     if (!init_gone && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {
       if (!from_init.fill(init)) {
         init_gone = true;  // sandbox-init exited (it reported why); the host ends the VM
+        if (finish_requested && !quiet_sent) {
+          // Killed on the host's request: the outputs (the held output dir outlives the
+          // run's mount namespace), usage, and the quiet sandbox-init could not send.
+          quiet_sent = true;
+          send_outputs(out_dir, s);
+          send_usage(peak);
+          send_frame(g_ctl, static_cast<std::uint32_t>(ip::msg::quiet), 0, 0, {});
+        }
         continue;
       }
       bool bad = false;
@@ -637,6 +654,8 @@ int main() {
           if (out_dir < 0) fail(agent_step::outputs, errno, "open the output dir");
         }
         if (h.type == ip::msg::quiet) {
+          if (quiet_sent) continue;
+          quiet_sent = true;
           send_outputs(out_dir, s);
           send_usage(peak);
         }

@@ -153,3 +153,39 @@ TEST_CASE("microvm: a network run is refused with runtime_unavailable", "[microv
   CHECK(r.std_out.summary.empty());
   CHECK(r.message.find("network") != std::string::npos);
 }
+
+TEST_CASE("microvm: a run ended by the deadline or the exit grace still returns its outputs",
+          "[microvm]") {
+  SECTION("deadline") {
+    sandbox::run_request base;
+    base.timeout = std::chrono::seconds(3);
+    auto r = mvtest::run(
+        "import os, time\n"
+        "open(os.environ['SANDBOX_OUTPUT_DIR'] + '/partial.txt', 'w').write('before')\n"
+        "while True:\n"
+        "    time.sleep(1)\n",
+        base);
+    CHECK(r.code == code::timeout);
+    REQUIRE(r.files_out.size() == 1);
+    CHECK(mvtest::blob(r.files_out[0].blob) == "before");
+    CHECK(r.usage.peak_memory_bytes > 0);  // the guest's report came too
+  }
+  SECTION("exit grace: a daemonized grandchild outlives the main process") {
+    auto r = mvtest::run(
+        "import os, sys, time\n"
+        "out = os.environ['SANDBOX_OUTPUT_DIR']\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "open(out + '/main.txt', 'w').write('main')\n"
+        "print('main done', flush=True)\n");
+    CHECK(r.code == code::ok);
+    CHECK(r.exit_code == 0);
+    CHECK(r.std_out.summary == "main done\n");
+    REQUIRE(r.files_out.size() == 1);
+    CHECK(mvtest::blob(r.files_out[0].blob) == "main");
+    CHECK(mvtest::vmm_processes() == 0);
+  }
+}
