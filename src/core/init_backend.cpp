@@ -2575,6 +2575,9 @@ class init_backend final : public backend,
 
   void open_session(run_job job, session_job sj, session_handler handler) override {
     // (A stream control channel carries the stdin bytes themselves: init_protocol.hpp.)
+    if (!shared_->launcher->runs_sessions()) {
+      return backend::open_session(std::move(job), std::move(sj), std::move(handler));
+    }
     auto ex = job.executor ? job.executor : shared_->ctx.executor;
     auto run = std::make_shared<init_run>(shared_, ex, std::move(job), false);
     {

@@ -3,14 +3,17 @@
 // its own kernel), say so in its `expectations`, never by weakening a case.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <thread>
 
 #include "conformance/suite.hpp"
 
 namespace conformance {
 namespace {
 
-// `oci`: the OCI runtime to enable ("crun", "runc", "runsc"), or null for the process level.
+// `oci`: the OCI runtime to enable ("crun", "runc", "runsc"), "microvm" for the microvm level,
+// or null for the process level.
 std::unique_ptr<sandbox::runtime> make_process_with(std::string* why, const char* state,
                                                     std::vector<sandbox::warm_pool_class> pool,
                                                     const char* oci = nullptr) {
@@ -19,6 +22,12 @@ std::unique_ptr<sandbox::runtime> make_process_with(std::string* why, const char
   sandbox::isolation level = sandbox::isolation::process;
   if (oci == nullptr) {
     opts.process.warm_pool = std::move(pool);
+  } else if (std::string_view(oci) == "microvm") {
+    level = sandbox::isolation::microvm;
+    opts.microvm.enabled = true;
+    if (const char* k = std::getenv("SANDBOX_MICROVM_KERNEL_DIR")) opts.microvm.kernel_dir = k;
+    // A VM boots in ~2 s under TCG, more on a loaded 2-core host with concurrent runs.
+    opts.policy.setup_budget = std::chrono::seconds(60);
   } else if (std::string_view(oci) == "runsc") {
     level = sandbox::isolation::gvisor;
     opts.gvisor.enabled = true;
@@ -148,6 +157,16 @@ time.sleep(3600)
   };
   opts.scheduler.max_running = 64;
   opts.scheduler.default_class.max_running = 64;
+  if (level == sandbox::isolation::microvm) {
+    // A VM per run (guest RAM + QEMU; under TCG a whole host CPU while it runs): no more at
+    // once than the host has CPUs (2..8), or emulated programs miss the cases' 5 s deadlines
+    // (measured: 4 concurrent probes on a loaded 2-core TCG host ended `timeout`). The rest
+    // queue, long enough for the crosstalk kind's 64 runs.
+    const std::uint32_t vms = std::clamp<std::uint32_t>(std::thread::hardware_concurrency(), 2, 8);
+    opts.scheduler.max_running = vms;
+    opts.scheduler.default_class.max_running = vms;
+    opts.scheduler.default_class.queue_deadline = std::chrono::minutes(10);
+  }
   opts.log = [](sandbox::log_level lvl, std::string_view line) {
     if (lvl >= sandbox::log_level::warning) std::fprintf(stderr, "agent-sandbox: %.*s\n", int(line.size()), line.data());
   };
@@ -250,7 +269,36 @@ const std::vector<backend_profile>& profiles() {
                    // 100-135 s measured on a loaded 2-core host.
                    .ci_budget = std::chrono::seconds(600)});
     }
-    // Later backends (microvm) register here.
+    if (root) {
+      v.push_back({.name = "microvm (qemu)",
+                   .level = sandbox::isolation::microvm,
+                   .make = [](std::string* why) { return make_process_with(why, "microvm", {}, "microvm"); },
+                   // A guest kernel of its own; inside, sandbox-init's process mode without
+                   // seccomp user notification (a stream channel carries no listener).
+                   .expect = {.host_kernel = false, .distinct_uids = true,
+                              .syscall_abi_on_host = false,
+                              .init_hidden = true,
+                              .egress_recorded = false,
+                              // Guest kernel + agent + workspace tmpfs live in guest RAM,
+                              // outside the guest's run cgroup: not in the reported peak.
+                              .sandbox_kernel_memory_bytes = 0,
+                              // Outputs cross as frames: FIFOs and sockets stay in the guest.
+                              .special_files_on_host = false,
+                              .syscall_slowdown = 4,
+                              .egress_proxy = false},
+                   .host_config = R"({"v":1,"backends":{"microvm":{}}})",
+                   // Measured: the core tier without crosstalk took 598 s on the shared 2-core
+                   // TCG build host (each case boots at least one VM, ~3-5 s).
+                   //
+                   // Not in CI's ctest list yet (tests/CMakeLists.txt): known failures of this
+                   // first slice, each a gap in docs/security.md ("microVM level"), to be
+                   // closed before it joins — output entries the guest skips (over the caps,
+                   // not regular files) are not listed in files_dropped (floods: ENOSPC and
+                   // inode exhaustion, names: count cap, outputs: sparse files); sessions are
+                   // refused (kind 19). Run it by hand:
+                   //   SANDBOX_CONFORMANCE_PROFILES=microvm sandbox_conformance "[core]"
+                   .ci_budget = std::chrono::seconds(1200)});
+    }
     return v;
   }();
   return all;

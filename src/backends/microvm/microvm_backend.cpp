@@ -312,8 +312,9 @@ class microvm_launcher final : public init_launcher {
                        s_.kvm ? "kvm" : "tcg");
   }
   bool stream_control() const noexcept override { return true; }
-  bool runs_network() const noexcept override { return false; }  // no egress path yet
-  bool stdio_sockets() const noexcept override { return true; }  // see qemu_driver.cpp
+  bool runs_network() const noexcept override { return false; }   // no egress path yet
+  bool runs_sessions() const noexcept override { return false; }  // not yet (see the hook)
+  bool stdio_sockets() const noexcept override { return true; }   // see qemu_driver.cpp
   // A guest boots before sandbox-init answers: ~2 s under TCG on an idle 2-core host, tens
   // of seconds when the host is loaded; well under a second with KVM.
   std::chrono::milliseconds min_setup_budget() const noexcept override {
@@ -648,13 +649,15 @@ std::variant<std::shared_ptr<backend>, std::string> make_microvm_backend(
     if (!s.kvm && o.accel == "kvm") return "microvm: accel kvm: " + why;
   }
   if (!s.kvm) {
-    // Under TCG the guest's TSC runs at the host's rate.
+    // Under TCG the guest's TSC runs at the host's rate. x86 Linux derives BogoMIPS from the
+    // TSC (2 × MHz), which, unlike "cpu MHz", does not move with frequency scaling.
     std::ifstream cpuinfo("/proc/cpuinfo");
     for (std::string line; std::getline(cpuinfo, line);) {
-      if (line.rfind("cpu MHz", 0) != 0) continue;
-      double mhz = std::atof(line.substr(line.find(':') + 1).c_str());
-      if (mhz > 100)
-        s.timer_args = fmt::format(" tsc_early_khz={}", static_cast<std::uint64_t>(mhz * 1000));
+      if (line.rfind("bogomips", 0) != 0) continue;
+      double bogomips = std::atof(line.substr(line.find(':') + 1).c_str());
+      if (bogomips > 200) {
+        s.timer_args = fmt::format(" tsc_early_khz={}", static_cast<std::uint64_t>(bogomips * 500));
+      }
       break;
     }
     s.timer_args += " tsc=reliable no_timer_check";
