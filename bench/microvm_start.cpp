@@ -43,10 +43,9 @@ int main(int argc, char** argv) {
   if (!process || !microvm) return 77;
   sandbox::ticket_issuer issuer;
   auto t_proc = issuer.issue({.id = "bench-p", .tenant = "bench"}).value();
-  auto t_vm = issuer
-                  .issue({.id = "bench-m", .tenant = "bench",
-                          .isolation = sandbox::isolation::microvm})
-                  .value();
+  auto t_vm =
+      issuer.issue({.id = "bench-m", .tenant = "bench", .isolation = sandbox::isolation::microvm})
+          .value();
   sandbox::run_request req{.runtime = "python3", .source = "print(1)"};
   for (int i = 0; i < 2; ++i) {  // warm-up: page cache, image disk, reactor
     rt->run(req, t_proc);
