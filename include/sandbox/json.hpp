@@ -51,12 +51,14 @@ std::string encode(const approval_request& a);
 /// Decodes a `session_request` (docs/protocol.md, "Sessions"): `{"v":1, "tool": NAME,
 /// "max_lifetime_ms": N, "idle_timeout_ms": N}`, only `tool` required. Strict like every
 /// document (`invalid_request` naming the field: unknown fields, wrong types, integers out of
-/// int64 range). Semantic checks (unknown tool, durations ≤ 0) are the runtime's, at
-/// `runtime::async_open_session`.
+/// int64 range, a duration ≤ 0: `max_lifetime_ms: must be > 0`). The tool's existence is
+/// checked by the runtime, at `runtime::async_open_session` (which also refuses durations
+/// ≤ 0 of requests built in C++).
 boost::system::result<session_request, rejection> decode_session_request(
     std::string_view json, const decode_options& = {});
 
-/// Encodes a session request as one line of JSON; `decode_session_request(encode(r)) == r`.
+/// Encodes a session request as one line of JSON; `decode_session_request(encode(r)) == r`
+/// for every `r` whose durations are unset or > 0.
 std::string encode(const session_request& r);
 
 /// Decodes a `session_result` (`{"v":1, "end": "closed", "result": RUN_RESULT,

@@ -527,13 +527,19 @@ boost::system::result<session_request, rejection> decode_session_request(
     check_known_fields(o, "", {"v", "tool", "max_lifetime_ms", "idle_timeout_ms"});
     session_request r;
     r.tool = as_string(require_member(o, "", "tool"), "tool");
-    // Signed, so that a negative value reaches the runtime's check ("≤ 0 is invalid") with
-    // its own message instead of a type error.
+    // Signed, so that a negative value gets "must be > 0" under its wire name (as the
+    // schema's minimum 1 says) instead of a type error; the runtime checks the same for
+    // requests built in C++.
+    const auto positive_ms = [](const json& v, const std::string& p) {
+      const std::int64_t ms = as_signed(v, p, int64_min, int64_max);
+      if (ms <= 0) detail::fail(p, "must be > 0");
+      return std::chrono::milliseconds(ms);
+    };
     optional_member(o, "", "max_lifetime_ms", [&](const json& v, const std::string& p) {
-      r.max_lifetime = std::chrono::milliseconds(as_signed(v, p, int64_min, int64_max));
+      r.max_lifetime = positive_ms(v, p);
     });
     optional_member(o, "", "idle_timeout_ms", [&](const json& v, const std::string& p) {
-      r.idle_timeout = std::chrono::milliseconds(as_signed(v, p, int64_min, int64_max));
+      r.idle_timeout = positive_ms(v, p);
     });
     return r;
   });

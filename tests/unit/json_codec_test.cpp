@@ -732,10 +732,10 @@ TEST_CASE("a session request decodes strictly and round-trips", "[json][session]
 
   sandbox::session_request full{.tool = "cat",
                                 .max_lifetime = std::chrono::milliseconds(60000),
-                                .idle_timeout = std::chrono::milliseconds(-5)};
+                                .idle_timeout = std::chrono::milliseconds(5)};
   auto back = sandbox::decode_session_request(sandbox::encode(full));
   REQUIRE(decoded(back));
-  CHECK(*back == full);  // ≤ 0 is the runtime's to refuse, with its own message
+  CHECK(*back == full);
 
   auto error = [](std::string_view json) {
     auto d = sandbox::decode_session_request(json);
@@ -747,6 +747,15 @@ TEST_CASE("a session request decodes strictly and round-trips", "[json][session]
   CHECK(error(R"({"tool":7})") == "tool: expected a string");
   CHECK(error(R"({"tool":"cat","binary":"/bin/sh"})") == "unknown field 'binary'");
   CHECK(error(R"({"tool":"cat","idle_timeout_ms":"5"})").rfind("idle_timeout_ms: ", 0) == 0);
+  // Durations ≤ 0 under their wire names (the schema's minimum 1), whatever the value.
+  for (const char* v : {"0", "-1", "-9223372036854775808"}) {
+    CHECK(error(R"({"tool":"cat","max_lifetime_ms":)"s + v + "}") ==
+          "max_lifetime_ms: must be > 0");
+    CHECK(error(R"({"tool":"cat","idle_timeout_ms":)"s + v + "}") ==
+          "idle_timeout_ms: must be > 0");
+  }
+  sandbox::session_request negative{.tool = "cat", .idle_timeout = std::chrono::milliseconds(-5)};
+  CHECK(error(sandbox::encode(negative)) == "idle_timeout_ms: must be > 0");
   CHECK(error(R"({"tool":"cat","max_lifetime_ms":1e400})") != "<decoded>");
   CHECK(error(R"({"tool":"cat","v":2})") != "<decoded>");
   CHECK(error(R"({"tool":"cat","tool":"sh"})") != "<decoded>");
