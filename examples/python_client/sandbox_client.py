@@ -75,7 +75,9 @@ class SandboxClient:
         self._failure = None
         self.unmatched = []  # answers with "id": null or an id we did not send
         self._sessions = {}  # session id -> Session
-        self._early_events = {}  # session id -> events before open_session registered it
+        #: Session events of no session of this client (one closed, or abandoned by a timed-out
+        #: open_session): dropped, only counted.
+        self.dropped_events = 0
         self._reader = threading.Thread(target=self._read_answers, daemon=True)
         self._reader.start()
 
@@ -132,17 +134,22 @@ class SandboxClient:
         `request` is a session request dict (`{"tool": NAME}`, optionally `max_lifetime_ms`,
         `idle_timeout_ms`). Raises SandboxError when the daemon refuses it (`invalid_request`
         for an unknown tool, `action_denied` when the ticket lacks `tool.run` for it,
-        `capacity` at the session caps, `runtime_unavailable`).
+        `capacity` at the session caps, `queue_timeout`, `runtime_unavailable`).
+
+        After `timeout` seconds without the answer it raises concurrent.futures.TimeoutError;
+        the request stays known by its id: should the session open later, this client closes
+        it (kill-and-confirm) as soon as the answer arrives and drops its output, so a
+        timed-out open leaves neither a live session nor memory behind.
         """
-        sid = self._send({"session_open": {"ticket": ticket, "request": request}}, None,
-                         lambda a: a["session"]).result(timeout)
-        session = Session(self, sid)
-        with self._lock:
-            self._sessions[sid] = session
-            # Events that raced ahead of the answer.
-            for event in self._early_events.pop(sid, []):
-                session._deliver(event)
-        return session
+        future = self._send({"session_open": {"ticket": ticket, "request": request}}, None,
+                            lambda a: self._register_session(a["session"]))
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            # Runs at once when the answer came meanwhile, else in the reader thread when it
+            # comes (the session is registered first, so none of its output is kept).
+            future.add_done_callback(self._abandon_open)
+            raise
 
     def stats(self, timeout=None):
         """The daemon's counters (`service_stats`): sessions, session_stdout_bytes, ..."""
@@ -203,6 +210,32 @@ class SandboxClient:
             raise
         return future
 
+    def _register_session(self, sid):
+        """Reader thread, at the session_open answer: the Session, registered before any of its
+        events is read (the daemon sends the answer before the session's first event)."""
+        session = Session(self, sid)
+        with self._lock:
+            self._sessions[sid] = session
+        return session
+
+    def _abandon_open(self, future):
+        """Done-callback of a timed-out open_session: closes the session it opened, if any."""
+        if future.cancelled() or future.exception() is not None:
+            return
+        session = future.result()
+        session._closed.set()  # its output is dropped from now on
+        session._drain()
+
+        def close_quietly():
+            try:
+                session.close(timeout=600)
+            except Exception:  # noqa: BLE001 - nobody waits for it; the connection may be gone
+                with self._lock:
+                    self._sessions.pop(session.id, None)
+
+        # Not in the reader thread: a close waits for the reader to bring its answer.
+        threading.Thread(target=close_quietly, daemon=True).start()
+
     def _read_answers(self):
         failure = ConnectionError("the sandbox daemon closed the connection")
         try:
@@ -212,7 +245,7 @@ class SandboxClient:
                     with self._lock:
                         session = self._sessions.get(answer["session"])
                         if session is None:
-                            self._early_events.setdefault(answer["session"], []).append(answer)
+                            self.dropped_events += 1
                     if session is not None:
                         session._deliver(answer)  # may wait: see Session.MAX_QUEUED
                     continue
@@ -251,6 +284,8 @@ class Session:
     """
 
     MAX_QUEUED = 256
+    #: readline's default bound on a line's length in bytes (its newline not counted).
+    MAX_LINE_BYTES = 4 << 20
 
     def __init__(self, client, session_id):
         self._client = client
@@ -300,18 +335,38 @@ class Session:
             return b""
         return chunk
 
-    def readline(self, timeout=None):
-        """The next line of the server's stdout, with its b"\n" (what is left at the end)."""
-        buf = b""
-        while True:
-            nl = buf.find(b"\n")
-            if nl >= 0:
-                self._pending = buf[nl + 1:] + self._pending
-                return buf[:nl + 1]
-            chunk = self.read(timeout)
-            if not chunk:
-                return buf
-            buf += chunk
+    def readline(self, timeout=None, max_bytes=None):
+        """The next line of the server's stdout, with its b"\n" (what is left at the end).
+
+        `timeout` (seconds) bounds the whole call: queue.Empty once it passed without a whole
+        line. A line longer than `max_bytes` (default MAX_LINE_BYTES; its newline not counted)
+        raises ValueError as soon as that many bytes came without a newline. Either way
+        nothing is lost: the bytes read so far are returned by the next read or readline.
+        """
+        limit = self.MAX_LINE_BYTES if max_bytes is None else max_bytes
+        deadline = None if timeout is None else time.monotonic() + timeout
+        buf = bytearray()
+        scanned = 0  # the newline search resumes here: linear in the line's length
+        try:
+            while True:
+                nl = buf.find(b"\n", scanned)
+                if nl > limit or (nl < 0 and len(buf) > limit):
+                    raise ValueError(f"session {self.id}: the server's line is longer than "
+                                     f"{limit} bytes (readline's max_bytes)")
+                if nl >= 0:
+                    self._pending = bytes(buf[nl + 1:]) + self._pending
+                    return bytes(buf[:nl + 1])
+                scanned = len(buf)
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise queue.Empty  # output keeps coming, but no whole line in time
+                chunk = self.read(left)
+                if not chunk:
+                    return bytes(buf)
+                buf += chunk
+        except BaseException:
+            self._pending = bytes(buf) + self._pending  # returned by the next read
+            raise
 
     def close_stdin(self, timeout=None):
         """Closes the server's stdin after the writes sent before (EOF for the server)."""
