@@ -62,6 +62,9 @@ def main():
         except SandboxError as e:
             check(f"20-deep nesting: SandboxError {e.code} under its own id",
                   e.code == "invalid_request" and not sb._pending)
+            # The documented limit of a document (16 levels), the line's own level named apart.
+            check(f"20-deep nesting: the message names the documented limit ({e.message})",
+                  e.message.startswith("nesting deeper than 16 levels"))
         except concurrent.futures.TimeoutError:
             check("20-deep nesting: no answer (the client would hang)", False)
 

@@ -788,6 +788,14 @@ void connection::handle_line(std::string_view line) {
     if (auto err = sandbox::detail::parse_strict(line, dopt, doc)) {
       // Two ids: neither is the line's own.
       const bool two_ids = *err == "duplicate field 'id'";
+      // The parser counts the line's own level; the documents in it (ticket, request) have
+      // the documented limit, which is what the message names (docs/protocol.md, "Lines").
+      if (err->rfind("nesting deeper than ", 0) == 0) {
+        *err = fmt::format(
+            "nesting deeper than {} levels (a document in the line; {} counting "
+            "the line itself)",
+            dopt.max_depth - 1, dopt.max_depth);
+      }
       queue_answer(error_line(two_ids ? std::nullopt
                                       : echo_id(leading_id(line, limits().max_id_bytes)),
                               "invalid_request", *err));
@@ -1244,9 +1252,12 @@ void connection::on_session_opened(const std::string& id, error_code ec,
   if (ec || !start.session) {
     svc_.sessions() -= 1;
     const auto c = ec && start.code == sandbox::code::ok ? sandbox::code::internal : start.code;
-    queue_answer(error_line(
-        id, sandbox::to_string(c),
-        start.message.empty() ? std::string("the session could not be started") : start.message));
+    std::string message =
+        start.message.empty() ? std::string("the session could not be started") : start.message;
+    // The runtime's invalid_request at open is about the request (its `tool`); name it as
+    // the wire does, like the decoder's messages.
+    if (c == sandbox::code::invalid_request) message = "session_open.request: " + message;
+    queue_answer(error_line(id, sandbox::to_string(c), message));
     resume();
     return;
   }
@@ -1256,12 +1267,24 @@ void connection::on_session_opened(const std::string& id, error_code ec,
   e.buf = std::make_shared<std::vector<char>>(limits().session_read_chunk_bytes);
   if (closed_ || stopping_) {
     // The client went away (or the daemon stops) while the server started: stop it at once.
+    log()(
+        sandbox::log_level::info,
+        fmt::format("serve: {}: session {} opened after the client left; closing it", name_, sid));
     close_session(sid, e);
     maybe_finish();
     return;
   }
   log()(sandbox::log_level::info, fmt::format("serve: {}: session {} opened", name_, sid));
   queue_answer(answer_line(id, "session", json_string(sid)));
+  if (eof_) {
+    // The client's input ended (shutdown(SHUT_WR), end of stdin) while the server started
+    // (queued for a slot, or starting): close_sessions() already ran and no session_close
+    // can come, so it is closed now, like the others (kill-and-confirm). The client still
+    // reads the answer, the output up to then and the eof event; the connection then ends.
+    log()(sandbox::log_level::info,
+          fmt::format("serve: {}: session {} opened after end of input; closing it", name_, sid));
+    close_session(sid, e);
+  }
   resume();
 }
 

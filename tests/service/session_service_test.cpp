@@ -6,7 +6,11 @@
 // daemon keeps serving.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,13 +23,16 @@ using namespace std::chrono_literals;
 
 namespace {
 
-/// The registry every test's daemon gets: `cat` (echoes stdin) and `flood` (writes stdout
-/// forever, reads nothing), both in the python3 image.
+/// The registry every test's daemon gets: `cat` (echoes stdin), `flood` (writes stdout
+/// forever, reads nothing) and `drip` (a byte every 50 ms, never a newline), all in the
+/// python3 image.
 std::filesystem::path session_config() {
   return clitest::write_scratch("svc-sessions.json", R"({"v":1,"tools":[
     {"name":"cat","image":"python3","binary":"/bin/cat"},
     {"name":"flood","image":"python3","binary":"/usr/bin/python3",
-     "args":["-c","import sys\nb = b'x' * 65536\nwhile True:\n    sys.stdout.buffer.write(b)\n"]}
+     "args":["-c","import sys\nb = b'x' * 65536\nwhile True:\n    sys.stdout.buffer.write(b)\n"]},
+    {"name":"drip","image":"python3","binary":"/usr/bin/python3",
+     "args":["-c","import sys, time\nwhile True:\n    sys.stdout.buffer.write(b'x')\n    sys.stdout.flush()\n    time.sleep(0.05)\n"]}
   ]})");
 }
 
@@ -400,4 +407,183 @@ TEST_CASE("the Python client drives an MCP server through the daemon: initialize
         return svctest::run_processes(instances).empty() && svctest::run_cgroups(instances).empty();
       },
       10s));
+}
+
+// --- end of input while a session_open is in progress ------------------------------------------
+//
+// With one scheduler slot, a second session_open waits in the queue until the first session
+// ends, and the first ends only when the client's input ends (close_sessions): so the second
+// opens, deterministically, after the daemon's "closing sessions" step ran. It must be closed
+// at once (kill-and-confirm), and the connection (or the stdio daemon) must then finish. The
+// second server is `flood`, a chatty server that never idles: left open, it would live to its
+// max_lifetime holding the only slot.
+
+namespace {
+
+json open_line(const std::string& id, const std::string& tool) {
+  return {
+      {"id", id},
+      {"session_open",
+       {{"ticket", session_ticket()}, {"request", {{"tool", tool}, {"idle_timeout_ms", 600000}}}}}};
+}
+
+/// What a client read from the daemon until the end: the answers by id, the sessions that
+/// sent their eof event, and their stdout bytes.
+struct transcript {
+  std::map<std::string, json> answers;
+  std::set<std::string> eof;
+  std::map<std::string, std::size_t> stdout_bytes;
+  bool ended = false;  ///< the whole input was read to its end
+
+  void add(const std::string& l) {
+    const json a = json::parse(l);
+    if (a.contains("id")) {
+      answers[a["id"].is_string() ? a["id"].get<std::string>() : "null"] = a;
+    } else if (a.contains("eof")) {
+      eof.insert(a["session"].get<std::string>());
+    } else {
+      stdout_bytes[a["session"].get<std::string>()] += a["stdout"].get<std::string>().size();
+    }
+  }
+
+  /// Checks the two sessions `a` (cat) and `b` (flood): both answered with a session id,
+  /// both closed (their eof event came).
+  void check_both_closed() const {
+    INFO("answers: " << json(answers).dump().substr(0, 2000));
+    REQUIRE(answers.count("a") == 1);
+    REQUIRE(answers.count("b") == 1);
+    REQUIRE(answers.at("a").contains("session"));
+    REQUIRE(answers.at("b").contains("session"));
+    CHECK(answers.size() == 2);
+    CHECK(eof.count(answers.at("a")["session"].get<std::string>()) == 1);
+    CHECK(eof.count(answers.at("b")["session"].get<std::string>()) == 1);
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "a session_open that completes after the client's input ended is closed at once; "
+    "the connection then ends",
+    "[service][session][eof]") {
+  svctest::daemon d({"--config", session_config().string(), "--max-running", "1",
+                     "--queue-deadline-ms", "120000"});
+  g_daemon = &d;
+  const auto instances = d.instances();
+  REQUIRE_FALSE(instances.empty());
+  svctest::client c(d.socket());
+  c.send(line(open_line("a", "cat")) + line(open_line("b", "flood")));
+  c.shutdown_write();
+  // Everything until the daemon closes the connection; a session left open would keep it
+  // open (flood never stops), so the bound is on the whole transcript.
+  transcript t;
+  const auto end = std::chrono::steady_clock::now() + 180s;
+  while (std::chrono::steady_clock::now() < end) {
+    auto l = c.read_line(60s);
+    if (!l) {
+      t.ended = c.closed_by_peer(1s);  // EOF, not 60 s of silence
+      break;
+    }
+    t.add(*l);
+  }
+  INFO("daemon log:\n" << d.log());
+  REQUIRE(std::chrono::steady_clock::now() < end);
+  CHECK(t.ended);
+  t.check_both_closed();
+  CHECK(d.log().find("opened after end of input; closing it") != std::string::npos);
+  CHECK(d.log().find("(idle_timeout)") == std::string::npos);
+  CHECK(d.log().find("(max_lifetime)") == std::string::npos);
+  CHECK(eventually([&] { return d.log().find(": done") != std::string::npos; }, 30s));
+  CHECK(eventually(
+      [&] {
+        return svctest::run_processes(instances).empty() && svctest::run_cgroups(instances).empty();
+      },
+      30s));
+  // The slot is free again: a new client's session opens.
+  svctest::client again(d.socket());
+  open_session(again, "cat", "again");
+  g_daemon = nullptr;
+}
+
+TEST_CASE(
+    "stdio mode: a session_open that completes after the end of stdin is closed at once; "
+    "the daemon exits 0",
+    "[service][session][eof]") {
+  const std::filesystem::path state = clitest::scratch() / "state-stdio-eof";
+  std::vector<std::string> args = {"serve",
+                                   "--stdio",
+                                   "-v",
+                                   "--config",
+                                   session_config().string(),
+                                   "--max-running",
+                                   "1",
+                                   "--queue-deadline-ms",
+                                   "120000"};
+  const auto f = svctest::store_flags(state);
+  args.insert(args.end(), f.begin(), f.end());
+  // Without the fix the daemon never exits: killed at the limit (status 137).
+  auto o =
+      clitest::sandboxctl(args, line(open_line("a", "cat")) + line(open_line("b", "flood")), 120s);
+  INFO("stderr: " << o.err << "\nstdout (start): " << o.out.substr(0, 2000));
+  CHECK(o.status == 0);
+  transcript t;
+  std::istringstream lines(o.out);
+  std::string l;
+  while (std::getline(lines, l)) t.add(l);
+  t.check_both_closed();
+  CHECK(o.err.find("opened after end of input; closing it") != std::string::npos);
+  CHECK(o.err.find("(idle_timeout)") == std::string::npos);
+  CHECK(o.err.find("(max_lifetime)") == std::string::npos);
+}
+
+TEST_CASE(
+    "session_open: a duration <= 0 and an unknown tool are refused under the request's "
+    "wire names",
+    "[service][session]") {
+  svctest::daemon d({"--config", session_config().string()});
+  svctest::client c(d.socket());
+  auto refusal = [&](const json& request) {
+    c.send(line(
+        {{"id", "o"}, {"session_open", {{"ticket", session_ticket()}, {"request", request}}}}));
+    const json a = c.answer();
+    INFO(a.dump());
+    REQUIRE(a["id"] == "o");
+    CHECK(a["error"]["code"] == "invalid_request");
+    return a["error"]["message"].get<std::string>();
+  };
+  for (std::int64_t v : {0LL, -1LL, -9223372036854775807LL - 1}) {
+    CHECK(refusal({{"tool", "cat"}, {"max_lifetime_ms", v}}) ==
+          "session_open.request: max_lifetime_ms: must be > 0");
+    CHECK(refusal({{"tool", "cat"}, {"idle_timeout_ms", v}}) ==
+          "session_open.request: idle_timeout_ms: must be > 0");
+  }
+  CHECK(refusal({{"tool", "nope"}}) ==
+        "session_open.request: tool: no registered tool named 'nope'");
+  CHECK(stats(c)["sessions"] == 0);
+}
+
+TEST_CASE(
+    "the Python client: a timed-out open_session leaves no session; readline's timeout "
+    "and line bound end the call without losing bytes",
+    "[service][session][python]") {
+  svctest::daemon d({"--config", session_config().string(), "--max-running", "1",
+                     "--queue-deadline-ms", "120000"});
+  const auto instances = d.instances();
+  auto p = svctest::spawn({"/usr/bin/python3",
+                           SANDBOX_SOURCE_DIR "/examples/python_client/session_limits_test.py",
+                           "--socket", d.socket().string()});
+  auto o = svctest::wait(p, 300s);
+  INFO("stdout: " << o.out << "\nstderr: " << o.err << "\ndaemon: " << d.log());
+  CHECK(o.status == 0);
+  CHECK(o.out.find("FAIL") == std::string::npos);
+  CHECK(o.out.find("ok   timed-out open: its session is closed once it opened") !=
+        std::string::npos);
+  CHECK(o.out.find("ok   readline(max_bytes): the bytes read are kept for read()") !=
+        std::string::npos);
+  CHECK(d.log().find("(idle_timeout)") == std::string::npos);
+  CHECK(eventually(
+      [&] {
+        return svctest::run_processes(instances).empty() && svctest::run_cgroups(instances).empty();
+      },
+      30s));
 }
