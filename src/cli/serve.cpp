@@ -1280,7 +1280,7 @@ void connection::on_session_opened(const std::string& id, error_code ec,
     // The client's input ended (shutdown(SHUT_WR), end of stdin) while the server started
     // (queued for a slot, or starting): close_sessions() already ran and no session_close
     // can come, so it is closed now, like the others (kill-and-confirm). The client still
-    // reads the answer, the output up to then and the eof event; the connection then ends.
+    // reads the answer and output read before the kill; the connection then ends.
     log()(sandbox::log_level::info,
           fmt::format("serve: {}: session {} opened after end of input; closing it", name_, sid));
     close_session(sid, e);
