@@ -32,6 +32,10 @@
 //   agent → host  file_open / file_data* / file_close   (after sandbox-init's `quiet`, before
 //                              the agent forwards it): the run's output files, collected in
 //                              the guest without following links
+//   agent → host  file_dropped (interleaved with those file frames, same time): an output
+//                              entry the agent did not send (over a cap, not a regular
+//                              file), so the result lists it in files_dropped as the host
+//                              levels' collector does
 //   agent → host  usage        payload: "key=value\0" pairs (usage_keys): the guest cgroup's
 //                              figures, sent just before the relayed `quiet`
 //   host → agent  finish       (only when the host's deadline or exit grace ends the run
@@ -72,6 +76,29 @@ enum class msg : std::uint32_t {
   /// are still alive in the guest. The agent kills the guest's run cgroup (sandbox-init with
   /// it), then sends the outputs, `usage` and a `quiet` of its own, as after sandbox-init's.
   finish = 107,
+  /// agent → host, among the output files: an entry of the output directory the agent did
+  /// not send. payload = its name (one component as the guest read it: 1..255 bytes, no '/'
+  /// or NUL, not "." or ".."); a = the reason (`dropped` below: the host collector's reasons
+  /// the guest can have; the store's are the host's own); b = 0. The agent judges entries in
+  /// the collector's order (the name, the type without following, the count cap, the byte
+  /// cap), so a bad name never uses up the count cap, and sends at most `max_dropped`. The
+  /// host refuses a name that is not one component, a reason out of range, `bad_name` for a
+  /// plain name (a bad name is `bad_name` whatever the guest says), a name twice (sent or
+  /// dropped), more than `max_dropped`, and any after `usage`.
+  file_dropped = 108,
+};
+
+/// Most file_dropped frames of one run: the host collector's scan limit
+/// (collect_limits::max_scan_entries), so a guest can list no more than a host level would.
+inline constexpr std::uint32_t max_dropped = 65536;
+
+/// file_dropped reasons: the values of sandbox::drop_reason (the host static_asserts that they
+/// match), spelled here because the statically linked agent does not include the public API.
+enum class dropped : std::uint32_t {
+  count_limit = 0,
+  bytes_limit = 1,
+  not_regular_file = 2,
+  bad_name = 3,  ///< not UTF-8, or control / invisible formatting characters (is_display_safe_name)
 };
 
 /// Setup steps of the agent, reported in `agent_failed`.

@@ -1892,6 +1892,19 @@ class init_run : public std::enable_shared_from_this<init_run> {
                                shared_->ctx.log);
       r.files_out = std::move(c.files);
       r.files_dropped = std::move(c.dropped);
+      // A guest's own drops (microvm): entries it kept in the VM. One list in name order, as
+      // the collector makes it on the host levels.
+      if (agent_) {
+        auto guest = agent_->dropped();
+        if (!guest.empty()) {
+          r.files_dropped.insert(r.files_dropped.end(), std::make_move_iterator(guest.begin()),
+                                 std::make_move_iterator(guest.end()));
+          std::stable_sort(r.files_dropped.begin(), r.files_dropped.end(),
+                           [](const dropped_file& a, const dropped_file& b) {
+                             return a.name_display < b.name_display;
+                           });
+        }
+      }
     }
     close_fd(out_dir_fd_);
     classify(r);

@@ -76,6 +76,10 @@ class agent_channel {
   virtual std::string on_frame(const init_protocol::init_header& h, std::string_view payload) = 0;
   /// The guest's usage report, once it came.
   virtual std::optional<guest_usage> usage() const = 0;
+  /// Output entries the guest reported and did not send (microvm: file_dropped), already
+  /// checked and capped, each with its display name and reason; the run machine merges them
+  /// into `files_dropped` beside the host collector's own. Empty by default.
+  virtual std::vector<dropped_file> dropped() const { return {}; }
 };
 
 /// How one backend starts sandbox-init. Implementations are thread-safe.

@@ -81,41 +81,7 @@ std::string check_nfc(std::string_view name) {
 
 }  // namespace
 
-std::size_t decode_utf8(std::string_view s, std::size_t i, char32_t& cp) noexcept {
-  const auto b0 = static_cast<unsigned char>(s[i]);
-  if (b0 < 0x80) {
-    cp = b0;
-    return 1;
-  }
-  std::size_t len = 0;
-  unsigned char lo = 0x80;  // bounds of the second byte (table 3-7)
-  unsigned char hi = 0xBF;
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    len = 2;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    len = 3;
-    if (b0 == 0xE0) lo = 0xA0;  // overlong
-    if (b0 == 0xED) hi = 0x9F;  // surrogates
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    len = 4;
-    if (b0 == 0xF0) lo = 0x90;  // overlong
-    if (b0 == 0xF4) hi = 0x8F;  // above U+10FFFF
-  } else {
-    return 0;  // continuation byte, C0/C1 (overlong), F5..FF
-  }
-  if (s.size() - i < len) return 0;
-  const auto b1 = static_cast<unsigned char>(s[i + 1]);
-  if (b1 < lo || b1 > hi) return 0;
-  char32_t value = b0 & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
-  value = (value << 6) | (b1 & 0x3F);
-  for (std::size_t k = 2; k < len; ++k) {
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    if (!is_continuation(b)) return 0;
-    value = (value << 6) | (b & 0x3F);
-  }
-  cp = value;
-  return len;
-}
+// decode_utf8 is inline in text_util.hpp (the microvm guest agent shares it).
 
 std::size_t utf8_error_offset(std::string_view s) noexcept {
   for (std::size_t i = 0; i < s.size();) {

@@ -15,6 +15,7 @@
 
 #include "backends/microvm/microvm_backend.hpp"
 #include "core/guest_protocol.hpp"
+#include "core/text_util.hpp"
 
 namespace {
 
@@ -247,4 +248,113 @@ TEST_CASE("guest channel: the staged files become file frames, setup goes first"
   CHECK(seen[3] == std::pair<std::uint32_t, std::string>{103, "in/d.bin"});
   CHECK(seen[4].second.size() + seen[5].second.size() == 300000);
   CHECK(seen[6].first == 105);
+}
+
+TEST_CASE("guest channel: entries the guest dropped are listed with their reasons", "[microvm]") {
+  using sandbox::drop_reason;
+  auto reason = [](gp::dropped d) { return static_cast<std::uint32_t>(d); };
+  fixture f({.max_files = 1, .max_bytes = 100});
+  f.ready();
+  REQUIRE(f.send(gp::msg::file_dropped, reason(gp::dropped::not_regular_file), 0, "fifo").empty());
+  REQUIRE(f.send(gp::msg::file_open, 0600, 1, "kept").empty());
+  REQUIRE(f.send(gp::msg::file_data, 0, 0, "x").empty());
+  REQUIRE(f.send(gp::msg::file_close).empty());
+  REQUIRE(f.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, "more").empty());
+  REQUIRE(f.send(gp::msg::file_dropped, reason(gp::dropped::bytes_limit), 0, "sparse").empty());
+  // A bad name is bad_name whatever reason the guest gave, in its escaped display form.
+  REQUIRE(f.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, "bad\x1b\xff").empty());
+  REQUIRE(f.send(gp::msg::file_dropped, reason(gp::dropped::bad_name), 0, "z\u202Eexe").empty());
+  std::vector<sandbox::dropped_file> want = {
+      {.name_display = "fifo", .reason = drop_reason::not_regular_file},
+      {.name_display = "more", .reason = drop_reason::count_limit},
+      {.name_display = "sparse", .reason = drop_reason::bytes_limit},
+      {.name_display = sandbox::escape_name_for_display("bad\x1b\xff"),
+       .reason = drop_reason::bad_name},
+      {.name_display = sandbox::escape_name_for_display("z\u202Eexe"),
+       .reason = drop_reason::bad_name},
+  };
+  CHECK(f.ch->dropped() == want);
+  CHECK(f.ch->dropped()[3].name_display.find('\x1b') == std::string::npos);
+  // Nothing is written for a dropped entry.
+  CHECK(f.tree() == std::set<std::string>{"out", "out/kept"});
+}
+
+TEST_CASE("guest channel: hostile file_dropped frames are refused", "[microvm]") {
+  auto reason = [](gp::dropped d) { return static_cast<std::uint32_t>(d); };
+  SECTION("names that are not one component") {
+    for (std::string_view bad : {std::string_view(""), std::string_view("."),
+                                 std::string_view(".."), std::string_view("a/b"),
+                                 std::string_view("/etc"), std::string_view("a\0b", 3)}) {
+      fixture f;
+      f.ready();
+      CHECK_FALSE(f.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, bad).empty());
+      CHECK(f.ch->dropped().empty());
+    }
+    fixture g;
+    g.ready();
+    CHECK_FALSE(
+        g.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, std::string(256, 'a'))
+            .empty());
+  }
+  SECTION("a reason the agent may not give (bad_name for a plain name, the store's, unknown)") {
+    for (auto r : {sandbox::drop_reason::bad_name, sandbox::drop_reason::quota_exceeded,
+                   sandbox::drop_reason::store_error}) {
+      fixture f;
+      f.ready();
+      CHECK_FALSE(f.send(gp::msg::file_dropped, static_cast<std::uint32_t>(r), 0, "a").empty());
+    }
+    fixture g;
+    g.ready();
+    CHECK_FALSE(g.send(gp::msg::file_dropped, 0xffffffffU, 0, "a").empty());
+    CHECK(g.ch->dropped().empty());
+  }
+  SECTION("a name twice, dropped or sent") {
+    fixture f;
+    f.ready();
+    REQUIRE(f.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, "a").empty());
+    CHECK_FALSE(f.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, "a").empty());
+    fixture g;
+    g.ready();
+    REQUIRE(g.send(gp::msg::file_open, 0600, 1, "a").empty());
+    REQUIRE(g.send(gp::msg::file_data, 0, 0, "x").empty());
+    REQUIRE(g.send(gp::msg::file_close).empty());
+    CHECK_FALSE(g.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, "a").empty());
+  }
+  SECTION("out of order: before agent_ready, while a file is open, after usage") {
+    fixture f;
+    CHECK_FALSE(f.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, "a").empty());
+    fixture g;
+    g.ready();
+    REQUIRE(g.send(gp::msg::file_open, 0600, 1, "a").empty());
+    CHECK_FALSE(g.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, "b").empty());
+    fixture h;
+    h.ready();
+    REQUIRE(h.send(gp::msg::usage, 0, 0, std::string_view("cpu_usec=1\0", 11)).empty());
+    CHECK_FALSE(h.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, "b").empty());
+  }
+  SECTION("more than the collector's scan limit") {
+    fixture f;
+    f.ready();
+    for (std::uint32_t i = 0; i < gp::max_dropped; ++i) {
+      REQUIRE(f.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0,
+                     "n" + std::to_string(i))
+                  .empty());
+    }
+    CHECK_FALSE(f.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, "last").empty());
+    CHECK(f.ch->dropped().size() == gp::max_dropped);
+  }
+}
+
+TEST_CASE("guest channel: the agent's name test is the collector's", "[microvm]") {
+  // The agent drops bad names itself (so they never use up the count cap) with
+  // detail::is_display_safe_name; the collector's test is "the display form is the name itself".
+  for (std::string_view n :
+       {std::string_view("a.txt"), std::string_view("caf\xc3\xa9"), std::string_view("a\\b"),
+        std::string_view("\xff"), std::string_view("a\x7f"), std::string_view("a\nb"),
+        std::string_view("\xe2\x80\xae" "cod.exe"), std::string_view("\xc2\x85"),
+        std::string_view("\xed\xa0\x80"), std::string_view("\xf0\x9f\x98\x80"),
+        std::string_view("\xef\xbb\xbf" "bom"), std::string_view("\xc0\xaf")}) {
+    CAPTURE(sandbox::escape_name_for_display(n));
+    CHECK(sandbox::detail::is_display_safe_name(n) == (sandbox::escape_name_for_display(n) == n));
+  }
 }

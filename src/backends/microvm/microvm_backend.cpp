@@ -39,6 +39,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include "backends/microvm/cpio.hpp"
@@ -189,6 +190,7 @@ class guest_channel final : public agent_channel {
   }
 
   std::optional<guest_usage> usage() const override { return usage_; }
+  std::vector<dropped_file> dropped() const override { return dropped_; }
 
  private:
   std::string handle(const ip::init_header& h, std::string_view payload) {
@@ -223,6 +225,7 @@ class guest_channel final : public agent_channel {
                                  : fmt::format("creating an output file: errno {}", errno);
         }
         file_fd_ = fd;
+        names_.insert(name);
         file_name_ = std::move(name);
         declared_ = static_cast<std::uint64_t>(h.b);
         written_ = 0;
@@ -249,6 +252,28 @@ class guest_channel final : public agent_channel {
         ::close(file_fd_);
         file_fd_ = -1;
         return {};
+      case gp::msg::file_dropped: {
+        // Untrusted like the files: one name component, a reason the agent may give, each
+        // name once (sent or dropped), no more than the collector's scan limit, and only
+        // before `usage`. A bad name is bad_name whatever the guest said (the collector judges
+        // the name first); a plain one cannot be. Kept as the display form.
+        if (usage_) return "file_dropped after usage";
+        if (file_fd_ >= 0) return "file_dropped while a file is open";
+        if (!valid_output_name(payload))
+          return "dropped output name " + quote_for_message(payload, 64);
+        if (h.a > static_cast<std::uint32_t>(gp::dropped::bad_name))
+          return fmt::format("dropped output reason {}", h.a);
+        const bool plain = is_display_safe_name(payload);  // text_util.hpp
+        if (plain && h.a == static_cast<std::uint32_t>(gp::dropped::bad_name))
+          return "a plain output name dropped as bad_name";
+        if (dropped_.size() >= gp::max_dropped) return "more dropped outputs than the scan limit";
+        std::string name(payload);
+        if (!names_.insert(name).second)
+          return "output name reported twice " + quote_for_message(name, 64);
+        dropped_.push_back({.name_display = escape_name_for_display(name),
+                            .reason = plain ? static_cast<drop_reason>(h.a) : drop_reason::bad_name});
+        return {};
+      }
       case gp::msg::usage: {
         if (usage_) return "usage twice";
         if (file_fd_ >= 0) return "usage while a file is open";
@@ -280,7 +305,18 @@ class guest_channel final : public agent_channel {
   std::string file_name_;
   std::uint64_t declared_ = 0, written_ = 0, files_ = 0, bytes_ = 0;
   std::optional<guest_usage> usage_;
+  std::vector<dropped_file> dropped_;
+  std::set<std::string> names_;  // every name sent or dropped (each at most once)
 };
+
+static_assert(static_cast<std::uint32_t>(drop_reason::count_limit) ==
+              static_cast<std::uint32_t>(gp::dropped::count_limit));
+static_assert(static_cast<std::uint32_t>(drop_reason::bytes_limit) ==
+              static_cast<std::uint32_t>(gp::dropped::bytes_limit));
+static_assert(static_cast<std::uint32_t>(drop_reason::not_regular_file) ==
+              static_cast<std::uint32_t>(gp::dropped::not_regular_file));
+static_assert(static_cast<std::uint32_t>(drop_reason::bad_name) ==
+              static_cast<std::uint32_t>(gp::dropped::bad_name));
 
 // --- the launcher -----------------------------------------------------------------------
 
@@ -467,6 +503,7 @@ class microvm_launcher final : public init_launcher {
       return inner_->on_frame(h, p);
     }
     std::optional<guest_usage> usage() const override { return inner_->usage(); }
+    std::vector<dropped_file> dropped() const override { return inner_->dropped(); }
 
    private:
     int dir_;

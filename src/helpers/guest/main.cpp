@@ -22,7 +22,8 @@
 //  6. Relay: file_* frames from the host are written into the workspace (names, sizes and
 //     count checked here too), `go` is forwarded only with no file open. On sandbox-init's
 //     `quiet`: the output files (no link followed, regular files only, capped) go to the host
-//     as file_* frames, then `usage`, then `quiet`.
+//     as file_* frames, the entries left out as file_dropped frames, then `usage`, then
+//     `quiet`.
 //  7. The control port closing (the host ended the run or died) powers the VM off at once.
 // Single-threaded, statically linked, no exceptions; nothing here trusts the host's frames
 // more than it must (a malformed one ends the VM).
@@ -54,6 +55,7 @@
 #include <vector>
 
 #include "core/guest_protocol.hpp"
+#include "core/text_util.hpp"
 
 namespace {
 
@@ -385,8 +387,20 @@ struct file_sink {
 };
 
 // 6b. The output files, after `quiet`: top-level regular files of the output directory,
-//     opened without following any link, at most `out_files` files and `out_bytes` bytes
-//     (what is past the caps is not sent).
+//     opened without following any link, at most `out_files` files and `out_bytes` bytes.
+//     Every other entry is reported as `file_dropped` with the reason the host levels'
+//     collector (core/collector.cpp) would give, judged in its order: the name, the type without
+//     following (a symlink, FIFO, socket, device or directory is never opened), then the
+//     count cap, then the byte cap on the size from the stat (a sparse 1 TiB file is never
+//     read); a file that is no longer a regular file when opened, or that the agent cannot
+//     read, is `not_regular_file`. A bad name (detail::is_display_safe_name, the collector's own
+//     test) is `bad_name` before anything else, so it never uses up the count cap. Names
+//     are visited in byte order, the smallest `gp::max_dropped` of them (the collector's
+//     scan limit); an entry that vanished since the scan is not listed.
+void send_dropped(const std::string& name, gp::dropped why) {
+  send_agent(gp::msg::file_dropped, static_cast<std::uint32_t>(why), 0, name);
+}
+
 void send_outputs(int out_dir, const setup_values& s) {
   if (out_dir < 0) return;
   int scan = openat(out_dir, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -398,37 +412,71 @@ void send_outputs(int out_dir, const setup_values& s) {
   }
   std::vector<std::string> names;
   while (dirent* e = readdir(d)) {
-    if (valid_component(e->d_name) && names.size() < 65536) names.emplace_back(e->d_name);
+    if (valid_component(e->d_name)) names.emplace_back(e->d_name);
   }
   closedir(d);
   std::sort(names.begin(), names.end());
+  if (names.size() > gp::max_dropped) names.resize(gp::max_dropped);
   std::uint64_t files = 0, total = 0;
   for (const auto& name : names) {
-    if (files >= s.out_files) break;
+    if (!sandbox::detail::is_display_safe_name(name)) {
+      send_dropped(name, gp::dropped::bad_name);
+      continue;
+    }
+    struct stat st {};
+    if (fstatat(out_dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) < 0) {
+      if (errno != ENOENT) send_dropped(name, gp::dropped::not_regular_file);
+      continue;
+    }
+    if (!S_ISREG(st.st_mode)) {
+      send_dropped(name, gp::dropped::not_regular_file);
+      continue;
+    }
+    if (files >= s.out_files) {
+      send_dropped(name, gp::dropped::count_limit);
+      continue;
+    }
+    if (st.st_size < 0 || total + static_cast<std::uint64_t>(st.st_size) > s.out_bytes) {
+      send_dropped(name, gp::dropped::bytes_limit);
+      continue;
+    }
     open_how how{};
     how.flags = O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
     how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
     int fd = static_cast<int>(syscall(SYS_openat2, out_dir, name.c_str(), &how, sizeof how));
-    if (fd < 0) continue;
-    struct stat st {};
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
-        total + static_cast<std::uint64_t>(st.st_size) > s.out_bytes) {
+    if (fd < 0) {
+      if (errno != ENOENT) send_dropped(name, gp::dropped::not_regular_file);
+      continue;
+    }
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
       close(fd);
+      send_dropped(name, gp::dropped::not_regular_file);
+      continue;
+    }
+    if (total + static_cast<std::uint64_t>(st.st_size) > s.out_bytes) {
+      close(fd);
+      send_dropped(name, gp::dropped::bytes_limit);
       continue;
     }
     std::string content;
     content.reserve(static_cast<std::size_t>(st.st_size));
     char buf[65536];
+    bool read_failed = false;
     for (;;) {
       ssize_t n = read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) read_failed = true;
       if (n <= 0) break;
       content.append(buf, static_cast<std::size_t>(n));
       if (content.size() > static_cast<std::size_t>(st.st_size)) break;  // grew: cut below
     }
     close(fd);
+    if (read_failed) {
+      send_dropped(name, gp::dropped::not_regular_file);
+      continue;
+    }
     if (content.size() > static_cast<std::size_t>(st.st_size))
       content.resize(static_cast<std::size_t>(st.st_size));
-    if (total + content.size() > s.out_bytes) continue;
     ++files;
     total += content.size();
     send_agent(gp::msg::file_open, st.st_mode & 0700, static_cast<std::int64_t>(content.size()),
