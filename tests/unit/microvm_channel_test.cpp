@@ -262,7 +262,8 @@ TEST_CASE("guest channel: entries the guest dropped are listed with their reason
   REQUIRE(f.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, "more").empty());
   REQUIRE(f.send(gp::msg::file_dropped, reason(gp::dropped::bytes_limit), 0, "sparse").empty());
   // A bad name is bad_name whatever reason the guest gave, in its escaped display form.
-  REQUIRE(f.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, "bad\x1b\xff").empty());
+  REQUIRE(
+      f.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, "bad\x1b\xff").empty());
   REQUIRE(f.send(gp::msg::file_dropped, reason(gp::dropped::bad_name), 0, "z\u202Eexe").empty());
   std::vector<sandbox::dropped_file> want = {
       {.name_display = "fifo", .reason = drop_reason::not_regular_file},
@@ -282,9 +283,9 @@ TEST_CASE("guest channel: entries the guest dropped are listed with their reason
 TEST_CASE("guest channel: hostile file_dropped frames are refused", "[microvm]") {
   auto reason = [](gp::dropped d) { return static_cast<std::uint32_t>(d); };
   SECTION("names that are not one component") {
-    for (std::string_view bad : {std::string_view(""), std::string_view("."),
-                                 std::string_view(".."), std::string_view("a/b"),
-                                 std::string_view("/etc"), std::string_view("a\0b", 3)}) {
+    for (std::string_view bad :
+         {std::string_view(""), std::string_view("."), std::string_view(".."),
+          std::string_view("a/b"), std::string_view("/etc"), std::string_view("a\0b", 3)}) {
       fixture f;
       f.ready();
       CHECK_FALSE(f.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, bad).empty());
@@ -351,9 +352,13 @@ TEST_CASE("guest channel: the agent's name test is the collector's", "[microvm]"
   for (std::string_view n :
        {std::string_view("a.txt"), std::string_view("caf\xc3\xa9"), std::string_view("a\\b"),
         std::string_view("\xff"), std::string_view("a\x7f"), std::string_view("a\nb"),
-        std::string_view("\xe2\x80\xae" "cod.exe"), std::string_view("\xc2\x85"),
-        std::string_view("\xed\xa0\x80"), std::string_view("\xf0\x9f\x98\x80"),
-        std::string_view("\xef\xbb\xbf" "bom"), std::string_view("\xc0\xaf")}) {
+        std::string_view("\xe2\x80\xae"
+                         "cod.exe"),
+        std::string_view("\xc2\x85"), std::string_view("\xed\xa0\x80"),
+        std::string_view("\xf0\x9f\x98\x80"),
+        std::string_view("\xef\xbb\xbf"
+                         "bom"),
+        std::string_view("\xc0\xaf")}) {
     CAPTURE(sandbox::escape_name_for_display(n));
     CHECK(sandbox::detail::is_display_safe_name(n) == (sandbox::escape_name_for_display(n) == n));
   }

@@ -270,8 +270,9 @@ class guest_channel final : public agent_channel {
         std::string name(payload);
         if (!names_.insert(name).second)
           return "output name reported twice " + quote_for_message(name, 64);
-        dropped_.push_back({.name_display = escape_name_for_display(name),
-                            .reason = plain ? static_cast<drop_reason>(h.a) : drop_reason::bad_name});
+        dropped_.push_back(
+            {.name_display = escape_name_for_display(name),
+             .reason = plain ? static_cast<drop_reason>(h.a) : drop_reason::bad_name});
         return {};
       }
       case gp::msg::usage: {
