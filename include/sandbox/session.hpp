@@ -50,8 +50,10 @@ struct session_request {
   /// `invalid_request` ("tool: no registered tool named …").
   std::string tool;
   /// Maximum lifetime (wall clock from the server's start). Unset: the host's default
-  /// (`session_options::default_lifetime`); clamped to `session_options::max_lifetime`.
-  /// ≤ 0 is `invalid_request`.
+  /// (`session_options::default_lifetime`); clamped to `session_options::max_lifetime` and
+  /// to the ticket's `max_timeout` (for a session the ticket's ceiling bounds its whole
+  /// life). A session also ends when its ticket expires (`ticket::expires_at`): then with
+  /// `session_end::ticket_expired`. ≤ 0 is `invalid_request`.
   std::optional<std::chrono::milliseconds> max_lifetime;
   /// Idle timeout: the session ends when no byte moved either way for this long. Unset: the
   /// host's default (`session_options::idle_timeout`); clamped to it. ≤ 0 is
@@ -82,6 +84,9 @@ enum class session_end : std::uint8_t {
   seccomp_violation,  ///< a forbidden system call (code `seccomp_violation`)
   killed,             ///< the session object was destroyed, or the runtime shut down
   failed,             ///< the sandbox failed (code `internal`)
+  /// The ticket expired (`ticket::expires_at`) while the session lived (code `timeout`): a
+  /// ticket stops granting anything when it expires, a live session included.
+  ticket_expired,
 };
 
 /// Wire name of a `session_end` ("closed", "server_exited", "idle_timeout", …).
@@ -93,7 +98,9 @@ struct session_result {
   /// As a run's: `code` (ok, timeout, oom, seccomp_violation, network_disabled, internal),
   /// exit code or signal of the server, usage (wall = the session's life), egress attempts,
   /// stderr as a blob (capped like a run's). `std_out.total_bytes` counts the bytes the host
-  /// read; stdout is never stored (`std_out.blob` is empty). `timeout` is the lifetime.
+  /// read; stdout is never stored (`std_out.blob` is empty). `timeout` is the lifetime
+  /// granted: min(request or default, `session_options::max_lifetime`, the ticket's
+  /// `max_timeout`, the time left until the ticket's `expires_at`).
   run_result result;
   std::uint64_t bytes_to_server = 0;    ///< bytes the server read from its stdin
   std::uint64_t bytes_from_server = 0;  ///< bytes the host read from the server's stdout

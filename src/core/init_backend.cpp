@@ -692,7 +692,8 @@ class init_run : public std::enable_shared_from_this<init_run> {
     } else if (idle_timed_out_) {
       sr.end = session_end::idle_timeout;
     } else if (timed_out_) {
-      sr.end = session_end::max_lifetime;
+      sr.end = sjob_.lifetime_ends_at_ticket_expiry ? session_end::ticket_expired
+                                                    : session_end::max_lifetime;
     } else if (r.code == sandbox::code::oom) {
       sr.end = session_end::oom;
     } else if (r.code == sandbox::code::seccomp_violation) {

@@ -36,6 +36,8 @@ std::string_view to_string(session_end e) noexcept {
       return "killed";
     case session_end::failed:
       return "failed";
+    case session_end::ticket_expired:
+      return "ticket_expired";
   }
   return "failed";
 }
@@ -83,6 +85,8 @@ class session_tracker {
     slot_ = std::move(s);
   }
   void waited(std::chrono::milliseconds w) noexcept { queue_wait_ = w; }
+  /// The lifetime granted in the end (cut to the ticket's expiry): the span's timeout.
+  void granted(std::chrono::milliseconds lifetime) noexcept { timeout_ = lifetime; }
 
   /// The session is over (or never started): its span, then its slot is released.
   void end(const session_result& r) noexcept {
@@ -242,7 +246,12 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
                   "tool: entry " + detail::quote_for_message(entry->name) + ": profile: unknown");
   }
   const sandbox::policy& pol = eff->limits;
-  auto lifetime = std::min(request.max_lifetime.value_or(opts.default_lifetime), opts.max_lifetime);
+  // The lifetime: the request's (or the host's default), under the host's ceiling and the
+  // ticket's `max_timeout` (a ticket's time ceiling bounds a session's whole life, as it
+  // bounds a run's); the ticket's expiry shortens it further when the slot is granted
+  // (below).
+  auto lifetime = std::min({request.max_lifetime.value_or(opts.default_lifetime),
+                            opts.max_lifetime, t.max_timeout()});
   auto idle = std::min(request.idle_timeout.value_or(opts.idle_timeout), opts.idle_timeout);
   admitted adm;
   adm.request.runtime = entry->name;
@@ -305,7 +314,24 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
   };
   auto p = std::make_shared<pending_open>(
       pending_open{std::move(chosen), std::move(job), std::move(sj), std::move(opened)});
-  auto start = [p, tracker](std::shared_ptr<detail::scheduler::slot> slot) {
+  auto start = [p, tracker, expires = t.expires_at(),
+                ex](std::shared_ptr<detail::scheduler::slot> slot) {
+    // Never past the ticket's expiry (a ticket stops granting anything when it expires): the
+    // lifetime is cut to the time left now, after the queue wait, and the session then ends
+    // as `ticket_expired` (code `timeout`). A ticket that expired while queued is refused.
+    if (expires) {
+      const auto left = std::chrono::floor<std::chrono::milliseconds>(
+          *expires - std::chrono::system_clock::now());
+      if (left.count() <= 0) {
+        return refuse(std::move(p->opened), ex, code::action_denied, "ticket expired");
+      }
+      auto& timeout = p->job.admitted.request.timeout;
+      if (left < timeout) {
+        timeout = left;
+        p->sj.lifetime_ends_at_ticket_expiry = true;
+      }
+    }
+    tracker->granted(p->job.admitted.request.timeout);
     tracker->hold(std::move(slot));
     p->chosen->open_session(std::move(p->job), std::move(p->sj), std::move(p->opened));
   };

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/image_build.hpp"
+#include "sandbox/json.hpp"
 #include "sandbox/testing/fake_backend.hpp"
 #include "unit/runtime_test_support.hpp"
 
@@ -212,6 +213,8 @@ class scripted_session_backend final : public sandbox::backend {
   std::string_view name() const noexcept override { return "scripted"; }
   void shutdown() noexcept override {}
   std::atomic<int> opened{0};
+  std::chrono::milliseconds last_lifetime{0};  ///< the last open's granted lifetime
+  bool last_ends_at_expiry = false;            ///< and whether it ends at the ticket's expiry
 
   class scripted_session final : public sandbox::session {
    public:
@@ -254,6 +257,8 @@ class scripted_session_backend final : public sandbox::backend {
   void open_session(sandbox::run_job job, sandbox::session_job sj,
                     session_handler handler) override {
     ++opened;
+    last_lifetime = job.admitted.request.timeout;
+    last_ends_at_expiry = sj.lifetime_ends_at_ticket_expiry;
     if (drop_) sj.on_end = nullptr;  // lost uncalled: the runtime must still free the slot
     auto s = std::make_shared<scripted_session>(job.run_id, std::move(sj.on_end), job.executor);
     sandbox::detail::post_completion(job.executor, std::move(handler),
@@ -378,4 +383,78 @@ TEST_CASE("session scheduling: a backend that loses on_end still gives the slot 
   auto spans = sink->spans();
   REQUIRE(spans.size() == 1);
   CHECK(attr(spans[0], "error_code") == "internal");
+}
+
+TEST_CASE("session admission: the ticket's max_timeout and expiry bound the lifetime",
+          "[session][ticket]") {
+  using namespace std::chrono_literals;
+  asio::io_context io;
+  auto rt = sandbox::runtime::create(io.get_executor(), options());
+  REQUIRE(rt.has_value());
+  auto backend = std::make_shared<scripted_session_backend>();
+  rt->add_backend(backend);
+  auto issue = [](std::chrono::milliseconds max_timeout,
+                  std::optional<std::chrono::system_clock::time_point> expires) {
+    sandbox::ticket_spec spec;
+    spec.id = "t-time";
+    spec.tenant = "acme";
+    spec.execute = false;
+    spec.tools = {"*"};
+    spec.max_timeout = max_timeout;
+    spec.expires_at = expires;
+    auto t = sandbox::ticket_issuer{}.issue(spec);
+    REQUIRE(t.has_value());
+    return *t;
+  };
+  auto close_it = [&](sandbox::session_start& st) {
+    std::optional<sandbox::session_result> r;
+    st.session->async_close([&](boost::system::error_code, sandbox::session_result x) { r = x; });
+    io.restart();
+    for (int i = 0; i < 1000 && !r; ++i) io.run_one_for(std::chrono::milliseconds(100));
+    REQUIRE(r.has_value());
+  };
+
+  // The ticket's ceiling bounds the request's lifetime and the host's default alike.
+  auto a = open(io, *rt, {.tool = "cat", .max_lifetime = 60s, .idle_timeout = std::nullopt},
+                issue(1000ms, std::nullopt));
+  REQUIRE(a.code == code::ok);
+  CHECK(backend->last_lifetime == 1000ms);
+  CHECK(!backend->last_ends_at_expiry);
+  close_it(a);
+  auto b = open(io, *rt, {.tool = "cat"}, issue(2500ms, std::nullopt));
+  REQUIRE(b.code == code::ok);
+  CHECK(backend->last_lifetime == 2500ms);
+  close_it(b);
+  // Under the ceiling, the request's own lifetime stands.
+  auto c = open(io, *rt, {.tool = "cat", .max_lifetime = 700ms, .idle_timeout = std::nullopt},
+                issue(8000ms, std::nullopt));
+  REQUIRE(c.code == code::ok);
+  CHECK(backend->last_lifetime == 700ms);
+  close_it(c);
+
+  // An expiry sooner than the lifetime cuts it to the time left, flagged for the backend
+  // (the end is reported as ticket_expired).
+  auto d = open(io, *rt, {.tool = "cat", .max_lifetime = 600s, .idle_timeout = std::nullopt},
+                issue(600000ms, std::chrono::system_clock::now() + 30s));
+  REQUIRE(d.code == code::ok);
+  CHECK(backend->last_ends_at_expiry);
+  CHECK(backend->last_lifetime > 28s);
+  CHECK(backend->last_lifetime <= 30s);
+  close_it(d);
+  // A later expiry does not touch the lifetime.
+  auto e = open(io, *rt, {.tool = "cat", .max_lifetime = 5s, .idle_timeout = std::nullopt},
+                issue(600000ms, std::chrono::system_clock::now() + 3600s));
+  REQUIRE(e.code == code::ok);
+  CHECK(!backend->last_ends_at_expiry);
+  CHECK(backend->last_lifetime == 5s);
+  close_it(e);
+
+  // The wire name of the new end.
+  CHECK(sandbox::to_string(sandbox::session_end::ticket_expired) == "ticket_expired");
+  sandbox::session_result r;
+  r.end = sandbox::session_end::ticket_expired;
+  r.result.code = code::timeout;
+  auto back = sandbox::decode_session_result(sandbox::encode(r));
+  REQUIRE(back.has_value());
+  CHECK(back->end == sandbox::session_end::ticket_expired);
 }

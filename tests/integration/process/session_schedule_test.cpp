@@ -68,7 +68,7 @@ sandbox::ticket ticket_for(const std::string& tenant, bool execute = false) {
               .tenant = tenant,
               .execute = execute,
               .isolation = sandbox::isolation::process,
-              .max_timeout = 8000ms,
+              .max_timeout = 600000ms,  // bounds a session's whole lifetime
               .max_memory_bytes = 1ULL << 30,
               .tools = {"*"}})
       .value();

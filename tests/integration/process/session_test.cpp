@@ -222,7 +222,7 @@ bool has_gvisor() {
 sandbox::ticket tool_ticket() {
   return sandbox::ticket_issuer{}
       .issue({.id = "itest-tools", .tenant = "itest", .execute = false,
-              .isolation = sandbox::isolation::process, .max_timeout = 8000ms,
+              .isolation = sandbox::isolation::process, .max_timeout = 600000ms,  // the lifetime ceiling
               .max_memory_bytes = 1ULL << 30, .tools = {"*"}})
       .value();
 }
@@ -640,6 +640,47 @@ TEST_CASE("session: the maximum lifetime ends it with timeout", "[session]") {
   CHECK(r.result.timeout == 300ms);
   s.reset();
   st.session.reset();
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("session: the ticket's max_timeout bounds the lifetime; its expiry ends it",
+          "[session][ticket]") {
+  auto before = snapshot();
+  {
+    // A ticket whose ceiling is 400 ms: a session asking for a minute lives 400 ms.
+    auto t = sandbox::ticket_issuer{}
+                 .issue({.id = "itest-short", .tenant = "itest", .execute = false,
+                         .isolation = sandbox::isolation::process, .max_timeout = 400ms,
+                         .max_memory_bytes = 1ULL << 30, .tools = {"*"}})
+                 .value();
+    auto st = open(runtime(), {.tool = "sleeper", .max_lifetime = 60s, .idle_timeout = 60s}, t);
+    REQUIRE(st.code == code::ok);
+    REQUIRE(eventually([&] { return st.session->stats().ended; }));
+    auto r = close(*st.session);
+    CHECK(r.end == session_end::max_lifetime);
+    CHECK(r.result.code == code::timeout);
+    CHECK(r.result.timeout == 400ms);
+    CHECK(r.result.timeout_clamped);
+  }
+  {
+    // A ticket that expires in ~2 s (whole seconds): the session ends at its expiry, as
+    // ticket_expired, long before its own lifetime and idle timeout.
+    sandbox::ticket_spec spec{.id = "itest-expiring", .tenant = "itest", .execute = false,
+                              .isolation = sandbox::isolation::process, .max_timeout = 600s,
+                              .max_memory_bytes = 1ULL << 30, .tools = {"*"}};
+    spec.expires_at = std::chrono::system_clock::now() + 3s;
+    auto t = sandbox::ticket_issuer{}.issue(spec).value();
+    auto st = open(runtime(), {.tool = "sleeper", .max_lifetime = 600s, .idle_timeout = 60s}, t);
+    REQUIRE(st.code == code::ok);
+    REQUIRE(eventually([&] { return st.session->stats().ended; }));
+    auto r = close(*st.session);
+    CHECK(r.end == session_end::ticket_expired);
+    CHECK(r.result.code == code::timeout);
+    CHECK(r.result.timeout <= 3000ms);
+    CHECK(r.result.signal == SIGKILL);
+    // What it was granted ended no earlier than the expiry (whole seconds of the ticket).
+    CHECK(std::chrono::system_clock::now() >= *t.expires_at());
+  }
   itest::check_host_unchanged(before);
 }
 
