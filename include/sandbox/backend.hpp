@@ -78,8 +78,10 @@ struct session_job {
   /// any `async_close` handler is queued. The runtime records the session's span and
   /// releases its scheduler slot there. Must not block; never throws. A backend that drops
   /// it uncalled (refusing the session) releases the slot by dropping it; the runtime then
-  /// records the span from the open's outcome.
-  std::function<void(const session_result&)> on_end;
+  /// records the span from the open's outcome. It may complete the record (the runtime
+  /// adds the receipt, `runtime_options::receipt_signer`): the backend hands the record,
+  /// as `on_end` left it, to every `async_close` handler.
+  std::function<void(session_result&)> on_end;
 };
 
 /// One warm pool's figures (sandbox/runtime.hpp `warm_pool_class`).

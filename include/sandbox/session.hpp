@@ -97,10 +97,14 @@ struct session_result {
   session_end end = session_end::failed;
   /// As a run's: `code` (ok, timeout, oom, seccomp_violation, network_disabled, internal),
   /// exit code or signal of the server, usage (wall = the session's life), egress attempts,
-  /// stderr as a blob (capped like a run's). `std_out.total_bytes` counts the bytes the host
+  /// stderr as a blob (capped like a run's; past the cap a live session's stderr is read
+  /// and discarded at most 1 MiB/s, so a flooding server blocks on its own pipe instead of
+  /// costing the host CPU). `std_out.total_bytes` counts the bytes the host
   /// read; stdout is never stored (`std_out.blob` is empty). `timeout` is the lifetime
   /// granted: min(request or default, `session_options::max_lifetime`, the ticket's
-  /// `max_timeout`, the time left until the ticket's `expires_at`).
+  /// `max_timeout`, the time left until the ticket's `expires_at`). With a
+  /// `runtime_options::receipt_signer`, `receipt` is the signed receipt of the session (as
+  /// a run's: its request's `tool` is the entry's name, `timeout_ms` the lifetime granted).
   run_result result;
   std::uint64_t bytes_to_server = 0;    ///< bytes the server read from its stdin
   std::uint64_t bytes_from_server = 0;  ///< bytes the host read from the server's stdout
@@ -211,7 +215,9 @@ struct session_start {
   /// backend at the level, the entry's image absent, a backend without sessions),
   /// `digest_mismatch` (the entry's or ticket's pin differs from the image),
   /// `queue_timeout` (no scheduler slot of the tenant's class within its queue deadline: a
-  /// session holds one for its whole life), `capacity` (the scheduler's queue is full),
+  /// session holds one for its whole life), `capacity` (the scheduler's queue is full, or
+  /// the host's or the tenant's session cap is reached: `scheduler_options::
+  /// max_session_slots`, `tenant_class_limits::max_session_slots`),
   /// `internal`.
   sandbox::code code = sandbox::code::ok;
   std::string message;  ///< short, sanitized; names the field for `invalid_request`

@@ -104,9 +104,11 @@ TEST_CASE("session: holds a scheduler slot for its life; queue_timeout, capacity
   // Tenant "queued": one slot, a short queue deadline. Tenant "solo": one slot, no queue.
   opts.scheduler.max_running = 8;
   opts.scheduler.classes["queued"] = {
-      .max_running = 1, .max_queued = 4, .weight = 1, .queue_deadline = 300ms};
+      .max_running = 1, .max_queued = 4, .weight = 1, .queue_deadline = 300ms,
+      .max_session_slots = 4};  // (the slot binds here, not the session cap)
   opts.scheduler.classes["solo"] = {
-      .max_running = 1, .max_queued = 0, .weight = 1, .queue_deadline = 300ms};
+      .max_running = 1, .max_queued = 0, .weight = 1, .queue_deadline = 300ms,
+      .max_session_slots = 4};
   opts.scheduler.tenant_classes = {{"queued", "queued"}, {"solo", "solo"}};
   opts.tools = {{.name = "sleeper",
                  .image = "python3",
