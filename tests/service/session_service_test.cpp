@@ -474,6 +474,7 @@ TEST_CASE(
     "the connection then ends",
     "[service][session][eof]") {
   svctest::daemon d({"--config", session_config().string(), "--max-running", "1",
+                     "--max-session-slots", "2",  // the one slot binds, not the session cap
                      "--queue-deadline-ms", "120000"});
   g_daemon = &d;
   const auto instances = d.instances();
@@ -524,6 +525,8 @@ TEST_CASE(
                                    session_config().string(),
                                    "--max-running",
                                    "1",
+                                   "--max-session-slots",  // the one slot binds
+                                   "2",
                                    "--queue-deadline-ms",
                                    "120000"};
   const auto f = svctest::store_flags(state);
@@ -574,6 +577,7 @@ TEST_CASE(
     "and line bound end the call without losing bytes",
     "[service][session][python]") {
   svctest::daemon d({"--config", session_config().string(), "--max-running", "1",
+                     "--max-session-slots", "2",  // the one slot binds, not the session cap
                      "--queue-deadline-ms", "120000"});
   const auto instances = d.instances();
   auto p = svctest::spawn({"/usr/bin/python3",
