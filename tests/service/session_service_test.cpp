@@ -597,6 +597,8 @@ TEST_CASE(
         return svctest::run_processes(instances).empty() && svctest::run_cgroups(instances).empty();
       },
       30s));
+}
+
 TEST_CASE("a session through the daemon obeys its ticket's max_timeout_ms and expires_at",
           "[service][session][ticket]") {
   svctest::daemon d({"--config", session_config().string()});
