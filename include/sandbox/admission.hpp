@@ -30,6 +30,12 @@ struct host_catalog {
     tool_entry entry;  ///< as registered (validated by `check_tool_entry`)
     /// Manifest digest of the entry's image, installed now; `std::nullopt` when absent.
     std::optional<std::string> digest;
+    /// Why the entry cannot run although its image is installed (its `binary` is missing in
+    /// the image, or not a regular executable file: checked at runtime creation, resolved
+    /// within the image's root), e.g. "binary: '/bin/nope' is missing in the image
+    /// 'python3'"; empty when it can. Its runs and sessions answer `runtime_unavailable`
+    /// with this message.
+    std::string unusable;
     bool operator==(const tool&) const = default;
   };
   /// Registered tools by name (`runtime_options::tools`).

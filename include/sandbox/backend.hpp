@@ -69,13 +69,19 @@ struct run_job {
 struct session_job {
   std::chrono::milliseconds idle_timeout{std::chrono::minutes(2)};  ///< no byte either way
   std::uint32_t stdin_buffer_bytes = 64 * 1024;  ///< host-side stdin buffer (bytes)
+  /// Set by the runtime when the lifetime (`run_job`'s `admitted.request.timeout`) ends at
+  /// the ticket's `expires_at` rather than at a lifetime ceiling: the backend then reports
+  /// the end as `session_end::ticket_expired` instead of `max_lifetime` (code `timeout`).
+  bool lifetime_ends_at_ticket_expiry = false;
   /// Set by the runtime: the backend calls it exactly once, with the closing record, when
   /// the session is over — every process of it confirmed dead, or it never started — before
   /// any `async_close` handler is queued. The runtime records the session's span and
   /// releases its scheduler slot there. Must not block; never throws. A backend that drops
   /// it uncalled (refusing the session) releases the slot by dropping it; the runtime then
-  /// records the span from the open's outcome.
-  std::function<void(const session_result&)> on_end;
+  /// records the span from the open's outcome. It may complete the record (the runtime
+  /// adds the receipt, `runtime_options::receipt_signer`): the backend hands the record,
+  /// as `on_end` left it, to every `async_close` handler.
+  std::function<void(session_result&)> on_end;
 };
 
 /// One warm pool's figures (sandbox/runtime.hpp `warm_pool_class`).

@@ -24,6 +24,11 @@ struct tenant_class_limits {
   std::uint32_t weight = 1;        ///< share of dispatches when tenants compete (≥ 1)
   /// Longest a run of this class waits for a slot; beyond → `queue_timeout`.
   std::chrono::milliseconds queue_deadline{10000};
+  /// Slots that live sessions of one tenant may hold at once (a session holds its slot for
+  /// its whole life). 0 (default): half of `max_running`, at least 1. A session open beyond
+  /// it is refused at once with `capacity` (it does not queue: a session is held for
+  /// minutes, and waiting for one to end would only hold the queue).
+  std::uint32_t max_session_slots = 0;
   bool operator==(const tenant_class_limits&) const = default;
 };
 
@@ -36,6 +41,11 @@ struct scheduler_options {
   tenant_class_limits default_class;  ///< for tenants not listed in `tenant_classes`
   std::map<std::string, tenant_class_limits> classes;  ///< class name → limits
   std::map<std::string, std::string> tenant_classes;   ///< tenant → class name
+  /// Slots that live sessions (of all tenants) may hold at once, so that idle sessions can
+  /// never take every slot from runs. 0 (default): half of `max_running`, at least 1. A
+  /// session open beyond it is refused at once with `capacity`. Not applied when
+  /// `max_running` is 0 (no scheduling).
+  std::uint32_t max_session_slots = 0;
   bool operator==(const scheduler_options&) const = default;
 };
 
@@ -46,6 +56,7 @@ struct scheduler_stats {
   std::uint64_t dispatched = 0;      ///< slots granted so far
   std::uint64_t queue_timeouts = 0;  ///< runs that waited past their deadline
   std::uint64_t rejected = 0;        ///< runs refused with `capacity`
+  std::uint32_t session_slots = 0;   ///< slots held by live sessions (part of `running`)
   bool operator==(const scheduler_stats&) const = default;
 };
 

@@ -50,8 +50,10 @@ struct session_request {
   /// `invalid_request` ("tool: no registered tool named …").
   std::string tool;
   /// Maximum lifetime (wall clock from the server's start). Unset: the host's default
-  /// (`session_options::default_lifetime`); clamped to `session_options::max_lifetime`.
-  /// ≤ 0 is `invalid_request`.
+  /// (`session_options::default_lifetime`); clamped to `session_options::max_lifetime` and
+  /// to the ticket's `max_timeout` (for a session the ticket's ceiling bounds its whole
+  /// life). A session also ends when its ticket expires (`ticket::expires_at`): then with
+  /// `session_end::ticket_expired`. ≤ 0 is `invalid_request`.
   std::optional<std::chrono::milliseconds> max_lifetime;
   /// Idle timeout: the session ends when no byte moved either way for this long. Unset: the
   /// host's default (`session_options::idle_timeout`); clamped to it. ≤ 0 is
@@ -82,6 +84,9 @@ enum class session_end : std::uint8_t {
   seccomp_violation,  ///< a forbidden system call (code `seccomp_violation`)
   killed,             ///< the session object was destroyed, or the runtime shut down
   failed,             ///< the sandbox failed (code `internal`)
+  /// The ticket expired (`ticket::expires_at`) while the session lived (code `timeout`): a
+  /// ticket stops granting anything when it expires, a live session included.
+  ticket_expired,
 };
 
 /// Wire name of a `session_end` ("closed", "server_exited", "idle_timeout", …).
@@ -92,8 +97,14 @@ struct session_result {
   session_end end = session_end::failed;
   /// As a run's: `code` (ok, timeout, oom, seccomp_violation, network_disabled, internal),
   /// exit code or signal of the server, usage (wall = the session's life), egress attempts,
-  /// stderr as a blob (capped like a run's). `std_out.total_bytes` counts the bytes the host
-  /// read; stdout is never stored (`std_out.blob` is empty). `timeout` is the lifetime.
+  /// stderr as a blob (capped like a run's; past the cap a live session's stderr is read
+  /// and discarded at most 1 MiB/s, so a flooding server blocks on its own pipe instead of
+  /// costing the host CPU). `std_out.total_bytes` counts the bytes the host
+  /// read; stdout is never stored (`std_out.blob` is empty). `timeout` is the lifetime
+  /// granted: min(request or default, `session_options::max_lifetime`, the ticket's
+  /// `max_timeout`, the time left until the ticket's `expires_at`). With a
+  /// `runtime_options::receipt_signer`, `receipt` is the signed receipt of the session (as
+  /// a run's: its request's `tool` is the entry's name, `timeout_ms` the lifetime granted).
   run_result result;
   std::uint64_t bytes_to_server = 0;    ///< bytes the server read from its stdin
   std::uint64_t bytes_from_server = 0;  ///< bytes the host read from the server's stdout
@@ -204,7 +215,9 @@ struct session_start {
   /// backend at the level, the entry's image absent, a backend without sessions),
   /// `digest_mismatch` (the entry's or ticket's pin differs from the image),
   /// `queue_timeout` (no scheduler slot of the tenant's class within its queue deadline: a
-  /// session holds one for its whole life), `capacity` (the scheduler's queue is full),
+  /// session holds one for its whole life), `capacity` (the scheduler's queue is full, or
+  /// the host's or the tenant's session cap is reached: `scheduler_options::
+  /// max_session_slots`, `tenant_class_limits::max_session_slots`),
   /// `internal`.
   sandbox::code code = sandbox::code::ok;
   std::string message;  ///< short, sanitized; names the field for `invalid_request`

@@ -1979,6 +1979,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   // Numbers are read as text and checked strictly below: "-1" must not wrap to 2^32-1.
   std::string max_running, max_queued, tenant_max_running, tenant_max_queued, queue_deadline_ms;
   std::string max_sessions, client_max_sessions;
+  std::string max_session_slots, tenant_max_session_slots;  // scheduler slots for sessions
   po::options_description d("serve options");
   d.add_options()("socket", po::value(&socket), "listen on this unix socket (mode 0660)")(
       "stdio", po::bool_switch(&stdio), "serve one client on stdin/stdout")(
@@ -1995,6 +1996,10 @@ int cmd_serve(const std::vector<std::string>& args) {
       "tenant-max-queued", po::value(&tenant_max_queued), "queued runs of one tenant")(
       "queue-deadline-ms", po::value(&queue_deadline_ms), "longest wait for a slot")(
       "max-sessions", po::value(&max_sessions), "sessions open at once, all clients (default 64)")(
+      "max-session-slots", po::value(&max_session_slots),
+      "scheduler slots sessions may hold, host-wide (default: half of max-running)")(
+      "tenant-max-session-slots", po::value(&tenant_max_session_slots),
+      "scheduler slots one tenant's sessions may hold (default: half of tenant-max-running)")(
       "client-max-sessions", po::value(&client_max_sessions),
       "sessions one client may have open at once (default 8)")(
       "trusted-keys", po::value(&trusted_keys),
@@ -2034,7 +2039,16 @@ int cmd_serve(const std::vector<std::string>& args) {
       tenant_max_queued_n;
   std::optional<std::int64_t> queue_deadline_n;
   std::optional<std::uint32_t> max_sessions_n, client_max_sessions_n;
+  std::optional<std::uint32_t> max_session_slots_n, tenant_max_session_slots_n;
   try {
+    if (vm.count("max-session-slots") != 0) {
+      max_session_slots_n =
+          parse_number<std::uint32_t>("max-session-slots", max_session_slots, 0, u32_max);
+    }
+    if (vm.count("tenant-max-session-slots") != 0) {
+      tenant_max_session_slots_n = parse_number<std::uint32_t>(
+          "tenant-max-session-slots", tenant_max_session_slots, 0, u32_max);
+    }
     if (vm.count("max-sessions") != 0) {
       max_sessions_n = parse_number<std::uint32_t>("max-sessions", max_sessions, 0, u32_max);
     }
@@ -2110,6 +2124,8 @@ int cmd_serve(const std::vector<std::string>& args) {
   if (max_queued_n) s.max_queued = *max_queued_n;
   if (tenant_max_running_n) s.default_class.max_running = *tenant_max_running_n;
   if (tenant_max_queued_n) s.default_class.max_queued = *tenant_max_queued_n;
+  if (max_session_slots_n) s.max_session_slots = *max_session_slots_n;
+  if (tenant_max_session_slots_n) s.default_class.max_session_slots = *tenant_max_session_slots_n;
   if (queue_deadline_n) s.default_class.queue_deadline = std::chrono::milliseconds(*queue_deadline_n);
   return serve(o);
 }

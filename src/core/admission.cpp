@@ -253,6 +253,10 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
                      std::string(is_tool ? "tool" : "runtime") + ": the image of " +
                          quote_for_message(name) + " is not installed"};
   }
+  if (tool != nullptr && !tool->unusable.empty()) {
+    return rejection{code::runtime_unavailable,
+                     "tool: " + quote_for_message(name) + ": " + tool->unusable};
+  }
   if (tool != nullptr && tool->entry.image_digest && *tool->entry.image_digest != *installed) {
     return rejection{code::digest_mismatch,
                      "tool: the installed image of " + quote_for_message(name) +

@@ -38,7 +38,11 @@ void optional_field(const json& o, const std::string& path, std::string_view key
 
 tenant_class_limits decode_class(const json& v, const std::string& path, tenant_class_limits c) {
   const json& o = as_object(v, path);
-  check_known_fields(o, path, {"max_running", "max_queued", "weight", "queue_deadline_ms"});
+  check_known_fields(o, path, {"max_running", "max_queued", "weight", "queue_deadline_ms",
+                               "max_session_slots"});
+  optional_field(o, path, "max_session_slots", [&](const json& x, const std::string& p) {
+    c.max_session_slots = static_cast<std::uint32_t>(as_unsigned(x, p, u32_max));
+  });
   optional_field(o, path, "max_running", [&](const json& x, const std::string& p) {
     c.max_running = static_cast<std::uint32_t>(as_unsigned(x, p, u32_max));
     if (c.max_running == 0) fail(p, "must be at least 1");
@@ -61,7 +65,11 @@ tenant_class_limits decode_class(const json& v, const std::string& path, tenant_
 void decode_scheduler(const json& v, const std::string& path, scheduler_options& s) {
   const json& o = as_object(v, path);
   check_known_fields(o, path,
-                     {"max_running", "max_queued", "default_class", "classes", "tenant_classes"});
+                     {"max_running", "max_queued", "default_class", "classes", "tenant_classes",
+                      "max_session_slots"});
+  optional_field(o, path, "max_session_slots", [&](const json& x, const std::string& p) {
+    s.max_session_slots = static_cast<std::uint32_t>(as_unsigned(x, p, u32_max));
+  });
   optional_field(o, path, "max_running", [&](const json& x, const std::string& p) {
     s.max_running = static_cast<std::uint32_t>(as_unsigned(x, p, u32_max));
   });

@@ -692,7 +692,8 @@ class init_run : public std::enable_shared_from_this<init_run> {
     } else if (idle_timed_out_) {
       sr.end = session_end::idle_timeout;
     } else if (timed_out_) {
-      sr.end = session_end::max_lifetime;
+      sr.end = sjob_.lifetime_ends_at_ticket_expiry ? session_end::ticket_expired
+                                                    : session_end::max_lifetime;
     } else if (r.code == sandbox::code::oom) {
       sr.end = session_end::oom;
     } else if (r.code == sandbox::code::seccomp_violation) {
@@ -711,6 +712,12 @@ class init_run : public std::enable_shared_from_this<init_run> {
     sr.bytes_to_server = bytes_to_server_.load();
     sr.bytes_from_server = bytes_from_server_.load();
     sr.result = std::move(r);
+    // The runtime's span, scheduler slot and receipt (session_job::on_end): once, before
+    // the record is kept and before any handler.
+    if (auto on_end = std::move(sjob_.on_end)) {
+      sjob_.on_end = nullptr;
+      on_end(sr);
+    }
     session_result_ = sr;
     ended_ = true;
     if (session_shared_) {
@@ -719,11 +726,6 @@ class init_run : public std::enable_shared_from_this<init_run> {
       session_shared_->last = stats_snapshot();
     }
     fail_pending_write(asio::error::operation_aborted);
-    // The runtime's span and scheduler slot (session_job::on_end): once, before any handler.
-    if (auto on_end = std::move(sjob_.on_end)) {
-      sjob_.on_end = nullptr;
-      on_end(sr);
-    }
     if (open_handler_) {
       // Never started: the open fails with the run's code (never `ok`).
       auto h = std::move(*open_handler_);
@@ -1440,6 +1442,10 @@ class init_run : public std::enable_shared_from_this<init_run> {
     finish();
   }
 
+  /// How fast a session's stderr is drained once past its capture cap (bytes per second; see
+  /// read_stream). docs/protocol.md and sandbox/session.hpp name the same figure.
+  static constexpr std::uint64_t session_stderr_drain_bytes_per_s = 1U << 20;
+
   void read_stream(asio::posix::stream_descriptor& d, stream_capture_buffer& cap, bool& open) {
     auto buf = std::make_shared<std::array<char, 65536>>();
     d.async_read_some(asio::buffer(*buf), [self = shared_from_this(), buf, &d, &cap, &open](
@@ -1452,7 +1458,21 @@ class init_run : public std::enable_shared_from_this<init_run> {
         }
         return;
       }
-      if (n >= 4096) return self->read_stream(d, cap, open);
+      // A session's stderr past its capture cap is only discarded, for as long as the
+      // session lives: it is drained at most `session_stderr_drain_bytes_per_s` (the
+      // descriptor is parked for the time those bytes are worth), so a server flooding its
+      // stderr costs the host a bounded share of a core, and blocks on its own pipe instead
+      // (a chatty logger under that rate never waits). Runs drain at full speed: their
+      // deadline bounds them.
+      std::chrono::milliseconds pause(2);
+      const bool throttled = self->session_ && &d == &self->stderr_ && cap.truncated() &&
+                             !self->main_status_;
+      if (throttled) {
+        pause = std::chrono::milliseconds(
+            std::max<std::uint64_t>(1, n * 1000 / session_stderr_drain_bytes_per_s));
+      } else if (n >= 4096) {
+        return self->read_stream(d, cap, open);
+      }
       // A trickle (e.g. one byte per write): let it collect in the pipe for a moment instead
       // of waking the host for every write. The descriptor is taken out of the reactor
       // meanwhile (an edge-triggered epoll would otherwise wake on every write); the writer
@@ -1463,7 +1483,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
       int& parked = is_out ? self->stdout_parked_ : self->stderr_parked_;
       auto& t = is_out ? self->stdout_park_ : self->stderr_park_;
       parked = d.release();
-      t.expires_after(std::chrono::milliseconds(2));
+      t.expires_after(pause);
       t.async_wait([self, &d, &cap, &open, &parked](boost::system::error_code) {
         if (parked < 0) return;  // teardown took it back
         d.assign(parked);

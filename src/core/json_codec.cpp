@@ -565,7 +565,7 @@ boost::system::result<session_result, rejection> decode_session_result(
     bool known = false;
     for (auto e : {session_end::closed, session_end::server_exited, session_end::idle_timeout,
                    session_end::max_lifetime, session_end::oom, session_end::seccomp_violation,
-                   session_end::killed, session_end::failed}) {
+                   session_end::killed, session_end::failed, session_end::ticket_expired}) {
       if (to_string(e) == end) {
         r.end = e;
         known = true;

@@ -3,7 +3,11 @@
 #include "sandbox/egress.hpp"
 #include "sandbox/runtime.hpp"
 
+#include <fcntl.h>
+#include <linux/openat2.h>
 #include <pwd.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -32,6 +36,7 @@
 
 #include "core/runtime_impl.hpp"
 #include "core/sha256.hpp"
+#include "core/text_util.hpp"
 #include "sandbox/admission.hpp"
 
 #ifdef SANDBOX_HAS_PROCESS_BACKEND
@@ -105,6 +110,38 @@ fs::path default_state_dir() {
 
 fs::path default_image_dir() { return is_root() ? root_image_dir : user_data_dir() / "images"; }
 fs::path default_blob_dir() { return is_root() ? root_blob_dir : user_data_dir() / "blobs"; }
+
+
+/// Why a registered tool's `binary` cannot run in its image's root `root` (empty: it can).
+/// Resolved inside the root (openat2 RESOLVE_IN_ROOT: links resolve as the sandbox will see
+/// them and never lead out of the image); it must be a regular file with an execute bit.
+/// Where openat2 is missing (Linux < 5.6) nothing is checked: the run then fails at exec.
+std::string check_tool_binary(const std::filesystem::path& root, const std::string& binary,
+                              const std::string& image) {
+  const int dir = ::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return {};
+  open_how how{};
+  how.flags = O_PATH | O_CLOEXEC;
+  how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
+  const std::string rel = binary.empty() || binary[0] != '/' ? binary : binary.substr(1);
+  const int fd = static_cast<int>(::syscall(SYS_openat2, dir, rel.c_str(), &how, sizeof how));
+  const int err = errno;
+  ::close(dir);
+  const std::string where = "binary: " + detail::quote_for_message(binary);
+  const std::string in = " in the image " + detail::quote_for_message(image);
+  if (fd < 0) {
+    if (err == ENOSYS || err == EPERM) return {};  // no openat2 here: exec will tell
+    return where + " is missing" + in;
+  }
+  struct stat st {};
+  const int rc = ::fstat(fd, &st);
+  ::close(fd);
+  if (rc != 0) return {};
+  if (!S_ISREG(st.st_mode) || (st.st_mode & 0111) == 0) {
+    return where + " is not a regular executable file" + in;
+  }
+  return {};
+}
 
 }  // namespace
 
@@ -403,6 +440,7 @@ error_code runtime_impl::resolve_tools(const runtime_options& o) {
       return bad;
     }
     std::optional<std::string> digest;
+    std::string unusable;
     if (auto f = o.fixed_digests.find(e.image); f != o.fixed_digests.end()) {
       digest = f->second;
     } else if (images_) {
@@ -412,6 +450,12 @@ error_code runtime_impl::resolve_tools(const runtime_options& o) {
         if (root) {
           digest = *d;
           tool_rootfs_.emplace(e.name, *root);
+          unusable = check_tool_binary(*root, e.binary, e.image);
+          if (!unusable.empty()) {
+            log(log_level::warning, "registry: " + where + "." + unusable +
+                                        "; the tool's runs and sessions answer "
+                                        "runtime_unavailable");
+          }
         } else {
           log(log_level::error, "registry: " + where + ".image: image " + *d +
                                     " cannot be unpacked: " + root.error().message() +
@@ -427,7 +471,7 @@ error_code runtime_impl::resolve_tools(const runtime_options& o) {
                                   "); the tool's runs answer runtime_unavailable");
     }
     // A pinned entry whose image moved on is kept: its runs answer digest_mismatch.
-    if (e.image_digest && *e.image_digest != *digest) {
+    if (e.image_digest && digest && *e.image_digest != *digest) {
       log(log_level::warning, "registry: " + where + ".image_digest: the current image of " +
                                   e.image + " is " + *digest + "; its runs are refused");
     }
@@ -441,7 +485,8 @@ error_code runtime_impl::resolve_tools(const runtime_options& o) {
       }
     }
     catalog_.tools.emplace(e.name,
-                           host_catalog::tool{.entry = std::move(entry), .digest = std::move(digest)});
+                           host_catalog::tool{.entry = std::move(entry), .digest = std::move(digest),
+                                              .unusable = std::move(unusable)});
   }
   return {};
 }

@@ -285,9 +285,53 @@ void scheduler::on_timer() {
   post_all(out);
 }
 
+std::shared_ptr<void> scheduler::take_session_place(const std::string& tenant,
+                                                    std::optional<rejection>& why) {
+  std::lock_guard lock(mu_);
+  if (options_.max_running != 0) {
+    const std::uint32_t host_cap = options_.max_session_slots != 0
+                                       ? options_.max_session_slots
+                                       : std::max<std::uint32_t>(1, options_.max_running / 2);
+    const auto& lim = limits_of(tenant);
+    const std::uint32_t tenant_cap = lim.max_session_slots != 0
+                                         ? lim.max_session_slots
+                                         : std::max<std::uint32_t>(1, lim.max_running / 2);
+    auto it = tenant_session_places_.find(tenant);
+    const std::uint32_t mine = it == tenant_session_places_.end() ? 0 : it->second;
+    if (session_places_ >= host_cap) {
+      ++stats_.rejected;
+      why = rejection{code::capacity, "host at its session cap: " + std::to_string(session_places_) +
+                                          " sessions hold slots (limit " +
+                                          std::to_string(host_cap) + "; the rest are for runs)"};
+      return nullptr;
+    }
+    if (mine >= tenant_cap) {
+      ++stats_.rejected;
+      why = rejection{code::capacity, "tenant at its session cap: " + std::to_string(mine) +
+                                          " sessions hold slots (limit " +
+                                          std::to_string(tenant_cap) + ")"};
+      return nullptr;
+    }
+  }
+  ++session_places_;
+  ++tenant_session_places_[tenant];
+  return std::shared_ptr<void>(new char(0), [w = weak_from_this(), tenant](void* p) {
+    delete static_cast<char*>(p);
+    if (auto s = w.lock()) {
+      std::lock_guard lock(s->mu_);
+      --s->session_places_;
+      auto it = s->tenant_session_places_.find(tenant);
+      if (it != s->tenant_session_places_.end() && --it->second == 0) {
+        s->tenant_session_places_.erase(it);
+      }
+    }
+  });
+}
+
 scheduler_stats scheduler::stats() const {
   std::lock_guard lock(mu_);
   scheduler_stats s = stats_;
+  s.session_slots = session_places_;
   s.running = running_;
   s.queued = static_cast<std::uint32_t>(waiters_.size());
   return s;

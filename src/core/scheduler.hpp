@@ -81,6 +81,14 @@ class scheduler : public std::enable_shared_from_this<scheduler> {
 
   scheduler_stats stats() const;
 
+  /// Takes a session place of `tenant` (scheduler_options / tenant_class_limits
+  /// `max_session_slots`), held beside the slot (`submit`) for the session's whole life and
+  /// given back by dropping the returned handle. Null, with `why` set to `capacity` naming
+  /// the cap, when the host's or the tenant's session cap is reached. Never null when
+  /// `max_running` is 0 (no scheduling, no cap).
+  std::shared_ptr<void> take_session_place(const std::string& tenant,
+                                           std::optional<rejection>& why);
+
   /// The limits that apply to `tenant`.
   const tenant_class_limits& limits_of(const std::string& tenant) const;
 
@@ -130,6 +138,8 @@ class scheduler : public std::enable_shared_from_this<scheduler> {
   double mean_hold_ms_ = 1000.0;  ///< EWMA of how long slots are held, for retry-after
   scheduler_stats stats_;
   bool shut_down_ = false;
+  std::uint32_t session_places_ = 0;                              ///< host-wide
+  std::unordered_map<std::string, std::uint32_t> tenant_session_places_;  ///< per tenant
 };
 
 }  // namespace sandbox::detail

@@ -36,6 +36,8 @@ std::string_view to_string(session_end e) noexcept {
       return "killed";
     case session_end::failed:
       return "failed";
+    case session_end::ticket_expired:
+      return "ticket_expired";
   }
   return "failed";
 }
@@ -60,11 +62,13 @@ void refuse(open_handler h, const boost::asio::any_io_executor& fallback, code c
 class session_tracker {
  public:
   session_tracker(std::shared_ptr<detail::runtime_impl> rt, const admitted& adm,
-                  std::string run_id, std::string ticket_id)
+                  std::string run_id, const ticket& t)
       : rt_(std::move(rt)),
+        ticket_(t),
+        request_(adm.request),
         run_id_(std::move(run_id)),
         tenant_(adm.tenant),
-        ticket_id_(std::move(ticket_id)),
+        ticket_id_(t.id()),
         isolation_(adm.isolation),
         timeout_(adm.request.timeout),
         runtime_(adm.runtime),
@@ -83,10 +87,40 @@ class session_tracker {
     slot_ = std::move(s);
   }
   void waited(std::chrono::milliseconds w) noexcept { queue_wait_ = w; }
+  /// A session place (scheduler::take_session_place), given back with the slot.
+  void keep(std::shared_ptr<void> place) {
+    std::lock_guard lk(mu_);
+    place_ = std::move(place);
+  }
+  /// The lifetime granted in the end (cut to the ticket's expiry): the span's timeout.
+  void granted(std::chrono::milliseconds lifetime) noexcept {
+    timeout_ = lifetime;
+    request_.timeout = lifetime;
+  }
 
-  /// The session is over (or never started): its span, then its slot is released.
-  void end(const session_result& r) noexcept {
+  /// The session is over (or never started): its receipt (a session a backend ran, when
+  /// the runtime has a `receipt_signer`: the same claims as a run's, the request being the
+  /// session's as run — tool name, lifetime as `timeout_ms`, memory limit), its span, then
+  /// its slot is released.
+  void end(session_result& r) noexcept {
     if (ended_.exchange(true)) return;
+    if (const auto& signer = rt_->receipt_signer(); signer && !r.result.backend.empty()) {
+      try {
+        run_request as_run = request_;
+        as_run.tool = as_run.runtime;  // the registry entry's name
+        as_run.runtime.clear();
+        auto doc = signer->sign(
+            make_receipt_claims(as_run, ticket_, r.result, std::chrono::system_clock::now()));
+        if (doc) {
+          r.result.receipt = std::move(*doc);
+        } else {
+          rt_->log(log_level::error,
+                   "session " + run_id_ + ": receipt not signed: " + doc.error().message());
+        }
+      } catch (...) {
+        rt_->log(log_level::error, "session " + run_id_ + ": receipt not signed (out of memory)");
+      }
+    }
     try {
       span s;
       s.name = "sandbox.session";
@@ -121,12 +155,16 @@ class session_tracker {
       rt_->log(log_level::warning, "span for session " + run_id_ + " lost (allocation failed)");
     }
     std::shared_ptr<detail::scheduler::slot> released;
+    std::shared_ptr<void> place;
     std::lock_guard lk(mu_);
     released = std::move(slot_);  // (destroyed after the lock: the scheduler dispatches)
+    place = std::move(place_);
   }
 
  private:
   std::shared_ptr<detail::runtime_impl> rt_;
+  ticket ticket_;        ///< what the session ran under (for its receipt)
+  run_request request_;  ///< the session as admitted (for its receipt)
   std::string run_id_, tenant_, ticket_id_;
   isolation isolation_;
   std::chrono::milliseconds timeout_;
@@ -136,6 +174,7 @@ class session_tracker {
   std::atomic<bool> ended_{false};
   std::mutex mu_;
   std::shared_ptr<detail::scheduler::slot> slot_;
+  std::shared_ptr<void> place_;
 };
 
 /// The closing record of a session that never started (refused by the scheduler or the
@@ -221,6 +260,11 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
         std::move(handler), ex, code::runtime_unavailable,
         "tool: the image " + detail::quote_for_message(entry->image) + " is not installed");
   }
+  if (!found->second.unusable.empty()) {
+    return refuse(std::move(handler), ex, code::runtime_unavailable,
+                  "tool: " + detail::quote_for_message(entry->name) + ": " +
+                      found->second.unusable);
+  }
   if (entry->image_digest && *entry->image_digest != *digest) {
     return refuse(
         std::move(handler), ex, code::digest_mismatch,
@@ -242,7 +286,12 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
                   "tool: entry " + detail::quote_for_message(entry->name) + ": profile: unknown");
   }
   const sandbox::policy& pol = eff->limits;
-  auto lifetime = std::min(request.max_lifetime.value_or(opts.default_lifetime), opts.max_lifetime);
+  // The lifetime: the request's (or the host's default), under the host's ceiling and the
+  // ticket's `max_timeout` (a ticket's time ceiling bounds a session's whole life, as it
+  // bounds a run's); the ticket's expiry shortens it further when the slot is granted
+  // (below).
+  auto lifetime = std::min({request.max_lifetime.value_or(opts.default_lifetime),
+                            opts.max_lifetime, t.max_timeout()});
   auto idle = std::min(request.idle_timeout.value_or(opts.idle_timeout), opts.idle_timeout);
   admitted adm;
   adm.request.runtime = entry->name;
@@ -283,10 +332,10 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
   //    queue: `capacity` — the open completes with that code. The session's span is
   //    recorded at its end, or here when it never starts.
   auto tracker =
-      std::make_shared<session_tracker>(impl, job.admitted, job.run_id, t.id());
+      std::make_shared<session_tracker>(impl, job.admitted, job.run_id, t);
   session_job sj{.idle_timeout = idle,
                  .stdin_buffer_bytes = std::max<std::uint32_t>(opts.stdin_buffer_bytes, 1),
-                 .on_end = [tracker](const session_result& r) { tracker->end(r); }};
+                 .on_end = [tracker](session_result& r) { tracker->end(r); }};
   // The open's outcome: a session that never started ends here, before its handler runs
   // (no-op when the backend reported its end already). The caller's executor stays the
   // handler's.
@@ -294,7 +343,10 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
   open_handler opened = boost::asio::bind_executor(
       caller_ex, [tracker, h = std::move(handler)](boost::system::error_code ec,
                                                    session_start st) mutable {
-        if (!st.session) tracker->end(not_started(st.code, st.message));
+        if (!st.session) {
+          auto r = not_started(st.code, st.message);
+          tracker->end(r);
+        }
         std::move(h)(ec, std::move(st));
       });
   struct pending_open {
@@ -305,12 +357,39 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
   };
   auto p = std::make_shared<pending_open>(
       pending_open{std::move(chosen), std::move(job), std::move(sj), std::move(opened)});
-  auto start = [p, tracker](std::shared_ptr<detail::scheduler::slot> slot) {
+  auto start = [p, tracker, expires = t.expires_at(),
+                ex](std::shared_ptr<detail::scheduler::slot> slot) {
+    // Never past the ticket's expiry (a ticket stops granting anything when it expires): the
+    // lifetime is cut to the time left now, after the queue wait, and the session then ends
+    // as `ticket_expired` (code `timeout`). A ticket that expired while queued is refused.
+    if (expires) {
+      const auto left = std::chrono::floor<std::chrono::milliseconds>(
+          *expires - std::chrono::system_clock::now());
+      if (left.count() <= 0) {
+        return refuse(std::move(p->opened), ex, code::action_denied, "ticket expired");
+      }
+      auto& timeout = p->job.admitted.request.timeout;
+      if (left < timeout) {
+        timeout = left;
+        p->sj.lifetime_ends_at_ticket_expiry = true;
+      }
+    }
+    tracker->granted(p->job.admitted.request.timeout);
     tracker->hold(std::move(slot));
     p->chosen->open_session(std::move(p->job), std::move(p->sj), std::move(p->opened));
   };
   auto sched = impl->sched();
   if (!sched) return start(nullptr);
+  // Sessions may hold only part of the slots (scheduler_options::max_session_slots, host-wide
+  // and per tenant): idle sessions can never take every slot from runs. Over it: `capacity`
+  // at once (a session does not queue for another session's end).
+  std::optional<rejection> why;
+  auto place = sched->take_session_place(t.tenant(), why);
+  if (!place) {
+    const rejection rej = why.value_or(rejection{code::capacity, "session cap reached"});
+    return refuse(std::move(p->opened), ex, rej.code, rej.message);
+  }
+  tracker->keep(std::move(place));
   sched->submit(t.tenant(), [p, tracker, start, ex = ex](detail::scheduler::outcome o) {
     if (!o.granted) {
       const rejection rej = o.rejected.value_or(rejection{code::internal, "internal error"});

@@ -5,6 +5,8 @@
 // cgroup left), the session caps, and bad session lines refused with their code while the
 // daemon keeps serving.
 #include <algorithm>
+#include <chrono>
+#include <ctime>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <map>
@@ -40,6 +42,7 @@ json session_ticket() {
   json t = svctest::ticket("sessvc");
   t["actions"] = {"tool.run"};
   t["tools"] = {"cat", "flood"};
+  t["max_timeout_ms"] = 600000;  // a session's lifetime ceiling: longer than any case here
   return t;
 }
 
@@ -471,6 +474,7 @@ TEST_CASE(
     "the connection then ends",
     "[service][session][eof]") {
   svctest::daemon d({"--config", session_config().string(), "--max-running", "1",
+                     "--max-session-slots", "2",  // the one slot binds, not the session cap
                      "--queue-deadline-ms", "120000"});
   g_daemon = &d;
   const auto instances = d.instances();
@@ -521,6 +525,8 @@ TEST_CASE(
                                    session_config().string(),
                                    "--max-running",
                                    "1",
+                                   "--max-session-slots",  // the one slot binds
+                                   "2",
                                    "--queue-deadline-ms",
                                    "120000"};
   const auto f = svctest::store_flags(state);
@@ -571,6 +577,7 @@ TEST_CASE(
     "and line bound end the call without losing bytes",
     "[service][session][python]") {
   svctest::daemon d({"--config", session_config().string(), "--max-running", "1",
+                     "--max-session-slots", "2",  // the one slot binds, not the session cap
                      "--queue-deadline-ms", "120000"});
   const auto instances = d.instances();
   auto p = svctest::spawn({"/usr/bin/python3",
@@ -590,4 +597,50 @@ TEST_CASE(
         return svctest::run_processes(instances).empty() && svctest::run_cgroups(instances).empty();
       },
       30s));
+}
+
+TEST_CASE("a session through the daemon obeys its ticket's max_timeout_ms and expires_at",
+          "[service][session][ticket]") {
+  svctest::daemon d({"--config", session_config().string()});
+  g_daemon = &d;
+  svctest::client c(d.socket());
+  // Opens `cat` under `ticket`, waits for its output's end (the session ends by itself: it
+  // never idles out within the daemon's 2 min default), then closes it for its result.
+  auto live_until_end = [&](const json& ticket, const std::string& tag) {
+    c.send(line({{"id", "open-" + tag},
+                 {"session_open", {{"ticket", ticket}, {"request", {{"tool", "cat"}}}}}}));
+    const json a = c.answer();
+    INFO(a.dump());
+    REQUIRE(a.contains("session"));
+    const std::string sid = a["session"];
+    std::string out;
+    bool eof = false;
+    answer_of(c, "", sid, out, eof);  // the eof event: the server was killed
+    CHECK(eof);
+    c.send(line({{"id", "close-" + tag}, {"session_close", {{"session", sid}}}}));
+    return answer_of(c, "close-" + tag, sid, out, eof)["session_result"];
+  };
+  {
+    json t = session_ticket();
+    t["max_timeout_ms"] = 1000;
+    const json r = live_until_end(t, "short");
+    INFO(r.dump());
+    CHECK(r["end"] == "max_lifetime");
+    CHECK(r["result"]["code"] == "timeout");
+    CHECK(r["result"]["timeout_ms"] == 1000);
+  }
+  {
+    json t = session_ticket();
+    const auto at = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now() + 3s);
+    std::tm tm{};
+    ::gmtime_r(&at, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    t["expires_at"] = buf;
+    const json r = live_until_end(t, "expiring");
+    INFO(r.dump());
+    CHECK(r["end"] == "ticket_expired");
+    CHECK(r["result"]["code"] == "timeout");
+    CHECK(r["result"]["timeout_ms"].get<std::int64_t>() <= 3000);
+  }
 }

@@ -8,8 +8,9 @@ using namespace std::chrono_literals;
 TEST_CASE("config: scheduler classes, warm pools and policy are applied", "[config]") {
   sandbox::runtime_options o;
   auto r = sandbox::apply_config(R"({"v":1,
-    "scheduler": {"max_running": 12, "max_queued": 500,
-                  "default_class": {"max_running": 2, "queue_deadline_ms": 3000},
+    "scheduler": {"max_running": 12, "max_queued": 500, "max_session_slots": 5,
+                  "default_class": {"max_running": 2, "queue_deadline_ms": 3000,
+                                    "max_session_slots": 1},
                   "classes": {"gold": {"max_running": 8, "weight": 3, "max_queued": 100}},
                   "tenant_classes": {"acme": "gold"}},
     "warm_pool": [{"runtime": "python3", "size": 4, "memory_limit_bytes": 134217728,
@@ -21,6 +22,9 @@ TEST_CASE("config: scheduler classes, warm pools and policy are applied", "[conf
   CHECK(o.scheduler.max_queued == 500);
   CHECK(o.scheduler.default_class.max_running == 2);
   CHECK(o.scheduler.default_class.queue_deadline == 3000ms);
+  CHECK(o.scheduler.max_session_slots == 5);
+  CHECK(o.scheduler.default_class.max_session_slots == 1);
+  CHECK(o.scheduler.classes.at("gold").max_session_slots == 0);  // absent: half of max_running
   CHECK(o.scheduler.classes.at("gold").weight == 3);
   CHECK(o.scheduler.classes.at("gold").max_running == 8);
   CHECK(o.scheduler.tenant_classes.at("acme") == "gold");
@@ -39,6 +43,8 @@ TEST_CASE("config: faults name their field and nothing is applied", "[config]") 
       {R"({"scheduler": {"max_runing": 3}})", "scheduler: unknown field 'max_runing'"},
       {R"({"scheduler": {"tenant_classes": {"acme": "gold"}}})", "scheduler.tenant_classes.acme: unknown class 'gold'"},
       {R"({"scheduler": {"classes": {"g": {"weight": 0}}}})", "scheduler.classes.g.weight: must be at least 1"},
+      {R"({"scheduler": {"max_session_slots": -1}})", "scheduler.max_session_slots"},
+      {R"({"scheduler": {"default_class": {"max_session_slots": "2"}}})", "scheduler.default_class.max_session_slots"},
       {R"({"scheduler": {"default_class": {"queue_deadline_ms": 0}}})", "scheduler.default_class.queue_deadline_ms: must be positive"},
       {R"({"warm_pool": [{"runtime": "python3", "size": "2"}]})", "warm_pool[0].size"},
       {R"({"policy": {"max_pids": 1}})", "policy.max_pids: must be at least 8"},

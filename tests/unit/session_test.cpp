@@ -8,6 +8,9 @@
 #include <catch2/catch.hpp>
 
 #include "core/image_build.hpp"
+#include "sandbox/json.hpp"
+#include "sandbox/receipt.hpp"
+#include "sandbox/signed_ticket.hpp"
 #include "sandbox/testing/fake_backend.hpp"
 #include "unit/runtime_test_support.hpp"
 
@@ -212,10 +215,12 @@ class scripted_session_backend final : public sandbox::backend {
   std::string_view name() const noexcept override { return "scripted"; }
   void shutdown() noexcept override {}
   std::atomic<int> opened{0};
+  std::chrono::milliseconds last_lifetime{0};  ///< the last open's granted lifetime
+  bool last_ends_at_expiry = false;            ///< and whether it ends at the ticket's expiry
 
   class scripted_session final : public sandbox::session {
    public:
-    scripted_session(std::string id, std::function<void(const sandbox::session_result&)> on_end,
+    scripted_session(std::string id, std::function<void(sandbox::session_result&)> on_end,
                      boost::asio::any_io_executor ex)
         : id_(std::move(id)), on_end_(std::move(on_end)), ex_(std::move(ex)) {}
     const std::string& id() const noexcept override { return id_; }
@@ -242,18 +247,22 @@ class scripted_session_backend final : public sandbox::backend {
       r.end = sandbox::session_end::closed;
       r.result.code = code::ok;
       r.bytes_to_server = 5;
+      r.result.run_id = id_;
+      r.result.backend = "scripted";
       if (auto f = std::move(on_end_)) f(r);
       on_end_ = nullptr;
       sandbox::detail::post_completion(ex_, std::move(h), boost::system::error_code{}, r);
     }
     std::string id_;
-    std::function<void(const sandbox::session_result&)> on_end_;
+    std::function<void(sandbox::session_result&)> on_end_;
     boost::asio::any_io_executor ex_;
   };
 
   void open_session(sandbox::run_job job, sandbox::session_job sj,
                     session_handler handler) override {
     ++opened;
+    last_lifetime = job.admitted.request.timeout;
+    last_ends_at_expiry = sj.lifetime_ends_at_ticket_expiry;
     if (drop_) sj.on_end = nullptr;  // lost uncalled: the runtime must still free the slot
     auto s = std::make_shared<scripted_session>(job.run_id, std::move(sj.on_end), job.executor);
     sandbox::detail::post_completion(job.executor, std::move(handler),
@@ -288,7 +297,9 @@ TEST_CASE("session scheduling: a slot per session until its end; queue_timeout, 
   o.scheduler.max_running = 1;
   o.scheduler.max_queued = 1;
   o.scheduler.default_class = {.max_running = 1, .max_queued = 1, .weight = 1,
-                               .queue_deadline = std::chrono::milliseconds(50)};
+                               .queue_deadline = std::chrono::milliseconds(50),
+                               .max_session_slots = 3};  // the slots bind here, not this cap
+  o.scheduler.max_session_slots = 3;
   auto rt = sandbox::runtime::create(io.get_executor(), o);
   REQUIRE(rt.has_value());
   auto backend = std::make_shared<scripted_session_backend>();
@@ -378,4 +389,192 @@ TEST_CASE("session scheduling: a backend that loses on_end still gives the slot 
   auto spans = sink->spans();
   REQUIRE(spans.size() == 1);
   CHECK(attr(spans[0], "error_code") == "internal");
+}
+
+TEST_CASE("session admission: the ticket's max_timeout and expiry bound the lifetime",
+          "[session][ticket]") {
+  using namespace std::chrono_literals;
+  asio::io_context io;
+  auto rt = sandbox::runtime::create(io.get_executor(), options());
+  REQUIRE(rt.has_value());
+  auto backend = std::make_shared<scripted_session_backend>();
+  rt->add_backend(backend);
+  auto issue = [](std::chrono::milliseconds max_timeout,
+                  std::optional<std::chrono::system_clock::time_point> expires) {
+    sandbox::ticket_spec spec;
+    spec.id = "t-time";
+    spec.tenant = "acme";
+    spec.execute = false;
+    spec.tools = {"*"};
+    spec.max_timeout = max_timeout;
+    spec.expires_at = expires;
+    auto t = sandbox::ticket_issuer{}.issue(spec);
+    REQUIRE(t.has_value());
+    return *t;
+  };
+  auto close_it = [&](sandbox::session_start& st) {
+    std::optional<sandbox::session_result> r;
+    st.session->async_close([&](boost::system::error_code, sandbox::session_result x) { r = x; });
+    io.restart();
+    for (int i = 0; i < 1000 && !r; ++i) io.run_one_for(std::chrono::milliseconds(100));
+    REQUIRE(r.has_value());
+  };
+
+  // The ticket's ceiling bounds the request's lifetime and the host's default alike.
+  auto a = open(io, *rt, {.tool = "cat", .max_lifetime = 60s, .idle_timeout = std::nullopt},
+                issue(1000ms, std::nullopt));
+  REQUIRE(a.code == code::ok);
+  CHECK(backend->last_lifetime == 1000ms);
+  CHECK(!backend->last_ends_at_expiry);
+  close_it(a);
+  auto b = open(io, *rt, {.tool = "cat"}, issue(2500ms, std::nullopt));
+  REQUIRE(b.code == code::ok);
+  CHECK(backend->last_lifetime == 2500ms);
+  close_it(b);
+  // Under the ceiling, the request's own lifetime stands.
+  auto c = open(io, *rt, {.tool = "cat", .max_lifetime = 700ms, .idle_timeout = std::nullopt},
+                issue(8000ms, std::nullopt));
+  REQUIRE(c.code == code::ok);
+  CHECK(backend->last_lifetime == 700ms);
+  close_it(c);
+
+  // An expiry sooner than the lifetime cuts it to the time left, flagged for the backend
+  // (the end is reported as ticket_expired).
+  auto d = open(io, *rt, {.tool = "cat", .max_lifetime = 600s, .idle_timeout = std::nullopt},
+                issue(600000ms, std::chrono::system_clock::now() + 30s));
+  REQUIRE(d.code == code::ok);
+  CHECK(backend->last_ends_at_expiry);
+  CHECK(backend->last_lifetime > 28s);
+  CHECK(backend->last_lifetime <= 30s);
+  close_it(d);
+  // A later expiry does not touch the lifetime.
+  auto e = open(io, *rt, {.tool = "cat", .max_lifetime = 5s, .idle_timeout = std::nullopt},
+                issue(600000ms, std::chrono::system_clock::now() + 3600s));
+  REQUIRE(e.code == code::ok);
+  CHECK(!backend->last_ends_at_expiry);
+  CHECK(backend->last_lifetime == 5s);
+  close_it(e);
+
+  // The wire name of the new end.
+  CHECK(sandbox::to_string(sandbox::session_end::ticket_expired) == "ticket_expired");
+  sandbox::session_result r;
+  r.end = sandbox::session_end::ticket_expired;
+  r.result.code = code::timeout;
+  auto back = sandbox::decode_session_result(sandbox::encode(r));
+  REQUIRE(back.has_value());
+  CHECK(back->end == sandbox::session_end::ticket_expired);
+}
+
+TEST_CASE("session scheduling: sessions hold at most their share of the slots",
+          "[session][scheduler][runtime]") {
+  auto tenant_ticket = [](const std::string& tenant) {
+    sandbox::ticket_spec spec;
+    spec.id = "t-" + tenant;
+    spec.tenant = tenant;
+    spec.execute = false;
+    spec.tools = {"*"};
+    auto t = sandbox::ticket_issuer{}.issue(spec);
+    REQUIRE(t.has_value());
+    return *t;
+  };
+  auto close_it = [](asio::io_context& io, sandbox::session_start& st) {
+    std::optional<sandbox::session_result> r;
+    st.session->async_close([&](boost::system::error_code, sandbox::session_result x) { r = x; });
+    io.restart();
+    for (int i = 0; i < 1000 && !r; ++i) io.run_one_for(std::chrono::milliseconds(100));
+    REQUIRE(r.has_value());
+  };
+  SECTION("configured caps: host-wide and per tenant, `capacity` at once beyond them") {
+    asio::io_context io;
+    auto o = options();
+    o.scheduler.max_running = 6;
+    o.scheduler.max_session_slots = 3;
+    o.scheduler.default_class.max_running = 6;
+    o.scheduler.default_class.max_session_slots = 2;
+    auto rt = sandbox::runtime::create(io.get_executor(), o);
+    REQUIRE(rt.has_value());
+    auto backend = std::make_shared<scripted_session_backend>();
+    rt->add_backend(backend);
+    auto a1 = open(io, *rt, {.tool = "cat"}, tenant_ticket("a"));
+    auto a2 = open(io, *rt, {.tool = "cat"}, tenant_ticket("a"));
+    REQUIRE(a1.code == code::ok);
+    REQUIRE(a2.code == code::ok);
+    auto a3 = open(io, *rt, {.tool = "cat"}, tenant_ticket("a"));
+    CHECK(a3.code == code::capacity);
+    CHECK(a3.message.find("tenant at its session cap") != std::string::npos);
+    auto b1 = open(io, *rt, {.tool = "cat"}, tenant_ticket("b"));
+    REQUIRE(b1.code == code::ok);
+    auto c1 = open(io, *rt, {.tool = "cat"}, tenant_ticket("c"));
+    CHECK(c1.code == code::capacity);
+    CHECK(c1.message.find("host at its session cap") != std::string::npos);
+    CHECK(c1.message.find("limit 3") != std::string::npos);
+    // Nothing of the refused ones reached the backend; 3 of the 6 slots stay for runs.
+    CHECK(backend->opened == 3);
+    CHECK(rt->queue_stats().running == 3);
+    CHECK(rt->queue_stats().session_slots == 3);
+    // A session's end gives its place back.
+    close_it(io, a1);
+    for (int i = 0; i < 100 && rt->queue_stats().session_slots != 2; ++i) {
+      io.run_one_for(std::chrono::milliseconds(10));
+    }
+    CHECK(rt->queue_stats().session_slots == 2);
+    auto c2 = open(io, *rt, {.tool = "cat"}, tenant_ticket("c"));
+    CHECK(c2.code == code::ok);
+    close_it(io, a2);
+    close_it(io, b1);
+    close_it(io, c2);
+  }
+  SECTION("defaults: half of max_running, host-wide and per tenant") {
+    asio::io_context io;
+    auto o = options();
+    o.scheduler.max_running = 4;
+    o.scheduler.default_class.max_running = 2;
+    auto rt = sandbox::runtime::create(io.get_executor(), o);
+    REQUIRE(rt.has_value());
+    rt->add_backend(std::make_shared<scripted_session_backend>());
+    auto a1 = open(io, *rt, {.tool = "cat"}, tenant_ticket("a"));
+    REQUIRE(a1.code == code::ok);
+    CHECK(open(io, *rt, {.tool = "cat"}, tenant_ticket("a")).code == code::capacity);  // tenant cap: 1 of 2
+    auto b1 = open(io, *rt, {.tool = "cat"}, tenant_ticket("b"));
+    REQUIRE(b1.code == code::ok);
+    CHECK(open(io, *rt, {.tool = "cat"}, tenant_ticket("c")).code == code::capacity);  // host cap: 2 of 4
+    CHECK(rt->queue_stats().running == 2);
+    close_it(io, a1);
+    close_it(io, b1);
+  }
+}
+
+TEST_CASE("session receipts: a session's closing result carries a signed receipt",
+          "[session][receipt]") {
+  asio::io_context io;
+  auto o = options();
+  const auto pem = sandbox::generate_ed25519_key().value();
+  o.receipt_signer = std::make_shared<const sandbox::receipt_signer>(
+      sandbox::receipt_signer::from_pem("r1", pem.private_pem).value());
+  auto rt = sandbox::runtime::create(io.get_executor(), o);
+  REQUIRE(rt.has_value());
+  rt->add_backend(std::make_shared<scripted_session_backend>());
+  const auto t = tool_ticket({"cat"});
+  auto st = open(io, *rt, {.tool = "cat"}, t);
+  REQUIRE(st.code == code::ok);
+  std::optional<sandbox::session_result> r;
+  st.session->async_close([&](boost::system::error_code, sandbox::session_result x) { r = x; });
+  io.restart();
+  for (int i = 0; i < 1000 && !r; ++i) io.run_one_for(std::chrono::milliseconds(100));
+  REQUIRE(r.has_value());
+  REQUIRE(r->result.receipt.has_value());
+  sandbox::receipt_verifier v;
+  REQUIRE(v.add_key("r1", pem.public_pem).has_value());
+  auto claims = v.verify(*r->result.receipt);
+  REQUIRE(claims.has_value());
+  CHECK(claims->run_id == st.session->id());
+  CHECK(claims->tenant == "acme");
+  CHECK(claims->ticket_id == t.id());
+  CHECK(claims->code == code::ok);
+  CHECK(claims->runtime == r->result.runtime);
+  CHECK(claims->request_sha256.size() == 64);
+  CHECK(!sandbox::receipt_mismatch(*claims, r->result).has_value());
+  // A session that never started (refused) has no receipt to give: nothing ran.
+  auto refused = open(io, *rt, {.tool = "nope"}, t);
+  CHECK(refused.code == code::invalid_request);
 }

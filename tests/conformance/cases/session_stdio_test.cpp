@@ -29,7 +29,7 @@ sandbox::ticket probe_ticket(sandbox::isolation level) {
               .tenant = "conformance",
               .execute = false,
               .isolation = level,
-              .max_timeout = 8000ms,
+              .max_timeout = 600000ms,  // a session's lifetime ceiling (several servers start slowly)
               .max_memory_bytes = 1ULL << 30,
               .tools = {conformance::session_probe_tool_name}})
       .value();

@@ -68,7 +68,7 @@ sandbox::ticket ticket_for(const std::string& tenant, bool execute = false) {
               .tenant = tenant,
               .execute = execute,
               .isolation = sandbox::isolation::process,
-              .max_timeout = 8000ms,
+              .max_timeout = 600000ms,  // bounds a session's whole lifetime
               .max_memory_bytes = 1ULL << 30,
               .tools = {"*"}})
       .value();
@@ -104,9 +104,11 @@ TEST_CASE("session: holds a scheduler slot for its life; queue_timeout, capacity
   // Tenant "queued": one slot, a short queue deadline. Tenant "solo": one slot, no queue.
   opts.scheduler.max_running = 8;
   opts.scheduler.classes["queued"] = {
-      .max_running = 1, .max_queued = 4, .weight = 1, .queue_deadline = 300ms};
+      .max_running = 1, .max_queued = 4, .weight = 1, .queue_deadline = 300ms,
+      .max_session_slots = 4};  // (the slot binds here, not the session cap)
   opts.scheduler.classes["solo"] = {
-      .max_running = 1, .max_queued = 0, .weight = 1, .queue_deadline = 300ms};
+      .max_running = 1, .max_queued = 0, .weight = 1, .queue_deadline = 300ms,
+      .max_session_slots = 4};
   opts.scheduler.tenant_classes = {{"queued", "queued"}, {"solo", "solo"}};
   opts.tools = {{.name = "sleeper",
                  .image = "python3",

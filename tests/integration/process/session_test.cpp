@@ -59,6 +59,9 @@ std::vector<sandbox::tool_entry> entries() {
   e.push_back(py_entry("sleeper", "import time\ntime.sleep(3600)"));
   // Writes without end, whether anyone reads or not.
   e.push_back(py_entry("flood", "import sys\nwhile True: sys.stdout.write('x' * 65536)"));
+  // Floods its stderr (reads nothing, writes no stdout).
+  e.push_back(py_entry("stderr-flood",
+                       "import sys\nb = b'e' * 65536\nwhile True: sys.stderr.buffer.write(b)"));
   // Children that try to outlive the session: setsid'd, SIGTERM ignored, double-forked.
   e.push_back(py_entry("forker", R"PY(
 import os, signal, sys, time
@@ -222,7 +225,7 @@ bool has_gvisor() {
 sandbox::ticket tool_ticket() {
   return sandbox::ticket_issuer{}
       .issue({.id = "itest-tools", .tenant = "itest", .execute = false,
-              .isolation = sandbox::isolation::process, .max_timeout = 8000ms,
+              .isolation = sandbox::isolation::process, .max_timeout = 600000ms,  // the lifetime ceiling
               .max_memory_bytes = 1ULL << 30, .tools = {"*"}})
       .value();
 }
@@ -639,6 +642,116 @@ TEST_CASE("session: the maximum lifetime ends it with timeout", "[session]") {
   CHECK(r.result.code == code::timeout);
   CHECK(r.result.timeout == 300ms);
   s.reset();
+  st.session.reset();
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("session: the ticket's max_timeout bounds the lifetime; its expiry ends it",
+          "[session][ticket]") {
+  auto before = snapshot();
+  {
+    // A ticket whose ceiling is 400 ms: a session asking for a minute lives 400 ms.
+    auto t = sandbox::ticket_issuer{}
+                 .issue({.id = "itest-short", .tenant = "itest", .execute = false,
+                         .isolation = sandbox::isolation::process, .max_timeout = 400ms,
+                         .max_memory_bytes = 1ULL << 30, .tools = {"*"}})
+                 .value();
+    auto st = open(runtime(), {.tool = "sleeper", .max_lifetime = 60s, .idle_timeout = 60s}, t);
+    REQUIRE(st.code == code::ok);
+    REQUIRE(eventually([&] { return st.session->stats().ended; }));
+    auto r = close(*st.session);
+    CHECK(r.end == session_end::max_lifetime);
+    CHECK(r.result.code == code::timeout);
+    CHECK(r.result.timeout == 400ms);
+    CHECK(r.result.timeout_clamped);
+  }
+  {
+    // A ticket that expires in ~2 s (whole seconds): the session ends at its expiry, as
+    // ticket_expired, long before its own lifetime and idle timeout.
+    sandbox::ticket_spec spec{.id = "itest-expiring", .tenant = "itest", .execute = false,
+                              .isolation = sandbox::isolation::process, .max_timeout = 600s,
+                              .max_memory_bytes = 1ULL << 30, .tools = {"*"}};
+    spec.expires_at = std::chrono::system_clock::now() + 3s;
+    auto t = sandbox::ticket_issuer{}.issue(spec).value();
+    auto st = open(runtime(), {.tool = "sleeper", .max_lifetime = 600s, .idle_timeout = 60s}, t);
+    REQUIRE(st.code == code::ok);
+    REQUIRE(eventually([&] { return st.session->stats().ended; }));
+    auto r = close(*st.session);
+    CHECK(r.end == session_end::ticket_expired);
+    CHECK(r.result.code == code::timeout);
+    CHECK(r.result.timeout <= 3000ms);
+    CHECK(r.result.signal == SIGKILL);
+    // What it was granted ended no earlier than the expiry (whole seconds of the ticket).
+    CHECK(std::chrono::system_clock::now() >= *t.expires_at());
+  }
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("registry: an entry whose binary is missing or not executable is flagged, refused",
+          "[session][registry]") {
+  runtime();  // the shared fixture: the image store and backends work here
+  std::string root;
+  auto opts = itest::private_runtime_options(&root);
+  auto make = [](std::string name, std::string binary) {
+    return sandbox::tool_entry{.name = std::move(name), .image = "python3",
+                               .image_digest = std::nullopt, .binary = std::move(binary),
+                               .args = {}, .input = sandbox::tool_input::stdin_bytes,
+                               .isolation = sandbox::isolation::process, .profile = {},
+                               .egress = {}, .env = {}};
+  };
+  // A missing file, a directory, a file without an execute bit; and one that resolves
+  // inside the image through a link (/usr/bin/python3 is one).
+  opts.tools = {make("missing", "/bin/no-such-binary"), make("directory", "/usr"),
+                make("not-exec", "/etc/passwd"), make("link", "/usr/bin/python3")};
+  auto made = sandbox::runtime::create(opts);
+  REQUIRE(made.has_value());
+  auto& rt = *made;
+  const auto cat = rt.catalog();
+  CHECK(cat.tools.at("missing").unusable.find("'/bin/no-such-binary' is missing") !=
+        std::string::npos);
+  CHECK(cat.tools.at("directory").unusable.find("not a regular executable file") !=
+        std::string::npos);
+  CHECK(cat.tools.at("not-exec").unusable.find("not a regular executable file") !=
+        std::string::npos);
+  CHECK(cat.tools.at("link").unusable.empty());
+  for (const char* name : {"missing", "directory", "not-exec"}) {
+    INFO(name);
+    auto st = open(rt, {.tool = name});
+    CHECK(st.code == code::runtime_unavailable);
+    CHECK(!st.session);
+    CHECK(st.message.find("binary: '") != std::string::npos);
+    CHECK(st.message.find(root) == std::string::npos);  // never a host path
+    // A one-shot run of the entry: the same answer, before anything starts.
+    sandbox::run_request req;
+    req.tool = name;
+    req.std_in = "x";
+    auto r = rt.run(req, tool_ticket());
+    CHECK(r.code == code::runtime_unavailable);
+    CHECK(r.message.find("binary: '") != std::string::npos);
+  }
+}
+
+TEST_CASE("session: stderr past its cap is drained at a bounded rate", "[session][stderr]") {
+  auto before = snapshot();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto st = open(runtime(), {.tool = "stderr-flood"});
+  REQUIRE(st.code == code::ok);
+  // Let it flood for a while (a wait, not a timing assertion).
+  std::this_thread::sleep_for(2500ms);
+  auto r = close(*st.session);
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  const auto& err = r.result.std_err;
+  INFO("stderr read: " << err.total_bytes << " bytes");
+  // It did flood past the cap (1 MiB kept, flagged)...
+  CHECK(err.truncated);
+  CHECK(err.total_bytes > err.bytes);
+  // ... but past the cap the host read at most 1 MiB/s of the session's life (the drain
+  // rate, init_backend.cpp), plus one 64 KiB read in flight and the pipe left at the end:
+  // unthrottled, this server writes gigabytes in that time.
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count();
+  const std::uint64_t bound = err.bytes + (1ULL << 20) * static_cast<std::uint64_t>(ms) / 1000 +
+                              4 * 65536;
+  CHECK(err.total_bytes <= bound);
   st.session.reset();
   itest::check_host_unchanged(before);
 }
