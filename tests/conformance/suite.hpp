@@ -114,6 +114,11 @@ struct expectations {
   /// stdin is untested). The session cases then assert exactly that refusal (never a
   /// weaker level, never a half-open session) and WARN; docs/security.md lists the gap.
   bool gap_sessions_refused = false;
+  /// GAP (library bug, open; microvm): bytes of a large stdout/stderr flood can be lost
+  /// between the guest's virtio-serial ports and the host's capture — the run ends `ok` with
+  /// fewer `total_bytes` than were written (2 of 12 soak floods under TCG). The soak's flood
+  /// then WARNs on the byte counts instead of failing; docs/security.md lists the fault.
+  bool gap_stream_bytes_lost = false;
 };
 
 /// One backend under test.
