@@ -59,6 +59,7 @@ namespace fs = std::filesystem;
 
 constexpr const char* kStatusPortName = "testbed.status";
 constexpr const char* kNewRoot = "/newroot";
+constexpr const char* kDiskView = "/disk";  // the disk again, outside the new root
 constexpr auto kDeviceWait = std::chrono::seconds(30);  // TCG on a loaded host is slow
 constexpr std::size_t kMaxArgvBytes = 64 * 1024;
 /// Writable tmpfs mounts over the read-only disk: path inside the root, mode.
@@ -204,10 +205,26 @@ void assemble_root() {
   if (!wait_for([] { return ::access("/dev/vda", F_OK) == 0; })) fail("no disk /dev/vda");
   mount_or_fail("/dev/vda", kNewRoot, "erofs", MS_RDONLY | MS_NODEV, nullptr);
   const std::string root = kNewRoot;
+  // The disk a second time, read-only, so that what it holds under a writable directory
+  // stays reachable once a tmpfs covers that directory: a build tree under /tmp or /root
+  // (a CI clone can be anywhere) is bound back in, read-only, at its own path.
+  must(::mkdir(kDiskView, 0755) == 0 || errno == EEXIST, "mkdir /disk");
+  mount_or_fail("/dev/vda", kDiskView, "erofs", MS_RDONLY | MS_NODEV, nullptr);
   for (const auto& w : kWritableDirs) {
     char data[64];
     std::snprintf(data, sizeof data, "mode=%o", static_cast<unsigned>(w.mode));
     mount_or_fail("tmpfs", root + w.path, "tmpfs", MS_NOSUID | MS_NODEV, data);
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(std::string(kDiskView) + w.path, ec)) {
+      const std::string name = e.path().filename().string();
+      const std::string target = root + w.path + "/" + name;
+      if (!e.is_directory(ec) || e.is_symlink(ec)) continue;  // the disk holds directories here
+      must(::mkdir(target.c_str(), 0755) == 0, "mkdir " + target);
+      must(::mount(e.path().c_str(), target.c_str(), nullptr, MS_BIND | MS_REC, nullptr) == 0,
+           "bind " + target);
+      must(::mount(nullptr, target.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) == 0,
+           "read-only " + target);
+    }
   }
   mount_or_fail("devtmpfs", root + "/dev", "devtmpfs", MS_NOSUID, "mode=0755");
   must(::mkdir((root + "/dev/pts").c_str(), 0755) == 0 || errno == EEXIST, "mkdir /dev/pts");
