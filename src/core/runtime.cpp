@@ -587,28 +587,13 @@ void runtime_impl::register_microvm_backend(const runtime_options& o) {
   if (!o.microvm.enabled) return;
   backend_status st{.isolation = isolation::microvm, .name = "microvm", .reason = {}};
 #ifdef SANDBOX_HAS_MICROVM_BACKEND
-  try {
-    auto made = detail::make_microvm_backend(backend_context(o), o.microvm);
-    if (auto* b = std::get_if<std::shared_ptr<backend>>(&made); b != nullptr && *b) {
-      st.registered = true;
-      std::lock_guard lk(mu_);
-      backends_[isolation::microvm] = *b;
-    } else if (auto* why = std::get_if<std::string>(&made)) {
-      st.reason = why->empty() ? "self-test failed" : *why;
-    } else {
-      st.reason = "the backend factory returned nothing";
-    }
-  } catch (const std::exception& e) {
-    st.reason = std::string("self-test threw: ") + e.what();
-  }
+  register_made([&] { return detail::make_microvm_backend(backend_context(o), o.microvm); },
+                std::move(st));
 #else
   (void)o;
   st.reason = "not built into this library (SANDBOX_BACKEND_MICROVM=OFF)";
+  record_status(std::move(st));
 #endif
-  if (!st.registered) log(log_level::warning, "microvm backend not registered: " + st.reason);
-  std::lock_guard lk(mu_);
-  statuses_.push_back(std::move(st));
-  refresh_levels_locked();
 }
 
 void runtime_impl::register_oci_backend(const runtime_options& o, const oci_backend_options& oci,
@@ -616,16 +601,27 @@ void runtime_impl::register_oci_backend(const runtime_options& o, const oci_back
   if (!oci.enabled) return;
   backend_status st{.isolation = level, .name = oci.runtime, .reason = {}};
 #ifdef SANDBOX_HAS_OCI_BACKEND
+  register_made([&] { return detail::make_oci_backend(backend_context(o), oci); }, std::move(st));
+#else
+  (void)o;
+  st.reason = "not built into this library (SANDBOX_BACKEND_OCI=OFF)";
+  record_status(std::move(st));
+#endif
+}
+
+void runtime_impl::register_made(
+    const std::function<std::variant<std::shared_ptr<backend>, std::string>()>& make,
+    backend_status st) {
   try {
-    auto made = detail::make_oci_backend(backend_context(o), oci);
+    auto made = make();
     if (auto* b = std::get_if<std::shared_ptr<backend>>(&made); b != nullptr && *b) {
-      if ((*b)->isolation() != level) {
-        st.reason = "runtime '" + oci.runtime + "' does not provide this level";
+      if ((*b)->isolation() != st.isolation) {
+        st.reason = "runtime '" + st.name + "' does not provide this level";
         (*b)->shutdown();
       } else {
         st.registered = true;
         std::lock_guard lk(mu_);
-        backends_[level] = *b;
+        backends_[st.isolation] = *b;
       }
     } else if (auto* why = std::get_if<std::string>(&made)) {
       st.reason = why->empty() ? "self-test failed" : *why;
@@ -635,12 +631,13 @@ void runtime_impl::register_oci_backend(const runtime_options& o, const oci_back
   } catch (const std::exception& e) {
     st.reason = std::string("self-test threw: ") + e.what();
   }
-#else
-  (void)o;
-  st.reason = "not built into this library (SANDBOX_BACKEND_OCI=OFF)";
-#endif
+  record_status(std::move(st));
+}
+
+void runtime_impl::record_status(backend_status st) {
   if (!st.registered) {
-    log(log_level::warning, std::string(to_string(level)) + " backend not registered: " + st.reason);
+    log(log_level::warning,
+        std::string(to_string(st.isolation)) + " backend not registered: " + st.reason);
   }
   std::lock_guard lk(mu_);
   statuses_.push_back(std::move(st));

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,7 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "core/scheduler.hpp"
@@ -122,6 +124,14 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
                             isolation level);
   /// The microvm level (backends/microvm), when `o.microvm.enabled`.
   void register_microvm_backend(const runtime_options& o);
+  /// Runs a backend factory (its self-test) and registers what it made at `st.isolation` —
+  /// a backend of another level is shut down and refused — or records why not in `st`; a
+  /// factory that throws is a refusal too. Then record_status.
+  void register_made(
+      const std::function<std::variant<std::shared_ptr<backend>, std::string>()>& make,
+      backend_status st);
+  /// Logs a refusal and adds `st` to the statuses; refreshes the catalog's levels.
+  void record_status(backend_status st);
   void refresh_levels_locked();
 
   boost::asio::any_io_executor executor_;
