@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "backends/microvm/vmm.hpp"
+#include "core/guest_protocol.hpp"
 
 namespace sandbox::detail {
 namespace {
@@ -49,21 +50,23 @@ class qemu_driver final : public vmm_driver {
         "virtio-blk-device,drive=d0",
         "-device",
         "virtio-serial-device",
-        "-chardev",
-        fmt::format("socket,id=ctl,fd={}", vmm_fd::ctl),
-        "-device",
-        "virtserialport,chardev=ctl,name=sandbox.ctl",
-        // Stream sockets (launcher::stdio_sockets): a socket chardev that the host does not
-        // drain fast enough throttles the port, so the guest's writes wait. (A file chardev
-        // on a pipe was seen losing most of a 24 MiB flood.)
-        "-chardev",
-        fmt::format("socket,id=out,fd={}", vmm_fd::out),
-        "-device",
-        "virtserialport,chardev=out,name=sandbox.stdout",
-        "-chardev",
-        fmt::format("socket,id=err,fd={}", vmm_fd::err),
-        "-device",
-        "virtserialport,chardev=err,name=sandbox.stderr",
+    };
+    // One virtio-serial port per stream socket the host passed, named as the guest agent
+    // looks them up. Stream sockets (launcher::stdio_sockets): a socket chardev that the host
+    // does not drain fast enough throttles the port, so the guest's writes wait. (A file
+    // chardev on a pipe was seen losing most of a 24 MiB flood.)
+    const struct {
+      const char* id;
+      int fd;
+      const char* name;
+    } ports[] = {{"ctl", vmm_fd::ctl, guest_protocol::ctl_port},
+                 {"out", vmm_fd::out, guest_protocol::stdout_port},
+                 {"err", vmm_fd::err, guest_protocol::stderr_port}};
+    for (const auto& p : ports) {
+      a.insert(a.end(), {"-chardev", fmt::format("socket,id={},fd={}", p.id, p.fd), "-device",
+                         fmt::format("virtserialport,chardev={},name={}", p.id, p.name)});
+    }
+    a.insert(a.end(), {
         // The guest's console goes to the VMM's log (host log only).
         "-add-fd",
         fmt::format("fd={},set=3", vmm_fd::console),
@@ -73,7 +76,7 @@ class qemu_driver final : public vmm_driver {
         "chardev:con",
         "-sandbox",
         "on,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-    };
+    });
     return a;
   }
 
