@@ -128,6 +128,13 @@ struct microvm_backend_options {
   std::filesystem::path qemu_path;
   /// `mkfs.erofs` (erofs-utils), which builds the image disks; empty: /usr/bin/mkfs.erofs.
   std::filesystem::path mkfs_erofs_path;
+  /// Warm pools of VMs booted to "sandbox-init ready" ahead of demand (none by default): a
+  /// matching run skips the VMM start and the guest boot. One-shot like the other levels'
+  /// pools: a VM serves one run and is destroyed with it (never reused, so no VM ever carries
+  /// a previous run's disk or memory); a VM that misses its ready deadline (the setup
+  /// budget) or dies while idle is destroyed and replaced. Each idle VM holds its guest RAM
+  /// (the class's memory limit + `guest_overhead_mib`) on the host.
+  std::vector<warm_pool_class> warm_pool;
 };
 
 /// The host side of network runs: each run granted the network gets its own egress proxy,

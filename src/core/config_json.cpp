@@ -163,11 +163,11 @@ void decode_oci(const json& v, const std::string& path, oci_backend_options& out
 
 // "microvm": {"kernel_dir": "/var/lib/agent-sandbox/microvm/kernel/current",
 //             "accel": "auto"|"kvm"|"tcg", "guest_overhead_mib": 96, "vmm_overhead_mib": 192,
-//             "qemu_path": ..., "mkfs_erofs_path": ...}. Present means enabled.
+//             "qemu_path": ..., "mkfs_erofs_path": ..., "warm_pool": [...]}. Present means enabled.
 void decode_microvm(const json& v, const std::string& path, microvm_backend_options& out) {
   const json& o = as_object(v, path);
   check_known_fields(o, path, {"kernel_dir", "accel", "guest_overhead_mib", "vmm_overhead_mib",
-                               "qemu_path", "mkfs_erofs_path"});
+                               "qemu_path", "mkfs_erofs_path", "warm_pool"});
   out.enabled = true;
   auto abs_path = [](const json& x, const std::string& q) {
     std::string p = as_string(x, q);
@@ -190,6 +190,8 @@ void decode_microvm(const json& v, const std::string& path, microvm_backend_opti
     out.vmm_overhead_mib = as_unsigned(x, q, 4096);
     if (out.vmm_overhead_mib < 64) fail(q, "must be at least 64");
   });
+  optional_field(o, path, "warm_pool",
+                 [&](const json& x, const std::string& q) { decode_pool(x, q, out.warm_pool); });
 }
 
 void decode_backends(const json& v, const std::string& path, runtime_options& opts) {

@@ -117,10 +117,15 @@ TEST_CASE("config: the microvm section enables the level and names its faults", 
   sandbox::runtime_options o;
   auto r = sandbox::apply_config(
       R"({"v": 1, "backends": {"microvm": {"kernel_dir": "/srv/kernel", "accel": "tcg",
-          "guest_overhead_mib": 128, "vmm_overhead_mib": 256}}})",
+          "guest_overhead_mib": 128, "vmm_overhead_mib": 256,
+          "warm_pool": [{"runtime": "python3", "size": 2, "memory_limit_bytes": 134217728}]}}})",
       o);
   REQUIRE(r.has_value());
   CHECK(o.microvm.enabled);
+  REQUIRE(o.microvm.warm_pool.size() == 1);
+  CHECK(o.microvm.warm_pool[0].size == 2);
+  CHECK(o.microvm.warm_pool[0].memory_limit_bytes == 134217728);
+  CHECK(o.process.warm_pool.empty());  // the level's own pools, not the process level's
   CHECK(o.microvm.kernel_dir == "/srv/kernel");
   CHECK(o.microvm.accel == "tcg");
   CHECK(o.microvm.guest_overhead_mib == 128);
@@ -131,6 +136,9 @@ TEST_CASE("config: the microvm section enables the level and names its faults", 
       {R"({"backends": {"microvm": {"guest_overhead_mib": 8}}})", "backends.microvm.guest_overhead_mib: must be at least 32"},
       {R"({"backends": {"microvm": {"vmm_overhead_mib": "big"}}})", "backends.microvm.vmm_overhead_mib"},
       {R"({"backends": {"microvm": {"kernel": "/x"}}})", "backends.microvm: unknown field 'kernel'"},
+      {R"({"backends": {"microvm": {"warm_pool": [{"runtime": "python3", "size": -1}]}}})",
+       "backends.microvm.warm_pool[0].size"},
+      {R"({"backends": {"microvm": {"warm_pool": {"runtime": "python3"}}}})", "backends.microvm.warm_pool"},
   };
   for (const auto& [doc, msg] : bad) {
     INFO(doc);

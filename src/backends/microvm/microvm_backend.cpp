@@ -715,7 +715,10 @@ std::variant<std::shared_ptr<backend>, std::string> make_microvm_backend(
   s.initramfs = build_initramfs(state, o.kernel_dir, init_fd, &why);
   ::close(init_fd);
   if (s.initramfs.empty()) return "microvm: " + why;
-  return make_init_backend(ctx, std::make_shared<microvm_launcher>(std::move(s)));
+  // The level's own pools (the context carries the process level's, which are not VMs).
+  init_backend_context c = ctx;
+  c.options.warm_pool = o.warm_pool;
+  return make_init_backend(c, std::make_shared<microvm_launcher>(std::move(s)));
 }
 
 }  // namespace sandbox::detail

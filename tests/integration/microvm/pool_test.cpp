@@ -1,0 +1,218 @@
+// Warm pools at the microvm level: VMs booted to "sandbox-init ready" ahead of demand,
+// handed out one run each, destroyed with it, replaced when they die idle.
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "integration/microvm/microvm_harness.hpp"
+
+using sandbox::code;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A runtime of its own (its own state dir), with one pool of size 1 at the microvm level.
+struct pooled_runtime {
+  std::unique_ptr<sandbox::runtime> rt;
+  std::string why;
+  fs::path dir;
+
+  pooled_runtime() {
+    auto opts = sandbox::default_runtime_options();
+    char tmpl[] = "/tmp/sandbox-mvpool-XXXXXX";
+    dir = mkdtemp(tmpl);
+    chmod(dir.c_str(), 0755);
+    opts.state_dir = dir / "state";
+    if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
+    if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
+    opts.blobs = sandbox::make_memory_blob_store();
+    opts.process_backend = false;
+    opts.microvm.enabled = true;
+    if (const char* k = std::getenv("SANDBOX_MICROVM_KERNEL_DIR")) opts.microvm.kernel_dir = k;
+    opts.microvm.warm_pool = {{.runtime = "python3", .size = 1}};
+    opts.policy.setup_budget = std::chrono::seconds(60);
+    opts.policy.max_timeout = std::chrono::seconds(30);
+    opts.log = sandbox::make_stderr_log_sink(sandbox::log_level::warning);
+    auto made = sandbox::runtime::create(opts);
+    if (!made) {
+      why = "runtime::create failed: " + made.error().message();
+      return;
+    }
+    for (const auto& b : made->backends()) {
+      if (b.isolation == sandbox::isolation::microvm && !b.registered) why = b.reason;
+    }
+    if (why.empty()) rt = std::make_unique<sandbox::runtime>(std::move(*made));
+  }
+  ~pooled_runtime() {
+    rt.reset();  // destroys the idle VMs
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+
+  sandbox::pool_stats stats() const {
+    for (const auto& s : rt->warm_pool_stats()) {
+      if (s.runtime == "python3") return s;
+    }
+    FAIL("no warm pool for python3 at the microvm level");
+    return {};
+  }
+
+  // Waits (bounded: a TCG boot on a loaded host takes tens of seconds) for a ready VM.
+  bool wait_ready(std::chrono::seconds bound = std::chrono::seconds(180)) const {
+    auto until = std::chrono::steady_clock::now() + bound;
+    while (std::chrono::steady_clock::now() < until) {
+      if (stats().ready >= 1) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
+
+  // Pids of this runtime's idle pool VMs: QEMU processes in a run cgroup of a pool instance
+  // ("r-<instance>-w<hex>") of this runtime's state dir.
+  std::vector<pid_t> pool_vmms() const {
+    std::vector<std::string> mine;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir / "state" / "microvm" / "instances", ec)) {
+      auto n = e.path().filename().string();
+      if (n.size() > 5 && n.substr(n.size() - 5) == ".lock") mine.push_back(n.substr(0, n.size() - 5));
+    }
+    std::vector<pid_t> out;
+    for (const auto& e : fs::directory_iterator("/proc", ec)) {
+      std::ifstream comm(e.path() / "comm");
+      std::string c;
+      if (!comm || !std::getline(comm, c) || c.rfind("qemu-system", 0) != 0) continue;
+      std::ifstream cg(e.path() / "cgroup");
+      std::string all((std::istreambuf_iterator<char>(cg)), {});
+      for (const auto& inst : mine) {
+        if (all.find("/r-" + inst + "-w") != std::string::npos) {
+          out.push_back(static_cast<pid_t>(std::stoi(e.path().filename().string())));
+        }
+      }
+    }
+    return out;
+  }
+};
+
+pooled_runtime& pooled() {
+  static pooled_runtime p;
+  return p;
+}
+
+bool available() {
+  auto& p = pooled();
+  if (p.rt) return true;
+  if (mvtest::must_work()) FAIL("microvm backend required (CI): " << p.why);
+  WARN("skipped: " << p.why);
+  return false;
+}
+
+sandbox::run_result run_pooled(const std::string& source, sandbox::run_request base = {}) {
+  base.runtime = "python3";
+  base.source = source;
+  // An emulated (TCG) guest on a loaded host can take seconds to start Python.
+  base.timeout = std::chrono::seconds(20);
+  auto r = pooled().rt->run(base, mvtest::ticket());
+  UNSCOPED_INFO("result: code=" << to_string(r.code) << " message=" << r.message
+                                << " setup_ms=" << r.usage.setup.count() << "\nstdout: "
+                                << r.std_out.summary << "\nstderr: " << r.std_err.summary);
+  return r;
+}
+
+// The guest kernel's boot id, what /tmp/mark held before, and the input file, then a mark in
+// /tmp and an output file.
+const char* kProbe =
+    "import os\n"
+    "boot = open('/proc/sys/kernel/random/boot_id').read().strip()\n"
+    "print('boot', boot)\n"
+    "print('mark', os.path.exists('/tmp/mark'))\n"
+    "p = os.path.join(os.environ['SANDBOX_INPUT_DIR'], 'in.txt')\n"
+    "print('input', open(p).read() if os.path.exists(p) else None)\n"
+    "open('/tmp/mark', 'w').write('x')\n"
+    "open(os.environ['SANDBOX_OUTPUT_DIR'] + '/o.txt', 'w').write(boot)\n";
+
+std::string field(const std::string& out, const std::string& key) {
+  auto at = out.find(key + " ");
+  if (at == std::string::npos) return {};
+  auto end = out.find('\n', at);
+  return out.substr(at + key.size() + 1, end - at - key.size() - 1);
+}
+
+}  // namespace
+
+TEST_CASE("microvm: a warm pool hands out booted VMs, one run each, never reused",
+          "[microvm][pool]") {
+  if (!available()) return;
+  auto& p = pooled();
+  REQUIRE(p.wait_ready());
+  const auto before = p.stats();
+
+  // Inputs and the source travel to a VM that booted before the request existed.
+  auto id = p.rt->blobs()->put("mvtest", "pooled-input");
+  REQUIRE(id);
+  sandbox::run_request base;
+  base.files_in = {{.name = "in.txt", .blob = *id}};
+  auto a = run_pooled(kProbe, base);
+  REQUIRE(a.code == code::ok);
+  CHECK(a.exit_code == 0);
+  CHECK(a.isolation == sandbox::isolation::microvm);
+  CHECK(field(a.std_out.summary, "mark") == "False");
+  CHECK(field(a.std_out.summary, "input") == "pooled-input");
+  const auto boot_a = field(a.std_out.summary, "boot");
+  CHECK(boot_a.size() == 36);
+  REQUIRE(a.files_out.size() == 1);
+  auto o = p.rt->blobs()->get("mvtest", a.files_out[0].blob);
+  REQUIRE(o);
+  CHECK(*o == boot_a);
+  CHECK(p.stats().handed_out == before.handed_out + 1);
+
+  // The pool refills with a fresh VM: another kernel, no trace of the previous run.
+  REQUIRE(p.wait_ready());
+  auto b = run_pooled(kProbe);
+  REQUIRE(b.code == code::ok);
+  CHECK(field(b.std_out.summary, "mark") == "False");
+  CHECK(field(b.std_out.summary, "input") == "None");
+  const auto boot_b = field(b.std_out.summary, "boot");
+  CHECK(boot_b.size() == 36);
+  CHECK(boot_b != boot_a);
+  CHECK(p.stats().handed_out == before.handed_out + 2);
+
+  // A run that does not match the class (another memory limit) boots its own VM.
+  sandbox::run_request other;
+  other.memory_limit_bytes = 128ULL << 20;
+  auto c = run_pooled("print('cold')", other);
+  REQUIRE(c.code == code::ok);
+  CHECK(c.std_out.summary == "cold\n");
+  CHECK(p.stats().handed_out == before.handed_out + 2);
+}
+
+TEST_CASE("microvm: an idle pooled VM that dies is replaced and never handed out",
+          "[microvm][pool]") {
+  if (!available()) return;
+  auto& p = pooled();
+  REQUIRE(p.wait_ready());
+  const auto before = p.stats();
+  auto vmms = p.pool_vmms();
+  REQUIRE(vmms.size() == 1);
+  REQUIRE(::kill(vmms[0], SIGKILL) == 0);
+  // The pool notices (its instance's VMM exited), counts a failure and boots a replacement.
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (p.stats().failed == before.failed && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(p.stats().failed == before.failed + 1);
+  REQUIRE(p.wait_ready());
+  auto fresh = p.pool_vmms();
+  REQUIRE(fresh.size() == 1);
+  CHECK(fresh[0] != vmms[0]);
+  auto r = run_pooled("print('after')");
+  REQUIRE(r.code == code::ok);
+  CHECK(r.std_out.summary == "after\n");
+  CHECK(p.stats().handed_out == before.handed_out + 1);
+}
