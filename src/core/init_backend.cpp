@@ -2608,8 +2608,18 @@ class init_backend final : public backend,
 
   void open_session(run_job job, session_job sj, session_handler handler) override {
     // (A stream control channel carries the stdin bytes themselves: init_protocol.hpp.)
-    if (!shared_->launcher->runs_sessions()) {
-      return backend::open_session(std::move(job), std::move(sj), std::move(handler));
+    if (job.admitted.request.network && !shared_->launcher->runs_network()) {
+      // As for runs: refused before anything starts, never run without the network it was
+      // granted.
+      auto ex = job.executor ? job.executor : shared_->ctx.executor;
+      detail::post_completion(
+          ex, std::move(handler), boost::system::error_code{},
+          session_start{.session = nullptr,
+                        .code = sandbox::code::runtime_unavailable,
+                        .message = fmt::format("network sessions are not available at the {} "
+                                               "isolation level on this host",
+                                               to_string(shared_->launcher->isolation()))});
+      return;
     }
     auto ex = job.executor ? job.executor : shared_->ctx.executor;
     auto run = std::make_shared<init_run>(shared_, ex, std::move(job), false);

@@ -126,9 +126,6 @@ class init_launcher {
   /// there is no seccomp user notification, and `quiet` marks the end of the program's
   /// output (the runtime holds the capture pipes too). See core/init_protocol.hpp.
   virtual bool stream_control() const noexcept { return false; }
-  /// False when the level runs no sessions yet (microvm: its guest agent's relay of a
-  /// session's stdin is untested): opening one is `runtime_unavailable`.
-  virtual bool runs_sessions() const noexcept { return true; }
   /// True when the program's stdout/stderr must be stream sockets rather than pipes (the
   /// host reads them the same way): a VMM whose chardevs only flow-control sockets.
   virtual bool stdio_sockets() const noexcept { return false; }

@@ -286,7 +286,6 @@ const std::vector<backend_profile>& profiles() {
                               // them (file_dropped), so the result is the host levels'.
                               .syscall_slowdown = 4,
                               .egress_proxy = false,
-                              .gap_sessions_refused = true,
                               .gap_stream_bytes_lost = true},
                    .host_config = R"({"v":1,"backends":{"microvm":{}}})",
                    // In CI as "conformance: core tier (microvm)" (tests/CMakeLists.txt),

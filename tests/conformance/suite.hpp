@@ -109,11 +109,6 @@ struct expectations {
   /// enforced inside gVisor (its tmpfs ignores nr_inodes): entries can be created until the
   /// memory limit; only the output directory (a host tmpfs) answers ENOSPC.
   bool gap_tmpfs_inode_limit = false;
-  /// GAP (not built yet, microvm's first slice): the level refuses sessions
-  /// (`async_open_session` answers `runtime_unavailable`: the agent's relay of a session's
-  /// stdin is untested). The session cases then assert exactly that refusal (never a
-  /// weaker level, never a half-open session) and WARN; docs/security.md lists the gap.
-  bool gap_sessions_refused = false;
   /// GAP (library bug, open; microvm): bytes of a large stdout/stderr flood can be lost
   /// between the guest's virtio-serial ports and the host's capture — the run ends `ok` with
   /// fewer `total_bytes` than were written (2 of 12 soak floods under TCG). The soak's flood

@@ -350,7 +350,6 @@ class microvm_launcher final : public init_launcher {
   }
   bool stream_control() const noexcept override { return true; }
   bool runs_network() const noexcept override { return false; }   // no egress path yet
-  bool runs_sessions() const noexcept override { return false; }  // not yet (see the hook)
   bool stdio_sockets() const noexcept override { return true; }   // see qemu_driver.cpp
   // A guest boots before sandbox-init answers: ~2 s under TCG on an idle 2-core host, tens
   // of seconds when the host is loaded; well under a second with KVM.

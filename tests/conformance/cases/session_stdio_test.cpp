@@ -63,14 +63,6 @@ TEST_CASE("session stdio: a plain pipe inside, the control channel out of reach,
                                     probe_ticket(b.profile().level), asio::use_future)
                 .get();
   INFO("open: code=" << to_string(st.code) << " message=" << st.message);
-  if (b.expect().gap_sessions_refused) {
-    // The level refuses sessions (expectations::gap_sessions_refused): refused cleanly, not
-    // run at another level, and no session object.
-    WARN("GAP (gap_sessions_refused): " << b.profile().name << " refuses sessions");
-    CHECK(st.code == code::runtime_unavailable);
-    CHECK_FALSE(st.session);
-    return;
-  }
   REQUIRE(st.code == code::ok);
   REQUIRE(st.session);
   auto& s = *st.session;

@@ -139,7 +139,7 @@ TEST_CASE("tool egress: an entry's own egress reaches its name through the proxy
     // level to fall back to; nothing ran, nothing reached an origin.
     CHECK(r.code == code::runtime_unavailable);
     // The refusal names the isolation (admission: no level with a proxy) or the level that
-    // refused (microvm's backend: no egress path / no sessions yet).
+    // refused (microvm's backend, where it has no egress path).
     CHECK((r.message.find("isolation") != std::string::npos ||
            r.message.find(std::string(to_string(b.profile().level))) != std::string::npos));
     CHECK(r.std_out.summary.empty());
@@ -237,7 +237,7 @@ TEST_CASE("tool egress: a session of the entry fetches its name; another is refu
   if (!b.expect().egress_proxy) {
     CHECK(st.code == code::runtime_unavailable);
     // The refusal names the isolation (admission: no level with a proxy) or the level that
-    // refused (microvm's backend: no egress path / no sessions yet).
+    // refused (microvm's backend, where it has no egress path).
     CHECK((st.message.find("isolation") != std::string::npos ||
            st.message.find(std::string(to_string(b.profile().level))) != std::string::npos));
     CHECK_FALSE(st.session);

@@ -1,0 +1,249 @@
+// Sessions at the microvm level: a long-lived server in its own VM, its stdin carried as
+// sandbox-init's control-stream frames (relayed unchanged by the guest agent, under the
+// credit window), its stdout streamed from the guest; closing kills the VM.
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/use_future.hpp>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "integration/microvm/microvm_harness.hpp"
+
+using sandbox::code;
+using sandbox::session_end;
+using namespace std::chrono_literals;
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+
+namespace {
+
+sandbox::tool_entry entry(std::string name, std::string image, std::string binary,
+                          std::vector<std::string> args) {
+  return {.name = std::move(name),
+          .image = std::move(image),
+          .image_digest = std::nullopt,
+          .binary = std::move(binary),
+          .args = std::move(args),
+          .input = sandbox::tool_input::stdin_bytes,
+          .isolation = sandbox::isolation::microvm,
+          .profile = {},
+          .egress = {},
+          .env = {}};
+}
+
+struct session_runtime {
+  std::unique_ptr<sandbox::runtime> rt;
+  std::string why;
+  fs::path dir;
+
+  session_runtime() {
+    auto opts = sandbox::default_runtime_options();
+    char tmpl[] = "/tmp/sandbox-mvsess-XXXXXX";
+    dir = mkdtemp(tmpl);
+    chmod(dir.c_str(), 0755);
+    opts.state_dir = dir / "state";
+    if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
+    if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
+    opts.blobs = sandbox::make_memory_blob_store();
+    opts.process_backend = false;
+    opts.microvm.enabled = true;
+    if (const char* k = std::getenv("SANDBOX_MICROVM_KERNEL_DIR")) opts.microvm.kernel_dir = k;
+    opts.policy.setup_budget = std::chrono::seconds(60);
+    opts.sessions.idle_timeout = 120s;
+    opts.tools = {
+        entry("cat", "python3", "/bin/cat", {}),
+        entry("mcp-everything", "mcp", "/usr/bin/node",
+              {"/opt/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
+               "stdio"}),
+    };
+    opts.log = sandbox::make_stderr_log_sink(sandbox::log_level::warning);
+    auto made = sandbox::runtime::create(opts);
+    if (!made) {
+      why = "runtime::create failed: " + made.error().message();
+      return;
+    }
+    for (const auto& b : made->backends()) {
+      if (b.isolation == sandbox::isolation::microvm && !b.registered) why = b.reason;
+    }
+    if (why.empty()) rt = std::make_unique<sandbox::runtime>(std::move(*made));
+  }
+  ~session_runtime() {
+    rt.reset();
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
+// Live QEMU processes of this fixture's runtime (in a run cgroup of one of its instances).
+int vmms(const fs::path& state) {
+  std::vector<std::string> mine;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(state / "microvm" / "instances", ec)) {
+    auto n = e.path().filename().string();
+    if (n.size() > 5 && n.substr(n.size() - 5) == ".lock") mine.push_back(n.substr(0, n.size() - 5));
+  }
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    std::ifstream comm(e.path() / "comm");
+    std::string c;
+    if (!comm || !std::getline(comm, c) || c.rfind("qemu-system", 0) != 0) continue;
+    std::ifstream cg(e.path() / "cgroup");
+    std::string all((std::istreambuf_iterator<char>(cg)), {});
+    for (const auto& inst : mine) n += all.find("/r-" + inst + "-") != std::string::npos ? 1 : 0;
+  }
+  return n;
+}
+
+session_runtime& fixture() {
+  static session_runtime s;
+  return s;
+}
+
+bool available() {
+  if (fixture().rt) return true;
+  if (mvtest::must_work()) FAIL("microvm backend required (CI): " << fixture().why);
+  WARN("skipped: " << fixture().why);
+  return false;
+}
+
+sandbox::ticket tool_ticket() {
+  return sandbox::ticket_issuer{}
+      .issue({.id = "mvtest-tools",
+              .tenant = "mvtest",
+              .execute = false,
+              .isolation = sandbox::isolation::microvm,
+              .max_timeout = 600000ms,  // the sessions' lifetime ceiling
+              .max_memory_bytes = 1ULL << 30,
+              .tools = {"*"}})
+      .value();
+}
+
+sandbox::session_start open(const std::string& tool) {
+  return fixture().rt->async_open_session({.tool = tool}, tool_ticket(), asio::use_future).get();
+}
+
+// One read; the error (eof at the end) and the bytes.
+std::pair<boost::system::error_code, std::string> read_some(sandbox::session& s) {
+  std::vector<char> buf(65536);
+  std::promise<std::pair<boost::system::error_code, std::size_t>> p;
+  s.async_read_some(asio::buffer(buf), [&](boost::system::error_code ec, std::size_t n) {
+    p.set_value({ec, n});
+  });
+  auto [ec, n] = p.get_future().get();
+  return {ec, std::string(buf.data(), n)};
+}
+
+nlohmann::json read_response(sandbox::session& s, std::string& pending, int id) {
+  for (int guard = 0; guard < 10000; ++guard) {
+    for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
+      auto msg = nlohmann::json::parse(pending.substr(0, nl), nullptr, false);
+      pending.erase(0, nl + 1);
+      REQUIRE(!msg.is_discarded());
+      if (msg.contains("id") && msg["id"] == id) return msg;
+    }
+    auto [ec, bytes] = read_some(s);
+    REQUIRE(!ec);
+    pending += bytes;
+  }
+  FAIL("no response with id " << id);
+  return {};
+}
+
+void write_line(sandbox::session& s, const std::string& line) {
+  const std::string l = line + "\n";
+  CHECK(s.async_write(asio::buffer(l), asio::use_future).get() == l.size());
+}
+
+}  // namespace
+
+TEST_CASE("microvm: a session's stdio is byte-exact both ways; closing ends the VM",
+          "[microvm][session]") {
+  if (!available()) return;
+  auto st = open("cat");
+  INFO("open: " << to_string(st.code) << " " << st.message);
+  REQUIRE(st.code == code::ok);
+  CHECK(vmms(fixture().dir / "state") == 1);  // the session's own VM
+  auto s = st.session;
+  // Every byte value, NULs, more than the host's buffer and the 64 KiB credit window.
+  std::string data(512 * 1024 + 3, '\0');
+  std::mt19937 gen(11);
+  for (auto& c : data) c = static_cast<char>(gen() & 0xff);
+  for (std::size_t i = 0; i < data.size(); i += 509) data[i] = '\0';
+  std::promise<std::pair<boost::system::error_code, std::size_t>> wrote;
+  s->async_write(asio::buffer(data), [&](boost::system::error_code ec, std::size_t n) {
+    wrote.set_value({ec, n});
+  });
+  std::thread closer([&] {
+    auto [ec, n] = wrote.get_future().get();
+    CHECK(!ec);
+    CHECK(n == data.size());
+    s->close_stdin();
+  });
+  std::string echo;
+  boost::system::error_code ec;
+  while (!ec && echo.size() <= data.size()) {
+    auto [e, bytes] = read_some(*s);
+    ec = e;
+    echo += bytes;
+  }
+  closer.join();
+  CHECK(ec == asio::error::eof);
+  REQUIRE(echo.size() == data.size());
+  CHECK(echo == data);
+  auto r = s->async_close(asio::use_future).get();
+  CHECK(r.result.isolation == sandbox::isolation::microvm);
+  CHECK((r.end == session_end::server_exited || r.end == session_end::closed));
+  CHECK(r.result.code == code::ok);
+  CHECK(r.bytes_to_server == data.size());
+  CHECK(r.bytes_from_server == data.size());
+  s.reset();
+  st.session.reset();
+  // The VM is gone with the session (killed and confirmed before the close completes).
+  CHECK(vmms(fixture().dir / "state") == 0);
+}
+
+TEST_CASE("microvm: MCP initialize, tools/list and a tool call over a session",
+          "[microvm][session][mcp]") {
+  if (!available()) return;
+  auto st = open("mcp-everything");
+  if (st.code == code::runtime_unavailable && st.message.find("not installed") != std::string::npos) {
+    if (mvtest::must_work()) FAIL("the mcp image is not installed (tools/setup.sh builds it)");
+    WARN("mcp image not installed: skipped (" << st.message << ")");
+    return;
+  }
+  INFO("open: " << to_string(st.code) << " " << st.message);
+  REQUIRE(st.code == code::ok);
+  auto s = st.session;
+  std::string pending;
+  write_line(
+      *s,
+      R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"agent-sandbox-test","version":"1"}}})");
+  auto init = read_response(*s, pending, 1);
+  REQUIRE(init.contains("result"));
+  CHECK(init["result"]["serverInfo"]["name"] == "example-servers/everything");
+  write_line(*s, R"({"jsonrpc":"2.0","method":"notifications/initialized"})");
+  write_line(*s, R"({"jsonrpc":"2.0","id":2,"method":"tools/list"})");
+  auto list = read_response(*s, pending, 2);
+  REQUIRE(list.contains("result"));
+  bool has_echo = false;
+  for (const auto& t : list["result"]["tools"]) has_echo |= t["name"] == "echo";
+  CHECK(has_echo);
+  write_line(
+      *s,
+      R"({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"message":"hi from the microvm"}}})");
+  auto call = read_response(*s, pending, 3);
+  CHECK(call.dump().find("hi from the microvm") != std::string::npos);
+  auto r = s->async_close(asio::use_future).get();
+  CHECK(r.result.isolation == sandbox::isolation::microvm);
+  CHECK(r.end == session_end::closed);
+  CHECK(r.result.code == code::ok);
+}
