@@ -11,8 +11,9 @@
 //     descriptor closed) in new pid, mount, ipc, uts and network namespaces (no network
 //     device exists anyway), as the run's own uid with no_new_privs; it reaches kernel,
 //     initramfs and disk only through descriptors the host opened; its own log is capped
-//     by RLIMIT_FSIZE. Then it joins the run's cgroup, whose memory covers guest RAM and the
-//     VMM's overhead.
+//     by RLIMIT_FSIZE. It sees no host path but its own prepared root (vmm_root.hpp) and
+//     joins the run's cgroup (whose memory covers guest RAM and the VMM's overhead) itself,
+//     before its exec.
 //  4. The guest channel: `setup` goes first, then the run machine's configuration, relayed
 //     by the agent to sandbox-init.
 #include "backends/microvm/microvm_backend.hpp"
