@@ -87,7 +87,7 @@ bool copy_file(const fs::path& src, const fs::path& dst, mode_t mode) {
 
 // Recreates host path `path` (absolute) under `root`: every symbolic link on the way as the
 // same link (so the loader's and QEMU's own lookups resolve there as on the host), every
-// directory as an empty 0755 directory, the final file copied. Adds what it made to `made`.
+// directory as an empty 0755 directory, the final file hard-linked or copied. Adds what it made to `made`.
 bool replicate(const fs::path& root, const fs::path& path, std::set<std::string>* made,
                std::string* why, int depth = 0) {
   if (depth > 40) return *why = "too many symbolic links at " + path.string(), false;
@@ -122,7 +122,11 @@ bool replicate(const fs::path& root, const fs::path& path, std::set<std::string>
       continue;
     }
     if (!last || !S_ISREG(st.st_mode)) return *why = "not a regular file: " + cur.string(), false;
-    if (made->insert(cur.string()).second && !copy_file(cur, in_root, st.st_mode & 0755)) {
+    // A hard link where the file system allows it (no second copy on disk; the host's own
+    // root-owned file), else a copy; never a set-id file.
+    if (made->insert(cur.string()).second &&
+        !((st.st_mode & 06000) == 0 && st.st_uid == 0 && ::link(cur.c_str(), in_root.c_str()) == 0) &&
+        !copy_file(cur, in_root, st.st_mode & 0755)) {
       return *why = fmt::format("cannot copy {}: errno {}", cur.string(), errno), false;
     }
     return true;

@@ -28,7 +28,8 @@ struct vmm_root {
  * Prepares (or reuses) the root of the VMM `binary` under `<state>/vmm-root/<key>`, where
  * the key hashes the path, size, mtime and inode of every file it copies (a package upgrade
  * gives a new directory; the old one is left for VMMs still running from it).
- * Copied, with every symbolic link on their host paths recreated: the executable; its ELF
+ * Hard-linked (same file system, root-owned, no set-id bit) or else copied, with every
+ * symbolic link on their host paths recreated: the executable; its ELF
  * interpreter and each library `<interpreter> --list` resolves for it and for the TCG
  * accelerator module (`<prefix>/lib/<dir>/qemu/accel-tcg-x86_64.so` when present); the
  * firmware `<prefix>/share/qemu/bios-microvm.bin`. Made empty: /dev/null, /dev/kvm (bind
