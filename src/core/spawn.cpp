@@ -35,7 +35,7 @@ struct child_args {
   bool ambient_caps;
   const char* detach_mount;  // or nullptr
   int netns_fd;              // or -1
-  int cg_fds[4];             // cgroup.procs descriptors to write "0" to
+  int cg_fds[8];             // cgroup.procs descriptors to write "0" to
   int ncg;
   // The root switch (spawn_request::new_root): host paths prepared beforehand.
   const char* root_dir;      // or nullptr
@@ -227,7 +227,7 @@ result<spawned_process> spawn_process(const spawn_request& req) {
   if (req.netns_fd >= 0 && (req.clone_flags & CLONE_NEWNET) != 0) {
     return boost::system::error_code(EINVAL, boost::system::generic_category());
   }
-  if (req.cgroup_procs_fds.size() > 4) {
+  if (req.cgroup_procs_fds.size() > 8) {
     return boost::system::error_code(EINVAL, boost::system::generic_category());
   }
   args.ncg = static_cast<int>(req.cgroup_procs_fds.size());

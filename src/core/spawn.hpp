@@ -62,7 +62,7 @@ struct spawn_request {
   };
   std::optional<root_switch> new_root;
   /// cgroup.procs files (descriptors open for writing) the child writes "0" to first of
-  /// all, so it runs its first instruction in the run's cgroups (at most 4).
+  /// all, so it runs its first instruction in the run's cgroups (at most 8).
   std::vector<int> cgroup_procs_fds;
 };
 

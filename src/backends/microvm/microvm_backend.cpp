@@ -453,7 +453,7 @@ class microvm_launcher final : public init_launcher {
         for (int f : fds) ::close(f);
       }
     } close_cgroup_fds{cgroup_fds};
-    if (cgroup_fds.size() != r.cgroup.dirs().size() || cgroup_fds.size() > 4) {
+    if (cgroup_fds.size() != r.cgroup.dirs().size() || cgroup_fds.size() > 8) {
       *why = fmt::format("opening the run cgroup's cgroup.procs: errno {}", errno);
       return make_error_code(errc::io_error);
     }
