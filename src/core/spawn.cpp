@@ -35,11 +35,54 @@ struct child_args {
   bool ambient_caps;
   const char* detach_mount;  // or nullptr
   int netns_fd;              // or -1
+  int cg_fds[8];             // cgroup.procs descriptors to write "0" to
+  int ncg;
+  // The root switch (spawn_request::new_root): host paths prepared beforehand.
+  const char* root_dir;      // or nullptr
+  const char* const* bind_src;
+  const char* const* bind_dst;  // absolute host paths under root_dir
+  int nbinds;
+  const char* proc_dir;   // root_dir + "/proc", or nullptr
+  const char* exec_path;  // inside the new root
   std::atomic<int> err;  // written by the child (shared memory), read after it exec'd or died
 };
 
 long raw(long nr, long a = 0, long b = 0, long c = 0, long d = 0, long e = 0) {
   return syscall(nr, a, b, c, d, e);
+}
+
+// The root switch of spawn_request::new_root, in the child (system calls only). False with
+// errno set.
+bool switch_root(const child_args* a) {
+  auto mnt = [](const char* src, const char* dst, const char* type, unsigned long flags,
+                const char* data) {
+    return raw(SYS_mount, reinterpret_cast<long>(src), reinterpret_cast<long>(dst),
+               reinterpret_cast<long>(type), static_cast<long>(flags),
+               reinterpret_cast<long>(data)) == 0;
+  };
+  const unsigned long ro = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID;
+  if (!mnt(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) ||
+      !mnt(a->root_dir, a->root_dir, nullptr, MS_BIND, nullptr)) {
+    return false;
+  }
+  for (int i = 0; i < a->nbinds; ++i) {
+    if (!mnt(a->bind_src[i], a->bind_dst[i], nullptr, MS_BIND, nullptr) ||
+        !mnt(nullptr, a->bind_dst[i], nullptr, ro | MS_NOEXEC, nullptr)) {
+      return false;
+    }
+  }
+  if (a->proc_dir != nullptr &&
+      !mnt("proc", a->proc_dir, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "subset=pid")) {
+    return false;
+  }
+  // pivot_root(".", "."): the old root ends up stacked on the new one, then is detached.
+  if (raw(SYS_chdir, reinterpret_cast<long>(a->root_dir)) < 0 ||
+      raw(SYS_pivot_root, reinterpret_cast<long>("."), reinterpret_cast<long>(".")) < 0 ||
+      raw(SYS_umount2, reinterpret_cast<long>("."), MNT_DETACH) < 0 ||
+      raw(SYS_chdir, reinterpret_cast<long>("/")) < 0) {
+    return false;
+  }
+  return mnt(nullptr, "/", nullptr, ro | MS_NODEV, nullptr);
 }
 
 // Runs in the child on its own stack, sharing the parent's memory and (until exec) the calling
@@ -53,6 +96,13 @@ int child_fn(void* p) {
     a->err.store(errno);
     raw(SYS_exit_group, 127);
   }
+  // Into the run's cgroups before anything else of it runs.
+  for (int i = 0; i < a->ncg; ++i) {
+    if (raw(SYS_write, a->cg_fds[i], reinterpret_cast<long>("0"), 1) != 1) {
+      a->err.store(errno);
+      raw(SYS_exit_group, 127);
+    }
+  }
   // Move every source above the target range first, so dup2 never clobbers a source.
   int tmp[10];
   for (int i = 0; i < a->nfds; ++i) {
@@ -62,8 +112,10 @@ int child_fn(void* p) {
       raw(SYS_exit_group, 127);
     }
   }
-  int exec_fd = static_cast<int>(raw(SYS_fcntl, a->exec_fd, F_DUPFD_CLOEXEC, 16));
-  if (exec_fd < 0) {
+  int exec_fd = a->exec_path != nullptr
+                    ? -1
+                    : static_cast<int>(raw(SYS_fcntl, a->exec_fd, F_DUPFD_CLOEXEC, 16));
+  if (exec_fd < 0 && a->exec_path == nullptr) {
     a->err.store(errno);
     raw(SYS_exit_group, 127);
   }
@@ -102,6 +154,10 @@ int child_fn(void* p) {
       raw(SYS_exit_group, 127);
     }
   }
+  if (a->root_dir != nullptr && !switch_root(a)) {
+    a->err.store(errno);
+    raw(SYS_exit_group, 127);
+  }
   // Another identity (a VMM run as the run's uid): groups, gid, then uid — in that order,
   // since dropping the uid first would forbid the rest — and no way back through exec.
   if (a->uid >= 0) {
@@ -117,6 +173,13 @@ int child_fn(void* p) {
   if (a->fsize.rlim_cur > 0 &&
       raw(SYS_prlimit64, 0, RLIMIT_FSIZE, reinterpret_cast<long>(&a->fsize), 0) < 0) {
     a->err.store(errno);
+    raw(SYS_exit_group, 127);
+  }
+  if (a->exec_path != nullptr) {
+    raw(SYS_close_range, a->nfds, ~0U, 0);
+    raw(SYS_execve, reinterpret_cast<long>(a->exec_path), reinterpret_cast<long>(a->argv),
+        reinterpret_cast<long>(a->envp));
+    a->err.store(errno != 0 ? errno : ENOEXEC);
     raw(SYS_exit_group, 127);
   }
   // Close everything else except the executable's descriptor, which exec closes itself.
@@ -163,6 +226,40 @@ result<spawned_process> spawn_process(const spawn_request& req) {
   args.netns_fd = req.netns_fd;
   if (req.netns_fd >= 0 && (req.clone_flags & CLONE_NEWNET) != 0) {
     return boost::system::error_code(EINVAL, boost::system::generic_category());
+  }
+  if (req.cgroup_procs_fds.size() > 8) {
+    return boost::system::error_code(EINVAL, boost::system::generic_category());
+  }
+  args.ncg = static_cast<int>(req.cgroup_procs_fds.size());
+  for (int i = 0; i < args.ncg; ++i) args.cg_fds[i] = req.cgroup_procs_fds[static_cast<std::size_t>(i)];
+  std::vector<std::string> bind_dst;
+  std::vector<const char*> bind_src_p, bind_dst_p;
+  std::string proc_dir;
+  if (req.new_root) {
+    const auto& nr = *req.new_root;
+    constexpr unsigned long need = CLONE_NEWNS | CLONE_NEWPID;
+    if ((req.clone_flags & need) != need || nr.dir.empty() || nr.dir[0] != '/' ||
+        nr.exec_path.empty() || nr.exec_path[0] != '/' || !req.detach_mount.empty()) {
+      return boost::system::error_code(EINVAL, boost::system::generic_category());
+    }
+    for (const auto& [src, dst] : nr.binds) {
+      if (src.empty() || src[0] != '/' || dst.empty() || dst[0] == '/' ||
+          dst.find("..") != std::string::npos) {
+        return boost::system::error_code(EINVAL, boost::system::generic_category());
+      }
+      bind_dst.push_back(nr.dir + "/" + dst);
+    }
+    for (std::size_t i = 0; i < nr.binds.size(); ++i) {
+      bind_src_p.push_back(nr.binds[i].first.c_str());
+      bind_dst_p.push_back(bind_dst[i].c_str());
+    }
+    if (nr.proc) proc_dir = nr.dir + "/proc";
+    args.root_dir = nr.dir.c_str();
+    args.bind_src = bind_src_p.data();
+    args.bind_dst = bind_dst_p.data();
+    args.nbinds = static_cast<int>(nr.binds.size());
+    args.proc_dir = nr.proc ? proc_dir.c_str() : nullptr;
+    args.exec_path = nr.exec_path.c_str();
   }
   args.err.store(0);
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sandbox/error.hpp"
@@ -45,6 +46,24 @@ struct spawn_request {
   /// A network namespace (an nsfs descriptor) the child joins (setns(2)) before anything
   /// else; -1: the parent's, or a new one with CLONE_NEWNET.
   int netns_fd = -1;
+  /// A root of the child's own, like Firecracker's jailer: with CLONE_NEWNS and
+  /// CLONE_NEWPID, after every mount is made private, `dir` (a prepared host directory) is
+  /// bind-mounted, each `binds` source (a host file, e.g. "/dev/null") bound onto its target
+  /// (a path inside `dir` that exists, e.g. "dev/null") read-only and nosuid, a procfs of
+  /// the child's new pid namespace mounted at `dir`/proc when `proc` (subset=pid: only the
+  /// pid directories; nosuid, nodev, noexec), then pivot_root into it, the old root
+  /// detached, and the new root remounted read-only, nosuid, nodev. The child then runs
+  /// `exec_path` (a path inside the new root; `exec_fd` is not used and may be -1).
+  struct root_switch {
+    std::string dir;
+    std::vector<std::pair<std::string, std::string>> binds;
+    bool proc = true;
+    std::string exec_path;
+  };
+  std::optional<root_switch> new_root;
+  /// cgroup.procs files (descriptors open for writing) the child writes "0" to first of
+  /// all, so it runs its first instruction in the run's cgroups (at most 8).
+  std::vector<int> cgroup_procs_fds;
 };
 
 struct spawned_process {

@@ -11,8 +11,9 @@
 //     descriptor closed) in new pid, mount, ipc, uts and network namespaces (no network
 //     device exists anyway), as the run's own uid with no_new_privs; it reaches kernel,
 //     initramfs and disk only through descriptors the host opened; its own log is capped
-//     by RLIMIT_FSIZE. Then it joins the run's cgroup, whose memory covers guest RAM and the
-//     VMM's overhead.
+//     by RLIMIT_FSIZE. It sees no host path but its own prepared root (vmm_root.hpp) and
+//     joins the run's cgroup (whose memory covers guest RAM and the VMM's overhead) itself,
+//     before its exec.
 //  4. The guest channel: `setup` goes first, then the run machine's configuration, relayed
 //     by the agent to sandbox-init.
 #include "backends/microvm/microvm_backend.hpp"
@@ -44,6 +45,7 @@
 
 #include "backends/microvm/cpio.hpp"
 #include "backends/microvm/vmm.hpp"
+#include "backends/microvm/vmm_root.hpp"
 #include "core/guest_protocol.hpp"
 #include "core/sha256.hpp"
 #include "core/spawn.hpp"
@@ -336,6 +338,8 @@ struct microvm_settings {
   std::string timer_args;
   std::uint64_t guest_overhead_mib = 96, vmm_overhead_mib = 192;
   log_sink log;
+  /// The VMM's own root (vmm_root.hpp), pivoted into by every VMM.
+  vmm_root root;
 };
 
 class microvm_launcher final : public init_launcher {
@@ -435,6 +439,24 @@ class microvm_launcher final : public init_launcher {
     sr.gid = r.uid;
     if (s_.kvm) sr.supplementary_gid = s_.kvm_gid;
     sr.fsize_bytes = kVmmLogBytes;
+    jail(sr);
+    // The VMM joins the run's cgroups itself, before its first instruction.
+    std::vector<int> cgroup_fds;
+    for (const auto& d : r.cgroup.dirs()) {
+      int fd = ::open((d / "cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd >= 0) cgroup_fds.push_back(fd);
+    }
+    struct fd_list_closer {
+      std::vector<int>& fds;
+      ~fd_list_closer() {
+        for (int f : fds) ::close(f);
+      }
+    } close_cgroup_fds{cgroup_fds};
+    if (cgroup_fds.size() != r.cgroup.dirs().size() || cgroup_fds.size() > 8) {
+      *why = fmt::format("opening the run cgroup's cgroup.procs: errno {}", errno);
+      return make_error_code(errc::io_error);
+    }
+    sr.cgroup_procs_fds = cgroup_fds;
     auto sp = spawn_process(sr);
     if (!sp) {
       *why = "starting the VMM: " + sp.error().message();
@@ -450,6 +472,18 @@ class microvm_launcher final : public init_launcher {
       return make_error_code(errc::io_error);
     }
     return l;
+  }
+
+  // The VMM's file system: its prepared root (vmm_root.hpp), /dev/null, /dev/kvm under KVM,
+  // a procfs of its own pid namespace (QEMU opens its descriptors as /proc/self/fd/N).
+  void jail(spawn_request& sr) const {
+    spawn_request::root_switch nr;
+    nr.dir = s_.root.dir.string();
+    nr.binds = {{"/dev/null", "dev/null"}};
+    if (s_.kvm) nr.binds.emplace_back("/dev/kvm", "dev/kvm");
+    nr.proc = true;
+    nr.exec_path = s_.root.exec_path;
+    sr.new_root = std::move(nr);
   }
 
   std::unique_ptr<agent_channel> make_agent_channel(const launch_request& r) override {
@@ -708,6 +742,9 @@ std::variant<std::shared_ptr<backend>, std::string> make_microvm_backend(
   if (ec) return "microvm: state directory " + state.string() + " cannot be created";
   ::chmod(state.c_str(), 0711);
   s.state_disks = state / "disks";
+  auto root = prepare_vmm_root(state, qemu);
+  if (auto* bad = std::get_if<std::string>(&root)) return "microvm: " + *bad;
+  s.root = std::move(std::get<vmm_root>(root));
   int init_fd = open_init_executable(ctx.options.init_path);
   if (init_fd < 0) return std::string("microvm: cannot load the sandbox-init helper");
   std::string why;

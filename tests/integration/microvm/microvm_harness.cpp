@@ -140,8 +140,10 @@ std::vector<std::string> run_cgroups() {
   return out;
 }
 
-int vmm_processes() {
-  int n = 0;
+int vmm_processes() { return static_cast<int>(vmm_pids().size()); }
+
+std::vector<int> vmm_pids() {
+  std::vector<int> pids;
   const auto mine = instances();
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
@@ -151,10 +153,13 @@ int vmm_processes() {
     std::ifstream cg(e.path() / "cgroup");
     std::string all((std::istreambuf_iterator<char>(cg)), {});
     for (const auto& inst : mine) {
-      if (all.find("/r-" + inst + "-") != std::string::npos) ++n;
+      if (all.find("/r-" + inst + "-") != std::string::npos) {
+        pids.push_back(std::atoi(e.path().filename().c_str()));
+        break;
+      }
     }
   }
-  return n;
+  return pids;
 }
 
 }  // namespace mvtest

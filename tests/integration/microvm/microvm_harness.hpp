@@ -30,5 +30,7 @@ std::string blob(const std::string& id);
 /// engineers' runs on a shared host are not counted.
 std::vector<std::string> run_cgroups();
 int vmm_processes();
+/// The pids of those live VMMs.
+std::vector<int> vmm_pids();
 
 }  // namespace mvtest
