@@ -152,6 +152,7 @@ const char* describe_step(ip::step s) {
     case ip::step::seccomp: return "loading the seccomp filter with user notification";
     case ip::step::exec: return "executing the interpreter";
     case ip::step::drop_init_privileges: return "dropping sandbox-init's own capabilities";
+    case ip::step::egress_proxy: return "the egress proxy's listener on the run's loopback";
   }
   return "an unknown step";
 }
@@ -245,9 +246,9 @@ class init_run : public std::enable_shared_from_this<init_run> {
         setup_timer_(strand_),
         deadline_(strand_),
         grace_(strand_),
-        agent_timer_(strand_),
         teardown_timer_(strand_),
         sample_timer_(strand_),
+        agent_timer_(strand_),
         stdout_park_(strand_),
         stderr_park_(strand_),
         stdin_(strand_),
