@@ -249,6 +249,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
         teardown_timer_(strand_),
         sample_timer_(strand_),
         agent_timer_(strand_),
+        stream_timer_(strand_),
         stdout_park_(strand_),
         stderr_park_(strand_),
         stdin_(strand_),
@@ -1380,29 +1381,14 @@ class init_run : public std::enable_shared_from_this<init_run> {
         }
         break;
       case ip::msg::quiet:
-        // Stream mode: the runtime holds the capture pipes, so their end never shows; nothing
-        // of the run is left to write to them.
         if (stream_) quiet_seen_ = true;
-        if (stream_ && agent_finish_sent_) {  // the guest ended the run when told to
-          stdout_open_ = stderr_open_ = false;
-          finish();
+        // A guest agent (microvm) counted what each stream carried: the run goes on once the
+        // capture holds that much (bounded), since the ports are not the control channel.
+        if (stream_ && agent_ && !session_ && !guest_streams_settled_) {
+          wait_guest_streams();
           break;
         }
-        if (stream_ && main_status_) {
-          stderr_open_ = false;
-          if (session_) {
-            // A session's stdout is read by the host at its pace: what the server left in
-            // the pipe is still read, then EOF (read_after_quiet).
-            stdout_quiet_ = true;
-            if (read_pending_) {
-              boost::system::error_code ignored;
-              stdout_.cancel(ignored);
-            }
-          } else {
-            stdout_open_ = false;
-          }
-          maybe_end_after_exit();
-        }
+        on_stream_quiet();
         break;
       case ip::msg::stdin_ack:
         on_stdin_ack(h.a);
@@ -1432,6 +1418,101 @@ class init_run : public std::enable_shared_from_this<init_run> {
     }
   }
 
+  // Stream mode: `quiet` (after wait_guest_streams, with a guest agent). The runtime holds the
+  // capture pipes, so their end never shows; nothing of the run is left to write to them.
+  void on_stream_quiet() {
+    if (stream_ && agent_finish_sent_) {  // the guest ended the run when told to
+      stdout_open_ = stderr_open_ = false;
+      finish();
+      return;
+    }
+    if (stream_ && main_status_) {
+      stderr_open_ = false;
+      if (session_) {
+        // A session's stdout is read by the host at its pace: what the server left in the
+        // pipe is still read, then EOF (read_after_quiet).
+        stdout_quiet_ = true;
+        if (read_pending_) {
+          boost::system::error_code ignored;
+          stdout_.cancel(ignored);
+        }
+      } else {
+        stdout_open_ = false;
+      }
+      maybe_end_after_exit();
+    }
+  }
+
+  // A guest agent's `usage` counted the bytes the program wrote to each stream at the guest's
+  // relay; the ports deliver them on their own way, so some may still be in flight (in the
+  // VMM, in the sockets) when `quiet` arrives. The run goes on once the capture holds the
+  // counts — or, bounded, when no byte came for `stream_stall` or `stream_wait_max` passed, or
+  // a stream ended short: the counts are untrusted and a guest could claim any number. A
+  // shortfall is logged and said in the result (the stream is flagged truncated); a capture
+  // past the count is only logged (it holds what really came). The deadline and the exit
+  // grace stop here: the run's processes are gone.
+  static constexpr auto stream_stall = std::chrono::seconds(3);
+
+  void wait_guest_streams() {
+    agent_timer_.cancel();
+    deadline_.cancel();
+    grace_.cancel();
+    awaiting_streams_ = true;
+    streams_wait_since_ = streams_last_progress_ = clock::now();
+    streams_seen_ = out_.total_bytes() + err_.total_bytes();
+    check_guest_streams();
+  }
+
+  void check_guest_streams() {
+    if (!awaiting_streams_ || finishing_) return;
+    const auto now = clock::now();
+    const auto u = agent_->usage();
+    const std::uint64_t seen = out_.total_bytes() + err_.total_bytes();
+    if (seen != streams_seen_) {
+      streams_seen_ = seen;
+      streams_last_progress_ = now;
+    }
+    const bool out_done = !u || out_.total_bytes() >= u->stdout_bytes;
+    const bool err_done = !u || err_.total_bytes() >= u->stderr_bytes;
+    const bool ended_short = (!out_done && !stdout_open_) || (!err_done && !stderr_open_);
+    const auto wait_max =
+        std::max<std::chrono::milliseconds>(std::chrono::seconds(10),
+                                            shared_->launcher->min_setup_budget() / 4);
+    const bool gave_up = now - streams_last_progress_ >= stream_stall ||
+                         now - streams_wait_since_ >= wait_max || ended_short;
+    if (!(out_done && err_done) && !gave_up) {
+      stream_timer_.expires_after(std::chrono::milliseconds(100));
+      stream_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+        if (!ec) self->check_guest_streams();
+      });
+      return;
+    }
+    awaiting_streams_ = false;
+    guest_streams_settled_ = true;
+    stream_timer_.cancel();
+    if (!u) {
+      log(log_level::warning, "guest agent: quiet without a usage report; stream counts unchecked");
+    } else {
+      auto judge = [&](const char* name, const stream_capture_buffer& cap, std::uint64_t counted,
+                       std::uint64_t& missing) {
+        if (cap.total_bytes() < counted) {
+          missing = counted - cap.total_bytes();
+          log(log_level::warning,
+              fmt::format("guest agent: {} counted {} bytes, the host received {} ({})", name,
+                          counted, cap.total_bytes(),
+                          ended_short ? "the stream ended" : "gave up waiting"));
+        } else if (cap.total_bytes() > counted) {
+          log(log_level::warning,
+              fmt::format("guest agent: {} counted {} bytes, the host received {} (more)", name,
+                          counted, cap.total_bytes()));
+        }
+      };
+      judge("stdout", out_, u->stdout_bytes, stdout_missing_);
+      judge("stderr", err_, u->stderr_bytes, stderr_missing_);
+    }
+    on_stream_quiet();
+  }
+
   // The guest agent sent something its channel refused (a name, size or count out of
   // bounds, a frame out of order, a setup failure): the VM is not to be trusted with more.
   void agent_refused(const std::string& why) {
@@ -1452,6 +1533,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
     d.async_read_some(asio::buffer(*buf), [self = shared_from_this(), buf, &d, &cap, &open](
                                               boost::system::error_code ec, std::size_t n) {
       if (n > 0) cap.append(std::span<const char>(buf->data(), n));
+      if (self->awaiting_streams_) self->check_guest_streams();  // wait_guest_streams
       if (ec) {
         if (ec != asio::error::operation_aborted) {
           open = false;
@@ -1749,7 +1831,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
     finishing_ = true;
     ended_at_ = clock::now();
     for (auto* t : {&setup_timer_, &deadline_, &grace_, &sample_timer_, &idle_timer_, &close_timer_,
-                    &agent_timer_}) {
+                    &agent_timer_, &stream_timer_}) {
       t->cancel();
     }
     // Usage and the OOM counter are read now, before the kill: once the run's processes are
@@ -1906,6 +1988,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
     // tenant's quota with output files.
     store_stream(out_, r.std_out, "stdout");
     store_stream(err_, r.std_err, "stderr");
+    note_guest_stream_shortfall(r);
     if (out_dir_fd_ >= 0 && !teardown_failed_) {
       collect_limits lim{job_.admitted.request.files_out.max_files,
                          job_.admitted.request.files_out.max_bytes};
@@ -1958,6 +2041,21 @@ class init_run : public std::enable_shared_from_this<init_run> {
       on_lost_ = nullptr;
       f();
     }
+  }
+
+  // Bytes a guest agent counted that never reached the capture (check_guest_streams): the
+  // stream is flagged truncated (the result does not hold all of it) and the message says how
+  // many bytes are missing. total_bytes stays what the host received.
+  void note_guest_stream_shortfall(run_result& r) const {
+    std::string note;
+    for (auto [s, missing, name] : {std::tuple{&r.std_out, stdout_missing_, "stdout"},
+                                    std::tuple{&r.std_err, stderr_missing_, "stderr"}}) {
+      if (missing == 0) continue;
+      s->truncated = true;
+      note += fmt::format("{}{}: {} bytes the guest counted did not arrive", note.empty() ? "" : "; ",
+                          name, missing);
+    }
+    if (!note.empty()) r.message += (r.message.empty() ? "" : "; ") + note;
   }
 
   void store_stream(const stream_capture_buffer& cap, stream_capture& s, const char* name) {
@@ -2150,6 +2248,13 @@ class init_run : public std::enable_shared_from_this<init_run> {
   asio::steady_timer setup_timer_, deadline_, grace_, teardown_timer_, sample_timer_;
   /// Bounds the wait for a guest agent's outputs after `finish` was sent (end_run).
   asio::steady_timer agent_timer_;
+  /// Guest stream counts (wait_guest_streams): the wait's clock, and what it found.
+  asio::steady_timer stream_timer_;
+  bool awaiting_streams_ = false, guest_streams_settled_ = false;
+  clock::time_point streams_wait_since_, streams_last_progress_;
+  std::uint64_t streams_seen_ = 0;
+  /// Bytes the guest counted on stdout / stderr that never reached the capture (0: none).
+  std::uint64_t stdout_missing_ = 0, stderr_missing_ = 0;
   bool quiet_seen_ = false;         ///< stream mode: `quiet` arrived
   bool agent_finish_sent_ = false;  ///< the guest agent was told to end the run
 

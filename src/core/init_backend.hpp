@@ -55,6 +55,11 @@ struct launched {
 /// Usage figures a guest reported (microvm: its own cgroup's), as trustworthy as its kernel.
 struct guest_usage {
   std::uint64_t memory_peak_bytes = 0, cpu_usec = 0, oom_kills = 0;
+  /// Bytes the program wrote to its stdout / stderr, as the guest agent counted them at its
+  /// relay (core/guest_protocol.hpp, `usage`). Untrusted: the run machine completes a run
+  /// once its capture received that many on each stream, or after a bounded wait (the
+  /// result then says what is missing); it never reports more than it received.
+  std::uint64_t stdout_bytes = 0, stderr_bytes = 0;
 };
 
 /**

@@ -281,6 +281,7 @@ class guest_channel final : public agent_channel {
         if (usage_) return "usage twice";
         if (file_fd_ >= 0) return "usage while a file is open";
         guest_usage u;
+        bool counted_out = false, counted_err = false;
         for (auto [k, v] : ip::parse_config(payload)) {
           std::uint64_t n = 0;
           auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
@@ -291,7 +292,14 @@ class guest_channel final : public agent_channel {
             u.cpu_usec = n;
           else if (k == "oom_kills")
             u.oom_kills = n;
+          else if (k == "stdout_bytes")
+            u.stdout_bytes = n, counted_out = true;
+          else if (k == "stderr_bytes")
+            u.stderr_bytes = n, counted_err = true;
         }
+        // The stream counts are the run machine's proof that its capture is complete: an
+        // agent of this version always sends both.
+        if (!counted_out || !counted_err) return "usage without the stream byte counts";
         usage_ = u;
         return {};
       }

@@ -18,12 +18,14 @@
 //     guest workspace (a size-capped tmpfs: in/, the source file, the staging mount point).
 //  5. sandbox-init, cloned into new pid, mount, net, ipc and uts namespaces and put into the
 //     run cgroup before it reads anything; its stdin is a socketpair the agent relays to the
-//     control port, its stdout/stderr the stdout/stderr ports.
+//     control port, its stdout/stderr are pipes the agent relays to the stdout/stderr ports
+//     (stream_relay: counted, so the host can tell that it received every byte).
 //  6. Relay: file_* frames from the host are written into the workspace (names, sizes and
 //     count checked here too), `go` is forwarded only with no file open. On sandbox-init's
 //     `quiet`: the output files (no link followed, regular files only, capped) go to the host
 //     as file_* frames, the entries left out as file_dropped frames, then `usage`, then
-//     `quiet`.
+//     `quiet` — but only once both output pipes reached EOF (every writer is gone, so the
+//     byte counts in `usage` are final).
 //  7. The control port closing (the host ended the run or died) powers the VM off at once.
 // Single-threaded, statically linked, no exceptions; nothing here trusts the host's frames
 // more than it must (a malformed one ends the VM).
@@ -45,6 +47,7 @@
 #include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -275,6 +278,64 @@ struct frame_reader {
   }
 };
 
+// 5a. One output stream of the program: its pipe (read end, non-blocking) relayed to its
+//     virtio-serial port (non-blocking). At most `kRelayBuffer` bytes wait in the agent: the
+//     pipe is read only while there is room, so a host that reads slowly throttles the
+//     program (its pipe fills and its write blocks) as the port itself did. `count` is every
+//     byte read from the pipe — what the program wrote — reported to the host in `usage`
+//     (stdout_bytes, stderr_bytes) once the pipe reached EOF.
+constexpr std::size_t kRelayBuffer = 256 * 1024;
+
+struct stream_relay {
+  int pipe = -1;  // read end; -1 after EOF
+  int port = -1;
+  std::string buf;
+  std::size_t sent = 0;  // bytes of `buf` already written to the port
+  std::uint64_t count = 0;
+
+  bool at_eof() const { return pipe < 0; }
+  short pipe_events() const { return pipe >= 0 && buf.size() < kRelayBuffer ? POLLIN : 0; }
+  short port_events() const { return sent < buf.size() ? POLLOUT : 0; }
+  // Reads what the pipe holds (up to the buffer's room); EOF or an error closes it.
+  void read_pipe() {
+    while (pipe >= 0 && buf.size() < kRelayBuffer) {
+      char chunk[65536];
+      const std::size_t room = std::min(sizeof chunk, kRelayBuffer - buf.size());
+      ssize_t n = read(pipe, chunk, room);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) return;
+      if (n <= 0) {
+        close(pipe);
+        pipe = -1;
+        return;
+      }
+      buf.append(chunk, static_cast<std::size_t>(n));
+      count += static_cast<std::uint64_t>(n);
+    }
+  }
+  // Writes what the port takes now. A port error (the host is gone) discards the bytes: the
+  // control port closing ends the VM anyway.
+  void write_port() {
+    while (sent < buf.size()) {
+      ssize_t n = write(port, buf.data() + sent, buf.size() - sent);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) break;
+      if (n <= 0) {
+        sent = buf.size();
+        break;
+      }
+      sent += static_cast<std::size_t>(n);
+    }
+    if (sent == buf.size()) {
+      buf.clear();
+      sent = 0;
+    } else if (sent >= kRelayBuffer / 2) {
+      buf.erase(0, sent);
+      sent = 0;
+    }
+  }
+};
+
 struct setup_values {
   std::uint64_t memory_bytes = 0, pids = 0, cpu_quota_us = 0, cpu_period_us = 100000;
   std::uint64_t ws_bytes = 64ULL << 20;  // the guest workspace: source + inputs
@@ -491,7 +552,7 @@ void send_outputs(int out_dir, const setup_values& s) {
 
 // 6c. The guest cgroup's figures. memory.peak does not exist before Linux 6.5 (the cloud
 //     kernel is 6.1): the agent then reports the largest memory.current it sampled.
-void send_usage(std::uint64_t sampled_peak) {
+void send_usage(std::uint64_t sampled_peak, const stream_relay& out, const stream_relay& err) {
   std::string c = kCgroup;
   ip::config_writer w;
   std::uint64_t peak = sampled_peak;
@@ -506,6 +567,8 @@ void send_usage(std::uint64_t sampled_peak) {
     w.add("oom_kills", to_u64(std::string_view(ev).substr(at + 9)));
   }
   if (auto p = read_small_file(c + "/pids.peak"); !p.empty()) w.add("pids_peak", to_u64(p));
+  w.add("stdout_bytes", out.count);
+  w.add("stderr_bytes", err.count);
   send_agent(gp::msg::usage, 0, 0, w.bytes());
 }
 
@@ -533,8 +596,8 @@ int main() {
   // 3. Ports, then agent_ready.
   g_ctl = open_port(gp::ctl_port, O_RDWR);
   if (g_ctl < 0) fail(agent_step::ports, errno, "control port");
-  int out_port = open_port(gp::stdout_port, O_WRONLY);
-  int err_port = open_port(gp::stderr_port, O_WRONLY);
+  int out_port = open_port(gp::stdout_port, O_WRONLY | O_NONBLOCK);
+  int err_port = open_port(gp::stderr_port, O_WRONLY | O_NONBLOCK);
   if (out_port < 0 || err_port < 0) fail(agent_step::ports, errno, "stdout/stderr ports");
   {
     utsname u{};
@@ -581,6 +644,11 @@ int main() {
   int sp[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
     fail(agent_step::start_init, errno, "socketpair");
+  // The program's stdout/stderr: pipes the agent relays (5a). sandbox-init hands them to the
+  // program and then lets go of them, so EOF on both means every process of the run is gone.
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) < 0 || pipe2(err_pipe, O_CLOEXEC) < 0)
+    fail(agent_step::start_init, errno, "stdout/stderr pipes");
   int self_exec = open("/sandbox-init", O_PATH | O_CLOEXEC);  // the self-test's probe
   sigset_t chld;
   sigemptyset(&chld);
@@ -592,7 +660,7 @@ int main() {
   if (pid < 0) fail(agent_step::start_init, errno, "clone");
   if (pid == 0) {
     sigprocmask(SIG_UNBLOCK, &chld, nullptr);
-    if (dup2(sp[1], 0) < 0 || dup2(out_port, 1) < 0 || dup2(err_port, 2) < 0) _exit(127);
+    if (dup2(sp[1], 0) < 0 || dup2(out_pipe[1], 1) < 0 || dup2(err_pipe[1], 2) < 0) _exit(127);
     if (self_exec >= 0 && dup2(self_exec, ip::self_exec_fd) < 0) _exit(127);
     char arg0[] = "sandbox-init";
     char arg1[] = "--control-stdin";
@@ -602,8 +670,11 @@ int main() {
     _exit(127);
   }
   close(sp[1]);
-  close(out_port);
-  close(err_port);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  stream_relay out_relay{.pipe = out_pipe[0], .port = out_port};
+  stream_relay err_relay{.pipe = err_pipe[0], .port = err_port};
+  for (int fd : {out_pipe[0], err_pipe[0]}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   if (self_exec >= 0) close(self_exec);
   if (!write_file(std::string(kCgroup) + "/cgroup.procs", std::to_string(pid))) {
     kill(static_cast<pid_t>(pid), SIGKILL);
@@ -621,6 +692,38 @@ int main() {
   std::string why;
   bool init_gone = false;
   bool finish_requested = false, quiet_sent = false;
+  // The end of the run is reported (outputs, usage with the stream counts, quiet) once the
+  // run's processes are gone — sandbox-init's `quiet`, or its exit after `finish` — and both
+  // output pipes reached EOF. EOF is near then (no writer is left); should a pipe stay open
+  // anyway, the run cgroup is killed after kReportWait and the report goes out after another
+  // kReportWait with the counts read so far (the host checks them against what it received).
+  constexpr long kReportWaitMs = 5000;
+  bool report_pending = false, report_killed = false;
+  long report_since = 0;
+  auto now_ms = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<long>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+  };
+  auto request_report = [&] {
+    if (report_pending || quiet_sent) return;
+    report_pending = true;
+    report_since = now_ms();
+  };
+  auto maybe_report = [&] {
+    if (!report_pending || quiet_sent) return;
+    const bool eof = out_relay.at_eof() && err_relay.at_eof();
+    const long waited = now_ms() - report_since;
+    if (!eof && waited >= kReportWaitMs && !report_killed) {
+      report_killed = true;
+      write_file(std::string(kCgroup) + "/cgroup.kill", "1");
+    }
+    if (!eof && waited < 2 * kReportWaitMs) return;
+    quiet_sent = true;
+    send_outputs(out_dir, s);
+    send_usage(peak, out_relay, err_relay);
+    if (!send_frame(g_ctl, static_cast<std::uint32_t>(ip::msg::quiet), 0, 0, {})) power_off();
+  };
   // Frames from the host already read (the configuration may have come with `setup`).
   auto drain_host = [&] {
     bool bad = false;
@@ -659,10 +762,23 @@ int main() {
   };
   drain_host();
   for (;;) {
-    pollfd fds[3] = {
-        {g_ctl, POLLIN, 0}, {init, init_gone ? short{0} : short{POLLIN}, 0}, {sfd, POLLIN, 0}};
-    int n = poll(fds, 3, 50);
+    // A descriptor without interest is left out (-1): a pipe whose writers are gone reports
+    // POLLHUP whatever is asked, which would spin the loop while the buffer is full.
+    auto want = [](int fd, short events) { return pollfd{events != 0 ? fd : -1, events, 0}; };
+    pollfd fds[7] = {{g_ctl, POLLIN, 0},
+                     {init, init_gone ? short{0} : short{POLLIN}, 0},
+                     {sfd, POLLIN, 0},
+                     want(out_relay.pipe, out_relay.pipe_events()),
+                     want(err_relay.pipe, err_relay.pipe_events()),
+                     want(out_relay.port, out_relay.port_events()),
+                     want(err_relay.port, err_relay.port_events())};
+    int n = poll(fds, 7, 50);
     if (n < 0 && errno != EINTR) power_off();
+    // 5a. The streams first: non-blocking, each only as far as the pipe and the port allow.
+    for (stream_relay* r : {&out_relay, &err_relay}) {
+      r->read_pipe();
+      r->write_port();
+    }
     if (auto cur = read_small_file(std::string(kCgroup) + "/memory.current"); !cur.empty()) {
       peak = std::max(peak, to_u64(cur));
     }
@@ -682,14 +798,11 @@ int main() {
     if (!init_gone && (fds[1].revents & (POLLIN | POLLHUP | POLLERR))) {
       if (!from_init.fill(init)) {
         init_gone = true;  // sandbox-init exited (it reported why); the host ends the VM
-        if (finish_requested && !quiet_sent) {
-          // Killed on the host's request: the outputs (the held output dir outlives the
-          // run's mount namespace), usage, and the quiet sandbox-init could not send.
-          quiet_sent = true;
-          send_outputs(out_dir, s);
-          send_usage(peak);
-          send_frame(g_ctl, static_cast<std::uint32_t>(ip::msg::quiet), 0, 0, {});
-        }
+        // Killed on the host's request: the outputs (the held output dir outlives the run's
+        // mount namespace), usage, and the quiet sandbox-init could not send, once the
+        // pipes drained (maybe_report).
+        if (finish_requested) request_report();
+        maybe_report();
         continue;
       }
       bool bad = false;
@@ -702,14 +815,13 @@ int main() {
           if (out_dir < 0) fail(agent_step::outputs, errno, "open the output dir");
         }
         if (h.type == ip::msg::quiet) {
-          if (quiet_sent) continue;
-          quiet_sent = true;
-          send_outputs(out_dir, s);
-          send_usage(peak);
+          request_report();  // sent by maybe_report, with the outputs and usage before it
+          continue;
         }
         if (!send_frame(g_ctl, static_cast<std::uint32_t>(h.type), h.a, h.b, payload)) power_off();
       }
       if (bad) init_gone = true;
     }
+    maybe_report();
   }
 }
