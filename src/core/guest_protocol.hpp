@@ -15,8 +15,10 @@
 //
 // Ports (virtio-serial port names, /sys/class/virtio-ports/*/name in the guest):
 //   "sandbox.ctl"     this channel
-//   "sandbox.stdout"  the program's stdout (sandbox-init's stdout): bytes, guest → host
-//   "sandbox.stderr"  the program's stderr: bytes, guest → host
+//   "sandbox.stdout"  the program's stdout: bytes, guest → host. The program writes to a pipe
+//                     the agent relays to this port (bounded buffer, so a slow host still
+//                     throttles the program), counting the bytes
+//   "sandbox.stderr"  the program's stderr: the same
 //
 // Flow of one run:
 //   agent → host  agent_ready  a = guest_protocol::version; payload: "key=value\0" pairs for
@@ -37,7 +39,10 @@
 //                              file), so the result lists it in files_dropped as the host
 //                              levels' collector does
 //   agent → host  usage        payload: "key=value\0" pairs (usage_keys): the guest cgroup's
-//                              figures, sent just before the relayed `quiet`
+//                              figures and the stream byte counts, sent just before the
+//                              agent's `quiet` — which it sends for sandbox-init's once both
+//                              output pipes reached EOF (every byte counted). The host
+//                              completes the run once its capture holds the counts (bounded)
 //   host → agent  finish       (only when the host's deadline or exit grace ends the run
 //                              before sandbox-init's `quiet`): the agent kills the guest's
 //                              run cgroup, then sends the outputs, usage and its own quiet
@@ -120,6 +125,8 @@ enum class agent_step : std::uint32_t {
 //   out_files                                          most output files the agent sends
 //   uid, gid                                           the program's ids inside the guest
 //   network=0                                          (the first version has no egress)
-// `usage` keys: memory_peak_bytes, cpu_usec, oom_kills, pids_peak.
+// `usage` keys: memory_peak_bytes, cpu_usec, oom_kills, pids_peak; stdout_bytes, stderr_bytes
+// (every byte the program wrote to each stream, as the agent's relay read it from the pipe;
+// the host refuses a `usage` without them).
 
 }  // namespace sandbox::detail::guest_protocol

@@ -285,8 +285,7 @@ const std::vector<backend_profile>& profiles() {
                               // FIFOs and sockets stay in the guest, but the agent lists
                               // them (file_dropped), so the result is the host levels'.
                               .syscall_slowdown = 4,
-                              .egress_proxy = false,
-                              .gap_stream_bytes_lost = true},
+                              .egress_proxy = false},
                    .host_config = R"({"v":1,"backends":{"microvm":{}}})",
                    // In CI as "conformance: core tier (microvm)" (tests/CMakeLists.txt),
                    // "[core]~[crosstalk]": the crosstalk kind's 128 VM boots and 3 s

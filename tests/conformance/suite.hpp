@@ -109,11 +109,6 @@ struct expectations {
   /// enforced inside gVisor (its tmpfs ignores nr_inodes): entries can be created until the
   /// memory limit; only the output directory (a host tmpfs) answers ENOSPC.
   bool gap_tmpfs_inode_limit = false;
-  /// GAP (library bug, open; microvm): bytes of a large stdout/stderr flood can be lost
-  /// between the guest's virtio-serial ports and the host's capture — the run ends `ok` with
-  /// fewer `total_bytes` than were written (2 of 12 soak floods under TCG). The soak's flood
-  /// then WARNs on the byte counts instead of failing; docs/security.md lists the fault.
-  bool gap_stream_bytes_lost = false;
 };
 
 /// One backend under test.

@@ -57,6 +57,11 @@ struct fixture {
   }
 };
 
+/// A usage report the channel accepts: the stream counts are required.
+std::string_view valid_usage() {
+  return std::string_view("cpu_usec=1\0stdout_bytes=0\0stderr_bytes=0\0", 41);
+}
+
 }  // namespace
 
 TEST_CASE("guest channel: a well-formed output file is written within the caps", "[microvm]") {
@@ -67,12 +72,16 @@ TEST_CASE("guest channel: a well-formed output file is written within the caps",
   CHECK(f.send(gp::msg::file_data, 0, 0, "llo").empty());
   CHECK(f.send(gp::msg::file_close).empty());
   CHECK(f.send(gp::msg::usage, 0, 0,
-               std::string_view("memory_peak_bytes=123\0cpu_usec=456\0oom_kills=1\0", 47))
+               std::string_view("memory_peak_bytes=123\0cpu_usec=456\0oom_kills=1\0"
+                                "stdout_bytes=18446744073709551615\0stderr_bytes=7\0",
+                                47 + 34 + 15))
             .empty());
   REQUIRE(f.ch->usage());
   CHECK(f.ch->usage()->memory_peak_bytes == 123);
   CHECK(f.ch->usage()->cpu_usec == 456);
   CHECK(f.ch->usage()->oom_kills == 1);
+  CHECK(f.ch->usage()->stdout_bytes == 18446744073709551615ULL);
+  CHECK(f.ch->usage()->stderr_bytes == 7);
   std::ifstream in(f.out / "a.txt");
   std::string content((std::istreambuf_iterator<char>(in)), {});
   CHECK(content == "hello");
@@ -196,14 +205,26 @@ TEST_CASE("guest channel: frames out of order or unknown are refused", "[microvm
     g.ready();
     CHECK_FALSE(g.ch->on_frame({static_cast<ip::msg>(999), 0, 0}, {}).empty());
   }
+  SECTION("usage without both stream counts, or with a count that is not a number") {
+    for (std::string_view p :
+         {std::string_view("cpu_usec=1\0", 11), std::string_view("stdout_bytes=1\0", 15),
+          std::string_view("stderr_bytes=1\0", 15),
+          std::string_view("stdout_bytes=1\0stderr_bytes=-1\0", 31),
+          std::string_view("stdout_bytes=1\0stderr_bytes=18446744073709551616\0", 49)}) {
+      fixture f;
+      f.ready();
+      CHECK_FALSE(f.send(gp::msg::usage, 0, 0, p).empty());
+      CHECK_FALSE(f.ch->usage());
+    }
+  }
   SECTION("usage that is not numbers, or twice") {
     fixture f;
     f.ready();
     CHECK_FALSE(f.send(gp::msg::usage, 0, 0, std::string_view("cpu_usec=12x\0", 13)).empty());
     fixture g;
     g.ready();
-    REQUIRE(g.send(gp::msg::usage, 0, 0, std::string_view("cpu_usec=1\0", 11)).empty());
-    CHECK_FALSE(g.send(gp::msg::usage, 0, 0, std::string_view("cpu_usec=1\0", 11)).empty());
+    REQUIRE(g.send(gp::msg::usage, 0, 0, valid_usage()).empty());
+    CHECK_FALSE(g.send(gp::msg::usage, 0, 0, valid_usage()).empty());
   }
   SECTION("the agent's own failure report ends the run") {
     fixture f;
@@ -330,7 +351,7 @@ TEST_CASE("guest channel: hostile file_dropped frames are refused", "[microvm]")
     CHECK_FALSE(g.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, "b").empty());
     fixture h;
     h.ready();
-    REQUIRE(h.send(gp::msg::usage, 0, 0, std::string_view("cpu_usec=1\0", 11)).empty());
+    REQUIRE(h.send(gp::msg::usage, 0, 0, valid_usage()).empty());
     CHECK_FALSE(h.send(gp::msg::file_dropped, reason(gp::dropped::count_limit), 0, "b").empty());
   }
   SECTION("more than the collector's scan limit") {
