@@ -55,6 +55,7 @@
 #include <fmt/format.h>
 
 #include "core/capture.hpp"
+#include "core/guest_streams.hpp"
 #include "core/cgroup.hpp"
 #include "core/collector.hpp"
 #include "core/confirmed_wait.hpp"
@@ -1446,8 +1447,9 @@ class init_run : public std::enable_shared_from_this<init_run> {
   // A guest agent's `usage` counted the bytes the program wrote to each stream at the guest's
   // relay; the ports deliver them on their own way, so some may still be in flight (in the
   // VMM, in the sockets) when `quiet` arrives. The run goes on once the capture holds the
-  // counts — or, bounded, when no byte came for `stream_stall` or `stream_wait_max` passed, or
-  // a stream ended short: the counts are untrusted and a guest could claim any number. A
+  // counts — or, bounded (judge_guest_streams, core/guest_streams.hpp), when no byte came for
+  // `stream_stall`, when max(10 s, a quarter of the launcher's setup floor) passed, or when a
+  // stream ended short: the counts are untrusted and a guest could claim any number. A
   // shortfall is logged and said in the result (the stream is flagged truncated); a capture
   // past the count is only logged (it holds what really came). The deadline and the exit
   // grace stop here: the run's processes are gone.
@@ -1472,15 +1474,23 @@ class init_run : public std::enable_shared_from_this<init_run> {
       streams_seen_ = seen;
       streams_last_progress_ = now;
     }
-    const bool out_done = !u || out_.total_bytes() >= u->stdout_bytes;
-    const bool err_done = !u || err_.total_bytes() >= u->stderr_bytes;
-    const bool ended_short = (!out_done && !stdout_open_) || (!err_done && !stderr_open_);
-    const auto wait_max =
-        std::max<std::chrono::milliseconds>(std::chrono::seconds(10),
-                                            shared_->launcher->min_setup_budget() / 4);
-    const bool gave_up = now - streams_last_progress_ >= stream_stall ||
-                         now - streams_wait_since_ >= wait_max || ended_short;
-    if (!(out_done && err_done) && !gave_up) {
+    using std::chrono::duration_cast;
+    using std::chrono::milliseconds;
+    const guest_stream_state st{
+        .received_stdout = out_.total_bytes(),
+        .received_stderr = err_.total_bytes(),
+        .counted_stdout = u ? u->stdout_bytes : 0,
+        .counted_stderr = u ? u->stderr_bytes : 0,
+        .stdout_open = stdout_open_,
+        .stderr_open = stderr_open_,
+        .since_start = duration_cast<milliseconds>(now - streams_wait_since_),
+        .since_progress = duration_cast<milliseconds>(now - streams_last_progress_)};
+    const guest_stream_bounds bounds{
+        .stall = stream_stall,
+        .max = std::max<milliseconds>(std::chrono::seconds(10),
+                                      shared_->launcher->min_setup_budget() / 4)};
+    const auto verdict = judge_guest_streams(st, bounds);
+    if (verdict == guest_stream_verdict::wait) {
       stream_timer_.expires_after(std::chrono::milliseconds(100));
       stream_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
         if (!ec) self->check_guest_streams();
@@ -1499,8 +1509,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
           missing = counted - cap.total_bytes();
           log(log_level::warning,
               fmt::format("guest agent: {} counted {} bytes, the host received {} ({})", name,
-                          counted, cap.total_bytes(),
-                          ended_short ? "the stream ended" : "gave up waiting"));
+                          counted, cap.total_bytes(), to_string(verdict)));
         } else if (cap.total_bytes() > counted) {
           log(log_level::warning,
               fmt::format("guest agent: {} counted {} bytes, the host received {} (more)", name,
