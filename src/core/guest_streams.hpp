@@ -54,11 +54,16 @@ constexpr guest_stream_verdict judge_guest_streams(const guest_stream_state& s,
 /// Short words for the host log.
 constexpr const char* to_string(guest_stream_verdict v) noexcept {
   switch (v) {
-    case guest_stream_verdict::wait: return "waiting";
-    case guest_stream_verdict::complete: return "complete";
-    case guest_stream_verdict::ended_short: return "the stream ended";
-    case guest_stream_verdict::stalled: return "no byte came for the stall bound";
-    case guest_stream_verdict::timed_out: return "the wait's bound passed";
+    case guest_stream_verdict::wait:
+      return "waiting";
+    case guest_stream_verdict::complete:
+      return "complete";
+    case guest_stream_verdict::ended_short:
+      return "the stream ended";
+    case guest_stream_verdict::stalled:
+      return "no byte came for the stall bound";
+    case guest_stream_verdict::timed_out:
+      return "the wait's bound passed";
   }
   return "?";
 }

@@ -2061,8 +2061,8 @@ class init_run : public std::enable_shared_from_this<init_run> {
                                     std::tuple{&r.std_err, stderr_missing_, "stderr"}}) {
       if (missing == 0) continue;
       s->truncated = true;
-      note += fmt::format("{}{}: {} bytes the guest counted did not arrive", note.empty() ? "" : "; ",
-                          name, missing);
+      note += fmt::format("{}{}: {} bytes the guest counted did not arrive",
+                          note.empty() ? "" : "; ", name, missing);
     }
     if (!note.empty()) r.message += (r.message.empty() ? "" : "; ") + note;
   }

@@ -16,8 +16,10 @@ constexpr guest_stream_bounds bounds{.stall = 3000ms, .max = 10000ms};
 }
 
 TEST_CASE("guest streams: both counts reached completes the wait", "[microvm][streams]") {
-  guest_stream_state s{.received_stdout = 16 << 20, .received_stderr = 4 << 20,
-                       .counted_stdout = 16 << 20, .counted_stderr = 4 << 20};
+  guest_stream_state s{.received_stdout = 16 << 20,
+                       .received_stderr = 4 << 20,
+                       .counted_stdout = 16 << 20,
+                       .counted_stderr = 4 << 20};
   CHECK(judge_guest_streams(s, bounds) == guest_stream_verdict::complete);
   // Zero counts (a silent program) complete at once, whatever the time.
   CHECK(judge_guest_streams(guest_stream_state{}, bounds) == guest_stream_verdict::complete);
@@ -31,9 +33,12 @@ TEST_CASE("guest streams: both counts reached completes the wait", "[microvm][st
 }
 
 TEST_CASE("guest streams: bytes in flight are waited for", "[microvm][streams]") {
-  guest_stream_state s{.received_stdout = 12 << 20, .received_stderr = 4 << 20,
-                       .counted_stdout = 16 << 20, .counted_stderr = 4 << 20,
-                       .since_start = 9999ms, .since_progress = 2999ms};
+  guest_stream_state s{.received_stdout = 12 << 20,
+                       .received_stderr = 4 << 20,
+                       .counted_stdout = 16 << 20,
+                       .counted_stderr = 4 << 20,
+                       .since_start = 9999ms,
+                       .since_progress = 2999ms};
   CHECK(judge_guest_streams(s, bounds) == guest_stream_verdict::wait);
   s.received_stdout = 16 << 20;
   CHECK(judge_guest_streams(s, bounds) == guest_stream_verdict::complete);
@@ -43,7 +48,8 @@ TEST_CASE("guest streams: a count the host cannot reach ends the wait within its
           "[microvm][streams]") {
   // A lying guest: a count far above what it sends, on either stream.
   for (bool on_stdout : {true, false}) {
-    guest_stream_state s{.received_stdout = 10, .received_stderr = 10,
+    guest_stream_state s{.received_stdout = 10,
+                         .received_stderr = 10,
                          .counted_stdout = on_stdout ? ~0ULL : 10,
                          .counted_stderr = on_stdout ? 10 : ~0ULL};
     INFO("on stdout: " << on_stdout);
@@ -61,7 +67,10 @@ TEST_CASE("guest streams: a count the host cannot reach ends the wait within its
     CHECK(judge_guest_streams(s, bounds) == guest_stream_verdict::ended_short);
   }
   // The other stream's end closing does not end the wait for a stream still open and short.
-  guest_stream_state s{.received_stdout = 5, .received_stderr = 10, .counted_stdout = 10,
-                       .counted_stderr = 10, .stderr_open = false};
+  guest_stream_state s{.received_stdout = 5,
+                       .received_stderr = 10,
+                       .counted_stdout = 10,
+                       .counted_stderr = 10,
+                       .stderr_open = false};
   CHECK(judge_guest_streams(s, bounds) == guest_stream_verdict::wait);
 }

@@ -52,11 +52,11 @@ TEST_CASE("microvm: stdout/stderr floods are counted to the byte", "[microvm][st
       sandbox::run_request base;
       base.timeout = std::chrono::seconds(30);
       auto r = mvtest::run(chunk_fn(newline) +
-                           "import sys\n"
-                           "for i in range(4096): sys.stdout.buffer.write(chunk(i))\n"
-                           "sys.stdout.buffer.flush()\n"
-                           "for i in range(1024): sys.stderr.buffer.write(chunk(i))\n"
-                           "sys.stderr.buffer.flush()\n",
+                               "import sys\n"
+                               "for i in range(4096): sys.stdout.buffer.write(chunk(i))\n"
+                               "sys.stdout.buffer.flush()\n"
+                               "for i in range(1024): sys.stderr.buffer.write(chunk(i))\n"
+                               "sys.stderr.buffer.flush()\n",
                            base);
       REQUIRE(r.code == code::ok);
       CHECK(r.exit_code == 0);
@@ -75,51 +75,57 @@ TEST_CASE("microvm: stdout/stderr floods are counted to the byte", "[microvm][st
 
 TEST_CASE("microvm: a child writing after its parent exited is counted until it is killed",
           "[microvm][streams]") {
-  for (int round = 0; round < kRounds; ++round) {
-    INFO("round " << round);
-    // The parent exits at once; its child writes chunks to both streams until the host's
-    // exit grace ends the run and the guest kills it mid-flood.
-    sandbox::run_request base;
-    base.timeout = std::chrono::seconds(4);
-    auto r = mvtest::run(chunk_fn(false) +
-                         "import os\n"
-                         "if os.fork() == 0:\n"
-                         "    n = os.open(os.environ['SANDBOX_OUTPUT_DIR'] + '/n', os.O_WRONLY | os.O_CREAT)\n"
-                         "    i = 0\n"
-                         "    while True:\n"
-                         "        os.write(1, chunk(i))\n"
-                         "        os.write(2, chunk(i))\n"
-                         "        i += 1\n"
-                         "        os.pwrite(n, b'%08d' % i, 0)\n"
-                         "os._exit(0)\n",
-                         base);
-    CHECK((r.code == code::ok || r.code == code::timeout));
-    // Whatever the child wrote, every byte was counted: whole chunks, and the last one the
-    // tail shows is the count's last.
-    INFO("stdout " << r.std_out.total_bytes << " stderr " << r.std_err.total_bytes);
-    CHECK(r.std_out.total_bytes % kChunk == 0);
-    CHECK(r.std_err.total_bytes % kChunk == 0);
-    REQUIRE(r.std_out.total_bytes > 0);
-    CHECK(last_chunk_index(r.std_out.summary) ==
-          static_cast<long>(r.std_out.total_bytes / kChunk) - 1);
-    if (r.std_err.total_bytes > 0) {
+  // The child writes chunks to both streams without end and notes after each pair how many
+  // pairs it wrote (an output file, collected after the kill). Its parent waits for the first
+  // note, then either exits — the host's exit grace ends the run, the guest kills the child
+  // mid-flood (`finish`) — or waits too, and the deadline ends the run.
+  for (bool parent_exits : {true, false}) {
+    for (int round = 0; round < kRounds; ++round) {
+      INFO("parent exits: " << parent_exits << ", round " << round);
+      sandbox::run_request base;
+      base.timeout = std::chrono::seconds(4);
+      auto r = mvtest::run(chunk_fn(false) +
+                               "import os, time\n"
+                               "p = os.environ['SANDBOX_OUTPUT_DIR'] + '/n'\n"
+                               "if os.fork() == 0:\n"
+                               "    n = os.open(p, os.O_WRONLY | os.O_CREAT)\n"
+                               "    i = 0\n"
+                               "    while True:\n"
+                               "        os.write(1, chunk(i))\n"
+                               "        os.write(2, chunk(i))\n"
+                               "        i += 1\n"
+                               "        os.pwrite(n, b'%08d' % i, 0)\n"
+                               "while not (os.path.exists(p) and os.path.getsize(p) == 8):\n"
+                               "    time.sleep(0.01)\n" +
+                               (parent_exits ? "os._exit(0)\n" : "while True: time.sleep(1)\n"),
+                           base);
+      CHECK(r.code == (parent_exits ? code::ok : code::timeout));
+      // Whatever the child wrote, every byte was counted: whole chunks, and the last one the
+      // tail shows is the count's last.
+      INFO("stdout " << r.std_out.total_bytes << " stderr " << r.std_err.total_bytes);
+      CHECK(r.std_out.total_bytes % kChunk == 0);
+      CHECK(r.std_err.total_bytes % kChunk == 0);
+      REQUIRE(r.std_out.total_bytes > 0);
+      REQUIRE(r.std_err.total_bytes > 0);
+      CHECK(last_chunk_index(r.std_out.summary) ==
+            static_cast<long>(r.std_out.total_bytes / kChunk) - 1);
       CHECK(last_chunk_index(r.std_err.summary) ==
             static_cast<long>(r.std_err.total_bytes / kChunk) - 1);
+      // What the child wrote, as it noted after each pair of chunks (the kill may fall between
+      // a write and its note): that many pairs, or one chunk more on either stream.
+      REQUIRE(r.files_out.size() == 1);
+      const std::string noted = mvtest::blob(r.files_out[0].blob);
+      REQUIRE(noted.size() == 8);
+      const std::uint64_t pairs = std::stoull(noted);
+      INFO("pairs noted " << pairs);
+      CHECK(r.std_out.total_bytes >= pairs * kChunk);
+      CHECK(r.std_out.total_bytes <= (pairs + 1) * kChunk);
+      CHECK(r.std_err.total_bytes >= pairs * kChunk);
+      CHECK(r.std_err.total_bytes <= (pairs + 1) * kChunk);
+      // Stdout is written before stderr in each pair: stdout is at most one chunk ahead.
+      CHECK(r.std_out.total_bytes >= r.std_err.total_bytes);
+      CHECK(r.std_out.total_bytes <= r.std_err.total_bytes + kChunk);
+      CHECK(mvtest::vmm_processes() == 0);
     }
-    // What the child wrote, as it noted after each pair of chunks (the kill may fall between a
-    // write and its note): the count is that many pairs, or one chunk more on either stream.
-    REQUIRE(r.files_out.size() == 1);
-    const std::string noted = mvtest::blob(r.files_out[0].blob);
-    REQUIRE(noted.size() == 8);
-    const std::uint64_t pairs = std::stoull(noted);
-    INFO("pairs noted " << pairs);
-    CHECK(r.std_out.total_bytes >= pairs * kChunk);
-    CHECK(r.std_out.total_bytes <= (pairs + 1) * kChunk);
-    CHECK(r.std_err.total_bytes >= pairs * kChunk);
-    CHECK(r.std_err.total_bytes <= (pairs + 1) * kChunk);
-    // Stdout is written before stderr in each round: stdout is at most one chunk ahead.
-    CHECK(r.std_out.total_bytes >= r.std_err.total_bytes);
-    CHECK(r.std_out.total_bytes <= r.std_err.total_bytes + kChunk);
-    CHECK(mvtest::vmm_processes() == 0);
   }
 }
