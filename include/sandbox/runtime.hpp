@@ -118,8 +118,9 @@ struct microvm_backend_options {
   /// "auto" (KVM when /dev/kvm can make a VM, else TCG), "kvm" (refuse to register without
   /// it) or "tcg".
   std::string accel = "auto";
-  /// Guest RAM = the run's memory limit + this (the guest kernel, the agent, the initramfs
-  /// and the guest workspace's tmpfs), MiB. Default 96.
+  /// Guest RAM = the run's memory limit + this (the guest kernel, the agent, the initramfs)
+  /// + room for a full guest workspace (the policy's largest source or stdin and inputs:
+  /// the workspace is a guest tmpfs outside the program's cgroup), MiB. Default 96.
   std::uint64_t guest_overhead_mib = 96;
   /// The run cgroup's memory = guest RAM + this, for the VMM itself (QEMU and, under TCG,
   /// its 64 MiB translation cache), MiB. Default 192.
@@ -132,8 +133,8 @@ struct microvm_backend_options {
   /// matching run skips the VMM start and the guest boot. One-shot like the other levels'
   /// pools: a VM serves one run and is destroyed with it (never reused, so no VM ever carries
   /// a previous run's disk or memory); a VM that misses its ready deadline (the setup
-  /// budget) or dies while idle is destroyed and replaced. Each idle VM holds its guest RAM
-  /// (the class's memory limit + `guest_overhead_mib`) on the host.
+  /// budget) or dies while idle is destroyed and replaced. Each idle VM holds the guest RAM it
+  /// has touched (its kernel, agent and prepared sandbox) on the host.
   std::vector<warm_pool_class> warm_pool;
 };
 

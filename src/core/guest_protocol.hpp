@@ -125,7 +125,9 @@ enum class agent_step : std::uint32_t {
 //   out_files                                          most output files the agent sends
 //   uid, gid                                           the program's ids inside the guest
 //   network=0                                          (the first version has no egress)
-// `usage` keys: memory_peak_bytes, cpu_usec, oom_kills, pids_peak; stdout_bytes, stderr_bytes
+// `usage` keys: memory_peak_bytes, cpu_usec (the run cgroup's CPU since sandbox-init's
+// `started`: its set-up before the program is not the program's), oom_kills, pids_peak;
+// stdout_bytes, stderr_bytes
 // (every byte the program wrote to each stream, as the agent's relay read it from the pipe;
 // the host refuses a `usage` without them).
 

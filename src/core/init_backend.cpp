@@ -804,7 +804,7 @@ class init_run : public std::enable_shared_from_this<init_run> {
 
     // 2. The run's cgroup, with limits, before any process exists.
     cgroup_limits limits{mem, job_.policy.max_pids, job_.policy.cpu_quota_millicores};
-    shared_->launcher->adjust_limits(limits);
+    shared_->launcher->adjust_limits(job_.policy, limits);
     std::string cg_name = "r-" + shared_->instance_id + "-" + instance_id_;
     cgroup_path_ = shared_->cgroup_parent + "/" + cg_name;
     auto cg = shared_->cgroups->create(cg_name, limits);

@@ -150,10 +150,14 @@ class init_launcher {
   /// `NODE_OPTIONS=--require <path>`); empty: not provided.
   virtual std::string node_proxy_preload_path() const { return {}; }
 
-  /// The run cgroup's limits, from the request's: a launcher whose runtime puts its own
-  /// processes into the run's cgroup (gVisor's sentry and gofer) adds their overhead here,
-  /// and must write the same figures into its runtime's configuration.
-  virtual void adjust_limits(cgroup_limits& limits) const { (void)limits; }
+  /// The run cgroup's limits, from the request's (`pol`: the run's policy): a launcher whose
+  /// runtime puts its own processes into the run's cgroup (gVisor's sentry and gofer, a
+  /// VMM and its guest's RAM) adds their overhead here, and must write the same figures into
+  /// its runtime's configuration.
+  virtual void adjust_limits(const sandbox::policy& pol, cgroup_limits& limits) const {
+    (void)pol;
+    (void)limits;
+  }
 
   /// Whether killing a run starts with SIGKILL to the launched process (sandbox-init: yes).
   /// An OCI runtime instead exits by itself once the run's cgroup is empty, so it can clean

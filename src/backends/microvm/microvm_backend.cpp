@@ -370,10 +370,11 @@ class microvm_launcher final : public init_launcher {
   }
   std::string probe_path() const override { return "sandbox-init"; }
 
-  void adjust_limits(cgroup_limits& limits) const override {
-    // The run cgroup holds the VMM: guest RAM (the run's limit + the guest's own overhead)
-    // plus QEMU's. The program's own limits are the guest cgroup's (`setup`).
-    limits.memory_bytes += (s_.guest_overhead_mib + s_.vmm_overhead_mib) << 20;
+  void adjust_limits(const sandbox::policy& pol, cgroup_limits& limits) const override {
+    // The run cgroup holds the VMM: guest RAM (see guest_ram_mib) plus QEMU's own. The
+    // program's own limits are the guest cgroup's (`setup`).
+    limits.memory_bytes =
+        (guest_ram_mib(limits.memory_bytes, pol) + s_.vmm_overhead_mib) << 20;
     limits.max_pids += 64;  // QEMU's threads (vCPU, RCU, I/O workers)
     if (limits.cpu_quota_millicores > 0) {
       limits.cpu_quota_millicores = std::max<std::uint32_t>(limits.cpu_quota_millicores, 1000);
@@ -381,6 +382,21 @@ class microvm_launcher final : public init_launcher {
   }
 
   fs::path host_output_dir(const run_workspace& ws) const override { return ws.dir / "out"; }
+
+  // The guest workspace's tmpfs cap (`setup`'s ws_bytes): the source (or a tool's stdin) and
+  // the inputs, at most what the policy lets a request bring.
+  static std::uint64_t guest_ws_bytes(const sandbox::policy& pol) {
+    return std::max(pol.max_source_bytes, pol.max_stdin_bytes) + pol.max_input_bytes + (1 << 20);
+  }
+  // Guest RAM, MiB: the program's memory limit (the guest run cgroup's), the guest's own
+  // overhead (kernel, agent, initramfs), and room for a full workspace. The workspace's tmpfs
+  // pages are written by the agent, outside the program's cgroup: without that room, inputs
+  // near the policy's maximum squeezed the program below its own limit, and the guest
+  // kernel's OOM killer then ended it as if it had exceeded that limit. RAM the guest never
+  // touches costs the host nothing (QEMU maps it lazily).
+  std::uint64_t guest_ram_mib(std::uint64_t memory_limit_bytes, const sandbox::policy& pol) const {
+    return (memory_limit_bytes >> 20) + s_.guest_overhead_mib + ((guest_ws_bytes(pol) + (1 << 20) - 1) >> 20);
+  }
 
   void add_config(const launch_request& r, ip::config_writer& w) override {
     (void)r;
@@ -429,7 +445,7 @@ class microvm_launcher final : public init_launcher {
     }
     const auto& req = r.job.admitted.request;
     vm_spec vm{
-        .memory_mib = (req.memory_limit_bytes >> 20) + s_.guest_overhead_mib,
+        .memory_mib = guest_ram_mib(req.memory_limit_bytes, r.job.policy),
         .vcpus = 1,
         .kvm = s_.kvm,
         .kernel_cmdline = "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init" + s_.timer_args};
@@ -508,9 +524,7 @@ class microvm_launcher final : public init_launcher {
       w.add("cpu_quota_us", std::uint64_t{pol.cpu_quota_millicores} * 100);
       w.add("cpu_period_us", std::uint64_t{100000});
     }
-    // The guest workspace holds the source (or a tool's stdin) and the inputs.
-    w.add("ws_bytes",
-          std::max(pol.max_source_bytes, pol.max_stdin_bytes) + pol.max_input_bytes + (1 << 20));
+    w.add("ws_bytes", guest_ws_bytes(pol));
     w.add("in_files", std::uint64_t{pol.max_input_files});
     w.add("out_files", std::uint64_t{req.files_out.max_files});
     w.add("out_bytes", req.files_out.max_bytes);

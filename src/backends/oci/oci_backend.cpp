@@ -170,7 +170,7 @@ class oci_launcher final : public init_launcher,
     p.gid = r.uid;
     cgroup_limits limits{r.job.admitted.request.memory_limit_bytes, r.job.policy.max_pids,
                          r.job.policy.cpu_quota_millicores};
-    adjust_limits(limits);  // the same figures the run cgroup got
+    adjust_limits(r.job.policy, limits);  // the same figures the run cgroup got
     p.memory_bytes = limits.memory_bytes;
     p.max_pids = limits.max_pids;
     p.cpu_millicores = r.job.policy.cpu_quota_millicores;
@@ -275,7 +275,7 @@ class oci_launcher final : public init_launcher,
   static constexpr std::uint32_t gvisor_host_tasks_per_process = 8;
   static constexpr std::uint32_t gvisor_pids_overhead = 256;
   static constexpr std::uint64_t gvisor_memory_overhead = 96ULL << 20;
-  void adjust_limits(cgroup_limits& l) const override {
+  void adjust_limits(const sandbox::policy& /*pol*/, cgroup_limits& l) const override {
     if (s_.kind != oci::runtime_kind::runsc) return;
     l.max_pids = l.max_pids * gvisor_host_tasks_per_process + gvisor_pids_overhead;
     l.memory_bytes += gvisor_memory_overhead;

@@ -552,15 +552,27 @@ void send_outputs(int out_dir, const setup_values& s) {
 
 // 6c. The guest cgroup's figures. memory.peak does not exist before Linux 6.5 (the cloud
 //     kernel is 6.1): the agent then reports the largest memory.current it sampled.
-void send_usage(std::uint64_t sampled_peak, const stream_relay& out, const stream_relay& err) {
+// The run cgroup's CPU time so far (cpu.stat usage_usec), µs; 0 when unreadable.
+std::uint64_t cgroup_cpu_usec() {
+  std::string cpu = read_small_file(std::string(kCgroup) + "/cpu.stat");
+  auto at = cpu.find("usage_usec ");
+  return at == std::string::npos ? 0 : to_u64(std::string_view(cpu).substr(at + 11));
+}
+
+// `cpu_at_start`: the run cgroup's CPU time when the program started (sandbox-init's
+// `started`). sandbox-init is in the run cgroup from before it reads its configuration, and
+// its setup (namespaces, mounts, pivot_root) is emulated under TCG: seconds of CPU that are
+// not the program's. The host levels' setup costs milliseconds, so they report the cgroup's
+// whole figure; here the program's share is what came after `started`.
+void send_usage(std::uint64_t sampled_peak, std::uint64_t cpu_at_start, const stream_relay& out,
+                const stream_relay& err) {
   std::string c = kCgroup;
   ip::config_writer w;
   std::uint64_t peak = sampled_peak;
   if (auto p = read_small_file(c + "/memory.peak"); !p.empty()) peak = std::max(peak, to_u64(p));
   w.add("memory_peak_bytes", peak);
-  std::string cpu = read_small_file(c + "/cpu.stat");
-  if (auto at = cpu.find("usage_usec "); at != std::string::npos) {
-    w.add("cpu_usec", to_u64(std::string_view(cpu).substr(at + 11)));
+  if (const std::uint64_t cpu = cgroup_cpu_usec(); cpu > 0) {
+    w.add("cpu_usec", cpu > cpu_at_start ? cpu - cpu_at_start : 0);
   }
   std::string ev = read_small_file(c + "/memory.events");
   if (auto at = ev.find("oom_kill "); at != std::string::npos) {
@@ -672,8 +684,11 @@ int main() {
   close(sp[1]);
   close(out_pipe[1]);
   close(err_pipe[1]);
-  stream_relay out_relay{.pipe = out_pipe[0], .port = out_port};
-  stream_relay err_relay{.pipe = err_pipe[0], .port = err_port};
+  stream_relay out_relay, err_relay;
+  out_relay.pipe = out_pipe[0];
+  out_relay.port = out_port;
+  err_relay.pipe = err_pipe[0];
+  err_relay.port = err_port;
   for (int fd : {out_pipe[0], err_pipe[0]}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   if (self_exec >= 0) close(self_exec);
   if (!write_file(std::string(kCgroup) + "/cgroup.procs", std::to_string(pid))) {
@@ -689,6 +704,7 @@ int main() {
   files.s = &s;
   int out_dir = -1;
   std::uint64_t peak = 0;
+  std::uint64_t cpu_at_start = 0;  // the run cgroup's CPU at sandbox-init's `started`
   std::string why;
   bool init_gone = false;
   bool finish_requested = false, quiet_sent = false;
@@ -721,7 +737,7 @@ int main() {
     if (!eof && waited < 2 * kReportWaitMs) return;
     quiet_sent = true;
     send_outputs(out_dir, s);
-    send_usage(peak, out_relay, err_relay);
+    send_usage(peak, cpu_at_start, out_relay, err_relay);
     if (!send_frame(g_ctl, static_cast<std::uint32_t>(ip::msg::quiet), 0, 0, {})) power_off();
   };
   // Frames from the host already read (the configuration may have come with `setup`).
@@ -818,6 +834,7 @@ int main() {
           out_dir = open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
           if (out_dir < 0) fail(agent_step::outputs, errno, "open the output dir");
         }
+        if (h.type == ip::msg::started && cpu_at_start == 0) cpu_at_start = cgroup_cpu_usec();
         if (h.type == ip::msg::quiet) {
           request_report();  // sent by maybe_report, with the outputs and usage before it
           continue;

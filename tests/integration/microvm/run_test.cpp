@@ -80,6 +80,41 @@ TEST_CASE("microvm: a memory hog ends as oom (the guest cgroup's limit)", "[micr
   CHECK(mvtest::run_cgroups().empty());
 }
 
+TEST_CASE("microvm: a program reaches its own memory limit even beside a large input",
+          "[microvm]") {
+  // The guest workspace (the inputs) lives in guest RAM outside the program's cgroup; the
+  // guest has room for a full workspace besides the limit, so the program, not the guest
+  // kernel's OOM killer on a squeezed guest, decides where it ends: at the limit.
+  sandbox::run_request base;
+  base.memory_limit_bytes = 128ULL << 20;
+  base.timeout = std::chrono::seconds(20);
+  base.files_in = {{.name = "big.bin", .blob = mvtest::put(std::string(60ULL << 20, 'i'))}};
+  auto r = mvtest::run(
+      "import os\n"
+      "print('input', os.path.getsize(os.environ['SANDBOX_INPUT_DIR'] + '/big.bin'), flush=True)\n"
+      "b = []\n"
+      "while True: b.append(bytearray(8 << 20))\n",
+      base);
+  CHECK(r.code == code::oom);
+  CHECK(r.std_out.summary.find("input 62914560") == 0);
+  // The guest cgroup's peak is the limit itself (memory.max), never an earlier kill.
+  CHECK(r.usage.peak_memory_bytes >= (120ULL << 20));
+  CHECK(r.oom_kills >= 1);
+}
+
+TEST_CASE("microvm: usage CPU is the program's, not the guest's set-up", "[microvm]") {
+  // sandbox-init's set-up inside the guest (namespaces, mounts; emulated under TCG: seconds)
+  // runs in the run cgroup before the program starts; the reported CPU starts at the
+  // program's start. With one vCPU it cannot exceed the program's wall time (a small margin
+  // for the guest and host clocks reading `started` at slightly different moments).
+  sandbox::run_request base;
+  base.timeout = std::chrono::seconds(20);
+  auto r = mvtest::run("import time\ntime.sleep(1)\nprint('ok')", base);
+  REQUIRE(r.code == code::ok);
+  INFO("cpu_ms=" << r.usage.cpu.count() << " wall_ms=" << r.usage.wall.count());
+  CHECK(r.usage.cpu.count() <= r.usage.wall.count() + 250);
+}
+
 TEST_CASE("microvm: the guest cannot see a host file", "[microvm]") {
   // A marker on the host, at a path the snippet names: the guest's file system is the image
   // disk and its own tmpfs mounts, nothing of the host.
