@@ -16,6 +16,11 @@
 //     before its exec.
 //  4. The guest channel: `setup` goes first, then the run machine's configuration, relayed
 //     by the agent to sandbox-init.
+//  5. A network run (still no NIC): the run's network namespace is made on the host with the
+//     egress proxy's listener (the run machine serves the proxy on it, as for runsc), and
+//     QEMU gets a fourth port, "sandbox.net", whose host end the guest channel hands to a
+//     net_relay once the run machine starts it: each tunnel connection from the guest agent
+//     becomes a connection to that listener (net_relay.hpp, core/guest_protocol.hpp).
 #include "backends/microvm/microvm_backend.hpp"
 
 #include <fcntl.h>
