@@ -19,6 +19,8 @@
 //                     the agent relays to this port (bounded buffer, so a slow host still
 //                     throttles the program), counting the bytes
 //   "sandbox.stderr"  the program's stderr: the same
+//   "sandbox.net"     network runs only (setup `network=1`; the port exists only then): the
+//                     egress tunnel, `net_msg` frames below, both directions
 //
 // Flow of one run:
 //   agent → host  agent_ready  a = guest_protocol::version; payload: "key=value\0" pairs for
@@ -62,6 +64,8 @@ inline constexpr std::uint32_t version = 1;
 inline constexpr const char* ctl_port = "sandbox.ctl";
 inline constexpr const char* stdout_port = "sandbox.stdout";
 inline constexpr const char* stderr_port = "sandbox.stderr";
+/// Network runs only: the egress tunnel (see "The egress tunnel" below).
+inline constexpr const char* net_port = "sandbox.net";
 
 /// Agent message types (init_header::type values from 100; sandbox-init's are below).
 enum class msg : std::uint32_t {
@@ -124,11 +128,56 @@ enum class agent_step : std::uint32_t {
 //   tmp_bytes, out_bytes, shm_bytes                    tmpfs sizes (/tmp, output dir, /dev/shm)
 //   out_files                                          most output files the agent sends
 //   uid, gid                                           the program's ids inside the guest
-//   network=0                                          (the first version has no egress)
+//   network=0|1                                        1: a network run (the egress tunnel)
 // `usage` keys: memory_peak_bytes, cpu_usec (the run cgroup's CPU since sandbox-init's
 // `started`: its set-up before the program is not the program's), oom_kills, pids_peak;
 // stdout_bytes, stderr_bytes
 // (every byte the program wrote to each stream, as the agent's relay read it from the pipe;
 // the host refuses a `usage` without them).
+
+// --- The egress tunnel ("sandbox.net", network runs only) -------------------------------
+//
+// The guest has no network device, ever. In a network run the agent listens on
+// 127.0.0.1:init_protocol::egress_proxy_port inside the run's network namespace (the one it
+// cloned sandbox-init into; loopback is the only interface there), where HTTP_PROXY points.
+// Each connection it accepts becomes a numbered tunnel connection on the net port; the host
+// connects each to the run's egress proxy (core/egress_proxy.hpp), served on a listener in a
+// network namespace the host made for the run, exactly as for the gvisor level. So the proxy,
+// its grant checks and its `egress_attempts` records are the other levels' own.
+//
+// Frames: the control channel's format (u32 length · init_header · payload), `type` from
+// `net_msg`, `a` = the connection id; `length` ≤ sizeof(init_header) + net_chunk.
+//   guest → host  open   b = 0, no payload: a new connection. Ids start at 1 and each open's
+//                        id is larger than every earlier one (never reused).
+//   both ways     data   payload = 1..net_chunk bytes of the connection.
+//   both ways     eof    the sender will send no more data (a half-close: the receiver shuts
+//                        down its socket's write side once the data before it is written).
+//   both ways     close  the connection is gone (error, refused, or both eofs done); the
+//                        receiver closes its socket and ignores later frames of the id.
+//   both ways     ack    b = 1..net_window: bytes of the other side's data written into the
+//                        receiver's socket since its last ack.
+// Flow control: neither side sends data beyond `net_window` bytes not yet acknowledged, per
+// connection and direction, so a slow connection holds at most a window on each side and
+// never blocks the others; both sides always read the port. Acks are coalesced (at most one
+// queued per connection). The host treats every guest frame as hostile: an unknown type, an
+// oversized frame, an id that is reused, out of order or never opened, data or eof after
+// eof, data past the window, an ack beyond what is outstanding, or more than
+// `net_max_connections` open at once end the run `internal`. Frames of an id the host
+// already closed are ignored (they may cross its close). The guest closes a connection
+// whose host frames break these rules.
+enum class net_msg : std::uint32_t {
+  open = 200,
+  data = 201,
+  eof = 202,
+  close = 203,
+  ack = 204,
+};
+
+/// Largest data payload of one net frame (bytes).
+inline constexpr std::uint32_t net_chunk = 16 * 1024;
+/// Unacknowledged data per connection and direction (bytes).
+inline constexpr std::uint32_t net_window = 64 * 1024;
+/// Connections open at once (the agent stops accepting at this many; the host refuses more).
+inline constexpr std::uint32_t net_max_connections = 64;
 
 }  // namespace sandbox::detail::guest_protocol

@@ -900,6 +900,14 @@ class init_run : public std::enable_shared_from_this<init_run> {
     pidfd_desc_.assign(::dup(sp->pidfd));
     agent_ = shared_->launcher->make_agent_channel(lr);
     if (agent_) ctl_out_ += agent_->initial_frames();  // sent ahead of the configuration
+    if (agent_) {
+      // The agent's own I/O (microvm: a network run's egress tunnel); its faults are the
+      // guest's, like a refused agent frame.
+      std::weak_ptr<init_run> weak = weak_from_this();
+      agent_->start(strand_, [weak](std::string why) {
+        if (auto self = weak.lock(); self && !self->finishing_) self->agent_refused(why);
+      });
+    }
     t_spawned_ = clock::now();
     if (sp->egress_listener >= 0) {
       // The launcher made the run's network namespace (makes_network_namespace).

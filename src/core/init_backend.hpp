@@ -18,6 +18,9 @@
 #include <utility>
 #include <variant>
 
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/strand.hpp>
+
 #include "core/cgroup.hpp"
 #include "core/init_protocol.hpp"
 #include "core/workspace.hpp"
@@ -85,6 +88,15 @@ class agent_channel {
   /// checked and capped, each with its display name and reason; the run machine merges them
   /// into `files_dropped` beside the host collector's own. Empty by default.
   virtual std::vector<dropped_file> dropped() const { return {}; }
+  /// Starts the channel's own I/O beside the control channel (microvm network runs: the
+  /// egress tunnel, core/guest_protocol.hpp) on the run's `strand`. `fault` (called there, at
+  /// most once) ends the run `internal` with a short reason for the host log (never guest
+  /// bytes). Called once, right after the channel is made. Default: nothing to start.
+  virtual void start(boost::asio::strand<boost::asio::any_io_executor> strand,
+                     std::function<void(std::string)> fault) {
+    (void)strand;
+    (void)fault;
+  }
 };
 
 /// How one backend starts sandbox-init. Implementations are thread-safe.
@@ -139,8 +151,8 @@ class init_launcher {
   virtual std::chrono::milliseconds min_setup_budget() const noexcept {
     return std::chrono::milliseconds(0);
   }
-  /// False when the level cannot run network runs at all (microvm: no egress path into the
-  /// guest yet): such runs end `runtime_unavailable` before anything starts.
+  /// False when the level cannot run network runs at all: such runs end
+  /// `runtime_unavailable` before anything starts.
   virtual bool runs_network() const noexcept { return true; }
   /// True when a network run's launch makes the run's network namespace on the host and
   /// returns the egress proxy's listener in `launched` (runsc: its sandbox cannot pass a

@@ -27,7 +27,7 @@ struct child_args {
   int exec_fd;
   char* const* argv;
   char* const* envp;
-  int src[10];
+  int src[12];
   int nfds;
   long uid, gid;       // -1: keep the parent's
   long supplementary;  // -1: none
@@ -104,7 +104,7 @@ int child_fn(void* p) {
     }
   }
   // Move every source above the target range first, so dup2 never clobbers a source.
-  int tmp[10];
+  int tmp[12];
   for (int i = 0; i < a->nfds; ++i) {
     tmp[i] = static_cast<int>(raw(SYS_fcntl, a->src[i], F_DUPFD, 16));
     if (tmp[i] < 0) {
@@ -210,7 +210,7 @@ result<spawned_process> spawn_process(const spawn_request& req) {
   args.src[3] = req.fd3;
   args.src[4] = req.fd4;
   args.nfds = req.fd4 >= 0 ? 5 : 4;
-  if ((!req.extra_fds.empty() && req.fd4 < 0) || req.extra_fds.size() > 5) {
+  if ((!req.extra_fds.empty() && req.fd4 < 0) || req.extra_fds.size() > 7) {
     return boost::system::error_code(EINVAL, boost::system::generic_category());
   }
   for (int fd : req.extra_fds) args.src[args.nfds++] = fd;

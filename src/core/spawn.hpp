@@ -27,7 +27,7 @@ struct spawn_request {
   /// Descriptors that become 0, 1, 2, 3 (and 4 when `fd4` >= 0) in the child; every other
   /// descriptor is closed. The environment is empty.
   int fd0 = -1, fd1 = -1, fd2 = -1, fd3 = -1, fd4 = -1;
-  /// Become 5, 6, … in the child (needs `fd4`; at most 5 of them).
+  /// Become 5, 6, … in the child (needs `fd4`; at most 7 of them).
   std::vector<int> extra_fds;
   /// When set, the child drops to this uid and `gid` (no supplementary group but
   /// `supplementary_gid` when set; no_new_privs) just before the exec: a VMM run as the

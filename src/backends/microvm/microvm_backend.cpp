@@ -16,6 +16,11 @@
 //     before its exec.
 //  4. The guest channel: `setup` goes first, then the run machine's configuration, relayed
 //     by the agent to sandbox-init.
+//  5. A network run (still no NIC): the run's network namespace is made on the host with the
+//     egress proxy's listener (the run machine serves the proxy on it, as for runsc), and
+//     QEMU gets a fourth port, "sandbox.net", whose host end the guest channel hands to a
+//     net_relay once the run machine starts it: each tunnel connection from the guest agent
+//     becomes a connection to that listener (net_relay.hpp, core/guest_protocol.hpp).
 #include "backends/microvm/microvm_backend.hpp"
 
 #include <fcntl.h>
@@ -39,14 +44,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
+#include <sys/socket.h>
 #include <sstream>
 
 #include "backends/microvm/cpio.hpp"
+#include "backends/microvm/net_relay.hpp"
 #include "backends/microvm/vmm.hpp"
 #include "backends/microvm/vmm_root.hpp"
 #include "core/guest_protocol.hpp"
+#include "core/netns.hpp"
 #include "core/sha256.hpp"
 #include "core/spawn.hpp"
 #include "core/text_util.hpp"
@@ -361,7 +370,11 @@ class microvm_launcher final : public init_launcher {
                        s_.kvm ? "kvm" : "tcg");
   }
   bool stream_control() const noexcept override { return true; }
-  bool runs_network() const noexcept override { return false; }   // no egress path yet
+  // Network runs: no NIC even then. The run's network namespace is made here, on the host,
+  // with the egress proxy's listener (makes_network_namespace); the guest's connections reach
+  // it through the "sandbox.net" port (net_relay.hpp, core/guest_protocol.hpp).
+  bool runs_network() const noexcept override { return true; }
+  bool makes_network_namespace() const noexcept override { return true; }
   bool stdio_sockets() const noexcept override { return true; }   // see qemu_driver.cpp
   // A guest boots before sandbox-init answers: ~2 s under TCG on an idle 2-core host, tens
   // of seconds when the host is loaded; well under a second with KVM.
@@ -418,6 +431,29 @@ class microvm_launcher final : public init_launcher {
       *why = fmt::format("mkdir output dir: errno {}", errno);
       return make_error_code(errc::io_error);
     }
+    // 2'. A network run: the run's network namespace with the egress proxy's listener, and
+    //     the stream socket of the guest's "sandbox.net" port (the VMM gets one end).
+    const bool net = !r.selftest && r.job.admitted.request.network &&
+                     !r.job.admitted.request.egress.empty();
+    run_netns netns;
+    int np[2] = {-1, -1};
+    if (net) {
+      auto made = make_run_netns(ip::egress_proxy_port, why);
+      if (!made) return made.error();
+      netns = std::move(*made);
+      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, np) < 0) {
+        *why = fmt::format("net port socketpair: errno {}", errno);
+        return make_error_code(errc::io_error);
+      }
+    }
+    struct np_closer {
+      int* fds;
+      ~np_closer() {
+        for (int i = 0; i < 2; ++i) {
+          if (fds[i] >= 0) ::close(fds[i]);
+        }
+      }
+    } close_np{np};
     // 3. The VMM.
     auto log_path = r.ws.dir / "vmm.log";
     int logfd = ::open(log_path.c_str(),
@@ -448,7 +484,8 @@ class microvm_launcher final : public init_launcher {
         .memory_mib = guest_ram_mib(req.memory_limit_bytes, r.job.policy),
         .vcpus = 1,
         .kvm = s_.kvm,
-        .kernel_cmdline = "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init" + s_.timer_args};
+        .kernel_cmdline = "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init" + s_.timer_args,
+        .net_port = net};
     spawn_request sr;
     sr.exec_fd = exec;
     sr.argv = s_.vmm->argv(vm);
@@ -458,6 +495,7 @@ class microvm_launcher final : public init_launcher {
     sr.fd3 = r.ctl_fd;
     sr.fd4 = r.out_fd;
     sr.extra_fds = {r.err_fd, kernel, initrd, diskfd, logfd};
+    if (net) sr.extra_fds.push_back(np[1]);  // vmm_fd::net
     sr.clone_flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS;
     sr.uid = r.uid;
     sr.gid = r.uid;
@@ -487,12 +525,23 @@ class microvm_launcher final : public init_launcher {
       return sp.error();
     }
     launched l{sp->pid, sp->pidfd};
+    if (net) {
+      // The host's end of the tunnel and the namespace wait for make_agent_channel.
+      ::close(np[1]);
+      np[1] = -1;
+      l.egress_listener = netns.release_listener();
+      std::lock_guard lock(net_mu_);
+      pending_net_[r.instance_id] = pending_net{np[0], std::move(netns)};
+      np[0] = -1;
+    }
     if (auto a = r.cgroup.attach(l.pid); !a) {
       *why = "cgroup attach failed: " + a.error().message();
       ::kill(l.pid, SIGKILL);
       siginfo_t si{};
       ::waitid(P_PIDFD, static_cast<id_t>(l.pidfd), &si, WEXITED);
       ::close(l.pidfd);
+      if (l.egress_listener >= 0) ::close(l.egress_listener);
+      take_net(r.instance_id);  // closes them
       return make_error_code(errc::io_error);
     }
     return l;
@@ -508,6 +557,11 @@ class microvm_launcher final : public init_launcher {
     nr.proc = true;
     nr.exec_path = s_.root.exec_path;
     sr.new_root = std::move(nr);
+  }
+
+  void release(const std::string& instance_id, const run_workspace& ws) noexcept override {
+    (void)ws;
+    take_net(instance_id);  // a launch whose channel was never made
   }
 
   std::unique_ptr<agent_channel> make_agent_channel(const launch_request& r) override {
@@ -528,9 +582,11 @@ class microvm_launcher final : public init_launcher {
     w.add("in_files", std::uint64_t{pol.max_input_files});
     w.add("out_files", std::uint64_t{req.files_out.max_files});
     w.add("out_bytes", req.files_out.max_bytes);
-    w.add("network", "0");
+    auto net = take_net(r.instance_id);
+    w.add("network", net.port >= 0 ? "1" : "0");
     auto ch = std::make_unique<owning_channel>(
-        dir, guest_output_limits{req.files_out.max_files, req.files_out.max_bytes}, w.bytes());
+        dir, guest_output_limits{req.files_out.max_files, req.files_out.max_bytes}, w.bytes(),
+        std::move(net));
     return ch;
   }
 
@@ -542,14 +598,60 @@ class microvm_launcher final : public init_launcher {
   }
 
  private:
-  // The guest channel owning its output dir descriptor.
+  // A network run's tunnel, from launch to make_agent_channel: the host's end of the
+  // "sandbox.net" port and the run's network namespace (its listener already handed out).
+  struct pending_net {
+    int port = -1;
+    run_netns ns;
+    pending_net() = default;
+    pending_net(int p, run_netns n) : port(p), ns(std::move(n)) {}
+    pending_net(pending_net&& o) noexcept : port(o.port), ns(std::move(o.ns)) { o.port = -1; }
+    pending_net& operator=(pending_net&& o) noexcept {
+      if (this != &o) {
+        if (port >= 0) ::close(port);
+        port = o.port;
+        o.port = -1;
+        ns = std::move(o.ns);
+      }
+      return *this;
+    }
+    ~pending_net() {
+      if (port >= 0) ::close(port);
+    }
+  };
+
+  pending_net take_net(const std::string& instance_id) {
+    std::lock_guard lock(net_mu_);
+    auto it = pending_net_.find(instance_id);
+    if (it == pending_net_.end()) return {};
+    pending_net out = std::move(it->second);
+    pending_net_.erase(it);
+    return out;
+  }
+
+  // The guest channel owning its output dir descriptor and, in a network run, the tunnel.
   class owning_channel final : public agent_channel {
    public:
-    owning_channel(int dir, guest_output_limits l, std::string setup)
-        : dir_(dir), inner_(make_guest_channel(dir, l, std::move(setup))) {}
+    owning_channel(int dir, guest_output_limits l, std::string setup, pending_net net)
+        : dir_(dir), inner_(make_guest_channel(dir, l, std::move(setup))), net_(std::move(net)) {}
     ~owning_channel() override {
+      if (relay_) relay_->stop();
       inner_.reset();
       ::close(dir_);
+    }
+    void start(boost::asio::strand<boost::asio::any_io_executor> strand,
+               std::function<void(std::string)> fault) override {
+      if (net_.port < 0) return;
+      // Each guest connection gets a socket made inside the run's namespace, connected to
+      // the proxy's listener there. The namespace stays open as long as the relay.
+      auto ns = std::make_shared<run_netns>(std::move(net_.ns));
+      const int port = net_.port;
+      net_.port = -1;
+      relay_ = net_relay::start(
+          strand, port, [ns](std::string* why) { return socket_in_netns(ns->ns_fd(), why); },
+          boost::asio::ip::tcp::endpoint(boost::asio::ip::address_v4::loopback(),
+                                         ip::egress_proxy_port),
+          [fault = std::move(fault)](std::string why) { fault("egress tunnel: " + why); });
     }
     std::string initial_frames() override { return inner_->initial_frames(); }
     result<std::string> file_frames(const run_workspace& ws) override {
@@ -564,6 +666,8 @@ class microvm_launcher final : public init_launcher {
    private:
     int dir_;
     std::unique_ptr<agent_channel> inner_;
+    pending_net net_;
+    std::shared_ptr<net_relay> relay_;
   };
 
   // The erofs disk of `rootfs`, built once (under a lock: concurrent first runs of one image
@@ -616,6 +720,8 @@ class microvm_launcher final : public init_launcher {
 
   microvm_settings s_;
   std::mutex disk_mu_;
+  std::mutex net_mu_;
+  std::map<std::string, pending_net> pending_net_;  // by instance id
 };
 
 // KVM is usable when /dev/kvm makes a VM and a non-root VMM may open it (group rw).

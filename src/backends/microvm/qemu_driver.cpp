@@ -1,8 +1,9 @@
 // QEMU's `-M microvm` machine: no PCI, no firmware option ROMs, virtio-mmio devices only.
 //   - no network device at all (`-nodefaults`, none added);
 //   - the image disk read-only (virtio-blk over mmio);
-//   - three virtio-serial ports, named as core/guest_protocol.hpp says, on the stream
-//     sockets the host passed (`-chardev socket,fd=`);
+//   - three virtio-serial ports (four in a network run: the egress tunnel), named as
+//     core/guest_protocol.hpp says, on the stream sockets the host passed
+//     (`-chardev socket,fd=`);
 //   - `-sandbox on` (QEMU's own seccomp filter) with elevateprivileges, spawn and
 //     resourcecontrol denied;
 //   - TCG's translation cache bounded (`tb-size`): the VMM runs under the run's cgroup.
@@ -61,8 +62,10 @@ class qemu_driver final : public vmm_driver {
       const char* name;
     } ports[] = {{"ctl", vmm_fd::ctl, guest_protocol::ctl_port},
                  {"out", vmm_fd::out, guest_protocol::stdout_port},
-                 {"err", vmm_fd::err, guest_protocol::stderr_port}};
+                 {"err", vmm_fd::err, guest_protocol::stderr_port},
+                 {"net", vmm_fd::net, guest_protocol::net_port}};
     for (const auto& p : ports) {
+      if (p.fd == vmm_fd::net && !vm.net_port) continue;  // network runs only
       a.insert(a.end(), {"-chardev", fmt::format("socket,id={},fd={}", p.id, p.fd), "-device",
                          fmt::format("virtserialport,chardev={},name={}", p.id, p.name)});
     }

@@ -10,6 +10,7 @@
 //   4 the program's stdout pipe ("sandbox.stdout") · 5 its stderr pipe ("sandbox.stderr")
 //   6 the kernel · 7 the initramfs · 8 the image disk (all opened read-only by the host)
 //   9 the guest's console (the same log)
+//  10 network runs only: the egress tunnel (a stream socket: the guest's "sandbox.net" port)
 #pragma once
 
 #include <cstdint>
@@ -24,7 +25,7 @@ namespace sandbox::detail {
 /// Descriptor numbers inside the VMM process (see above).
 namespace vmm_fd {
 inline constexpr int log = 2, ctl = 3, out = 4, err = 5, kernel = 6, initramfs = 7, disk = 8,
-                     console = 9;
+                     console = 9, net = 10;
 }
 
 /// One VM.
@@ -33,6 +34,9 @@ struct vm_spec {
   std::uint32_t vcpus = 1;
   bool kvm = false;  ///< hardware virtualization; false: emulation (TCG)
   std::string kernel_cmdline;
+  /// A network run: the "sandbox.net" port on `vmm_fd::net` (the egress tunnel). Without it
+  /// the VM has no such port at all.
+  bool net_port = false;
 };
 
 class vmm_driver {

@@ -33,12 +33,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/reboot.h>
 #include <sys/signalfd.h>
@@ -342,6 +345,7 @@ struct setup_values {
   std::uint64_t out_files = 16, out_bytes = 8ULL << 20;
   std::uint64_t in_files = 64;
   std::string source_name = "main.py";
+  bool network = false;  // the egress tunnel (guest_protocol.hpp)
 };
 
 bool valid_component(std::string_view c) {
@@ -550,6 +554,221 @@ void send_outputs(int out_dir, const setup_values& s) {
   }
 }
 
+// 6d. A network run's egress tunnel (core/guest_protocol.hpp, "The egress tunnel"): the
+//     listener on 127.0.0.1:<egress_proxy_port> inside the run's network namespace, each
+//     accepted connection relayed over the "sandbox.net" port under the per-connection
+//     windows. The port and every socket are non-blocking; nothing here waits on one
+//     connection, and what it holds is bounded by the windows (the host's data included:
+//     a connection whose host frames break the rules is closed).
+struct guest_net {
+  struct conn {
+    int fd = -1;
+    std::string to_sock;        // host data not yet written (at most net_window)
+    std::uint32_t unacked = 0;  // bytes sent to the host, not yet acknowledged
+    std::uint64_t ack_pending = 0;
+    bool sock_eof = false;  // read EOF from the socket, eof sent
+    bool host_eof = false, shut = false;
+  };
+  int port = -1, listener = -1;
+  std::uint32_t next_id = 1;
+  std::vector<std::pair<std::uint32_t, conn>> conns;  // at most net_max_connections
+  frame_reader in;
+  std::string out;  // frames for the host, not yet written
+
+  void frame(gp::net_msg t, std::uint32_t id, std::int64_t b, std::string_view payload) {
+    ip::init_header h{static_cast<ip::msg>(static_cast<std::uint32_t>(t)), id, b};
+    std::uint32_t len = static_cast<std::uint32_t>(sizeof h + payload.size());
+    out.append(reinterpret_cast<const char*>(&len), sizeof len);
+    out.append(reinterpret_cast<const char*>(&h), sizeof h);
+    out.append(payload);
+  }
+  conn* find(std::uint32_t id) {
+    for (auto& [i, c] : conns) {
+      if (i == id) return &c;
+    }
+    return nullptr;
+  }
+  void drop(std::uint32_t id, bool tell) {
+    for (std::size_t k = 0; k < conns.size(); ++k) {
+      if (conns[k].first != id) continue;
+      close(conns[k].second.fd);
+      conns.erase(conns.begin() + static_cast<std::ptrdiff_t>(k));
+      if (tell) frame(gp::net_msg::close, id, 0, {});
+      return;
+    }
+  }
+  void maybe_done(std::uint32_t id, conn& c) {
+    if (c.sock_eof && c.host_eof && c.shut && c.to_sock.empty()) drop(id, true);
+  }
+  // Adds this relay's descriptors to `fds` (their order is this struct's business).
+  void poll_fds(std::vector<pollfd>& fds) {
+    if (port < 0) return;
+    fds.push_back({port, static_cast<short>(POLLIN | (out.empty() ? 0 : POLLOUT)), 0});
+    // (A descriptor without interest is -1: a socket reporting POLLHUP would spin the loop.)
+    const bool room = conns.size() < gp::net_max_connections;
+    fds.push_back({room ? listener : -1, room ? short{POLLIN} : short{0}, 0});
+    for (auto& [id, c] : conns) {
+      short ev = 0;
+      if (!c.sock_eof && c.unacked < gp::net_window) ev |= POLLIN;
+      if (!c.to_sock.empty()) ev |= POLLOUT;
+      fds.push_back({ev != 0 ? c.fd : -1, ev, 0});
+    }
+  }
+  void on_host_frame(const ip::init_header& h, std::string_view payload) {
+    const auto t = static_cast<gp::net_msg>(static_cast<std::uint32_t>(h.type));
+    conn* c = find(h.a);
+    if (c == nullptr) return;  // closed here already (crossed our close)
+    switch (t) {
+      case gp::net_msg::data:
+        if (c->host_eof || c->to_sock.size() + payload.size() > gp::net_window) return drop(h.a, true);
+        c->to_sock.append(payload);
+        break;
+      case gp::net_msg::eof:
+        c->host_eof = true;
+        if (c->to_sock.empty() && !c->shut) {
+          shutdown(c->fd, SHUT_WR);
+          c->shut = true;
+        }
+        maybe_done(h.a, *c);
+        break;
+      case gp::net_msg::close:
+        drop(h.a, false);
+        break;
+      case gp::net_msg::ack:
+        if (h.b <= 0 || static_cast<std::uint64_t>(h.b) > c->unacked) return drop(h.a, true);
+        c->unacked -= static_cast<std::uint32_t>(h.b);
+        break;
+      default:
+        break;
+    }
+  }
+  // Handles the events of the descriptors poll_fds added at `fds[base...]`.
+  void handle(const pollfd* fds, std::size_t count) {
+    if (port < 0 || count < 2) return;
+    if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+      if (!in.fill(port)) return close_all();
+      ip::init_header h{};
+      std::string payload;
+      bool bad = false;
+      while (in.next(&h, &payload, &bad)) on_host_frame(h, payload);
+      if (bad) return close_all();
+    }
+    // Sockets: the ones polled (conns may have changed above: match by descriptor).
+    for (std::size_t k = 2; k < count; ++k) {
+      if (fds[k].revents == 0) continue;
+      std::uint32_t id = 0;
+      conn* c = nullptr;
+      for (auto& [i, cc] : conns) {
+        if (cc.fd == fds[k].fd) {
+          id = i;
+          c = &cc;
+        }
+      }
+      if (c == nullptr) continue;
+      if (fds[k].revents & POLLERR) {  // reset: the host's end goes too
+        drop(id, true);
+        continue;
+      }
+      if ((fds[k].revents & POLLOUT) && !c->to_sock.empty()) {
+        ssize_t n = send(c->fd, c->to_sock.data(), c->to_sock.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0 && errno != EAGAIN && errno != EINTR) {
+          drop(id, true);
+          continue;
+        }
+        if (n > 0) {
+          c->to_sock.erase(0, static_cast<std::size_t>(n));
+          c->ack_pending += static_cast<std::uint64_t>(n);
+          if (c->to_sock.empty() && c->host_eof && !c->shut) {
+            shutdown(c->fd, SHUT_WR);
+            c->shut = true;
+          }
+        }
+      }
+      if ((fds[k].revents & (POLLIN | POLLHUP | POLLERR)) && !c->sock_eof &&
+          c->unacked < gp::net_window) {
+        char buf[gp::net_chunk];
+        std::size_t room = std::min<std::size_t>(sizeof buf, gp::net_window - c->unacked);
+        ssize_t n = recv(c->fd, buf, room, MSG_DONTWAIT);
+        if (n > 0) {
+          frame(gp::net_msg::data, id, 0, std::string_view(buf, static_cast<std::size_t>(n)));
+          c->unacked += static_cast<std::uint32_t>(n);
+        } else if (n == 0) {
+          c->sock_eof = true;
+          frame(gp::net_msg::eof, id, 0, {});
+        } else if (errno != EAGAIN && errno != EINTR) {
+          drop(id, true);
+          continue;
+        }
+      }
+      maybe_done(id, *c);
+    }
+    // New connections.
+    if ((fds[1].revents & POLLIN) && conns.size() < gp::net_max_connections) {
+      int fd = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd >= 0) {
+        std::uint32_t id = next_id++;
+        conn c;
+        c.fd = fd;
+        conns.emplace_back(id, std::move(c));
+        frame(gp::net_msg::open, id, 0, {});
+      }
+    }
+    // Acks, one per connection at most, then whatever the port takes now.
+    for (auto& [id, c] : conns) {
+      if (c.ack_pending == 0) continue;
+      frame(gp::net_msg::ack, id, static_cast<std::int64_t>(c.ack_pending), {});
+      c.ack_pending = 0;
+    }
+    flush();
+  }
+  void flush() {
+    while (port >= 0 && !out.empty()) {
+      ssize_t n = write(port, out.data(), out.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // EAGAIN: the next POLLOUT
+      out.erase(0, static_cast<std::size_t>(n));
+    }
+  }
+  // The port is gone (the host closed it): every connection goes with it.
+  void close_all() {
+    for (auto& [id, c] : conns) close(c.fd);
+    conns.clear();
+    close(port);
+    close(listener);
+    port = listener = -1;
+  }
+};
+
+// 5'. The tunnel's listener: made inside sandbox-init's network namespace (the agent joins it
+//     for the moment it takes, then returns to its own), loopback brought up first (its
+//     127.0.0.1 appears only then; sandbox-init's own bring-up later finds it up).
+int make_net_listener(long init_pid) {
+  int self_ns = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+  int run_ns = open(("/proc/" + std::to_string(init_pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC);
+  if (self_ns < 0 || run_ns < 0 || setns(run_ns, CLONE_NEWNET) < 0) {
+    fail(agent_step::start_init, errno, "join the run's network namespace");
+  }
+  close(run_ns);
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ifreq ifr{};
+  strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
+  if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) < 0) fail(agent_step::start_init, errno, "loopback flags");
+  ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP);
+  if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0) fail(agent_step::start_init, errno, "loopback up");
+  close(s);
+  int l = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(ip::egress_proxy_port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (l < 0 || bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0 || listen(l, 64) < 0) {
+    fail(agent_step::start_init, errno, "egress listener");
+  }
+  if (setns(self_ns, CLONE_NEWNET) < 0) fail(agent_step::start_init, errno, "leave the run's netns");
+  close(self_ns);
+  return l;
+}
+
 // 6c. The guest cgroup's figures. memory.peak does not exist before Linux 6.5 (the cloud
 //     kernel is 6.1): the agent then reports the largest memory.current it sampled.
 // The run cgroup's CPU time so far (cpu.stat usage_usec), µs; 0 when unreadable.
@@ -644,8 +863,15 @@ int main() {
       s.out_bytes = to_u64(v);
     else if (k == "in_files")
       s.in_files = to_u64(v);
+    else if (k == "network")
+      s.network = v == "1";
   }
   if (s.memory_bytes == 0 || s.pids == 0) fail(agent_step::setup_message, EINVAL, "setup limits");
+  guest_net net;
+  if (s.network) {
+    net.port = open_port(gp::net_port, O_RDWR | O_NONBLOCK);
+    if (net.port < 0) fail(agent_step::ports, errno, "net port");
+  }
   mkdir("/run", 0755);
   mount_image();
   make_cgroup(s);
@@ -697,6 +923,8 @@ int main() {
   }
   const int init = sp[0];
   int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  // Before sandbox-init gets its configuration, so long before the program can connect.
+  if (s.network) net.listener = make_net_listener(pid);
 
   // 6. Relay.
   frame_reader from_init;
@@ -777,19 +1005,23 @@ int main() {
     if (bad) fail(agent_step::files, EINVAL, "malformed frame from the host");
   };
   drain_host();
+  std::vector<pollfd> fds;
   for (;;) {
     // A descriptor without interest is left out (-1): a pipe whose writers are gone reports
     // POLLHUP whatever is asked, which would spin the loop while the buffer is full.
     auto want = [](int fd, short events) { return pollfd{events != 0 ? fd : -1, events, 0}; };
-    pollfd fds[7] = {{g_ctl, POLLIN, 0},
-                     {init, init_gone ? short{0} : short{POLLIN}, 0},
-                     {sfd, POLLIN, 0},
-                     want(out_relay.pipe, out_relay.pipe_events()),
-                     want(err_relay.pipe, err_relay.pipe_events()),
-                     want(out_relay.port, out_relay.port_events()),
-                     want(err_relay.port, err_relay.port_events())};
-    int n = poll(fds, 7, 50);
+    fds.assign({{g_ctl, POLLIN, 0},
+                {init, init_gone ? short{0} : short{POLLIN}, 0},
+                {sfd, POLLIN, 0},
+                want(out_relay.pipe, out_relay.pipe_events()),
+                want(err_relay.pipe, err_relay.pipe_events()),
+                want(out_relay.port, out_relay.port_events()),
+                want(err_relay.port, err_relay.port_events())});
+    constexpr std::size_t kNetFds = 7;  // the egress tunnel's descriptors follow
+    net.poll_fds(fds);
+    int n = poll(fds.data(), fds.size(), 50);
     if (n < 0 && errno != EINTR) power_off();
+    if (n > 0) net.handle(fds.data() + kNetFds, fds.size() - kNetFds);
     // 5a. The streams first: non-blocking, each only as far as the pipe and the port allow.
     for (stream_relay* r : {&out_relay, &err_relay}) {
       r->read_pipe();

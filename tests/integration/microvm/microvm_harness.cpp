@@ -9,10 +9,84 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <atomic>
+#include <cstring>
 #include <memory>
+#include <thread>
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 namespace mvtest {
 namespace {
+
+std::atomic<std::uint64_t> g_origin_bytes{0};
+
+// The origin (microvm_harness.hpp): one thread per connection, one request each.
+std::uint16_t start_origin() {
+  int l = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (l < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(l, 128) != 0 ||
+      ::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(l);
+    return 0;
+  }
+  std::thread([l] {
+    for (;;) {
+      int c = ::accept4(l, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      std::thread([c] {
+        std::string head;
+        char buf[65536];
+        std::size_t end = std::string::npos;
+        while (end == std::string::npos && head.size() < 65536) {
+          ssize_t n = ::read(c, buf, sizeof buf);
+          if (n <= 0) break;
+          head.append(buf, static_cast<std::size_t>(n));
+          end = head.find("\r\n\r\n");
+        }
+        if (end == std::string::npos) {
+          ::close(c);
+          return;
+        }
+        std::uint64_t want = 0;
+        for (const char* k : {"Content-Length: ", "content-length: "}) {
+          if (auto at = head.find(k); at != std::string::npos && at < end)
+            want = std::strtoull(head.c_str() + at + std::strlen(k), nullptr, 10);
+        }
+        std::uint64_t got = head.size() - end - 4;
+        while (got < want) {
+          ssize_t n = ::read(c, buf, sizeof buf);
+          if (n <= 0) break;
+          got += static_cast<std::uint64_t>(n);
+        }
+        g_origin_bytes += got;
+        std::string line = head.substr(0, head.find("\r\n"));
+        std::string body = "origin got " + std::to_string(got) + " bytes for " +
+                           line.substr(0, line.rfind(' '));
+        std::string resp = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " +
+                           std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+        for (std::size_t off = 0; off < resp.size();) {
+          ssize_t n = ::write(c, resp.data() + off, resp.size() - off);
+          if (n <= 0) break;
+          off += static_cast<std::size_t>(n);
+        }
+        ::close(c);
+      }).detach();
+    }
+  }).detach();
+  return ntohs(a.sin_port);
+}
+
+std::uint16_t& origin_port_ref() {
+  static std::uint16_t port = start_origin();
+  return port;
+}
 
 struct state {
   std::unique_ptr<sandbox::runtime> runtime;
@@ -38,6 +112,13 @@ state& global() {
     opts.policy.setup_budget = std::chrono::seconds(60);
     opts.policy.max_timeout = std::chrono::seconds(30);
     opts.log = sandbox::make_stderr_log_sink(sandbox::log_level::warning);
+    // Network runs (network_test.cpp): two names pinned to the origin on the host's
+    // loopback, its port allowed for plain HTTP.
+    if (const std::uint16_t port = origin_port_ref(); port != 0) {
+      opts.egress.pinned_hosts[approved_name] = {"127.0.0.1"};
+      opts.egress.pinned_hosts[other_name] = {"127.0.0.1"};
+      opts.egress.http_ports = {80, port};
+    }
     auto rt = sandbox::runtime::create(opts);
     if (!rt) {
       st.why = "runtime::create failed: " + rt.error().message();
@@ -160,6 +241,40 @@ std::vector<int> vmm_pids() {
     }
   }
   return pids;
+}
+
+std::uint16_t origin_port() { return origin_port_ref(); }
+std::uint64_t origin_bytes() { return g_origin_bytes.load(); }
+
+sandbox::ticket network_ticket() {
+  sandbox::ticket_issuer issuer;
+  return issuer
+      .issue({.id = "mvtest-net",
+              .tenant = "mvtest",
+              .execute = true,
+              .isolation = sandbox::isolation::microvm,
+              .max_timeout = std::chrono::seconds(30),
+              .max_memory_bytes = 1ULL << 30,
+              .egress = {approved_name}},
+             sandbox::network_grant{})
+      .value();
+}
+
+sandbox::run_result run_network(const std::string& source, sandbox::run_request base) {
+  REQUIRE(rt() != nullptr);
+  base.runtime = "python3";
+  base.source = source;
+  base.network = true;
+  base.egress = {approved_name};
+  auto r = rt()->run(base, network_ticket());
+  UNSCOPED_INFO("result: code=" << to_string(r.code) << " message=" << r.message << "\nstdout: "
+                                << r.std_out.summary << "\nstderr: " << r.std_err.summary);
+  for (const auto& a : r.egress_attempts) {
+    UNSCOPED_INFO("egress: " << a.protocol << " " << a.host << " " << a.address << ":" << a.port
+                             << " allowed=" << a.allowed << " reason=" << a.reason
+                             << " up=" << a.bytes_up << " down=" << a.bytes_down);
+  }
+  return r;
 }
 
 }  // namespace mvtest

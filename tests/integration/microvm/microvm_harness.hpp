@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,5 +33,21 @@ std::vector<std::string> run_cgroups();
 int vmm_processes();
 /// The pids of those live VMMs.
 std::vector<int> vmm_pids();
+
+/// The network runs' origin: a plain-HTTP server on the host's 127.0.0.1 (an ephemeral port,
+/// started before the runtime), reachable from a run only through its egress proxy: the
+/// runtime pins `approved_name` and `other_name` to 127.0.0.1 and allows this port for
+/// plain HTTP. Every request is answered 200 with the body "origin got <n> bytes for
+/// <method> <target>" (n = its Content-Length body, read whole). 0 when it did not start.
+std::uint16_t origin_port();
+inline constexpr const char* approved_name = "mvnet.approved.test";
+inline constexpr const char* other_name = "mvnet.other.test";
+/// Body bytes the origin has read so far, all requests together.
+std::uint64_t origin_bytes();
+/// A ticket for tenant "mvtest" with code.execute and code.network for `approved_name` at
+/// level microvm.
+sandbox::ticket network_ticket();
+/// Runs `source` (python3) as a network run approved for `approved_name`.
+sandbox::run_result run_network(const std::string& source, sandbox::run_request base = {});
 
 }  // namespace mvtest

@@ -168,27 +168,6 @@ TEST_CASE("microvm: output caps hold (count and bytes)", "[microvm]") {
   CHECK(total <= 1000);
 }
 
-TEST_CASE("microvm: a network run is refused with runtime_unavailable", "[microvm]") {
-  sandbox::ticket_issuer issuer;
-  auto t = issuer
-               .issue({.id = "mvtest-net",
-                       .tenant = "mvtest",
-                       .execute = true,
-                       .isolation = sandbox::isolation::microvm,
-                       .max_timeout = std::chrono::seconds(30),
-                       .max_memory_bytes = 1ULL << 30,
-                       .egress = {"example.com"}},
-                      sandbox::network_grant{})
-               .value();
-  sandbox::run_request req{.runtime = "python3", .source = "print('never')"};
-  req.network = true;
-  req.egress = {"example.com"};
-  auto r = mvtest::rt()->run(req, t);
-  CHECK(r.code == code::runtime_unavailable);
-  CHECK(r.std_out.summary.empty());
-  CHECK(r.message.find("network") != std::string::npos);
-}
-
 TEST_CASE("microvm: a run ended by the deadline or the exit grace still returns its outputs",
           "[microvm]") {
   SECTION("deadline") {
