@@ -1033,13 +1033,13 @@ int cmd_audit(const std::vector<std::string>& args) {
   bool json = false;
   auto d = common_options(c);
   d.add_options()("isolation", po::value(&level_name),
-                  "level to audit: process (default), container or gvisor")(
+                  "level to audit: process (default), container, gvisor or microvm")(
       "runtime", po::value(&runtime), "a Python 3 runtime to run the probe with (python3)")(
       "json", po::bool_switch(&json), "print the report as one line of JSON");
   parse(args, d, {});
   auto level = sandbox::isolation_from_string(level_name);
-  if (!level || *level == sandbox::isolation::microvm) {
-    throw usage_error(fmt::format("--isolation {}: expected process, container or gvisor",
+  if (!level) {
+    throw usage_error(fmt::format("--isolation {}: expected process, container, gvisor or microvm",
                                   quote_name(level_name)));
   }
   auto o = options_from(c);
@@ -1069,6 +1069,8 @@ int cmd_audit(const std::vector<std::string>& args) {
   o.process_backend = *level == sandbox::isolation::process;
   o.container.enabled = *level == sandbox::isolation::container;
   o.gvisor.enabled = *level == sandbox::isolation::gvisor;
+  o.microvm.enabled = *level == sandbox::isolation::microvm;  // the config's settings kept
+  o.microvm.warm_pool.clear();
   auto rt = sandbox::runtime::create(o);
   if (!rt) {
     std::cerr << "sandboxctl: audit: the runtime cannot be created: " << rt.error().message()

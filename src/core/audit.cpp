@@ -577,9 +577,6 @@ void evaluate_configuration(const audit_evidence& ev, std::vector<audit_check>& 
     for (std::size_t i = 0; i < ev.tools.size(); ++i) {
       if (auto problem = check_tool_entry(ev.tools[i], ev.policy)) {
         bad.push_back(fmt::format("tools[{}] ({}).{}", i, ev.tools[i].name, *problem));
-      } else if (ev.tools[i].isolation == isolation::microvm) {
-        bad.push_back(
-            fmt::format("tools[{}] ({}).isolation: microvm has no backend", i, ev.tools[i].name));
       }
     }
     verdict("tools", bad,

@@ -1677,6 +1677,46 @@ std::vector<backend_status> probe_backends(const runtime_options& options) {
     } catch (...) {
     }
   }
+  // The microvm level, when enabled: its checks and self-test (one VM boots), no warm pool.
+  if (options.microvm.enabled) {
+    backend_status ms{.isolation = isolation::microvm, .name = "microvm", .reason = {}};
+#ifdef SANDBOX_HAS_MICROVM_BACKEND
+    try {
+      asio::io_context io(1);
+      detail::init_backend_context ctx{
+          .executor = io.get_executor(),
+          .options = options.process,
+          .state_dir = options.state_dir.empty() ? default_state_dir() : options.state_dir,
+          .log = options.log ? options.log : make_stderr_log_sink(),
+          .policy = {},
+          .resolve_runtime = {},
+          .egress = {}};
+      auto mo = options.microvm;
+      mo.warm_pool.clear();  // a probe boots only the self-test's VM
+      auto made = detail::make_microvm_backend(ctx, mo);
+      if (auto* b = std::get_if<std::shared_ptr<backend>>(&made); b != nullptr && *b) {
+        ms.registered = true;
+        ms.name = std::string((*b)->name());
+        (*b)->shutdown();
+        b->reset();
+      } else if (auto* why = std::get_if<std::string>(&made)) {
+        ms.reason = why->empty() ? "self-test failed" : *why;
+      } else {
+        ms.reason = "the backend factory returned nothing";
+      }
+    } catch (const std::exception& e) {
+      ms.reason = std::string("self-test threw: ") + e.what();
+    } catch (...) {
+      ms.reason = "self-test threw";
+    }
+#else
+    ms.reason = "not built into this library (SANDBOX_BACKEND_MICROVM=OFF)";
+#endif
+    try {
+      out.push_back(std::move(ms));
+    } catch (...) {
+    }
+  }
   return out;
 }
 

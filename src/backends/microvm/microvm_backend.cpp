@@ -846,6 +846,12 @@ std::variant<std::shared_ptr<backend>, std::string> make_microvm_backend(
     std::string why;
     s.kvm = kvm_usable(&s.kvm_gid, &why);
     if (!s.kvm && o.accel == "kvm") return "microvm: accel kvm: " + why;
+    if (!s.kvm && ::access("/dev/kvm", F_OK) == 0 && ctx.log) {
+      // The operator may not know that a present /dev/kvm is unusable: runs are several
+      // times slower to start under emulation.
+      ctx.log(log_level::warning,
+              "microvm: " + why + ": using TCG emulation (docs/operations.md, \"microvm level\")");
+    }
   }
   if (!s.kvm) {
     // Under TCG the guest's TSC runs at the host's rate. x86 Linux derives BogoMIPS from the

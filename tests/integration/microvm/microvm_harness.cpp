@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <thread>
 
 #include <netinet/in.h>
@@ -92,6 +93,14 @@ struct state {
   std::unique_ptr<sandbox::runtime> runtime;
   std::string why;
   std::filesystem::path state_dir;
+  state() = default;
+  state(state&& o) noexcept
+      : runtime(std::move(o.runtime)), why(std::move(o.why)), state_dir(std::exchange(o.state_dir, {})) {}
+  ~state() {
+    runtime.reset();  // its VMs, cgroups and work dirs first
+    std::error_code ec;
+    if (!state_dir.empty()) std::filesystem::remove_all(state_dir, ec);
+  }
 };
 
 state& global() {
