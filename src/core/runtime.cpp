@@ -61,8 +61,12 @@ std::vector<runtime_spec> default_runtimes() {
   return {
       runtime_spec{.name = "python3",
                    .argv = {"/usr/bin/python3", "-I", "{source}"},
-                   .source_name = "main.py"},
-      runtime_spec{.name = "node", .argv = {"/usr/bin/node", "{source}"}, .source_name = "main.js"},
+                   .source_name = "main.py",
+                   .image = {}},
+      runtime_spec{.name = "node",
+                   .argv = {"/usr/bin/node", "{source}"},
+                   .source_name = "main.js",
+                   .image = {}},
   };
 }
 
@@ -1616,7 +1620,10 @@ std::vector<backend_status> probe_backends(const runtime_options& options) {
         .executor = io.get_executor(),
         .options = options.process,
         .state_dir = options.state_dir.empty() ? default_state_dir() : options.state_dir,
-        .log = log};
+        .log = log,
+        .policy = {},
+        .resolve_runtime = {},
+        .egress = {}};
     auto made = detail::make_process_backend(ctx);
     if (auto* b = std::get_if<std::shared_ptr<backend>>(&made); b != nullptr && *b) {
       st.registered = true;
@@ -1641,46 +1648,9 @@ std::vector<backend_status> probe_backends(const runtime_options& options) {
     out.push_back(std::move(st));
   } catch (...) {
   }
-  // The OCI levels that are enabled, each through its own self-test.
-  for (const auto& [oci, level] : {std::pair{&options.container, isolation::container},
-                                   std::pair{&options.gvisor, isolation::gvisor}}) {
-    if (!oci->enabled) continue;
-    backend_status os{.isolation = level, .name = oci->runtime, .reason = {}};
-#ifdef SANDBOX_HAS_OCI_BACKEND
-    try {
-      asio::io_context io(1);
-      detail::init_backend_context ctx{
-          .executor = io.get_executor(),
-          .options = options.process,
-          .state_dir = options.state_dir.empty() ? default_state_dir() : options.state_dir,
-          .log = options.log ? options.log : make_stderr_log_sink()};
-      auto made = detail::make_oci_backend(ctx, *oci);
-      if (auto* b = std::get_if<std::shared_ptr<backend>>(&made); b != nullptr && *b) {
-        os.registered = (*b)->isolation() == level;
-        if (!os.registered) os.reason = "runtime '" + oci->runtime + "' does not provide this level";
-        (*b)->shutdown();
-        b->reset();
-      } else if (auto* why = std::get_if<std::string>(&made)) {
-        os.reason = why->empty() ? "self-test failed" : *why;
-      }
-      io.run_for(std::chrono::seconds(5));  // let the self-test container's delete finish
-    } catch (const std::exception& e) {
-      os.reason = std::string("self-test threw: ") + e.what();
-    } catch (...) {
-      os.reason = "self-test threw";
-    }
-#else
-    os.reason = "not built into this library (SANDBOX_BACKEND_OCI=OFF)";
-#endif
-    try {
-      out.push_back(std::move(os));
-    } catch (...) {
-    }
-  }
-  // The microvm level, when enabled: its checks and self-test (one VM boots), no warm pool.
-  if (options.microvm.enabled) {
-    backend_status ms{.isolation = isolation::microvm, .name = "microvm", .reason = {}};
-#ifdef SANDBOX_HAS_MICROVM_BACKEND
+  // The other levels that are enabled, each through its own factory and self-test: `st` is
+  // filled from what `make(ctx)` returned (a backend registers only at its own level).
+  [[maybe_unused]] auto probe_level = [&](backend_status st, auto make) {
     try {
       asio::io_context io(1);
       detail::init_backend_context ctx{
@@ -1691,31 +1661,53 @@ std::vector<backend_status> probe_backends(const runtime_options& options) {
           .policy = {},
           .resolve_runtime = {},
           .egress = {}};
-      auto mo = options.microvm;
-      mo.warm_pool.clear();  // a probe boots only the self-test's VM
-      auto made = detail::make_microvm_backend(ctx, mo);
+      auto made = make(ctx);
       if (auto* b = std::get_if<std::shared_ptr<backend>>(&made); b != nullptr && *b) {
-        ms.registered = true;
-        ms.name = std::string((*b)->name());
+        st.registered = (*b)->isolation() == st.isolation;
+        if (!st.registered) st.reason = "runtime '" + st.name + "' does not provide this level";
         (*b)->shutdown();
-        b->reset();
+        b->reset();  // before the io_context it may hold I/O objects of
       } else if (auto* why = std::get_if<std::string>(&made)) {
-        ms.reason = why->empty() ? "self-test failed" : *why;
+        st.reason = why->empty() ? "self-test failed" : *why;
       } else {
-        ms.reason = "the backend factory returned nothing";
+        st.reason = "the backend factory returned nothing";
       }
+      io.run_for(std::chrono::seconds(5));  // e.g. the self-test container's delete
     } catch (const std::exception& e) {
-      ms.reason = std::string("self-test threw: ") + e.what();
+      st.reason = std::string("self-test threw: ") + e.what();
     } catch (...) {
-      ms.reason = "self-test threw";
+      st.reason = "self-test threw";
     }
-#else
-    ms.reason = "not built into this library (SANDBOX_BACKEND_MICROVM=OFF)";
-#endif
     try {
-      out.push_back(std::move(ms));
+      out.push_back(std::move(st));
     } catch (...) {
     }
+  };
+  for (const auto& [oci, level] : {std::pair{&options.container, isolation::container},
+                                   std::pair{&options.gvisor, isolation::gvisor}}) {
+    if (!oci->enabled) continue;
+#ifdef SANDBOX_HAS_OCI_BACKEND
+    probe_level({.isolation = level, .name = oci->runtime, .reason = {}},
+                [&, oci = oci](const detail::init_backend_context& ctx) {
+                  return detail::make_oci_backend(ctx, *oci);
+                });
+#else
+    out.push_back({.isolation = level, .name = oci->runtime,
+                   .reason = "not built into this library (SANDBOX_BACKEND_OCI=OFF)"});
+#endif
+  }
+  if (options.microvm.enabled) {
+#ifdef SANDBOX_HAS_MICROVM_BACKEND
+    probe_level({.isolation = isolation::microvm, .name = "microvm", .reason = {}},
+                [&](const detail::init_backend_context& ctx) {
+                  auto mo = options.microvm;
+                  mo.warm_pool.clear();  // a probe boots only the self-test's VM
+                  return detail::make_microvm_backend(ctx, mo);
+                });
+#else
+    out.push_back({.isolation = isolation::microvm, .name = "microvm",
+                   .reason = "not built into this library (SANDBOX_BACKEND_MICROVM=OFF)"});
+#endif
   }
   return out;
 }

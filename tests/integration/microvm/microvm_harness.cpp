@@ -232,10 +232,16 @@ std::vector<std::string> run_cgroups() {
 
 int vmm_processes() { return static_cast<int>(vmm_pids().size()); }
 
-std::vector<int> vmm_pids() {
-  std::vector<int> pids;
-  const auto mine = instances();
+std::vector<int> vmm_pids() { return vmm_pids(global().state_dir / "state"); }
+
+std::vector<int> vmm_pids(const std::filesystem::path& state, std::string_view run_prefix) {
+  std::vector<std::string> mine;
   std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(state / "microvm" / "instances", ec)) {
+    auto n = e.path().filename().string();
+    if (n.size() > 5 && n.substr(n.size() - 5) == ".lock") mine.push_back(n.substr(0, n.size() - 5));
+  }
+  std::vector<int> pids;
   for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
     std::ifstream comm(e.path() / "comm");
     std::string c;
@@ -243,13 +249,53 @@ std::vector<int> vmm_pids() {
     std::ifstream cg(e.path() / "cgroup");
     std::string all((std::istreambuf_iterator<char>(cg)), {});
     for (const auto& inst : mine) {
-      if (all.find("/r-" + inst + "-") != std::string::npos) {
+      if (all.find("/r-" + inst + "-" + std::string(run_prefix)) != std::string::npos) {
         pids.push_back(std::atoi(e.path().filename().c_str()));
         break;
       }
     }
   }
   return pids;
+}
+
+private_runtime::private_runtime(const std::function<void(sandbox::runtime_options&)>& adjust) {
+  auto opts = sandbox::default_runtime_options();
+  char tmpl[] = "/tmp/sandbox-mvtest-own-XXXXXX";
+  dir = mkdtemp(tmpl);
+  chmod(dir.c_str(), 0755);
+  opts.state_dir = dir / "state";
+  if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
+  if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
+  opts.blobs = sandbox::make_memory_blob_store();
+  opts.process_backend = false;
+  opts.microvm.enabled = true;
+  if (const char* k = std::getenv("SANDBOX_MICROVM_KERNEL_DIR")) opts.microvm.kernel_dir = k;
+  opts.policy.setup_budget = std::chrono::seconds(60);
+  opts.policy.max_timeout = std::chrono::seconds(30);
+  opts.log = sandbox::make_stderr_log_sink(sandbox::log_level::warning);
+  adjust(opts);
+  auto made = sandbox::runtime::create(opts);
+  if (!made) {
+    why = "runtime::create failed: " + made.error().message();
+    return;
+  }
+  for (const auto& b : made->backends()) {
+    if (b.isolation == sandbox::isolation::microvm && !b.registered) why = b.reason;
+  }
+  if (why.empty()) rt = std::make_unique<sandbox::runtime>(std::move(*made));
+}
+
+private_runtime::~private_runtime() {
+  rt.reset();  // its VMs, cgroups and work dirs first
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+bool private_runtime::available() const {
+  if (rt) return true;
+  if (must_work()) FAIL("microvm backend required (CI): " << why);
+  WARN("skipped: " << why);
+  return false;
 }
 
 std::uint16_t origin_port() { return origin_port_ref(); }

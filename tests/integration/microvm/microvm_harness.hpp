@@ -4,7 +4,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sandbox/sandbox.hpp"
@@ -33,6 +37,26 @@ std::vector<std::string> run_cgroups();
 int vmm_processes();
 /// The pids of those live VMMs.
 std::vector<int> vmm_pids();
+/// The pids of the live VMMs of the runtime whose state dir is `state` (its `<state>/microvm`
+/// instances), whose run id starts with `run_prefix` (pool instances: "w").
+std::vector<int> vmm_pids(const std::filesystem::path& state, std::string_view run_prefix = {});
+
+/// A runtime of a test's own (its own state dir under /tmp, only the microvm level), for
+/// options the shared one must not have (warm pools, registered tools). `rt` is null when the
+/// backend did not register (`why` says why); the state dir is removed on destruction.
+struct private_runtime {
+  std::unique_ptr<sandbox::runtime> rt;
+  std::string why;
+  std::filesystem::path dir;
+  /// `adjust` edits the options before the runtime is created.
+  explicit private_runtime(const std::function<void(sandbox::runtime_options&)>& adjust);
+  ~private_runtime();
+  private_runtime(const private_runtime&) = delete;
+  private_runtime& operator=(const private_runtime&) = delete;
+  /// True when `rt` exists; otherwise FAILs under CI / SANDBOX_MUST_WORK, else WARNs.
+  bool available() const;
+  std::filesystem::path state() const { return dir / "state"; }
+};
 
 /// The network runs' origin: a plain-HTTP server on the host's 127.0.0.1 (an ephemeral port,
 /// started before the runtime), reachable from a run only through its egress proxy: the

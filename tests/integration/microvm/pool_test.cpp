@@ -1,60 +1,23 @@
 // Warm pools at the microvm level: VMs booted to "sandbox-init ready" ahead of demand,
 // handed out one run each, destroyed with it, replaced when they die idle.
 #include <signal.h>
-#include <stdlib.h>
-#include <sys/stat.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <filesystem>
-#include <fstream>
-#include <memory>
 #include <thread>
 
 #include "integration/microvm/microvm_harness.hpp"
 
 using sandbox::code;
-namespace fs = std::filesystem;
 
 namespace {
 
-// A runtime of its own (its own state dir), with one pool of size 1 at the microvm level.
-struct pooled_runtime {
-  std::unique_ptr<sandbox::runtime> rt;
-  std::string why;
-  fs::path dir;
-
-  pooled_runtime() {
-    auto opts = sandbox::default_runtime_options();
-    char tmpl[] = "/tmp/sandbox-mvpool-XXXXXX";
-    dir = mkdtemp(tmpl);
-    chmod(dir.c_str(), 0755);
-    opts.state_dir = dir / "state";
-    if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
-    if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
-    opts.blobs = sandbox::make_memory_blob_store();
-    opts.process_backend = false;
-    opts.microvm.enabled = true;
-    if (const char* k = std::getenv("SANDBOX_MICROVM_KERNEL_DIR")) opts.microvm.kernel_dir = k;
-    opts.microvm.warm_pool = {{.runtime = "python3", .size = 1}};
-    opts.policy.setup_budget = std::chrono::seconds(60);
-    opts.policy.max_timeout = std::chrono::seconds(30);
-    opts.log = sandbox::make_stderr_log_sink(sandbox::log_level::warning);
-    auto made = sandbox::runtime::create(opts);
-    if (!made) {
-      why = "runtime::create failed: " + made.error().message();
-      return;
-    }
-    for (const auto& b : made->backends()) {
-      if (b.isolation == sandbox::isolation::microvm && !b.registered) why = b.reason;
-    }
-    if (why.empty()) rt = std::make_unique<sandbox::runtime>(std::move(*made));
-  }
-  ~pooled_runtime() {
-    rt.reset();  // destroys the idle VMs
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+// A runtime of its own, with one pool of size 1 at the microvm level.
+struct pooled_runtime : mvtest::private_runtime {
+  pooled_runtime()
+      : private_runtime([](sandbox::runtime_options& o) {
+          o.microvm.warm_pool = {{.runtime = "python3", .size = 1}};
+        }) {}
 
   sandbox::pool_stats stats() const {
     for (const auto& s : rt->warm_pool_stats()) {
@@ -74,30 +37,8 @@ struct pooled_runtime {
     return false;
   }
 
-  // Pids of this runtime's idle pool VMs: QEMU processes in a run cgroup of a pool instance
-  // ("r-<instance>-w<hex>") of this runtime's state dir.
-  std::vector<pid_t> pool_vmms() const {
-    std::vector<std::string> mine;
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(dir / "state" / "microvm" / "instances", ec)) {
-      auto n = e.path().filename().string();
-      if (n.size() > 5 && n.substr(n.size() - 5) == ".lock") mine.push_back(n.substr(0, n.size() - 5));
-    }
-    std::vector<pid_t> out;
-    for (const auto& e : fs::directory_iterator("/proc", ec)) {
-      std::ifstream comm(e.path() / "comm");
-      std::string c;
-      if (!comm || !std::getline(comm, c) || c.rfind("qemu-system", 0) != 0) continue;
-      std::ifstream cg(e.path() / "cgroup");
-      std::string all((std::istreambuf_iterator<char>(cg)), {});
-      for (const auto& inst : mine) {
-        if (all.find("/r-" + inst + "-w") != std::string::npos) {
-          out.push_back(static_cast<pid_t>(std::stoi(e.path().filename().string())));
-        }
-      }
-    }
-    return out;
-  }
+  // Pids of this runtime's idle pool VMs (pool instances' run ids start with "w").
+  std::vector<int> pool_vmms() const { return mvtest::vmm_pids(state(), "w"); }
 };
 
 pooled_runtime& pooled() {
@@ -105,13 +46,7 @@ pooled_runtime& pooled() {
   return p;
 }
 
-bool available() {
-  auto& p = pooled();
-  if (p.rt) return true;
-  if (mvtest::must_work()) FAIL("microvm backend required (CI): " << p.why);
-  WARN("skipped: " << p.why);
-  return false;
-}
+bool available() { return pooled().available(); }
 
 sandbox::run_result run_pooled(const std::string& source, sandbox::run_request base = {}) {
   base.runtime = "python3";

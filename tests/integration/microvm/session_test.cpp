@@ -1,17 +1,11 @@
 // Sessions at the microvm level: a long-lived server in its own VM, its stdin carried as
 // sandbox-init's control-stream frames (relayed unchanged by the guest agent, under the
 // credit window), its stdout streamed from the guest; closing kills the VM.
-#include <stdlib.h>
-#include <sys/stat.h>
-
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/use_future.hpp>
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <future>
-#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -22,7 +16,6 @@ using sandbox::code;
 using sandbox::session_end;
 using namespace std::chrono_literals;
 namespace asio = boost::asio;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -40,80 +33,29 @@ sandbox::tool_entry entry(std::string name, std::string image, std::string binar
           .env = {}};
 }
 
-struct session_runtime {
-  std::unique_ptr<sandbox::runtime> rt;
-  std::string why;
-  fs::path dir;
-
-  session_runtime() {
-    auto opts = sandbox::default_runtime_options();
-    char tmpl[] = "/tmp/sandbox-mvsess-XXXXXX";
-    dir = mkdtemp(tmpl);
-    chmod(dir.c_str(), 0755);
-    opts.state_dir = dir / "state";
-    if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
-    if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
-    opts.blobs = sandbox::make_memory_blob_store();
-    opts.process_backend = false;
-    opts.microvm.enabled = true;
-    if (const char* k = std::getenv("SANDBOX_MICROVM_KERNEL_DIR")) opts.microvm.kernel_dir = k;
-    opts.policy.setup_budget = std::chrono::seconds(60);
-    opts.sessions.idle_timeout = 120s;
-    opts.tools = {
-        entry("cat", "python3", "/bin/cat", {}),
-        entry("mcp-everything", "mcp", "/usr/bin/node",
-              {"/opt/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
-               "stdio"}),
-    };
-    opts.log = sandbox::make_stderr_log_sink(sandbox::log_level::warning);
-    auto made = sandbox::runtime::create(opts);
-    if (!made) {
-      why = "runtime::create failed: " + made.error().message();
-      return;
-    }
-    for (const auto& b : made->backends()) {
-      if (b.isolation == sandbox::isolation::microvm && !b.registered) why = b.reason;
-    }
-    if (why.empty()) rt = std::make_unique<sandbox::runtime>(std::move(*made));
-  }
-  ~session_runtime() {
-    rt.reset();
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+// A runtime of its own with the servers these tests start registered at the microvm level.
+struct session_runtime : mvtest::private_runtime {
+  session_runtime()
+      : private_runtime([](sandbox::runtime_options& o) {
+          o.sessions.idle_timeout = 120s;
+          o.tools = {
+              entry("cat", "python3", "/bin/cat", {}),
+              entry("mcp-everything", "mcp", "/usr/bin/node",
+                    {"/opt/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
+                     "stdio"}),
+          };
+        }) {}
 };
-
-// Live QEMU processes of this fixture's runtime (in a run cgroup of one of its instances).
-int vmms(const fs::path& state) {
-  std::vector<std::string> mine;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(state / "microvm" / "instances", ec)) {
-    auto n = e.path().filename().string();
-    if (n.size() > 5 && n.substr(n.size() - 5) == ".lock") mine.push_back(n.substr(0, n.size() - 5));
-  }
-  int n = 0;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    std::ifstream comm(e.path() / "comm");
-    std::string c;
-    if (!comm || !std::getline(comm, c) || c.rfind("qemu-system", 0) != 0) continue;
-    std::ifstream cg(e.path() / "cgroup");
-    std::string all((std::istreambuf_iterator<char>(cg)), {});
-    for (const auto& inst : mine) n += all.find("/r-" + inst + "-") != std::string::npos ? 1 : 0;
-  }
-  return n;
-}
 
 session_runtime& fixture() {
   static session_runtime s;
   return s;
 }
 
-bool available() {
-  if (fixture().rt) return true;
-  if (mvtest::must_work()) FAIL("microvm backend required (CI): " << fixture().why);
-  WARN("skipped: " << fixture().why);
-  return false;
-}
+bool available() { return fixture().available(); }
+
+// Live VMMs of this fixture's runtime.
+int vmms() { return static_cast<int>(mvtest::vmm_pids(fixture().state()).size()); }
 
 sandbox::ticket tool_ticket() {
   return sandbox::ticket_issuer{}
@@ -171,7 +113,7 @@ TEST_CASE("microvm: a session's stdio is byte-exact both ways; closing ends the 
   auto st = open("cat");
   INFO("open: " << to_string(st.code) << " " << st.message);
   REQUIRE(st.code == code::ok);
-  CHECK(vmms(fixture().dir / "state") == 1);  // the session's own VM
+  CHECK(vmms() == 1);  // the session's own VM
   auto s = st.session;
   // Every byte value, NULs, more than the host's buffer and the 64 KiB credit window.
   std::string data(512 * 1024 + 3, '\0');
@@ -208,7 +150,7 @@ TEST_CASE("microvm: a session's stdio is byte-exact both ways; closing ends the 
   s.reset();
   st.session.reset();
   // The VM is gone with the session (killed and confirmed before the close completes).
-  CHECK(vmms(fixture().dir / "state") == 0);
+  CHECK(vmms() == 0);
 }
 
 TEST_CASE("microvm: MCP initialize, tools/list and a tool call over a session",
