@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "integration/common/mcp_exchange.hpp"
 #include "integration/microvm/microvm_harness.hpp"
 
 using sandbox::code;
@@ -84,27 +85,6 @@ std::pair<boost::system::error_code, std::string> read_some(sandbox::session& s)
   return {ec, std::string(buf.data(), n)};
 }
 
-nlohmann::json read_response(sandbox::session& s, std::string& pending, int id) {
-  for (int guard = 0; guard < 10000; ++guard) {
-    for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
-      auto msg = nlohmann::json::parse(pending.substr(0, nl), nullptr, false);
-      pending.erase(0, nl + 1);
-      REQUIRE(!msg.is_discarded());
-      if (msg.contains("id") && msg["id"] == id) return msg;
-    }
-    auto [ec, bytes] = read_some(s);
-    REQUIRE(!ec);
-    pending += bytes;
-  }
-  FAIL("no response with id " << id);
-  return {};
-}
-
-void write_line(sandbox::session& s, const std::string& line) {
-  const std::string l = line + "\n";
-  CHECK(s.async_write(asio::buffer(l), asio::use_future).get() == l.size());
-}
-
 }  // namespace
 
 TEST_CASE("microvm: a session's stdio is byte-exact both ways; closing ends the VM",
@@ -165,25 +145,7 @@ TEST_CASE("microvm: MCP initialize, tools/list and a tool call over a session",
   INFO("open: " << to_string(st.code) << " " << st.message);
   REQUIRE(st.code == code::ok);
   auto s = st.session;
-  std::string pending;
-  write_line(
-      *s,
-      R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"agent-sandbox-test","version":"1"}}})");
-  auto init = read_response(*s, pending, 1);
-  REQUIRE(init.contains("result"));
-  CHECK(init["result"]["serverInfo"]["name"] == "example-servers/everything");
-  write_line(*s, R"({"jsonrpc":"2.0","method":"notifications/initialized"})");
-  write_line(*s, R"({"jsonrpc":"2.0","id":2,"method":"tools/list"})");
-  auto list = read_response(*s, pending, 2);
-  REQUIRE(list.contains("result"));
-  bool has_echo = false;
-  for (const auto& t : list["result"]["tools"]) has_echo |= t["name"] == "echo";
-  CHECK(has_echo);
-  write_line(
-      *s,
-      R"({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"message":"hi from the microvm"}}})");
-  auto call = read_response(*s, pending, 3);
-  CHECK(call.dump().find("hi from the microvm") != std::string::npos);
+  mcptest::initialize_list_and_call(*s, "hi from the microvm");
   auto r = s->async_close(asio::use_future).get();
   CHECK(r.result.isolation == sandbox::isolation::microvm);
   CHECK(r.end == session_end::closed);

@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "integration/common/mcp_exchange.hpp"
 #include "integration/harness.hpp"
 
 using sandbox::code;
@@ -302,29 +303,6 @@ void byte_exact_echo(const std::string& tool) {
   itest::check_host_unchanged(before);
 }
 
-// Reads newline-delimited JSON-RPC messages until the response with `id`; returns it.
-nlohmann::json read_response(sandbox::session& s, std::string& pending, int id) {
-  std::vector<char> buf(65536);
-  for (int guard = 0; guard < 10000; ++guard) {
-    for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
-      std::string line = pending.substr(0, nl);
-      pending.erase(0, nl + 1);
-      auto msg = nlohmann::json::parse(line, nullptr, false);
-      REQUIRE(!msg.is_discarded());
-      if (msg.contains("id") && msg["id"] == id) return msg;
-    }
-    std::promise<std::pair<boost::system::error_code, std::size_t>> p;
-    s.async_read_some(asio::buffer(buf), [&](boost::system::error_code ec, std::size_t n) {
-      p.set_value({ec, n});
-    });
-    auto [ec, n] = p.get_future().get();
-    REQUIRE(!ec);
-    pending.append(buf.data(), n);
-  }
-  FAIL("no response with id " << id);
-  return {};
-}
-
 // Reads until a newline; returns the line without it (and keeps what follows in `pending`).
 std::string read_line(sandbox::session& s, std::string& pending) {
   std::vector<char> buf(4096);
@@ -343,12 +321,6 @@ std::string read_line(sandbox::session& s, std::string& pending) {
   return line;
 }
 
-void write_line(sandbox::session& s, const std::string& line) {
-  std::string data = line + "\n";
-  auto n = s.async_write(asio::buffer(data), asio::use_future).get();
-  REQUIRE(n == data.size());
-}
-
 void mcp_initialize_and_list(const std::string& tool) {
   auto before = snapshot();
   auto st = open(runtime(), {.tool = tool});
@@ -361,27 +333,7 @@ void mcp_initialize_and_list(const std::string& tool) {
   INFO(st.message);
   REQUIRE(st.code == code::ok);
   auto s = st.session;
-  std::string pending;
-  write_line(
-      *s,
-      R"({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"agent-sandbox-test","version":"1"}}})");
-  auto init = read_response(*s, pending, 1);
-  REQUIRE(init.contains("result"));
-  CHECK(init["result"]["protocolVersion"] == "2024-11-05");
-  CHECK(init["result"]["serverInfo"]["name"] == "example-servers/everything");
-  write_line(*s, R"({"jsonrpc":"2.0","method":"notifications/initialized"})");
-  write_line(*s, R"({"jsonrpc":"2.0","id":2,"method":"tools/list"})");
-  auto list = read_response(*s, pending, 2);
-  REQUIRE(list.contains("result"));
-  bool has_echo = false;
-  for (const auto& t : list["result"]["tools"]) has_echo |= t["name"] == "echo";
-  CHECK(has_echo);
-  // A tool call round trip: the server's echo tool.
-  write_line(
-      *s,
-      R"({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"message":"hi from the sandbox"}}})");
-  auto call = read_response(*s, pending, 3);
-  CHECK(call.dump().find("hi from the sandbox") != std::string::npos);
+  mcptest::initialize_list_and_call(*s, "hi from the sandbox");
   auto r = close(*s);
   CHECK(r.result.isolation == level_of(tool));
   CHECK(r.end == session_end::closed);
