@@ -292,10 +292,9 @@ const std::vector<backend_profile>& profiles() {
                    // In CI as "conformance: core tier (microvm)" (tests/CMakeLists.txt),
                    // "[core]~[crosstalk]": the crosstalk kind's 128 VM boots and 3 s
                    // deadlines do not fit TCG on a 2-core host (docs/security.md, "microVM
-                   // level"). Measured: 698 s on the shared, loaded 2-core TCG build host
-                   // (each case boots at least one VM, ~3-5 s; the 60-run soak alone 252 s).
-                   // The egress kind is left out there too (tests/CMakeLists.txt says
-                   // why); it runs by hand.
+                   // level"). Measured: 437 s in a full CI run on the 2-core TCG host
+                   // without the egress kind, which adds ~50 s (each case boots at least
+                   // one VM, ~3-5 s; the 60-run soak alone ~175-250 s).
                    .ci_budget = std::chrono::seconds(720)});
     }
     return v;
