@@ -123,6 +123,19 @@ struct init_header {
 /// Largest packet either side sends or accepts.
 inline constexpr std::size_t max_packet = 256 * 1024;
 
+/// Appends one length-prefixed stream frame to `out`: u32 length (host order; the header
+/// and the payload), the header, the payload. Stream mode's framing, which the microvm
+/// level's guest channel and egress tunnel (guest_protocol.hpp) use too; the caller keeps
+/// the payload within its channel's cap.
+inline void append_frame(std::string& out, std::uint32_t type, std::uint32_t a, std::int64_t b,
+                         std::string_view payload) {
+  const init_header h{static_cast<msg>(type), a, b};
+  const auto len = static_cast<std::uint32_t>(sizeof h + payload.size());
+  out.append(reinterpret_cast<const char*>(&len), sizeof len);
+  out.append(reinterpret_cast<const char*>(&h), sizeof h);
+  out.append(payload);
+}
+
 /// The configuration, as NUL-separated "key=value" strings (repeated keys keep their order:
 /// `argv`, `env`). Simple enough to parse in the helper without allocating surprises.
 class config_writer {

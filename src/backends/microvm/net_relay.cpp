@@ -32,11 +32,8 @@ constexpr std::size_t kHeader = sizeof(ip::init_header);
 constexpr std::size_t kMaxFrame = kHeader + gp::net_chunk;
 
 std::string net_frame(gp::net_msg type, std::uint32_t id, std::int64_t b, std::string_view payload) {
-  ip::init_header h{static_cast<ip::msg>(static_cast<std::uint32_t>(type)), id, b};
-  const auto len = static_cast<std::uint32_t>(kHeader + payload.size());
-  std::string f(reinterpret_cast<const char*>(&len), sizeof len);
-  f.append(reinterpret_cast<const char*>(&h), sizeof h);
-  f.append(payload);
+  std::string f;
+  ip::append_frame(f, static_cast<std::uint32_t>(type), id, b, payload);
   return f;
 }
 

@@ -97,12 +97,8 @@ bool write_all(int fd, const void* p, std::size_t n) {
 
 bool send_frame(int fd, std::uint32_t type, std::uint32_t a, std::int64_t b,
                 std::string_view payload) {
-  ip::init_header h{static_cast<ip::msg>(type), a, b};
   std::string f;
-  std::uint32_t len = static_cast<std::uint32_t>(sizeof h + payload.size());
-  f.append(reinterpret_cast<const char*>(&len), sizeof len);
-  f.append(reinterpret_cast<const char*>(&h), sizeof h);
-  f.append(payload);
+  ip::append_frame(f, type, a, b, payload);
   return write_all(fd, f.data(), f.size());
 }
 
@@ -576,11 +572,7 @@ struct guest_net {
   std::string out;  // frames for the host, not yet written
 
   void frame(gp::net_msg t, std::uint32_t id, std::int64_t b, std::string_view payload) {
-    ip::init_header h{static_cast<ip::msg>(static_cast<std::uint32_t>(t)), id, b};
-    std::uint32_t len = static_cast<std::uint32_t>(sizeof h + payload.size());
-    out.append(reinterpret_cast<const char*>(&len), sizeof len);
-    out.append(reinterpret_cast<const char*>(&h), sizeof h);
-    out.append(payload);
+    ip::append_frame(out, static_cast<std::uint32_t>(t), id, b, payload);
   }
   conn* find(std::uint32_t id) {
     for (auto& [i, c] : conns) {
