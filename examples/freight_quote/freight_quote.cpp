@@ -22,8 +22,8 @@
 //
 // Exit status: 0 when snippet 1 ended `ok` with the expected quote, snippet 2 ended
 // `network_disabled` with its DNS attempt listed and (container, gvisor) snippet 3 was
-// approved once and fetched the live rates through the proxy (microvm: run 3 is not asked,
-// the level has no egress path yet); 1 otherwise, or when this host cannot run
+// approved once and fetched the live rates through the proxy (microvm: run 3 is not asked
+// in this walkthrough); 1 otherwise, or when this host cannot run
 // the process backend (the backends' statuses are printed); 2 for bad options. With
 // --skip-unavailable, an unavailable backend or image exits 77 instead (CTest's "skipped"),
 // unless CI=true or SANDBOX_MUST_WORK=1.
@@ -412,7 +412,8 @@ int run_example(sandbox::runtime_options options, sandbox::isolation level,
   std::optional<sandbox::run_request> approved_request;
   const std::string rates_url =
       "http://" + std::string(live_rates_host) + ":" + std::to_string(rates_port) + "/v1/live";
-  // The microvm level has no egress path yet (docs/security.md): run 3 needs an OCI level.
+  // Run 3 is asked at the OCI levels only (the microvm level's egress tunnel is exercised by
+  // tests/integration/microvm/network_test.cpp and its conformance tier).
   const bool network_level =
       level == sandbox::isolation::container || level == sandbox::isolation::gvisor;
   if (network_level) {
@@ -526,7 +527,7 @@ int run_example(sandbox::runtime_options options, sandbox::isolation level,
     check.expect(rates_requests == 1, "the rates server answered exactly one request");
   } else {
     std::cout << "\n== run 3 (network by approval) needs --isolation container or gvisor"
-              << (level == sandbox::isolation::microvm ? " (microvm: no egress path yet)" : "")
+              << (level == sandbox::isolation::microvm ? " (not asked at microvm here)" : "")
               << "\n";
     check.expect(approvals_asked == 0, "no approval asked");
   }

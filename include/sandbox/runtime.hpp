@@ -107,8 +107,8 @@ struct oci_backend_options {
 /// TCG emulation), booted from the kernel store with an initramfs holding the guest agent
 /// and sandbox-init, the runtime image as a read-only erofs disk, no network device
 /// (docs/architecture.md, "microvm level"). Needs root. Uses the process backend's cgroup
-/// parent, cgroup root and uid range. Runs that need the network are refused
-/// (`runtime_unavailable`): the guest has no egress path yet.
+/// parent, cgroup root and uid range. Network runs reach their egress proxy through a
+/// virtio-serial tunnel (still no network device in the guest).
 struct microvm_backend_options {
   /// Register the backend (after its self-test, which boots one VM). Off by default.
   bool enabled = false;

@@ -2672,25 +2672,6 @@ class init_backend final : public backend,
 
   void do_execute(run_job job, handler_type handler) override {
     auto ex = job.executor ? job.executor : shared_->ctx.executor;
-    if (job.admitted.request.network && !shared_->launcher->runs_network()) {
-      // Refused before anything starts, never run without the network it was granted.
-      run_result r;
-      r.run_id = job.run_id;
-      r.isolation = shared_->launcher->isolation();
-      r.backend = shared_->launcher->describe();
-      r.runtime = job.admitted.runtime;
-      r.code = sandbox::code::runtime_unavailable;
-      r.message = fmt::format("network runs are not available at the {} level on this host",
-                              to_string(shared_->launcher->isolation()));
-      auto h = std::make_shared<handler_type>(std::move(handler));
-      asio::post(ex, [h, r = std::move(r)]() mutable {
-        auto hex = asio::get_associated_executor(*h);
-        asio::dispatch(hex, [h, r = std::move(r)]() mutable {
-          std::move(*h)(boost::system::error_code{}, std::move(r));
-        });
-      });
-      return;
-    }
     pool_state* from = nullptr;
     std::shared_ptr<init_run> run = take_pooled(job, from);
     const bool pooled = run != nullptr;
@@ -2731,19 +2712,6 @@ class init_backend final : public backend,
 
   void open_session(run_job job, session_job sj, session_handler handler) override {
     // (A stream control channel carries the stdin bytes themselves: init_protocol.hpp.)
-    if (job.admitted.request.network && !shared_->launcher->runs_network()) {
-      // As for runs: refused before anything starts, never run without the network it was
-      // granted.
-      auto ex = job.executor ? job.executor : shared_->ctx.executor;
-      detail::post_completion(
-          ex, std::move(handler), boost::system::error_code{},
-          session_start{.session = nullptr,
-                        .code = sandbox::code::runtime_unavailable,
-                        .message = fmt::format("network sessions are not available at the {} "
-                                               "isolation level on this host",
-                                               to_string(shared_->launcher->isolation()))});
-      return;
-    }
     auto ex = job.executor ? job.executor : shared_->ctx.executor;
     auto run = std::make_shared<init_run>(shared_, ex, std::move(job), false);
     {

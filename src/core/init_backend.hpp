@@ -151,9 +151,6 @@ class init_launcher {
   virtual std::chrono::milliseconds min_setup_budget() const noexcept {
     return std::chrono::milliseconds(0);
   }
-  /// False when the level cannot run network runs at all: such runs end
-  /// `runtime_unavailable` before anything starts.
-  virtual bool runs_network() const noexcept { return true; }
   /// True when a network run's launch makes the run's network namespace on the host and
   /// returns the egress proxy's listener in `launched` (runsc: its sandbox cannot pass a
   /// descriptor out). Such runs never take a warm-pool instance (those have no network).

@@ -58,6 +58,7 @@
 #include "core/netns.hpp"
 #include "core/sha256.hpp"
 #include "core/spawn.hpp"
+#include "core/sys.hpp"
 #include "core/text_util.hpp"
 #include "core/tool_process.hpp"
 #include "core/workspace.hpp"
@@ -87,11 +88,8 @@ constexpr const char* kGuestSource = "/run/ws/source";
 constexpr std::uint64_t kVmmLogBytes = 1 << 20;
 
 std::string frame(gp::msg type, std::uint32_t a, std::int64_t b, std::string_view payload) {
-  ip::init_header h{static_cast<ip::msg>(static_cast<std::uint32_t>(type)), a, b};
-  std::uint32_t len = static_cast<std::uint32_t>(sizeof h + payload.size());
-  std::string f(reinterpret_cast<const char*>(&len), sizeof len);
-  f.append(reinterpret_cast<const char*>(&h), sizeof h);
-  f.append(payload);
+  std::string f;
+  ip::append_frame(f, static_cast<std::uint32_t>(type), a, b, payload);
   return f;
 }
 
@@ -371,9 +369,8 @@ class microvm_launcher final : public init_launcher {
   }
   bool stream_control() const noexcept override { return true; }
   // Network runs: no NIC even then. The run's network namespace is made here, on the host,
-  // with the egress proxy's listener (makes_network_namespace); the guest's connections reach
-  // it through the "sandbox.net" port (net_relay.hpp, core/guest_protocol.hpp).
-  bool runs_network() const noexcept override { return true; }
+  // with the egress proxy's listener; the guest's connections reach it through the
+  // "sandbox.net" port (net_relay.hpp, core/guest_protocol.hpp).
   bool makes_network_namespace() const noexcept override { return true; }
   bool stdio_sockets() const noexcept override { return true; }   // see qemu_driver.cpp
   // A guest boots before sandbox-init answers: ~2 s under TCG on an idle 2-core host, tens
@@ -436,24 +433,19 @@ class microvm_launcher final : public init_launcher {
     const bool net = !r.selftest && r.job.admitted.request.network &&
                      !r.job.admitted.request.egress.empty();
     run_netns netns;
-    int np[2] = {-1, -1};
+    sys::unique_fd net_host, net_vmm;  // the port's stream socket: the host's end, QEMU's end
     if (net) {
       auto made = make_run_netns(ip::egress_proxy_port, why);
       if (!made) return made.error();
       netns = std::move(*made);
+      int np[2];
       if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, np) < 0) {
         *why = fmt::format("net port socketpair: errno {}", errno);
         return make_error_code(errc::io_error);
       }
+      net_host.reset(np[0]);
+      net_vmm.reset(np[1]);
     }
-    struct np_closer {
-      int* fds;
-      ~np_closer() {
-        for (int i = 0; i < 2; ++i) {
-          if (fds[i] >= 0) ::close(fds[i]);
-        }
-      }
-    } close_np{np};
     // 3. The VMM.
     auto log_path = r.ws.dir / "vmm.log";
     int logfd = ::open(log_path.c_str(),
@@ -462,7 +454,6 @@ class microvm_launcher final : public init_launcher {
     int kernel = ::open(s_.kernel.c_str(), O_RDONLY | O_CLOEXEC);
     int initrd = ::open(s_.initramfs.c_str(), O_RDONLY | O_CLOEXEC);
     int diskfd = ::open(disk.c_str(), O_RDONLY | O_CLOEXEC);
-    int exec = ::open(s_.vmm->binary().c_str(), O_PATH | O_CLOEXEC);
     struct closer {
       std::vector<int*> fds;
       ~closer() {
@@ -470,8 +461,8 @@ class microvm_launcher final : public init_launcher {
           if (*f >= 0) ::close(*f);
         }
       }
-    } close_all{{&logfd, &devnull, &kernel, &initrd, &diskfd, &exec}};
-    if (logfd < 0 || devnull < 0 || kernel < 0 || initrd < 0 || diskfd < 0 || exec < 0) {
+    } close_all{{&logfd, &devnull, &kernel, &initrd, &diskfd}};
+    if (logfd < 0 || devnull < 0 || kernel < 0 || initrd < 0 || diskfd < 0) {
       *why = fmt::format("opening the VMM's files: errno {}", errno);
       return make_error_code(errc::io_error);
     }
@@ -486,8 +477,7 @@ class microvm_launcher final : public init_launcher {
         .kvm = s_.kvm,
         .kernel_cmdline = "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init" + s_.timer_args,
         .net_port = net};
-    spawn_request sr;
-    sr.exec_fd = exec;
+    spawn_request sr;  // QEMU is exec'd by its path inside its own root (jail below)
     sr.argv = s_.vmm->argv(vm);
     sr.fd0 = devnull;
     sr.fd1 = logfd;
@@ -495,30 +485,25 @@ class microvm_launcher final : public init_launcher {
     sr.fd3 = r.ctl_fd;
     sr.fd4 = r.out_fd;
     sr.extra_fds = {r.err_fd, kernel, initrd, diskfd, logfd};
-    if (net) sr.extra_fds.push_back(np[1]);  // vmm_fd::net
+    if (net) sr.extra_fds.push_back(net_vmm.get());  // vmm_fd::net
     sr.clone_flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS;
     sr.uid = r.uid;
     sr.gid = r.uid;
     if (s_.kvm) sr.supplementary_gid = s_.kvm_gid;
     sr.fsize_bytes = kVmmLogBytes;
     jail(sr);
-    // The VMM joins the run's cgroups itself, before its first instruction.
-    std::vector<int> cgroup_fds;
+    // The VMM joins the run's cgroups itself, before its first instruction (so no attach
+    // after the spawn).
+    std::vector<sys::unique_fd> cgroup_procs;
     for (const auto& d : r.cgroup.dirs()) {
-      int fd = ::open((d / "cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
-      if (fd >= 0) cgroup_fds.push_back(fd);
-    }
-    struct fd_list_closer {
-      std::vector<int>& fds;
-      ~fd_list_closer() {
-        for (int f : fds) ::close(f);
+      sys::unique_fd fd(::open((d / "cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
+      if (!fd || cgroup_procs.size() == 8) {
+        *why = fmt::format("opening the run cgroup's cgroup.procs: errno {}", fd ? E2BIG : errno);
+        return make_error_code(errc::io_error);
       }
-    } close_cgroup_fds{cgroup_fds};
-    if (cgroup_fds.size() != r.cgroup.dirs().size() || cgroup_fds.size() > 8) {
-      *why = fmt::format("opening the run cgroup's cgroup.procs: errno {}", errno);
-      return make_error_code(errc::io_error);
+      sr.cgroup_procs_fds.push_back(fd.get());
+      cgroup_procs.push_back(std::move(fd));
     }
-    sr.cgroup_procs_fds = cgroup_fds;
     auto sp = spawn_process(sr);
     if (!sp) {
       *why = "starting the VMM: " + sp.error().message();
@@ -527,22 +512,9 @@ class microvm_launcher final : public init_launcher {
     launched l{sp->pid, sp->pidfd};
     if (net) {
       // The host's end of the tunnel and the namespace wait for make_agent_channel.
-      ::close(np[1]);
-      np[1] = -1;
       l.egress_listener = netns.release_listener();
       std::lock_guard lock(net_mu_);
-      pending_net_[r.instance_id] = pending_net{np[0], std::move(netns)};
-      np[0] = -1;
-    }
-    if (auto a = r.cgroup.attach(l.pid); !a) {
-      *why = "cgroup attach failed: " + a.error().message();
-      ::kill(l.pid, SIGKILL);
-      siginfo_t si{};
-      ::waitid(P_PIDFD, static_cast<id_t>(l.pidfd), &si, WEXITED);
-      ::close(l.pidfd);
-      if (l.egress_listener >= 0) ::close(l.egress_listener);
-      take_net(r.instance_id);  // closes them
-      return make_error_code(errc::io_error);
+      pending_net_[r.instance_id] = pending_net{std::move(net_host), std::move(netns)};
     }
     return l;
   }
@@ -583,7 +555,7 @@ class microvm_launcher final : public init_launcher {
     w.add("out_files", std::uint64_t{req.files_out.max_files});
     w.add("out_bytes", req.files_out.max_bytes);
     auto net = take_net(r.instance_id);
-    w.add("network", net.port >= 0 ? "1" : "0");
+    w.add("network", net.port ? "1" : "0");
     auto ch = std::make_unique<owning_channel>(
         dir, guest_output_limits{req.files_out.max_files, req.files_out.max_bytes}, w.bytes(),
         std::move(net));
@@ -601,23 +573,8 @@ class microvm_launcher final : public init_launcher {
   // A network run's tunnel, from launch to make_agent_channel: the host's end of the
   // "sandbox.net" port and the run's network namespace (its listener already handed out).
   struct pending_net {
-    int port = -1;
+    sys::unique_fd port;
     run_netns ns;
-    pending_net() = default;
-    pending_net(int p, run_netns n) : port(p), ns(std::move(n)) {}
-    pending_net(pending_net&& o) noexcept : port(o.port), ns(std::move(o.ns)) { o.port = -1; }
-    pending_net& operator=(pending_net&& o) noexcept {
-      if (this != &o) {
-        if (port >= 0) ::close(port);
-        port = o.port;
-        o.port = -1;
-        ns = std::move(o.ns);
-      }
-      return *this;
-    }
-    ~pending_net() {
-      if (port >= 0) ::close(port);
-    }
   };
 
   pending_net take_net(const std::string& instance_id) {
@@ -641,12 +598,11 @@ class microvm_launcher final : public init_launcher {
     }
     void start(boost::asio::strand<boost::asio::any_io_executor> strand,
                std::function<void(std::string)> fault) override {
-      if (net_.port < 0) return;
+      if (!net_.port) return;
       // Each guest connection gets a socket made inside the run's namespace, connected to
       // the proxy's listener there. The namespace stays open as long as the relay.
       auto ns = std::make_shared<run_netns>(std::move(net_.ns));
-      const int port = net_.port;
-      net_.port = -1;
+      const int port = net_.port.release();  // the relay owns it
       relay_ = net_relay::start(
           strand, port, [ns](std::string* why) { return socket_in_netns(ns->ns_fd(), why); },
           boost::asio::ip::tcp::endpoint(boost::asio::ip::address_v4::loopback(),

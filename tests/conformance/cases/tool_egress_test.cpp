@@ -138,8 +138,7 @@ TEST_CASE("tool egress: an entry's own egress reaches its name through the proxy
     // No proxy at this level and no stronger one registered: the entry's runs have no weaker
     // level to fall back to; nothing ran, nothing reached an origin.
     CHECK(r.code == code::runtime_unavailable);
-    // The refusal names the isolation (admission: no level with a proxy) or the level that
-    // refused (microvm's backend, where it has no egress path).
+    // The refusal names the isolation (admission: no level with a proxy) or the level.
     CHECK((r.message.find("isolation") != std::string::npos ||
            r.message.find(std::string(to_string(b.profile().level))) != std::string::npos));
     CHECK(r.std_out.summary.empty());
@@ -236,8 +235,7 @@ TEST_CASE("tool egress: a session of the entry fetches its name; another is refu
   INFO("open: code=" << to_string(st.code) << " message=" << st.message);
   if (!b.expect().egress_proxy) {
     CHECK(st.code == code::runtime_unavailable);
-    // The refusal names the isolation (admission: no level with a proxy) or the level that
-    // refused (microvm's backend, where it has no egress path).
+    // The refusal names the isolation (admission: no level with a proxy) or the level.
     CHECK((st.message.find("isolation") != std::string::npos ||
            st.message.find(std::string(to_string(b.profile().level))) != std::string::npos));
     CHECK_FALSE(st.session);
