@@ -17,6 +17,9 @@ struct pooled_runtime : mvtest::private_runtime {
   pooled_runtime()
       : private_runtime([](sandbox::runtime_options& o) {
           o.microvm.warm_pool = {{.runtime = "python3", .size = 1}};
+          // The process level's classes are its own: the microvm level never boots VMs for
+          // them (its context once inherited them).
+          o.process.warm_pool = {{.runtime = "python3", .size = 1, .memory_limit_bytes = 128ULL << 20}};
         }) {}
 
   sandbox::pool_stats stats() const {
@@ -87,6 +90,7 @@ TEST_CASE("microvm: a warm pool hands out booted VMs, one run each, never reused
   auto& p = pooled();
   REQUIRE(p.wait_ready());
   const auto before = p.stats();
+  for (const auto& s : p.rt->warm_pool_stats()) CHECK(s.memory_limit_bytes != (128ULL << 20));
 
   // Inputs and the source travel to a VM that booted before the request existed.
   auto id = p.rt->blobs()->put("mvtest", "pooled-input");
