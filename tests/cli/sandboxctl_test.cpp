@@ -1140,6 +1140,22 @@ TEST_CASE("audit: every check passes at the microvm level", "[.audit_microvm]") 
   audit_passes("microvm");
 }
 
+// doctor probes every level the configuration enables: microvm's line says ok, or why not.
+TEST_CASE("doctor: the microvm level is listed with its status", "[.audit_microvm]") {
+  const auto flags = clitest::backend_store_flags();
+  const auto good = clitest::write_scratch("doctor-microvm.json", R"({"v":1,"backends":{"microvm":{}}})");
+  auto o = sandboxctl(with({"doctor", "--config", good.string()}, flags));
+  INFO(o.out << o.err);
+  CHECK(o.status == 0);
+  CHECK(contains(o.out, "microvm    ok"));
+  const auto bad = clitest::write_scratch(
+      "doctor-microvm-bad.json", R"({"v":1,"backends":{"microvm":{"kernel_dir":"/nonexistent-kernel-store"}}})");
+  o = sandboxctl(with({"doctor", "--config", bad.string()}, flags));
+  INFO(o.out << o.err);
+  CHECK(contains(o.out, "microvm    refused"));
+  CHECK(contains(o.out, "kernel store /nonexistent-kernel-store has no vmlinuz"));
+}
+
 // --- registered tools ([backend]: the "tools" image, built by tools/setup.sh) --------------
 
 TEST_CASE("tools: `tools` lists the registry; `run --tool` feeds a file's bytes as stdin",
