@@ -4,12 +4,14 @@
 // asserted.
 //
 //   build/dev/bin/sandbox_bench [--runs N]
-//       [--section cold|pool|throughput|flood|scheduler|breakdown|oci]
+//       [--section cold|pool|throughput|flood|scheduler|breakdown|oci|forks]
 //
 // Needs root for the unshare/bwrap baselines (skipped otherwise) and the python3 image. The
 // oci section needs a library built with SANDBOX_BACKEND_OCI, root, and crun/runc/runsc in
 // /usr/bin (a level that cannot be registered prints why and is skipped); 10-20 s with the
 // default 30 runs on 2 cores (each gvisor run will add about half a second once it registers).
+// The forks section (process creation from inside, per level) takes about a minute: its
+// gvisor runs are seconds each.
 #include <fcntl.h>
 #include <sched.h>
 #include <spawn.h>
@@ -28,7 +30,10 @@
 #define TMPFS_MAGIC 0x01021994
 #endif
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
@@ -42,6 +47,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -52,13 +58,10 @@
 #include <thread>
 #include <vector>
 
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
 #include "bench_util.hpp"
-#include "core/scheduler.hpp"
-#include "core/spawn.hpp"
+#include "runtime/scheduler.hpp"
 #include "sandbox/sandbox.hpp"
+#include "sys/spawn.hpp"
 
 namespace {
 
@@ -70,28 +73,66 @@ using bench::spawn_ms;
 
 bool have(const char* path) { return ::access(path, X_OK) == 0; }
 
-
 const std::vector<std::string> bare_py = {"/usr/bin/python3", "-I", "-S", "-c", "print(1)"};
-const std::vector<std::string> unshare_py = {
-    "/usr/bin/unshare", "--pid", "--fork", "--net", "--mount", "--ipc", "--uts", "--cgroup",
-    "--mount-proc", "/usr/bin/python3", "-I", "-S", "-c", "print(1)"};
-const std::vector<std::string> bwrap_py = {
-    "/usr/bin/bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
-    "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64",
-    "/lib64", "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "--tmpfs",
-    "/tmp", "--remount-ro", "/", "/usr/bin/python3", "-I", "-S", "-c", "print(1)"};
+const std::vector<std::string> unshare_py = {"/usr/bin/unshare",
+                                             "--pid",
+                                             "--fork",
+                                             "--net",
+                                             "--mount",
+                                             "--ipc",
+                                             "--uts",
+                                             "--cgroup",
+                                             "--mount-proc",
+                                             "/usr/bin/python3",
+                                             "-I",
+                                             "-S",
+                                             "-c",
+                                             "print(1)"};
+const std::vector<std::string> bwrap_py = {"/usr/bin/bwrap",
+                                           "--unshare-all",
+                                           "--die-with-parent",
+                                           "--new-session",
+                                           "--clearenv",
+                                           "--ro-bind",
+                                           "/usr",
+                                           "/usr",
+                                           "--symlink",
+                                           "usr/lib",
+                                           "/lib",
+                                           "--symlink",
+                                           "usr/lib64",
+                                           "/lib64",
+                                           "--symlink",
+                                           "usr/bin",
+                                           "/bin",
+                                           "--proc",
+                                           "/proc",
+                                           "--dev",
+                                           "/dev",
+                                           "--tmpfs",
+                                           "/tmp",
+                                           "--remount-ro",
+                                           "/",
+                                           "/usr/bin/python3",
+                                           "-I",
+                                           "-S",
+                                           "-c",
+                                           "print(1)"};
 
 // Options for a benchmark runtime: memory blobs, a runtime spec with the baseline's
 // interpreter flags (-I -S) so that the comparison is like for like.
 sandbox::runtime_options bench_options(sandbox::log_sink log = {}) {
   auto o = sandbox::default_runtime_options();
   o.blobs = sandbox::make_memory_blob_store(8ULL << 30);
-  o.runtimes.push_back({.name = "python3-S", .argv = {"/usr/bin/python3", "-I", "-S", "{source}"},
-                        .source_name = "main.py", .image = "python3"});
+  o.runtimes.push_back({.name = "python3-S",
+                        .argv = {"/usr/bin/python3", "-I", "-S", "{source}"},
+                        .source_name = "main.py",
+                        .image = "python3"});
   o.scheduler.max_running = 64;
   o.scheduler.default_class.max_running = 64;
   o.log = log ? log : [](sandbox::log_level l, std::string_view s) {
-    if (l >= sandbox::log_level::error) std::fprintf(stderr, "agent-sandbox: %.*s\n", int(s.size()), s.data());
+    if (l >= sandbox::log_level::error)
+      std::fprintf(stderr, "agent-sandbox: %.*s\n", int(s.size()), s.data());
   };
   return o;
 }
@@ -165,7 +206,8 @@ void wait_pool_full(sandbox::runtime& rt) {
 }
 
 void row(const char* name, pct p, double base_p50) {
-  std::printf("  %-52s %8.1f %8.1f %8.2fx\n", name, p.p50, p.p95, base_p50 > 0 ? p.p50 / base_p50 : 0);
+  std::printf("  %-52s %8.1f %8.1f %8.2fx\n", name, p.p50, p.p95,
+              base_p50 > 0 ? p.p50 / base_p50 : 0);
 }
 
 // --- sections ----------------------------------------------------------------------------
@@ -208,8 +250,9 @@ void section_cold(int runs) {
   if (bwrap_ok) {
     double ours_over = percentiles(ours_s).p50 - b.p50;
     double bwrap_over = percentiles(bw).p50 - b.p50;
-    std::printf("  overhead over bare (p50): ours %.1f ms, bwrap %.1f ms → ratio %.2f (aim ≤ 0.5)\n",
-                ours_over, bwrap_over, bwrap_over > 0 ? ours_over / bwrap_over : 0);
+    std::printf(
+        "  overhead over bare (p50): ours %.1f ms, bwrap %.1f ms → ratio %.2f (aim ≤ 0.5)\n",
+        ours_over, bwrap_over, bwrap_over > 0 ? ours_over / bwrap_over : 0);
   }
 }
 
@@ -245,7 +288,8 @@ double host_cpu_ms() {
 }
 
 void section_throughput(int runs) {
-  std::printf("\n== throughput: %d runs of print(1) per level (runs/s; host CPU ms per run)\n", runs);
+  std::printf("\n== throughput: %d runs of print(1) per level (runs/s; host CPU ms per run)\n",
+              runs);
   std::printf("  %-12s %14s %14s %14s %14s %8s\n", "concurrency", "bare", "unshare", "bwrap",
               "sandboxed", "ratio");
   auto rt = make_runtime({});
@@ -269,7 +313,9 @@ void section_throughput(int runs) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));  // deferred kernel work
       return std::pair{rate, (host_cpu_ms() - cpu0) / runs};
     };
-    auto cell = [](std::pair<double, double> m) { return fmt::format("{:7.1f} {:5.1f}", m.first, m.second); };
+    auto cell = [](std::pair<double, double> m) {
+      return fmt::format("{:7.1f} {:5.1f}", m.first, m.second);
+    };
     auto bare = measure([] { spawn_ms(bare_py); });
     auto uns = unshare_ok ? measure([] { spawn_ms(unshare_py); }) : std::pair{0.0, 0.0};
     auto bw = bwrap_ok ? measure([] { spawn_ms(bwrap_py); }) : std::pair{0.0, 0.0};
@@ -277,8 +323,9 @@ void section_throughput(int runs) {
     std::printf("  %-12d %14s %14s %14s %14s %7.2fx\n", c, cell(bare).c_str(), cell(uns).c_str(),
                 cell(bw).c_str(), cell(ours).c_str(), ours.first / bare.first);
   }
-  std::printf("  ratio = sandboxed / bare runs/s (aim at 4: ≥ 0.8×); CPU ms per run is host-wide, so\n"
-              "  it includes the kernel's namespace and cgroup teardown done outside the run\n");
+  std::printf(
+      "  ratio = sandboxed / bare runs/s (aim at 4: ≥ 0.8×); CPU ms per run is host-wide, so\n"
+      "  it includes the kernel's namespace and cgroup teardown done outside the run\n");
 }
 
 std::uint64_t rss_bytes() {
@@ -303,15 +350,18 @@ void section_flood() {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   });
-  auto r = rt->run({.runtime = "python3",
-                    .source = "import sys\nb = b'x' * (1 << 20)\nfor i in range(1024): sys.stdout.buffer.write(b)\n",
-                    .timeout = std::chrono::milliseconds(8000)},
-                   bench_ticket());
+  auto r = rt->run(
+      {.runtime = "python3",
+       .source =
+           "import sys\nb = b'x' * (1 << 20)\nfor i in range(1024): sys.stdout.buffer.write(b)\n",
+       .timeout = std::chrono::milliseconds(8000)},
+      bench_ticket());
   done = true;
   sampler.join();
   double growth_mib = static_cast<double>(peak - before) / (1 << 20);
-  std::printf("  code %s, stdout total %.0f MiB, kept %.0f MiB\n", std::string(to_string(r.code)).c_str(),
-              r.std_out.total_bytes / 1048576.0, r.std_out.bytes / 1048576.0);
+  std::printf("  code %s, stdout total %.0f MiB, kept %.0f MiB\n",
+              std::string(to_string(r.code)).c_str(), r.std_out.total_bytes / 1048576.0,
+              r.std_out.bytes / 1048576.0);
   std::printf("  RSS before %.1f MiB, peak %.1f MiB, growth %.1f MiB (aim ≤ cap 1 MiB + 2 MiB)\n",
               before / 1048576.0, peak / 1048576.0, growth_mib);
 }
@@ -366,7 +416,8 @@ void section_scheduler() {
     sq += x * x;
   }
   double jain = sq > 0 ? sum * sum / (100 * sq) : 0;
-  std::printf("  submitted %d in %.1f ms (%.2f µs each)\n", total, submit_ms, submit_ms * 1000 / total);
+  std::printf("  submitted %d in %.1f ms (%.2f µs each)\n", total, submit_ms,
+              submit_ms * 1000 / total);
   std::printf("  dispatched %zu in %.1f ms: %.2f µs per dispatch (grant + release) (aim ≤ 5 µs)\n",
               order.size(), dispatch_ms, dispatch_ms * 1000 / static_cast<double>(order.size()));
   std::printf("  Jain's fairness index over the backlogged phase: %.4f (aim ≥ 0.99)\n", jain);
@@ -387,13 +438,15 @@ struct breakdown_log {
         ids.emplace(line.substr(4, colon - 4));
       }
     }
-    constexpr std::string_view setup_tag = "setup breakdown us:", post_tag = "teardown breakdown us:";
+    constexpr std::string_view setup_tag = "setup breakdown us:",
+                               post_tag = "teardown breakdown us:";
     auto at = line.find(setup_tag);
     auto pt = line.find(post_tag);
     if (at == std::string_view::npos && pt == std::string_view::npos) return;
     std::map<std::string, long long> m;
-    std::istringstream in(std::string(
-        at != std::string_view::npos ? line.substr(at + setup_tag.size()) : line.substr(pt + post_tag.size())));
+    std::istringstream in(std::string(at != std::string_view::npos
+                                          ? line.substr(at + setup_tag.size())
+                                          : line.substr(pt + post_tag.size())));
     std::string kv;
     while (in >> kv) {
       auto eq = kv.find('=');
@@ -848,7 +901,7 @@ void section_oci(int runs) {
   std::vector<double> b_crun_ns, b_crun, b_crun_del, b_runc, b_runc_del, o_crun, o_crun_setup,
       o_crun_wall, o_crun_tmpfs, o_crun_tmpfs_wall, o_runc, o_runc_setup, o_gv, o_gv_setup;
   std::map<std::string, std::string> run_ids;  // every run of ours → contender (cgroup names)
-  std::map<std::string, int> failures;  // contender → failed runs
+  std::map<std::string, int> failures;         // contender → failed runs
   std::map<std::string, std::string> first_failure;
   auto ours = [&](sandbox::runtime& rt, isolation level, const char* label, std::vector<double>& ms,
                   std::vector<double>* setup, std::vector<double>* wall = nullptr) {
@@ -1073,14 +1126,138 @@ void section_oci(int runs) {
   pooled_rt.reset();
   std::size_t left = bare.leftovers();
   if (left > 0) std::printf("  warning: %zu bare containers left in the state dirs\n", left);
-  for (auto [log, who] : {std::pair{&crun_log, "crun"}, {&crun_tmpfs_log, "crun (tmpfs state)"},
-                          {&runc_log, "runc"}, {&gvisor_log, "runsc"}, {&pool_log, "crun, pool"}}) {
+  for (auto [log, who] : {std::pair{&crun_log, "crun"},
+                          {&crun_tmpfs_log, "crun (tmpfs state)"},
+                          {&runc_log, "runc"},
+                          {&gvisor_log, "runsc"},
+                          {&pool_log, "crun, pool"}}) {
     std::lock_guard lock(log->mu);
     for (const auto& id : log->ids) run_ids.emplace(id, who);
   }
   run_ids.erase("");
   remove_leftover_run_cgroups(run_ids);
   std::printf("  (%.0f s for the section)\n", ms_since(t_section) / 1000);
+}
+
+// --- process creation per level ---------------------------------------------------------
+
+// Process creation from inside, as a snippet does it: N fork + _exit + waitpid, then N/4
+// posix_spawn of /usr/bin/true + waitpid, and N/4 subprocess.run(['/usr/bin/true']); prints
+// the three mean costs in ms.
+std::string forks_source(int n) {
+  return fmt::format(R"PY(import os, time, subprocess
+N = {}
+M = max(1, N // 4)
+def per_ms(t0, n): return (time.perf_counter() - t0) * 1000 / n
+t = time.perf_counter()
+for i in range(N):
+    pid = os.fork()
+    if pid == 0: os._exit(0)
+    os.waitpid(pid, 0)
+fork_ms = per_ms(t, N)
+t = time.perf_counter()
+for i in range(M):
+    os.waitpid(os.posix_spawn('/usr/bin/true', ['true'], {{}}), 0)
+spawn_ms = per_ms(t, M)
+t = time.perf_counter()
+for i in range(M):
+    subprocess.run(['/usr/bin/true'])
+print('%.3f %.3f %.3f' % (fork_ms, spawn_ms, per_ms(t, M)))
+)PY",
+                     n);
+}
+
+// The three figures of one forks_source run's stdout; nullopt when it printed something else.
+std::optional<std::array<double, 3>> parse_forks(const std::string& out) {
+  std::array<double, 3> v{};
+  std::istringstream in(out);
+  if (!(in >> v[0] >> v[1] >> v[2])) return std::nullopt;
+  return v;
+}
+
+// The same snippet run by the host's python3, outside any sandbox (the baseline).
+std::optional<std::array<double, 3>> host_forks(const fs::path& script) {
+  const std::string cmd = "/usr/bin/python3 -I " + script.string();
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (f == nullptr) return std::nullopt;
+  std::string out(256, '\0');
+  out.resize(std::fread(out.data(), 1, out.size(), f));
+  ::pclose(f);
+  return parse_forks(out);
+}
+
+void section_forks(int runs) {
+  const int rounds = std::max(3, runs / 10);
+  const int n = 60;  // gvisor: ~20-40 ms a fork on a loaded 2-core host, within 8 s
+  std::printf(
+      "\n== process creation from inside (ms each, p50 of %d rounds, interleaved): %d fork+exit+"
+      "wait, %d posix_spawn(/usr/bin/true)+wait, %d subprocess.run(true)\n",
+      rounds, n, n / 4, n / 4);
+  std::fflush(stdout);  // before the runtimes' self-tests log anything to stderr
+  using sandbox::isolation;
+  struct contender {
+    std::string name;
+    isolation level;
+    std::unique_ptr<sandbox::runtime> rt;  // null: the host's own python3
+    std::array<std::vector<double>, 3> ms;
+  };
+  std::vector<contender> cs;
+  cs.push_back({"host python3, no sandbox (base)", isolation::process, nullptr, {}});
+  cs.push_back({"process level", isolation::process, make_runtime({}), {}});
+  if (::geteuid() == 0) {
+    std::string why;
+    if (auto rt = make_oci_runtime(isolation::container, "crun", {}, &why)) {
+      cs.push_back({"container level (crun)", isolation::container, std::move(rt), {}});
+    } else {
+      std::printf("  container level (crun) unavailable: %s\n", why.c_str());
+    }
+    if (auto rt = make_oci_runtime(isolation::gvisor, "runsc", {}, &why)) {
+      cs.push_back({"gvisor level (runsc, ptrace)", isolation::gvisor, std::move(rt), {}});
+    } else {
+      std::printf("  gvisor level (runsc) unavailable: %s\n", why.c_str());
+    }
+  }
+  const fs::path script = fs::temp_directory_path() / fmt::format("bench-forks-{}.py", ::getpid());
+  { std::ofstream(script) << forks_source(n); }
+  for (int i = 0; i < rounds; ++i) {
+    for (std::size_t k = 0; k < cs.size(); ++k) {
+      auto& c = cs[(i + k) % cs.size()];
+      std::optional<std::array<double, 3>> v;
+      if (!c.rt) {
+        v = host_forks(script);
+      } else {
+        auto r = c.rt->run({.runtime = "python3",
+                            .source = forks_source(n),
+                            .timeout = std::chrono::milliseconds(8000)},
+                           bench_ticket("bench", c.level));
+        v = r.code == sandbox::code::ok ? parse_forks(r.std_out.summary) : std::nullopt;
+        if (!v) {
+          std::printf("  %s: %s %s (stdout %s)\n", c.name.c_str(),
+                      std::string(to_string(r.code)).c_str(), r.message.c_str(),
+                      r.std_out.summary.c_str());
+        }
+      }
+      if (v) {
+        for (int m = 0; m < 3; ++m) c.ms[m].push_back((*v)[m]);
+      }
+    }
+  }
+  fs::remove(script);
+  // Ratios against the host's python3 and against the process level (the steadier base on a
+  // loaded host); "400 children" is 400 subprocess.run calls at this rate.
+  std::printf("  %-30s %8s %8s %10s %9s %9s %12s\n", "", "fork", "spawn", "subprocess", "vs base",
+              "vs proc", "400 children");
+  auto p50 = [](const contender& c, int m) {
+    return c.ms[m].empty() ? 0.0 : percentiles(c.ms[m]).p50;
+  };
+  const double base = p50(cs[0], 0), proc = p50(cs[1], 0);
+  for (const auto& c : cs) {
+    if (c.ms[0].empty()) continue;
+    const double fork = p50(c, 0);
+    std::printf("  %-30s %8.2f %8.2f %10.2f %8.1fx %8.1fx %9.0f ms\n", c.name.c_str(), fork,
+                p50(c, 1), p50(c, 2), base > 0 ? fork / base : 0, proc > 0 ? fork / proc : 0,
+                400 * p50(c, 2));
+  }
 }
 
 }  // namespace
@@ -1090,14 +1267,19 @@ int main(int argc, char** argv) {
   std::string section = "all";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--runs" && i + 1 < argc) runs = std::atoi(argv[++i]);
-    else if (a == "--section" && i + 1 < argc) section = argv[++i];
+    if (a == "--runs" && i + 1 < argc)
+      runs = std::atoi(argv[++i]);
+    else if (a == "--section" && i + 1 < argc)
+      section = argv[++i];
     else {
-      std::fprintf(stderr, "usage: sandbox_bench [--runs N] [--section cold|pool|throughput|flood|scheduler|breakdown|oci]\n");
+      std::fprintf(stderr,
+                   "usage: sandbox_bench [--runs N] [--section "
+                   "cold|pool|throughput|flood|scheduler|breakdown|oci|forks]\n");
       return 2;
     }
   }
-  std::printf("agent-sandbox benchmarks — %u CPUs; load average now: ", std::thread::hardware_concurrency());
+  std::printf("agent-sandbox benchmarks — %u CPUs; load average now: ",
+              std::thread::hardware_concurrency());
   std::ifstream la("/proc/loadavg");
   std::string l;
   std::getline(la, l);
@@ -1110,5 +1292,6 @@ int main(int argc, char** argv) {
   if (want("scheduler")) section_scheduler();
   if (want("breakdown")) section_breakdown(runs);
   if (want("oci")) section_oci(runs);
+  if (want("forks")) section_forks(runs);
   return 0;
 }

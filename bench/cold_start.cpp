@@ -8,6 +8,7 @@
 // bare `/usr/bin/python3 -I <file>` (the flags the sandbox uses), and the sandboxed run split
 // into setup (before the interpreter starts), user code (wall), and host-side total
 // (call to result: includes teardown, output collection and blob storage).
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,7 +17,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fcntl.h>
 #include <string>
 #include <vector>
 
@@ -61,15 +61,17 @@ int main(int argc, char** argv) {
     auto r = rt->run(req, ticket);
     total.push_back(ms_since(t0));
     if (r.code != sandbox::code::ok || r.std_out.summary != "1\n") {
-      std::fprintf(stderr, "run failed: %s %s\n", std::string(to_string(r.code)).c_str(), r.message.c_str());
+      std::fprintf(stderr, "run failed: %s %s\n", std::string(to_string(r.code)).c_str(),
+                   r.message.c_str());
       return 1;
     }
     setup.push_back(static_cast<double>(r.usage.setup.count()));
     wall.push_back(static_cast<double>(r.usage.wall.count()));
   }
   unlink(script);
-  auto bs = bench::percentiles(bare_s), bi = bench::percentiles(bare_i), tt = bench::percentiles(total),
-       su = bench::percentiles(setup), wa = bench::percentiles(wall);
+  auto bs = bench::percentiles(bare_s), bi = bench::percentiles(bare_i),
+       tt = bench::percentiles(total), su = bench::percentiles(setup),
+       wa = bench::percentiles(wall);
   std::printf("runs: %d (interleaved)\n", runs);
   std::printf("%-44s %8s %8s\n", "", "p50 ms", "p95 ms");
   std::printf("%-44s %8.1f %8.1f\n", "bare python3 -I -S -c 'print(1)'", bs.p50, bs.p95);

@@ -39,7 +39,8 @@ double qemu_cpu_seconds(const std::filesystem::path& state) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(state / "microvm" / "instances", ec)) {
     auto n = e.path().filename().string();
-    if (n.size() > 5 && n.substr(n.size() - 5) == ".lock") mine.push_back(n.substr(0, n.size() - 5));
+    if (n.size() > 5 && n.substr(n.size() - 5) == ".lock")
+      mine.push_back(n.substr(0, n.size() - 5));
   }
   double total = 0;
   for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian 12 machine, as root: installs the build and test
 # dependencies, builds agent-sandbox (preset "dev"), and builds the runtime images (python3,
-# node) into the image store when they are missing. Safe to run again at any time.
+# node, tools, chromium, mcp, python3-data, python3-test; below) into the image store when
+# they are missing. Safe to run again at any time.
 #
 #   tools/setup.sh            # everything
 #   SANDBOX_SKIP_IMAGES=1 tools/setup.sh   # packages and build only
@@ -24,7 +25,8 @@ fi
 #    and openssl make the egress tests' loopback origins and their certificate on the host;
 #    gdb gives the conformance hang watchdog its backtraces; qemu-system-x86 and erofs-utils
 #    are the microvm level's VMM and its read-only image disks; cpio packs the initramfs of
-#    the pure cgroup v2 test bed (tools/run-in-cgroup2-guest.sh).
+#    the pure cgroup v2 test bed (tools/run-in-cgroup2-guest.sh); clang-format checks the
+#    tree's formatting before the tests (tools/check-format.sh).
 PACKAGES=(
   g++ cmake make pkg-config git ca-certificates tar gzip xz-utils
   libboost1.81-dev libboost-program-options1.81-dev libfmt-dev nlohmann-json3-dev
@@ -34,6 +36,7 @@ PACKAGES=(
   python3 openssl gdb
   qemu-system-x86 erofs-utils
   cpio
+  clang-format
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -64,11 +67,17 @@ cmake --build --preset "$PRESET"
 #      Markdown renderer (cmark) and a regex engine (pcre2grep);
 #    - chromium: Debian's Chromium (and python3 to drive it) for the headless-browser
 #      example, examples/browser_screenshot;
+#    - python3-data: the data-analysis runtime — Debian's python3 with numpy, pandas,
+#      matplotlib and scipy (a host defines the runtime in its configuration's `runtimes`
+#      section: README, "Data analysis");
+#    - python3-test: Debian's python3 plus libpython3.11-testsuite (CPython's own regression
+#      tests), for the compatibility test that runs them inside the sandbox and outside on
+#      the same image (tests/integration/process/cpython_compat_test.cpp);
 #    - mcp: Debian's node plus the reference "everything" stdio MCP server from npm (pinned;
 #      its dependencies accept the image's node 18), installed by the host's npm with scripts
 #      disabled, for the session tests (tests/integration/process/session_test.cpp).
 if [ "${SANDBOX_SKIP_IMAGES:-0}" != 1 ]; then
-  for runtime in ${SANDBOX_IMAGES:-python3 node tools chromium mcp}; do
+  for runtime in ${SANDBOX_IMAGES:-python3 node tools chromium mcp python3-data python3-test}; do
     if "$BUILD/bin/sandboxctl" image current "$runtime" --image-dir "$IMAGE_DIR" >/dev/null 2>&1; then
       log "image $runtime: present"
     else
@@ -79,6 +88,9 @@ if [ "${SANDBOX_SKIP_IMAGES:-0}" != 1 ]; then
         tools) packages=(--package cmark --package pcre2-utils) ;;
         chromium) packages=(--package chromium --package fonts-dejavu-core --package python3) ;;
         mcp) packages=(--package nodejs --npm @modelcontextprotocol/server-everything@2025.9.25) ;;
+        python3-data) packages=(--package python3 --package python3-numpy --package python3-pandas
+          --package python3-matplotlib --package python3-scipy) ;;
+        python3-test) packages=(--package python3 --package libpython3.11-testsuite) ;;
         *) echo "tools/setup.sh: unknown image $runtime in SANDBOX_IMAGES" >&2; exit 2 ;;
       esac
       "$BUILD/bin/sandboxctl" image build "$runtime" "${packages[@]}" --image-dir "$IMAGE_DIR"

@@ -222,8 +222,7 @@ int run_example(sandbox::runtime_options options, bool skip_unavailable,
     }
     return exit_fail;
   }
-  std::cout << "runtime: container backend registered; chromium image " << *image->second
-            << "\n";
+  std::cout << "runtime: container backend registered; chromium image " << *image->second << "\n";
 
   // 3. The ticket: the one host name, container isolation.
   sandbox::ticket_issuer issuer;
@@ -302,11 +301,11 @@ int run_example(sandbox::runtime_options options, bool skip_unavailable,
       port80_refused = true;
     }
   }
-  check.expect(port80_refused &&
-                   result.std_out.summary.find("port 80: refused 403") != std::string::npos,
-               "the page's name on the host's port 80 was refused by the proxy");
-  check.expect(requests >= 2, "the test server answered the browser (" +
-                                  std::to_string(requests) + " requests)");
+  check.expect(
+      port80_refused && result.std_out.summary.find("port 80: refused 403") != std::string::npos,
+      "the page's name on the host's port 80 was refused by the proxy");
+  check.expect(requests >= 2,
+               "the test server answered the browser (" + std::to_string(requests) + " requests)");
   std::optional<std::string> png;
   for (const auto& f : result.files_out) {
     if (f.name != "page.png") continue;
@@ -331,8 +330,7 @@ int run_example(sandbox::runtime_options options, bool skip_unavailable,
   std::cout << "\n"
             << (check.failures == 0
                     ? "browser_screenshot: ok"
-                    : "browser_screenshot: " + std::to_string(check.failures) +
-                          " check(s) failed")
+                    : "browser_screenshot: " + std::to_string(check.failures) + " check(s) failed")
             << "\n";
   return check.failures == 0 ? exit_ok : exit_fail;
 }
@@ -348,8 +346,8 @@ int main(int argc, char** argv) {
       "sandbox and gets the screenshot back as a blob (see the comment at the top of\n"
       "examples/browser_screenshot/browser_screenshot.cpp). Needs root, crun and the\n"
       "chromium image.\n\noptions");
-  desc.add_options()("help,h", "print this help")(
-      "state-dir", po::value(&state_dir), "per-host state directory")(
+  desc.add_options()("help,h", "print this help")("state-dir", po::value(&state_dir),
+                                                  "per-host state directory")(
       "image-dir", po::value(&image_dir),
       "image store (default: $SANDBOX_IMAGE_DIR, else the library's default)")(
       "blob-dir", po::value(&blob_dir), "blob store directory")(

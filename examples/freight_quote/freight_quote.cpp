@@ -35,8 +35,8 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/write.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdlib>
@@ -169,7 +169,8 @@ asio::awaitable<void> serve_live_rates(asio::ip::tcp::acceptor& acceptor, int& r
     std::string head;
     char buf[1024];
     while (head.find("\r\n\r\n") == std::string::npos && head.size() < 16384) {
-      auto [rec, n] = co_await sock.async_read_some(asio::buffer(buf), asio::as_tuple(asio::use_awaitable));
+      auto [rec, n] =
+          co_await sock.async_read_some(asio::buffer(buf), asio::as_tuple(asio::use_awaitable));
       if (rec) break;
       head.append(buf, n);
     }
@@ -293,8 +294,7 @@ asio::awaitable<void> walkthrough(sandbox::runtime& rt, const sandbox::ticket& t
   rates_server.close(ignored);  // lets io.run() return
 }
 
-int run_example(sandbox::runtime_options options, sandbox::isolation level,
-                bool skip_unavailable) {
+int run_example(sandbox::runtime_options options, sandbox::isolation level, bool skip_unavailable) {
   // 1. The runtime, on our own io_context: handlers and the coroutine run on this thread.
   asio::io_context io;
   // The stand-in rates API, and the host's egress settings that make its name reachable (a
@@ -430,12 +430,12 @@ int run_example(sandbox::runtime_options options, sandbox::isolation level,
   // 4, 5 and 6. The runs, asynchronously, on our io_context (with the rates server).
   outcome out;
   asio::co_spawn(io, serve_live_rates(rates_server, rates_requests), asio::detached);
-  asio::co_spawn(io,
-                 walkthrough(*rt, *ticket, quote_request, live_request, approved_request,
-                             rates_server, out),
-                 [](std::exception_ptr e) {
-                   if (e) std::rethrow_exception(e);
-                 });
+  asio::co_spawn(
+      io,
+      walkthrough(*rt, *ticket, quote_request, live_request, approved_request, rates_server, out),
+      [](std::exception_ptr e) {
+        if (e) std::rethrow_exception(e);
+      });
   io.run();
 
   checker check;
@@ -561,7 +561,8 @@ int run_example(sandbox::runtime_options options, sandbox::isolation level,
     check.expect(attr("error_code") == sandbox::to_string(r.code),
                  "span " + std::to_string(i + 1) + " error_code matches its result");
     check.expect(attr("sandbox.isolation") == sandbox::to_string(r.isolation) &&
-                     (i < 2 ? r.isolation == level : sandbox::is_at_least(r.isolation, sandbox::isolation::container)),
+                     (i < 2 ? r.isolation == level
+                            : sandbox::is_at_least(r.isolation, sandbox::isolation::container)),
                  "span isolation is " + std::string(sandbox::to_string(r.isolation)));
     check.expect(attr("sandbox.tenant") == tenant, "span tenant is acme");
     check.expect(attr("sandbox.runtime_digest") == r.runtime.digest, "span digest matches");

@@ -49,7 +49,8 @@ std::variant<sandbox::run_request, std::string> run_python_tool::build_request(
         if (!content.is_string()) return bad("files['" + std::string(name) + "'] must be a string");
         // Files reach the sandbox only as blobs of the ticket's tenant.
         auto id = rt_.blobs()->put(ticket_.tenant(), content.get_string());
-        if (!id) return "Error: the input files could not be stored ("s + id.error().message() + ")";
+        if (!id)
+          return "Error: the input files could not be stored ("s + id.error().message() + ")";
         req.files_in.push_back({.name = std::string(name), .blob = *id});
       }
     } else {
@@ -97,6 +98,10 @@ std::string run_python_tool::format_reply(const sandbox::run_result& r) {
     case code::oom:
       out = "Error: the code ran out of memory (limit " +
             std::to_string(r.memory_limit_bytes >> 20) + " MiB) and was stopped.\n";
+      streams();
+      return out;
+    case code::pids_limit:
+      out = "Error: the code started too many processes and was stopped. Use fewer.\n";
       streams();
       return out;
     case code::network_disabled: {
@@ -149,9 +154,9 @@ std::string run_python_tool::call(std::string_view arguments_json) const {
 boost::asio::awaitable<std::string> run_python_tool::async_call(std::string arguments_json) const {
   auto req = build_request(arguments_json);
   if (auto* err = std::get_if<std::string>(&req)) co_return *err;
-  auto [ec, result] = co_await rt_.async_run(std::move(std::get<sandbox::run_request>(req)),
-                                             ticket_,
-                                             boost::asio::as_tuple(boost::asio::use_awaitable));
+  auto [ec, result] =
+      co_await rt_.async_run(std::move(std::get<sandbox::run_request>(req)), ticket_,
+                             boost::asio::as_tuple(boost::asio::use_awaitable));
   if (ec == boost::asio::error::operation_aborted) co_return "Error: the run was cancelled.\n";
   co_return format_reply(result);
 }

@@ -1,6 +1,8 @@
 // Unit tests of the run_python tool with the fake backend: no process is started, yet every
 // way a run can end (including timeout, OOM, blocked network) is exercised. Links only
 // sandbox::testing and Catch2.
+#include "run_python_tool.hpp"
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
@@ -11,7 +13,6 @@
 #include <catch2/catch.hpp>
 #include <csignal>
 
-#include "run_python_tool.hpp"
 #include "sandbox/testing/fake_backend.hpp"
 
 using namespace std::chrono_literals;
@@ -81,16 +82,17 @@ TEST_CASE("non-zero exit and stderr are reported", "[tool]") {
   CHECK(contains(reply, "stderr:\nTraceback ...\nZeroDivisionError\n"));
 }
 
-TEST_CASE("timeouts, OOM, network and seccomp become explanations", "[tool]") {
+TEST_CASE("timeouts, OOM, too many processes, network and seccomp become explanations", "[tool]") {
   fixture f;
   f.fake->on_source_contains("while True")
       .respond(result_with(code::timeout, {.std_out = "partial\n"}));
   f.fake->on_source_contains("bytearray").respond(result_with(code::oom));
-  f.fake->on_source_contains("urlopen").respond(result_with(
-      code::network_disabled,
-      {.std_err = "URLError\n",
-       .egress_attempts = {{.protocol = "dns", .host = "example.com", .port = 443}}}));
+  f.fake->on_source_contains("urlopen").respond(
+      result_with(code::network_disabled,
+                  {.std_err = "URLError\n",
+                   .egress_attempts = {{.protocol = "dns", .host = "example.com", .port = 443}}}));
   f.fake->on_source_contains("ptrace").respond(result_with(code::seccomp_violation));
+  f.fake->on_source_contains("os.fork").respond(result_with(code::pids_limit));
 
   auto timeout = f.tool.call(R"j({"code": "while True: pass", "timeout_seconds": 3})j");
   CHECK(contains(timeout, "ran longer than 3000 ms"));
@@ -106,6 +108,9 @@ TEST_CASE("timeouts, OOM, network and seccomp become explanations", "[tool]") {
 
   auto sec = f.tool.call(R"j({"code": "ptrace()"})j");
   CHECK(contains(sec, "forbidden operation (ptrace)"));
+
+  auto bomb = f.tool.call(R"j({"code": "for _ in range(10**6): os.fork()"})j");
+  CHECK(contains(bomb, "started too many processes"));
 }
 
 TEST_CASE("input files travel as blobs; output files are listed", "[tool]") {

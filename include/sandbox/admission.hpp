@@ -45,14 +45,14 @@ struct host_catalog {
 
 /// A request that passed admission, with everything normalized.
 struct admitted {
-  run_request request;            ///< timeout and memory limit already clamped; `v` is 1
-  std::string tenant;             ///< from the ticket
-  std::string ticket_id;          ///< from the ticket
-  sandbox::isolation isolation;   ///< the weakest registered level ≥ the ticket's minimum
-  runtime_info runtime;           ///< name and installed digest
+  run_request request;           ///< timeout and memory limit already clamped; `v` is 1
+  std::string tenant;            ///< from the ticket
+  std::string ticket_id;         ///< from the ticket
+  sandbox::isolation isolation;  ///< the weakest registered level ≥ the ticket's minimum
+  runtime_info runtime;          ///< name and installed digest
   bool timeout_clamped = false;
   bool memory_clamped = false;
-  bool files_out_clamped = false; ///< `files_out` limits were lowered to the policy's
+  bool files_out_clamped = false;  ///< `files_out` limits were lowered to the policy's
   /// The workload profile the run gets (`effective_limits`): a tool run's entry's, else the
   /// ticket's; empty: the policy's per-run values.
   std::string profile;
@@ -73,11 +73,11 @@ struct admitted {
  * max(entry's, ticket's) and the entry's image (absent: `runtime_unavailable`); step 6
  * compares the entry's `image_digest`, the ticket's and the request's pins with the
  * entry's installed image. The admitted run's `runtime` is the tool's name and image digest,
- * its `profile` the entry's (else the ticket's), its `env` the entry's. A profile (entry or ticket) not in `policy.profiles` is
- * `invalid_request`; the profile's `timeout` and `memory_limit_bytes` replace the request's
- * when the request left the protocol defaults (2000 ms, 256 MiB), and bound a request that
- * asked more (clamped, `timeout_clamped`/`memory_clamped`), before the ticket's and policy's
- * clamping. A tool run's request may not set `env` (`invalid_request`: the environment is
+ * its `profile` the entry's (else the ticket's), its `env` the entry's. A profile (entry or ticket)
+ * not in `policy.profiles` is `invalid_request`; the profile's `timeout` and `memory_limit_bytes`
+ * replace the request's when the request left the protocol defaults (2000 ms, 256 MiB), and bound a
+ * request that asked more (clamped, `timeout_clamped`/`memory_clamped`), before the ticket's and
+ * policy's clamping. A tool run's request may not set `env` (`invalid_request`: the environment is
  * the entry's).
  *
  * 1. `invalid_request` — version ≠ 1, empty runtime, timeout ≤ 0; `egress` non-empty
@@ -126,13 +126,21 @@ std::variant<admitted, rejection> admit(const run_request& request, const ticket
  * (sandbox/approval.hpp).
  */
 std::variant<admitted, rejection> admit_pending_approval(const run_request& request,
-                                                         const ticket& ticket,
-                                                         const policy& policy,
+                                                         const ticket& ticket, const policy& policy,
                                                          const host_catalog& catalog,
                                                          std::chrono::system_clock::time_point now);
 
 /// The result to return for a rejected request: `code` and `message` from `r`, everything
 /// else empty; `run_id` as given.
 run_result rejected_result(const rejection& r, std::string run_id = {});
+
+/**
+ * Writes into `r` what admission decided for a run, which every result of an admitted run
+ * reports whoever makes it (a backend, the runtime for a cancelled or aborted run, the fake
+ * backend): `isolation`, `runtime` (name and image digest), `timeout`,
+ * `memory_limit_bytes`, `timeout_clamped` and `memory_clamped`. Leaves every other field
+ * as it is.
+ */
+void note_admitted(run_result& r, const admitted& a);
 
 }  // namespace sandbox

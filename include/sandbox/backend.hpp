@@ -7,11 +7,11 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/post.hpp>
-#include <chrono>
-#include <functional>
 #include <boost/system/error_code.hpp>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,19 +26,6 @@
 #include "sandbox/session.hpp"
 
 namespace sandbox {
-
-/// How a runtime name becomes a command inside the sandbox.
-struct runtime_spec {
-  std::string name;  ///< wire name, e.g. "python3"
-  /// Interpreter argv inside the image; the element "{source}" is replaced by the path of the
-  /// source file. Absolute path first; never run through a shell.
-  std::vector<std::string> argv;
-  std::string source_name = "main";  ///< file name the source is stored under, e.g. "main.py"
-  /// Image in the store (its current digest); empty: the image named like the runtime. Lets
-  /// several runtimes share one image with different interpreter flags.
-  std::string image;
-  bool operator==(const runtime_spec&) const = default;
-};
 
 /// The runtimes every host knows: `python3` and `node` (images built by
 /// `sandboxctl image build`).
@@ -86,13 +73,13 @@ struct session_job {
 
 /// One warm pool's figures (sandbox/runtime.hpp `warm_pool_class`).
 struct pool_stats {
-  std::string runtime;                 ///< runtime name the pool serves
+  std::string runtime;                   ///< runtime name the pool serves
   std::uint64_t memory_limit_bytes = 0;  ///< its limits class
-  std::uint32_t size = 0;              ///< configured size (expected concurrent executions)
-  std::uint32_t ready = 0;             ///< prepared, never used, waiting
-  std::uint32_t starting = 0;          ///< being prepared (refills in flight)
-  std::uint64_t handed_out = 0;        ///< instances given to runs so far
-  std::uint64_t failed = 0;            ///< instances that failed to prepare or died idle
+  std::uint32_t size = 0;                ///< configured size (expected concurrent executions)
+  std::uint32_t ready = 0;               ///< prepared, never used, waiting
+  std::uint32_t starting = 0;            ///< being prepared (refills in flight)
+  std::uint64_t handed_out = 0;          ///< instances given to runs so far
+  std::uint64_t failed = 0;              ///< instances that failed to prepare or died idle
   bool operator==(const pool_stats&) const = default;
 };
 
@@ -117,8 +104,8 @@ class backend {
   auto async_execute(run_job job, CompletionToken&& token) {
     return boost::asio::async_initiate<CompletionToken,
                                        void(boost::system::error_code, run_result)>(
-        [this](auto handler, run_job j) { do_execute(std::move(j), std::move(handler)); },
-        token, std::move(job));
+        [this](auto handler, run_job j) { do_execute(std::move(j), std::move(handler)); }, token,
+        std::move(job));
   }
 
   /// Kills every live run of this backend now and waits (bounded by the policy's teardown
@@ -140,18 +127,36 @@ class backend {
    */
   virtual void open_session(run_job job, session_job s, session_handler handler) {
     (void)s;
-    detail::post_completion(job.executor, std::move(handler), boost::system::error_code{},
-                            session_start{.session = nullptr,
-                                          .code = sandbox::code::runtime_unavailable,
-                                          .message = "the " + std::string(name()) +
-                                                     " backend does not run sessions"});
+    detail::post_completion(
+        job.executor, std::move(handler), boost::system::error_code{},
+        session_start{.session = nullptr,
+                      .code = sandbox::code::runtime_unavailable,
+                      .message = "the " + std::string(name()) + " backend does not run sessions"});
   }
 
  private:
   virtual void do_execute(
       run_job job,
-      boost::asio::any_completion_handler<void(boost::system::error_code, run_result)>
-          handler) = 0;
+      boost::asio::any_completion_handler<void(boost::system::error_code, run_result)> handler) = 0;
+};
+
+/**
+ * Why a backend is or is not available on this host: what `runtime::backends()` and
+ * `probe_backends` (sandbox/runtime.hpp) report for each level they tried, registered or
+ * refused with the reason.
+ */
+struct backend_status {
+  sandbox::isolation isolation = sandbox::isolation::process;  ///< the level tried
+  /// The backend's name: the level's ("process", "microvm"), the OCI runtime's ("crun",
+  /// "runc", "runsc") for the container and gvisor levels, or `backend::name()` of one
+  /// given to `runtime::add_backend` (e.g. "fake").
+  std::string name;
+  bool registered = false;  ///< its self-test passed and it serves its level
+  /// Empty when registered; else the missing capability, e.g. "seccomp user notification
+  /// unavailable (kernel < 5.0?)", "cgroup pids controller not delegated", or "not built
+  /// into this library (SANDBOX_BACKEND_OCI=OFF)".
+  std::string reason;
+  bool operator==(const backend_status&) const = default;
 };
 
 }  // namespace sandbox

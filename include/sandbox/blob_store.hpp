@@ -74,8 +74,7 @@ class blob_store {
 
   /// Stores everything readable from `fd` (read to EOF) for `tenant`. More than `max_bytes`
   /// → `too_large` and nothing is stored. Same other errors as `put`.
-  virtual result<std::string> put_fd(std::string_view tenant, int fd,
-                                     std::uint64_t max_bytes) = 0;
+  virtual result<std::string> put_fd(std::string_view tenant, int fd, std::uint64_t max_bytes) = 0;
 
   /// The blob's content. Errors: `invalid_argument` (bad id or tenant syntax), `not_found`
   /// (absent for this tenant), `digest_mismatch` (the stored bytes no longer hash to the id),
@@ -85,8 +84,8 @@ class blob_store {
   /// Writes the blob's content to a new file `name` in directory `dirfd` (created with
   /// `O_EXCL`, mode 0444, never following links), verifying the digest while copying;
   /// returns the byte count. Errors as `get`, plus `already_exists`.
-  virtual result<std::uint64_t> copy_to(std::string_view tenant, std::string_view id,
-                                        int dirfd, const std::string& name) const = 0;
+  virtual result<std::uint64_t> copy_to(std::string_view tenant, std::string_view id, int dirfd,
+                                        const std::string& name) const = 0;
 
   /// Size of the blob in bytes. Errors as `get` (without `digest_mismatch`).
   virtual result<std::uint64_t> size(std::string_view tenant, std::string_view id) const = 0;
@@ -133,8 +132,8 @@ class blob_store {
 
 /// Options of the filesystem store.
 struct fs_blob_store_options {
-  std::filesystem::path root;                        ///< created (mode 0700) if absent
-  std::uint64_t quota_bytes_per_tenant = 1ULL << 30; ///< default 1 GiB
+  std::filesystem::path root;                         ///< created (mode 0700) if absent
+  std::uint64_t quota_bytes_per_tenant = 1ULL << 30;  ///< default 1 GiB
   log_sink log;  ///< host log lines (syscall failures); empty: warnings and errors to stderr
 };
 
@@ -147,7 +146,7 @@ result<std::shared_ptr<blob_store>> open_fs_blob_store(const fs_blob_store_optio
 
 /// An in-memory store (tests, the fake backend, short-lived hosts). Thread-safe.
 std::shared_ptr<blob_store> make_memory_blob_store(std::uint64_t quota_bytes_per_tenant = 1ULL
-                                                                                       << 30);
+                                                                                          << 30);
 
 /// `sha256:` + hex digest of `bytes` (OpenSSL libcrypto).
 std::string blob_id_of(std::string_view bytes);

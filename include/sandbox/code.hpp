@@ -13,9 +13,9 @@
 namespace sandbox {
 
 /// How a run ended. Admission codes are decided before anything starts; the run codes
-/// (`timeout`, `oom`, `seccomp_violation`, `network_disabled`, `ok`) come only from the
-/// sandbox's own evidence, in that order of precedence (DESIGN.md, "Codes come from our
-/// evidence").
+/// (`timeout`, `oom`, `pids_limit`, `seccomp_violation`, `network_disabled`, `ok`) come only
+/// from the sandbox's own evidence, in that order of precedence (DESIGN.md, "Codes come from
+/// our evidence"). New codes are appended (the numeric values are not wire values).
 enum class code : std::uint8_t {
   ok,                   ///< ran to completion; see `exit_code` / `signal`
   invalid_request,      ///< malformed or out-of-range request, unknown field/runtime/version
@@ -35,9 +35,14 @@ enum class code : std::uint8_t {
   runtime_unavailable,  ///< no backend at the ticket's level or stronger, or no image
   digest_mismatch,      ///< the pinned runtime digest is not the installed one
   internal,             ///< anything else; details only in host logs
+  /// The run's pids limit was reached and the sandbox itself ended with it: gVisor's kernel
+  /// needs host tasks for the program's processes and dies when it cannot start one (the
+  /// run cgroup's pids.events counted the refusals). Never at the levels whose program gets
+  /// EAGAIN from the limit and goes on. After `timeout` and `oom` in precedence.
+  pids_limit,
 };
 
-inline constexpr std::array<std::string_view, 17> code_names{
+inline constexpr std::array<std::string_view, 18> code_names{
     "ok",
     "invalid_request",
     "source_too_large",
@@ -55,6 +60,7 @@ inline constexpr std::array<std::string_view, 17> code_names{
     "runtime_unavailable",
     "digest_mismatch",
     "internal",
+    "pids_limit",
 };
 
 /// Wire string of `c`, e.g. `"network_disabled"`.

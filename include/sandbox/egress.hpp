@@ -33,11 +33,6 @@ inline constexpr std::size_t max_egress_patterns = 32;
  */
 std::optional<std::string> canonical_egress_pattern(std::string_view pattern);
 
-/// True when `pattern` has a canonical form (see `canonical_egress_pattern`).
-inline bool is_valid_egress_pattern(std::string_view pattern) {
-  return canonical_egress_pattern(pattern).has_value();
-}
-
 /**
  * True when host name `host` (as a client sent it: any case, at most one trailing dot) is
  * allowed by canonical pattern `pattern`: equal to it, or, for `*.suffix`, ending in

@@ -22,11 +22,11 @@ namespace sandbox {
 
 /// One image in the store.
 struct image_info {
-  std::string name;      ///< runtime name it serves, e.g. "python3"
-  std::string digest;    ///< manifest digest, `sha256:…`
-  bool current = false;  ///< the image runs for `name` now
+  std::string name;              ///< runtime name it serves, e.g. "python3"
+  std::string digest;            ///< manifest digest, `sha256:…`
+  bool current = false;          ///< the image runs for `name` now
   std::uint64_t size_bytes = 0;  ///< sum of the layer sizes
-  std::string created;   ///< RFC 3339 time the image was built or imported
+  std::string created;           ///< RFC 3339 time the image was built or imported
   bool operator==(const image_info&) const = default;
 };
 
@@ -65,8 +65,7 @@ class image_store {
    * matches `ref`), `permission_denied` (read-only store).
    */
   virtual result<std::string> import_layout(const std::filesystem::path& layout_dir,
-                                            std::string_view name,
-                                            std::string_view ref = {}) = 0;
+                                            std::string_view name, std::string_view ref = {}) = 0;
 
   /// Makes `digest` (already in the store) the current image of runtime `name` (rollback).
   /// Errors: `not_found` (no image `digest` for `name`), `invalid_argument`,
@@ -110,8 +109,8 @@ struct debian_image_spec {
   /// image. Empty: none.
   std::vector<std::string> npm_packages;
   std::string suite = "bookworm";
-  std::string mirror;                 ///< empty: the first Debian mirror in the host's apt sources
-  std::filesystem::path work_dir;     ///< scratch space; empty: a temp dir beside the store
+  std::string mirror;              ///< empty: the first Debian mirror in the host's apt sources
+  std::filesystem::path work_dir;  ///< scratch space; empty: a temp dir beside the store
   log_sink log;  ///< debootstrap/tar output and failures; empty: warnings and errors to stderr
 };
 
@@ -121,10 +120,10 @@ struct debian_image_spec {
  * the `debootstrap` package and chroot), scrubs host files debootstrap copies in
  * (`/etc/resolv.conf`, `/etc/hostname`), drops apt caches, packs the tree as one layer, adds
  * it to `store` and makes it current. Returns the manifest digest. Errors: `unsupported`
- * (no debootstrap or chroot), `permission_denied` (not root), `io_error` (the build failed; the log is
- * in host logs), `invalid_argument` (a name, package, suite or mirror that is not
- * well-formed, or an npm package not pinned to an exact version), `digest_mismatch` (an npm
- * package without a registry integrity hash in the lock).
+ * (no debootstrap or chroot), `permission_denied` (not root), `io_error` (the build failed; the log
+ * is in host logs), `invalid_argument` (a name, package, suite or mirror that is not well-formed,
+ * or an npm package not pinned to an exact version), `digest_mismatch` (an npm package without a
+ * registry integrity hash in the lock).
  */
 result<std::string> build_debian_image(image_store& store, const debian_image_spec& spec);
 

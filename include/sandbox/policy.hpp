@@ -18,21 +18,21 @@ namespace sandbox {
 /// Host-wide limits. Defaults are the protocol's (docs/protocol.md).
 struct policy {
   // --- admission ------------------------------------------------------------------------
-  std::uint64_t max_source_bytes = 32 * 1024;       ///< longer source → source_too_large
-  std::chrono::milliseconds max_timeout{8000};      ///< timeouts above are clamped
-  std::uint64_t max_memory_bytes = 1ULL << 30;      ///< memory limits above are clamped
-  std::uint64_t min_memory_bytes = 32ULL << 20;     ///< below → invalid_request
-  std::uint32_t max_input_files = 16;               ///< more `files_in` → invalid_request
+  std::uint64_t max_source_bytes = 32 * 1024;    ///< longer source → source_too_large
+  std::chrono::milliseconds max_timeout{8000};   ///< timeouts above are clamped
+  std::uint64_t max_memory_bytes = 1ULL << 30;   ///< memory limits above are clamped
+  std::uint64_t min_memory_bytes = 32ULL << 20;  ///< below → invalid_request
+  std::uint32_t max_input_files = 16;            ///< more `files_in` → invalid_request
   /// Total bytes of a request's input files (each name counts); more → invalid_request.
   /// Inputs are staged on the host's disk for the run, so this bounds what one run costs it.
   std::uint64_t max_input_bytes = 64ULL << 20;
-  std::uint32_t max_output_files = 256;             ///< `files_out.max_files` above → clamped
-  std::uint64_t max_output_bytes = 64ULL << 20;     ///< `files_out.max_bytes` above → clamped
+  std::uint32_t max_output_files = 256;          ///< `files_out.max_files` above → clamped
+  std::uint64_t max_output_bytes = 64ULL << 20;  ///< `files_out.max_bytes` above → clamped
   /// Environment variable names a request may set. Names the sandbox sets itself (`PATH`,
   /// `HOME`, `LANG`, `SANDBOX_*`) and loader variables (`LD_*`) are refused even if listed.
   std::set<std::string> allowed_env;
-  std::uint32_t max_env_vars = 32;                  ///< more `env` entries → invalid_request
-  std::uint32_t max_env_value_bytes = 4096;         ///< longer value → invalid_request
+  std::uint32_t max_env_vars = 32;           ///< more `env` entries → invalid_request
+  std::uint32_t max_env_value_bytes = 4096;  ///< longer value → invalid_request
   /// Bytes of a registered tool run's standard input (`run_request::std_in`, or the blob
   /// named by `stdin_blob`); more → invalid_request. Default 1 MiB.
   std::uint64_t max_stdin_bytes = 1ULL << 20;
@@ -44,14 +44,14 @@ struct policy {
   /// CPU bandwidth; 1000 = one CPU; 0 = no CPU limit (which ranks above every number when
   /// a profile's value is held against `ceilings.cpu_quota_millicores`).
   std::uint32_t cpu_quota_millicores = 1000;
-  std::uint32_t max_open_files = 256;               ///< RLIMIT_NOFILE inside
+  std::uint32_t max_open_files = 256;  ///< RLIMIT_NOFILE inside
   /// tmpfs sizes for /tmp, $HOME and /dev/shm. Each is additionally capped at an eighth of
   /// the run's memory limit (the output directory at a quarter), so filling them all gives
   /// ENOSPC rather than an OOM kill.
   std::uint64_t tmp_bytes = 64ULL << 20;
   std::uint64_t home_bytes = 16ULL << 20;
   std::uint64_t shm_bytes = 16ULL << 20;
-  std::uint32_t tmpfs_inodes = 4096;                ///< inode cap of each tmpfs
+  std::uint32_t tmpfs_inodes = 4096;  ///< inode cap of each tmpfs
   /// After the main process exits, how long its descendants may keep stdout/stderr open
   /// before everything is killed (DESIGN.md, life of a run, step 6). A main process that
   /// exited before the deadline ends the run as it exited even when the deadline passes
@@ -61,7 +61,6 @@ struct policy {
   std::chrono::milliseconds setup_budget{10000};
   /// Budget for killing and confirming the run's cgroup empty; over it → internal.
   std::chrono::milliseconds teardown_budget{5000};
-
 
   // --- workload profiles (sandbox/registry.hpp) --------------------------------------------
   /// Named limit sets a registry entry or a ticket may choose (never a request). The
@@ -120,5 +119,17 @@ bool is_valid_registry_name(std::string_view name) noexcept;
  * the runtime.
  */
 std::optional<std::string> check_tool_entry(const tool_entry& e, const policy& p);
+
+/**
+ * The first problem with runtime definition `r`, as "<field>: <reason>", or `std::nullopt`:
+ * `name` and `image` (empty: the image named like the runtime) are registry names; `argv`
+ * holds 1..256 arguments without NUL, each at most 4096 bytes, the first an absolute path
+ * without empty, `.` or `..` components (exec'd directly inside the image, never through a
+ * shell), exactly one other the placeholder `{source}`; `source_name` is 1..255 bytes of
+ * UTF-8 without `/` or control characters, not `.`, `..`, `out` or `in-*` (the run's own
+ * entries of /sandbox). Whether the image is installed and holds `argv[0]` is checked by the
+ * runtime.
+ */
+std::optional<std::string> check_runtime_spec(const runtime_spec& r);
 
 }  // namespace sandbox

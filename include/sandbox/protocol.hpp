@@ -62,8 +62,8 @@ struct run_request {
   /// them (lower case, no trailing dot, duplicates dropped) and rejects the request as
   /// `invalid_request` naming the entry when one is malformed.
   std::vector<std::string> egress;
-  std::vector<input_file> files_in; ///< at most 16 entries (policy)
-  output_limits files_out;          ///< caps on returned output files
+  std::vector<input_file> files_in;  ///< at most 16 entries (policy)
+  output_limits files_out;           ///< caps on returned output files
   /// Memory limit of the whole run (every process, tmpfs pages included). Default 256 MiB;
   /// clamped to the ticket's and the policy's ceiling.
   std::uint64_t memory_limit_bytes = 256ULL * 1024 * 1024;
@@ -137,10 +137,10 @@ struct dropped_file {
 
 /// Resource usage of one run.
 struct run_usage {
-  std::chrono::milliseconds setup{0};  ///< preparing the sandbox, before the user code starts
-  std::chrono::milliseconds wall{0};   ///< from user-code start to its end (or the kill)
-  std::chrono::milliseconds cpu{0};    ///< user + system CPU time of every process of the run
-  std::uint64_t peak_memory_bytes = 0; ///< peak memory of the run's cgroup
+  std::chrono::milliseconds setup{0};   ///< preparing the sandbox, before the user code starts
+  std::chrono::milliseconds wall{0};    ///< from user-code start to its end (or the kill)
+  std::chrono::milliseconds cpu{0};     ///< user + system CPU time of every process of the run
+  std::uint64_t peak_memory_bytes = 0;  ///< peak memory of the run's cgroup
   bool operator==(const run_usage&) const = default;
 };
 
@@ -152,10 +152,10 @@ struct egress_attempt {
   /// DNS name asked for (protocol "dns"), or the host a proxy request named ("https", "http";
   /// escaped, at most 253 bytes), else empty
   std::string host;
-  std::string address;   ///< numeric address tried, e.g. "93.184.216.34"; empty for dns
+  std::string address;  ///< numeric address tried, e.g. "93.184.216.34"; empty for dns
   std::uint16_t port = 0;
-  bool allowed = false;  ///< false: it was refused (always, when network is off)
-  std::string reason;    ///< short reason, e.g. "network disabled"
+  bool allowed = false;          ///< false: it was refused (always, when network is off)
+  std::string reason;            ///< short reason, e.g. "network disabled"
   std::uint64_t bytes_up = 0;    ///< bytes the code sent through the proxy on this attempt
   std::uint64_t bytes_down = 0;  ///< bytes the code received through the proxy on it
   bool operator==(const egress_attempt&) const = default;
@@ -194,8 +194,8 @@ struct approval_file {
  * ticket (`ticket_issuer::derive`). Wire form: docs/protocol.md, "Approval".
  */
 struct approval_request {
-  std::string ticket_id;             ///< the ticket the run was submitted under (the parent)
-  std::string tenant;                ///< its tenant
+  std::string ticket_id;  ///< the ticket the run was submitted under (the parent)
+  std::string tenant;     ///< its tenant
   /// The domains the run asks for: canonical egress patterns (sandbox/egress.hpp), in the
   /// request's order, duplicates dropped.
   std::vector<std::string> domains;
@@ -210,7 +210,7 @@ struct approval_request {
   std::map<std::string, std::string> env;
   /// The level the run will get (at least `container`: network never runs weaker).
   sandbox::isolation isolation = sandbox::isolation::container;
-  runtime_info runtime;                  ///< runtime name and its installed image digest
+  runtime_info runtime;  ///< runtime name and its installed image digest
   bool operator==(const approval_request&) const = default;
 };
 
@@ -275,8 +275,7 @@ struct rejection {
 
 /// Lets `boost::system::result<T, rejection>::value()` throw (as `std::invalid_argument`
 /// carrying the message) when called on a rejection. Prefer testing the result instead.
-[[noreturn]] void throw_exception_from_error(const rejection& r,
-                                             const boost::source_location& loc);
+[[noreturn]] void throw_exception_from_error(const rejection& r, const boost::source_location& loc);
 
 /// True when `id` is `sha256:` followed by exactly 64 lowercase hex digits.
 constexpr bool is_valid_blob_id(std::string_view id) noexcept {

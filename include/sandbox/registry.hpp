@@ -21,6 +21,24 @@
 namespace sandbox {
 
 /**
+ * How a runtime name becomes a command inside the sandbox: a language runtime the model's
+ * source runs under (`run_request::runtime`). `python3` and `node` are every host's
+ * (`default_runtimes`, sandbox/backend.hpp); a host defines more in `runtime_options::runtimes`
+ * or the configuration document's `runtimes` section, each checked by `check_runtime_spec`.
+ */
+struct runtime_spec {
+  std::string name;  ///< wire name, e.g. "python3": 1..64 of [a-z0-9._-] (is_valid_registry_name)
+  /// Interpreter argv inside the image; exactly one element is "{source}", replaced by the
+  /// path of the source file. Absolute path first, exec'd directly: never through a shell.
+  std::vector<std::string> argv;
+  std::string source_name = "main";  ///< file name the source is stored under, e.g. "main.py"
+  /// Image in the store (its current digest); empty: the image named like the runtime. Lets
+  /// several runtimes share one image with different interpreter flags.
+  std::string image;
+  bool operator==(const runtime_spec&) const = default;
+};
+
+/**
  * A named set of per-run limits, chosen by the host for a registry entry or a ticket, never
  * by a request (e.g. "snippet": the policy's defaults; "browser": more pids, memory and
  * `/dev/shm`). Every field that is set replaces the policy's per-run value
@@ -28,15 +46,15 @@ namespace sandbox {
  * the policy's value.
  */
 struct workload_profile {
-  std::optional<std::uint32_t> max_pids;              ///< processes + threads of one run
+  std::optional<std::uint32_t> max_pids;  ///< processes + threads of one run
   /// CPU bandwidth; 1000 = one CPU; 0 = no limit, above any non-zero ceiling (so clamped
   /// to it).
   std::optional<std::uint32_t> cpu_quota_millicores;
-  std::optional<std::uint32_t> max_open_files;        ///< RLIMIT_NOFILE inside
-  std::optional<std::uint64_t> tmp_bytes;             ///< /tmp tmpfs size
-  std::optional<std::uint64_t> home_bytes;            ///< $HOME tmpfs size
-  std::optional<std::uint64_t> shm_bytes;             ///< /dev/shm tmpfs size
-  std::optional<std::uint32_t> tmpfs_inodes;          ///< inode cap of each tmpfs
+  std::optional<std::uint32_t> max_open_files;  ///< RLIMIT_NOFILE inside
+  std::optional<std::uint64_t> tmp_bytes;       ///< /tmp tmpfs size
+  std::optional<std::uint64_t> home_bytes;      ///< $HOME tmpfs size
+  std::optional<std::uint64_t> shm_bytes;       ///< /dev/shm tmpfs size
+  std::optional<std::uint32_t> tmpfs_inodes;    ///< inode cap of each tmpfs
   /// Memory limit of a run under this profile: the default when the request leaves its own
   /// unset (and of sessions), and the most a request gets (one asking more is clamped to it);
   /// then clamped to the ticket's and policy's ceilings like a request's.

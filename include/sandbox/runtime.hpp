@@ -13,6 +13,11 @@
 //   io.run();
 //
 // Also works with `boost::asio::use_future` and `boost::asio::use_awaitable`.
+//
+// The options of each built-in isolation level (`process_backend_options`,
+// `oci_backend_options`, `microvm_backend_options`), of warm pools and of the egress proxy are
+// declared in sandbox/backend_options.hpp (included here), so that the levels' code reads
+// them without the facade; `backend_status` is declared in sandbox/backend.hpp.
 #pragma once
 
 #include <boost/asio/any_completion_handler.hpp>
@@ -33,6 +38,7 @@
 #include "sandbox/admission.hpp"
 #include "sandbox/approval.hpp"
 #include "sandbox/backend.hpp"
+#include "sandbox/backend_options.hpp"
 #include "sandbox/blob_store.hpp"
 #include "sandbox/error.hpp"
 #include "sandbox/image_store.hpp"
@@ -47,130 +53,6 @@
 #include "sandbox/ticket.hpp"
 
 namespace sandbox {
-
-/**
- * A warm pool of one limits class: `size` process-level instances of `runtime` prepared ahead
- * (uid, cgroup with these limits, namespaces, filesystem, sandbox-init waiting), each handed
- * to exactly one run and then destroyed, refilled asynchronously. A request is served from
- * the pool when its runtime, memory limit and `files_out` limits equal the class's (the
- * defaults match a request that leaves them unset); otherwise it runs cold. A pooled run is
- * indistinguishable from a cold one to the code inside.
- */
-struct warm_pool_class {
-  std::string runtime = "python3";
-  /// Expected concurrent executions of this class (not requests per second).
-  std::uint32_t size = 2;
-  std::uint64_t memory_limit_bytes = 256ULL << 20;
-  output_limits files_out;
-  bool operator==(const warm_pool_class&) const = default;
-};
-
-/// Options of the process backend (namespaces + cgroup + seccomp; src/backends/process).
-struct process_backend_options {
-  /// Parent cgroup of all runs, as a path inside each cgroup hierarchy (e.g.
-  /// "/agent-sandbox"). Empty: "/agent-sandbox" when root; required otherwise (a subtree
-  /// delegated to this user, e.g. by systemd's `Delegate=yes`). The host process must not
-  /// live in it.
-  std::string cgroup_parent;
-  /// Root of the cgroup filesystems. Tests point this at a fake tree.
-  std::filesystem::path cgroup_root = "/sys/fs/cgroup";
-  /// When running as root: each concurrent run gets its own uid/gid from
-  /// [uid_base, uid_base + uid_count); reserved across processes with locks.
-  std::uint32_t uid_base = 2'100'000'000;
-  std::uint32_t uid_count = 4096;
-  /// Use this sandbox-init executable instead of the copy built into the library (debugging).
-  std::filesystem::path init_path;
-  /// Warm pools (none by default).
-  std::vector<warm_pool_class> warm_pool;
-};
-
-/// One OCI backend: sandbox-init runs as the container's process (PID 1) under crun or runc
-/// (level `container`) or runsc (level `gvisor`, gVisor's user-space kernel), with a
-/// config.json generated per run (docs/architecture.md, "OCI backends"). Needs root. Uses the
-/// process backend's cgroup parent, cgroup root and uid range (`process_backend_options`).
-struct oci_backend_options {
-  /// Register the backend (after its self-test, at runtime creation). Off by default: a host
-  /// chooses its levels, and each one costs a self-test at start-up.
-  bool enabled = false;
-  /// The OCI runtime: "crun" or "runc" for `container`, "runsc" for `gvisor`.
-  std::string runtime;
-  /// Absolute path of the runtime's binary; empty: /usr/bin/<runtime>.
-  std::filesystem::path path;
-  /// runsc only: its `--platform` ("ptrace" works on any host; "kvm" needs /dev/kvm).
-  std::string platform = "ptrace";
-  /// Warm pools of started containers whose sandbox-init waits for its program (none by
-  /// default). One-shot, like the process backend's.
-  std::vector<warm_pool_class> warm_pool;
-};
-
-/// The `microvm` level: one QEMU `-M microvm` VM per run (KVM when /dev/kvm is usable, else
-/// TCG emulation), booted from the kernel store with an initramfs holding the guest agent
-/// and sandbox-init, the runtime image as a read-only erofs disk, no network device
-/// (docs/architecture.md, "microvm level"). Needs root. Uses the process backend's cgroup
-/// parent, cgroup root and uid range. Network runs reach their egress proxy through a
-/// virtio-serial tunnel (still no network device in the guest).
-struct microvm_backend_options {
-  /// Register the backend (after its self-test, which boots one VM). Off by default.
-  bool enabled = false;
-  /// The kernel store: `vmlinuz`, `modules/order` and the modules it names
-  /// (tools/fetch-guest-kernel.sh fills it).
-  std::filesystem::path kernel_dir = "/var/lib/agent-sandbox/microvm/kernel/current";
-  /// "auto" (KVM when /dev/kvm can make a VM, else TCG), "kvm" (refuse to register without
-  /// it) or "tcg".
-  std::string accel = "auto";
-  /// Guest RAM = the run's memory limit + this (the guest kernel, the agent, the initramfs)
-  /// + room for a full guest workspace (the policy's largest source or stdin and inputs:
-  /// the workspace is a guest tmpfs outside the program's cgroup), MiB. Default 96.
-  std::uint64_t guest_overhead_mib = 96;
-  /// The run cgroup's memory = guest RAM + this, for the VMM itself (QEMU and, under TCG,
-  /// its 64 MiB translation cache), MiB. Default 192.
-  std::uint64_t vmm_overhead_mib = 192;
-  /// `qemu-system-x86_64`; empty: /usr/bin/qemu-system-x86_64.
-  std::filesystem::path qemu_path;
-  /// `mkfs.erofs` (erofs-utils), which builds the image disks; empty: /usr/bin/mkfs.erofs.
-  std::filesystem::path mkfs_erofs_path;
-  /// Warm pools of VMs booted to "sandbox-init ready" ahead of demand (none by default): a
-  /// matching run skips the VMM start and the guest boot. One-shot like the other levels'
-  /// pools: a VM serves one run and is destroyed with it (never reused, so no VM ever carries
-  /// a previous run's disk or memory); a VM that misses its ready deadline (the setup
-  /// budget) or dies while idle is destroyed and replaced. Each idle VM holds the guest RAM it
-  /// has touched (its kernel, agent and prepared sandbox) on the host.
-  std::vector<warm_pool_class> warm_pool;
-};
-
-/// The host side of network runs: each run granted the network gets its own egress proxy,
-/// served by the host on a socket listening on the run's own loopback (127.0.0.1:3128, given
-/// to the program as HTTP_PROXY / HTTPS_PROXY). It forwards HTTP `CONNECT` (HTTPS; the TLS
-/// ClientHello's SNI must equal the CONNECT host) and plain HTTP to the run's approved names
-/// only (`run_request.egress`), resolving them on the host and refusing loopback, private,
-/// link-local and metadata addresses (docs/security.md, "Egress proxy").
-struct egress_proxy_options {
-  /// Names the proxy resolves to these numeric addresses (IPv4 or IPv6 text) instead of
-  /// asking the host's resolver, like an /etc/hosts of the proxy's own. A pinned answer is
-  /// trusted, so it may be a loopback or private address, which a resolved name never may
-  /// (the DNS-rebinding defence): for internal services the operator means to expose, and for
-  /// tests. Only names a run is also approved for are ever reached.
-  std::map<std::string, std::vector<std::string>> pinned_hosts;
-  /// Resolves the names that are not pinned, instead of the host's resolver (getaddrinfo):
-  /// e.g. a DNS-over-HTTPS client or a resolver of the operator's choosing. Called on the
-  /// runtime's executor, must not block, and must call `done` exactly once (from any thread)
-  /// with numeric IPv4/IPv6 addresses; none: the name does not resolve. Its answers are not
-  /// trusted: loopback, private, link-local, metadata and other non-public addresses in them
-  /// are refused like the host resolver's. Empty: the host's resolver.
-  std::function<void(const std::string& host,
-                     std::function<void(std::vector<std::string> addresses)> done)>
-      resolver;
-  /// Ports `CONNECT` may reach (default: 443).
-  std::vector<std::uint16_t> connect_ports{443};
-  /// Ports plain HTTP may reach (default: 80).
-  std::vector<std::uint16_t> http_ports{80};
-  /// Client connections a run may open through its proxy, in all (beyond: 403).
-  std::uint32_t max_connections = 32;
-  /// Bytes a run may send (up) and receive (down) through its proxy, in all; past either,
-  /// its tunnels are closed.
-  std::uint64_t max_bytes_up = 16ULL << 20;
-  std::uint64_t max_bytes_down = 64ULL << 20;
-};
 
 /// Everything a runtime is configured with. Defaults work for root and ordinary users.
 struct runtime_options {
@@ -205,16 +87,22 @@ struct runtime_options {
   std::map<std::string, std::string> fixed_digests;
   /// Register the process backend (after its self-test). Off for fake-only runtimes.
   bool process_backend = true;
+  /// The process level's cgroups, uid range, sandbox-init and warm pools; the other
+  /// built-in levels use its cgroup parent and root and its uid range too
+  /// (sandbox/backend_options.hpp).
   process_backend_options process;
-  /// The `container` level (crun by default, or runc).
-  oci_backend_options container{.enabled = false, .runtime = "crun", .path = {},
-                                .platform = "ptrace", .warm_pool = {}};
-  /// The `gvisor` level (runsc).
-  oci_backend_options gvisor{.enabled = false, .runtime = "runsc", .path = {},
-                             .platform = "ptrace", .warm_pool = {}};
-  /// The `microvm` level (QEMU microvm).
+  /// The `container` level (crun by default, or runc), registered when `enabled`
+  /// (sandbox/backend_options.hpp).
+  oci_backend_options container{
+      .enabled = false, .runtime = "crun", .path = {}, .platform = "ptrace", .warm_pool = {}};
+  /// The `gvisor` level (runsc), registered when `enabled` (sandbox/backend_options.hpp).
+  oci_backend_options gvisor{
+      .enabled = false, .runtime = "runsc", .path = {}, .platform = "ptrace", .warm_pool = {}};
+  /// The `microvm` level (QEMU microvm), registered when `enabled`
+  /// (sandbox/backend_options.hpp).
   microvm_backend_options microvm;
-  /// Network runs' egress proxy (pinned names, ports, per-run budgets).
+  /// Network runs' egress proxy (pinned names, ports, per-run budgets;
+  /// sandbox/backend_options.hpp).
   egress_proxy_options egress;
   std::shared_ptr<span_sink> spans;  ///< receives one span per run; may be null
   log_sink log;                      ///< host log lines; empty: warnings and errors to stderr
@@ -236,7 +124,11 @@ runtime_options default_runtime_options();
  * Applies a host configuration document to `options` (JSON; docs/operations.md,
  * "Configuration"): `scheduler` (caps, queue limits, tenant classes with weights and queue
  * deadlines, tenant → class), `warm_pool` (pool classes), `policy` (ceilings and per-run
- * limits, `profiles`, profile `ceilings`, `max_stdin_bytes`), `tools` (the registry:
+ * limits, `profiles`, profile `ceilings`, `max_stdin_bytes`), `runtimes` (language runtimes
+ * the host defines, each checked by `check_runtime_spec`; one named like a runtime already in
+ * `options.runtimes` replaces it: `[{"name": "python3-data", "image": "python3-data",
+ * "argv": ["/usr/bin/python3", "-I", "{source}"], "source_name": "main.py"}]`), `tools` (the
+ * registry:
  * `[{"name": "markdown", "image": "tools", "binary": "/usr/bin/cmark", "args": [],
  * "isolation": "process", "profile": "small"}]`, each checked like `check_tool_entry`),
  * `backends` (the container and gvisor levels), `egress` (network runs' proxy:
@@ -256,17 +148,6 @@ runtime_options default_runtime_options();
 boost::system::result<void, rejection> apply_config(std::string_view json,
                                                     runtime_options& options);
 
-/// Why a backend is or is not available on this host.
-struct backend_status {
-  sandbox::isolation isolation = sandbox::isolation::process;
-  std::string name;
-  bool registered = false;
-  /// Empty when registered; else the missing capability, e.g. "seccomp user notification
-  /// unavailable (kernel < 5.0?)" or "cgroup pids controller not delegated".
-  std::string reason;
-  bool operator==(const backend_status&) const = default;
-};
-
 namespace detail {
 class runtime_impl;
 }
@@ -285,8 +166,10 @@ class runtime {
    * self-test passes. A runtime with no backend is still created (so `add_backend` can add
    * one); until one is added every run answers `runtime_unavailable`, and `backends()` (or
    * `probe_backends`) says why each backend was refused. Errors: `invalid_argument` (an
-   * empty executor, a relative store path), `io_error`, `permission_denied` (the blob or
-   * image store cannot be opened).
+   * empty executor, a relative store path, a runtime definition that fails
+   * `check_runtime_spec` or repeats a name, a registry entry that fails `check_tool_entry`;
+   * logged naming the field), `io_error`, `permission_denied` (the blob or image store
+   * cannot be opened).
    */
   static result<runtime> create(boost::asio::any_io_executor executor,
                                 runtime_options options = default_runtime_options());
@@ -303,13 +186,13 @@ class runtime {
    * and the ticket does not grant it (sandbox/approval.hpp: `approval_denied`,
    * `approval_required`, or the run proceeds under the approved derived ticket), waits for a
    * slot (sandbox/scheduler.hpp: `capacity` at once when the queue is full, `queue_timeout`
-   * past the tenant's deadline), and runs it. A run waiting for approval holds no slot. Completes once with `(error_code, run_result)`
-   * on the handler's associated executor (default: the runtime's), never inside this call.
-   * Admission failures and every way the run can end are in `run_result.code`; the error
-   * code is only `operation_aborted` (cancelled via the handler's cancellation slot, or the
-   * runtime was destroyed) — the run is killed and confirmed dead before that completion,
-   * and its result has code `internal` with what is known (run id; limits once admitted).
-   * Thread-safe: may be called from any thread.
+   * past the tenant's deadline), and runs it. A run waiting for approval holds no slot. Completes
+   * once with `(error_code, run_result)` on the handler's associated executor (default: the
+   * runtime's), never inside this call. Admission failures and every way the run can end are in
+   * `run_result.code`; the error code is only `operation_aborted` (cancelled via the handler's
+   * cancellation slot, or the runtime was destroyed) — the run is killed and confirmed dead before
+   * that completion, and its result has code `internal` with what is known (run id; limits once
+   * admitted). Thread-safe: may be called from any thread.
    */
   template <class CompletionToken>
   auto async_run(run_request request, ticket ticket, CompletionToken&& token) {
@@ -369,7 +252,12 @@ class runtime {
   /// replacing one registered at the same level.
   void add_backend(std::shared_ptr<backend> b);
 
-  /// Status of every backend this runtime tried to register, with reasons.
+  /// Status of every backend this runtime tried to register, with reasons, weakest level
+  /// first, then those given to `add_backend` (each replacing the status of its level): one
+  /// per level the options enable (`process_backend`, `container.enabled`,
+  /// `gvisor.enabled`, `microvm.enabled`); a level they leave off has none. A level whose
+  /// backend was not built into this library is refused with "not built into this library
+  /// (SANDBOX_BACKEND_<LEVEL>=OFF)". Thread-safe.
   std::vector<backend_status> backends() const;
 
   /// What admission sees: registered levels and runtimes with installed digests. A runtime
@@ -394,18 +282,25 @@ class runtime {
 
  private:
   explicit runtime(std::shared_ptr<detail::runtime_impl> impl);
-  void do_run(run_request request, ticket ticket,
-              boost::asio::any_completion_handler<void(boost::system::error_code, run_result)>
-                  handler);
+  void do_run(
+      run_request request, ticket ticket,
+      boost::asio::any_completion_handler<void(boost::system::error_code, run_result)> handler);
   void do_open_session(
       session_request request, ticket ticket,
-      boost::asio::any_completion_handler<void(boost::system::error_code, session_start)>
-          handler);
+      boost::asio::any_completion_handler<void(boost::system::error_code, session_start)> handler);
   std::shared_ptr<detail::runtime_impl> impl_;
 };
 
-/// Runs every backend's self-test without creating a runtime, for diagnostics
-/// (`sandboxctl doctor`). Never fails; reasons are in the statuses.
+/**
+ * Runs the self-test of every level `options` enables without creating a runtime, for
+ * diagnostics (`sandboxctl doctor`), and returns their statuses weakest level first: each
+ * registered (its self-test passed; the backend is then shut down) or refused with the
+ * reason, as `runtime::backends()` would report them. The process level is listed even when
+ * `process_backend` is false ("disabled (runtime_options::process_backend is false)"); the
+ * other levels only when enabled. A probe starts no warm pool and uses the default policy.
+ * Blocks for the self-tests (a microvm probe boots one VM); never fails (reasons are in the
+ * statuses). Thread-safe.
+ */
 std::vector<backend_status> probe_backends(const runtime_options& options);
 
 }  // namespace sandbox

@@ -19,7 +19,7 @@ namespace sandbox {
 
 /// Limits of one class of tenants (e.g. "free", "paid", "internal").
 struct tenant_class_limits {
-  std::uint32_t max_running = 4;  ///< bulkhead: runs of one tenant starting or running at once
+  std::uint32_t max_running = 4;   ///< bulkhead: runs of one tenant starting or running at once
   std::uint32_t max_queued = 256;  ///< queued runs of one tenant at most; beyond → `capacity`
   std::uint32_t weight = 1;        ///< share of dispatches when tenants compete (≥ 1)
   /// Longest a run of this class waits for a slot; beyond → `queue_timeout`.
@@ -37,7 +37,7 @@ struct scheduler_options {
   /// Runs starting or running at once on this host (all tenants). 0: no scheduling at all
   /// (every admitted run starts at once).
   std::uint32_t max_running = 16;
-  std::uint32_t max_queued = 1024;  ///< queued runs in all; beyond → `capacity`
+  std::uint32_t max_queued = 1024;    ///< queued runs in all; beyond → `capacity`
   tenant_class_limits default_class;  ///< for tenants not listed in `tenant_classes`
   std::map<std::string, tenant_class_limits> classes;  ///< class name → limits
   std::map<std::string, std::string> tenant_classes;   ///< tenant → class name
@@ -51,8 +51,8 @@ struct scheduler_options {
 
 /// A snapshot of the scheduler's state.
 struct scheduler_stats {
-  std::uint32_t running = 0;   ///< slots held (starting or running)
-  std::uint32_t queued = 0;    ///< runs waiting
+  std::uint32_t running = 0;         ///< slots held (starting or running)
+  std::uint32_t queued = 0;          ///< runs waiting
   std::uint64_t dispatched = 0;      ///< slots granted so far
   std::uint64_t queue_timeouts = 0;  ///< runs that waited past their deadline
   std::uint64_t rejected = 0;        ///< runs refused with `capacity`

@@ -83,7 +83,7 @@ enum class session_end : std::uint8_t {
   oom,                ///< the session's memory limit was hit (code `oom`)
   seccomp_violation,  ///< a forbidden system call (code `seccomp_violation`)
   killed,             ///< the session object was destroyed, or the runtime shut down
-  failed,             ///< the sandbox failed (code `internal`)
+  failed,             ///< the sandbox failed (code `internal`, or `pids_limit` at gvisor)
   /// The ticket expired (`ticket::expires_at`) while the session lived (code `timeout`): a
   /// ticket stops granting anything when it expires, a live session included.
   ticket_expired,

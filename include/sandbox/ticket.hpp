@@ -36,9 +36,12 @@ enum class action : std::uint8_t {
 /// Wire string of `a`, e.g. "code.execute".
 constexpr std::string_view to_string(action a) noexcept {
   switch (a) {
-    case action::code_execute: return "code.execute";
-    case action::code_network: return "code.network";
-    case action::tool_run: return "tool.run";
+    case action::code_execute:
+      return "code.execute";
+    case action::code_network:
+      return "code.network";
+    case action::tool_run:
+      return "tool.run";
   }
   return "code.execute";
 }
@@ -51,13 +54,13 @@ struct network_grant {
 
 /// What an issuer is asked to mint. Plain data; carries no authority by itself.
 struct ticket_spec {
-  std::string id;      ///< 1..128 printable ASCII characters, unique per issuer
-  std::string tenant;  ///< see `is_valid_tenant`
-  bool execute = true; ///< grant `code.execute`
+  std::string id;       ///< 1..128 printable ASCII characters, unique per issuer
+  std::string tenant;   ///< see `is_valid_tenant`
+  bool execute = true;  ///< grant `code.execute`
   /// Minimum isolation level for runs under this ticket.
   sandbox::isolation isolation = sandbox::isolation::process;
-  std::chrono::milliseconds max_timeout{8000};      ///< ceiling for `run_request.timeout`
-  std::uint64_t max_memory_bytes = 512ULL << 20;    ///< ceiling for `memory_limit_bytes`
+  std::chrono::milliseconds max_timeout{8000};    ///< ceiling for `run_request.timeout`
+  std::uint64_t max_memory_bytes = 512ULL << 20;  ///< ceiling for `memory_limit_bytes`
   /**
    * Optional pin of the runtime image: its manifest digest, `sha256:` and 64 lowercase hex
    * digits (`is_valid_blob_id` syntax; anything else makes `issue` fail). Absent (the
@@ -152,9 +155,12 @@ class ticket {
   /// True when the ticket grants `a`.
   bool allows(action a) const noexcept {
     switch (a) {
-      case action::code_execute: return spec_.execute;
-      case action::code_network: return network_;
-      case action::tool_run: return !spec_.tools.empty();
+      case action::code_execute:
+        return spec_.execute;
+      case action::code_network:
+        return network_;
+      case action::tool_run:
+        return !spec_.tools.empty();
     }
     return false;
   }

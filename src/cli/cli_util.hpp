@@ -1,23 +1,47 @@
-// Helpers shared by sandboxctl's commands (sandboxctl.cpp, serve.cpp): strict parsing of
-// numeric options and the display form of names printed on the operator's terminal.
+// What sandboxctl's verbs share (one file per verb, src/cli/<verb>.cpp): exit statuses and
+// usage errors, strict parsing of numeric options, reading the files the operator names,
+// the store options every verb takes, tickets from files, and the display form of names
+// printed on the operator's terminal (protocol/display_text.hpp).
+//
+// The CLI trusts its caller: it reads tickets from files the local operator controls (see
+// docs/protocol.md).
 #pragma once
 
 #include <fmt/format.h>
 
+#include <boost/program_options.hpp>
+#include <boost/system/result.hpp>
 #include <charconv>
+#include <cstddef>
 #include <cstdint>
-#include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
-#include "core/text_util.hpp"
+#include "protocol/display_text.hpp"
+#include "sandbox/blob_store.hpp"
+#include "sandbox/image_store.hpp"
 #include "sandbox/protocol.hpp"
+#include "sandbox/runtime.hpp"
+#include "sandbox/signed_ticket.hpp"
+#include "sandbox/ticket.hpp"
 
 namespace sandboxctl {
 
-/// A bad option value or argument: the command answers exit status 2.
+namespace po = boost::program_options;
+
+using sandbox::detail::display_name;
+using sandbox::detail::escape_format_chars;
+using sandbox::detail::quote_name;
+
+constexpr int exit_ok = 0;     ///< success (`run`: the result's code is `ok`)
+constexpr int exit_fail = 1;   ///< failure (`run`: any other code)
+constexpr int exit_usage = 2;  ///< usage errors: bad options, unreadable files
+
+/// A bad option value or argument: `main` prints it with a pointer to `--help` and exits 2.
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -26,94 +50,11 @@ struct usage_error : std::runtime_error {
 /// (anything longer is a typo, and would overflow the scheduler's clock arithmetic).
 constexpr std::int64_t max_duration_ms = 7LL * 24 * 3600 * 1000;
 
-/// True for code points that change how the text around them is shown without being shown
-/// themselves: Unicode general category Cf (bidi embeddings, overrides and isolates, zero
-/// width characters, tags, ...) and the line and paragraph separators (Zl, Zp). Printed raw,
-/// they let a name pose as another ("\u202egnp.exe" shows as "exe.png").
-constexpr bool is_format_char(char32_t cp) noexcept {
-  return cp == 0xAD || (cp >= 0x600 && cp <= 0x605) || cp == 0x61C || cp == 0x6DD ||
-         cp == 0x70F || cp == 0x890 || cp == 0x891 || cp == 0x8E2 || cp == 0x180E ||
-         (cp >= 0x200B && cp <= 0x200F) || (cp >= 0x2028 && cp <= 0x202E) ||
-         (cp >= 0x2060 && cp <= 0x2064) || (cp >= 0x2066 && cp <= 0x206F) || cp == 0xFEFF ||
-         (cp >= 0xFFF9 && cp <= 0xFFFB) || cp == 0x110BD || cp == 0x110CD ||
-         (cp >= 0x13430 && cp <= 0x13438) || (cp >= 0x1BCA0 && cp <= 0x1BCA3) ||
-         (cp >= 0x1D173 && cp <= 0x1D17A) || cp == 0xE0001 || (cp >= 0xE0020 && cp <= 0xE007F);
-}
-
-inline void append_code_point_escape(std::string& out, char32_t cp) {
-  out += cp <= 0xFFFF ? fmt::format("\\u{:04x}", static_cast<std::uint32_t>(cp))
-                      : fmt::format("\\U{:08x}", static_cast<std::uint32_t>(cp));
-}
-
-/// `display` (already valid UTF-8 without control characters, e.g. a result's
-/// `dropped_file::name_display`) with every format character (`is_format_char`) written as
-/// `\uXXXX` (`\UXXXXXXXX` above U+FFFF).
-inline std::string escape_format_chars(std::string_view display) {
-  std::string out;
-  out.reserve(display.size());
-  for (std::size_t i = 0; i < display.size();) {
-    char32_t cp = 0;
-    std::size_t len = sandbox::detail::decode_utf8(display, i, cp);
-    if (len == 0) {  // not expected of a display form; escape rather than trust it
-      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(display[i]));
-      ++i;
-      continue;
-    }
-    if (is_format_char(cp)) {
-      append_code_point_escape(out, cp);
-    } else {
-      out.append(display.substr(i, len));
-    }
-    i += len;
-  }
-  return out;
-}
-
-/**
- * The form in which the CLI prints a name it did not choose (an output file's name, a path,
- * an option value): the name itself when it is valid UTF-8 without control or format
- * characters; else invalid bytes and control characters as `\xNN`, format characters as
- * `\uXXXX` and backslashes as `\x5c` (so the form reads back as exactly one name), e.g.
- * "\u202egnp.exe" (U+202E first) → `\u202egnp.exe`, "a\nb" → `a\x0ab`.
- */
-inline std::string display_name(std::string_view name) {
-  bool plain = true;
-  for (std::size_t i = 0; i < name.size() && plain;) {
-    char32_t cp = 0;
-    std::size_t len = sandbox::detail::decode_utf8(name, i, cp);
-    if (len == 0 || sandbox::detail::is_control(cp) || is_format_char(cp)) plain = false;
-    i += len == 0 ? 1 : len;
-  }
-  if (plain) return std::string(name);
-  std::string out;
-  out.reserve(name.size() + 16);
-  for (std::size_t i = 0; i < name.size();) {
-    char32_t cp = 0;
-    std::size_t len = sandbox::detail::decode_utf8(name, i, cp);
-    if (len == 0 || sandbox::detail::is_control(cp) || cp == '\\') {
-      for (std::size_t k = 0; k < std::max<std::size_t>(len, 1); ++k) {
-        out += fmt::format("\\x{:02x}", static_cast<unsigned char>(name[i + k]));
-      }
-    } else if (is_format_char(cp)) {
-      append_code_point_escape(out, cp);
-    } else {
-      out.append(name.substr(i, len));
-    }
-    i += std::max<std::size_t>(len, 1);
-  }
-  return out;
-}
-
-/// `'name'` in its display form, cut to about 200 bytes: for messages.
-inline std::string quote_name(std::string_view name) {
-  std::string d = display_name(name);
-  if (d.size() > 200) {
-    std::size_t end = 200;
-    while (end > 0 && (static_cast<unsigned char>(d[end]) & 0xC0) == 0x80) --end;
-    d = d.substr(0, end) + "...";
-  }
-  return "'" + d + "'";
-}
+/// Largest plain ticket file read (a signed document may be up to
+/// `sandbox::max_signed_ticket_bytes`).
+constexpr std::size_t max_ticket_file = 64 * 1024;
+/// Largest request file read (decode_options' default).
+constexpr std::size_t max_request_file = 8ULL << 20;
 
 /**
  * Parses the value of the numeric option `--option`: decimal digits only (no sign, no
@@ -123,13 +64,14 @@ inline std::string quote_name(std::string_view name) {
 template <class T>
 T parse_number(std::string_view option, std::string_view text, T min, T max) {
   auto range = [&] {
-    return usage_error(fmt::format("--{}: expected an integer from {} to {}, got {}", option,
-                                   min, max, quote_name(text)));
+    return usage_error(fmt::format("--{}: expected an integer from {} to {}, got {}", option, min,
+                                   max, quote_name(text)));
   };
   if (text.empty() || text.front() < '0' || text.front() > '9') throw range();
   std::uint64_t v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (end != text.data() + text.size() || (ec != std::errc{} && ec != std::errc::result_out_of_range)) {
+  if (end != text.data() + text.size() ||
+      (ec != std::errc{} && ec != std::errc::result_out_of_range)) {
     throw range();
   }
   if (ec == std::errc::result_out_of_range || v > static_cast<std::uint64_t>(max) ||
@@ -138,5 +80,72 @@ T parse_number(std::string_view option, std::string_view text, T min, T max) {
   }
   return static_cast<T>(v);
 }
+
+/// Reads at most `max_bytes + 1` bytes of `path` ('-' = stdin): enough for the caller to
+/// tell "too large" without ever holding more (a request naming /dev/zero must not eat the
+/// host). Throws `usage_error` when it cannot be read.
+std::string read_file(const std::string& path, std::size_t max_bytes);
+
+/// Opens an input file the caller named (`--file NAME=PATH`, `blob put FILE`) for blocking
+/// reads; a FIFO waits for its writer. A directory, or a path that cannot be opened, is a
+/// `usage_error` with a plain reason — never the blob store's own complaint about a failed
+/// read. The caller closes the descriptor.
+int open_input(const std::string& path);
+
+/// Reads the host configuration file at `path` (a regular file of at most 1 MiB) into
+/// `text`; returns why not ("cannot read '...': No such file or directory"), or "".
+std::string read_config(const std::string& path, std::string& text);
+
+/// Reads the host configuration file at `path` and applies it to `options`; returns why not
+/// ("--config: '...' is a directory", "--config: scheduler.max_running: ..."), or "".
+std::string load_config(const std::string& path, sandbox::runtime_options& options);
+
+/// Loads every `--trusted-keys` path (a `<kid>.pub.pem` file or a directory of them) into
+/// `keys`; returns why not ("--trusted-keys '...': ..."), or "".
+std::string load_trusted_keys(const std::vector<std::string>& paths,
+                              sandbox::ticket_verifier& keys);
+
+/// The options every verb takes (the store options), and those several take.
+struct common_flags {
+  std::string state_dir, image_dir, blob_dir, cgroup_parent, config_path;
+  std::string tenant, ticket_path;        ///< `--tenant`, `--ticket` where the verb has them
+  std::vector<std::string> trusted_keys;  ///< `--trusted-keys`: verify signed ticket files
+  bool verbose = false;
+};
+
+/// The store options (`--state-dir`, `--image-dir`, `--blob-dir`, `--cgroup-parent`,
+/// `--config`, `-v`) bound to `c`.
+po::options_description common_options(common_flags& c);
+
+/// The default runtime options with the store options of `c` applied (paths made
+/// absolute), and a stderr log sink at `quiet` (debug with `-v`). Not the configuration.
+sandbox::runtime_options store_options_of(const common_flags& c, sandbox::log_level quiet);
+
+/// `store_options_of(c, error)` with `--config` applied. Throws `usage_error`.
+sandbox::runtime_options options_from(const common_flags& c);
+
+/// Parses a verb's arguments. `--help` (or `-h`) prints the options and exits 0; anything
+/// the parser refuses is a `usage_error`.
+po::variables_map parse(const std::vector<std::string>& args, const po::options_description& d,
+                        const po::positional_options_description& pos);
+
+/// The verifier of `--trusted-keys` (empty when none were given). Throws `usage_error`.
+sandbox::ticket_verifier trusted_keys_of(const std::vector<std::string>& paths);
+
+/// A ticket file. A plain ticket is decoded by the local issuer (the CLI trusts its caller);
+/// a signed document is verified against `trusted_keys`, which it needs; with trusted keys,
+/// only signed documents are accepted (as the daemon does). A refused ticket is a rejection
+/// ("ticket: ..."); an unreadable, oversized or unverifiable file a `usage_error`.
+boost::system::result<sandbox::ticket, sandbox::rejection> load_ticket(
+    const std::string& path, const std::vector<std::string>& trusted_keys = {});
+
+/// The tenant of `--tenant` or `--ticket` (not both; "default" when neither). Throws
+/// `usage_error`.
+std::string tenant_of(const common_flags& c);
+
+/// The blob store and image store the store options name. Throw `std::runtime_error` when
+/// they cannot be opened.
+std::shared_ptr<sandbox::blob_store> open_blobs(const common_flags& c);
+std::shared_ptr<sandbox::image_store> open_images(const common_flags& c, bool read_only = false);
 
 }  // namespace sandboxctl

@@ -17,6 +17,8 @@
 #include <string>
 #include <utility>
 
+#include "sandbox/admission.hpp"
+
 namespace sandbox::testing {
 
 namespace asio = boost::asio;
@@ -95,8 +97,8 @@ std::string escape_suffix(std::string_view in, std::size_t budget, std::size_t& 
   for (;;) {
     std::size_t start = in.size() - take;
     // Do not start inside a UTF-8 sequence (at most 3 continuation bytes to skip).
-    for (int k = 0; k < 3 && start < in.size() &&
-                    (static_cast<unsigned char>(in[start]) & 0xc0) == 0x80;
+    for (int k = 0;
+         k < 3 && start < in.size() && (static_cast<unsigned char>(in[start]) & 0xc0) == 0x80;
          ++k) {
       ++start;
     }
@@ -119,15 +121,13 @@ std::string summarize(std::string_view text, std::size_t limit) {
   std::size_t used = 0;
   std::string full = escape_prefix(text, limit, used);
   if (used == text.size()) return full;
-  const std::string max_marker =
-      "\n…[" + std::to_string(text.size()) + " bytes omitted]…\n";
+  const std::string max_marker = "\n…[" + std::to_string(text.size()) + " bytes omitted]…\n";
   if (limit < max_marker.size() + 2) return full;  // too small for head + tail: head only
   const std::size_t budget = limit - max_marker.size();
   std::size_t head_used = 0;
   std::string head = escape_prefix(text, budget / 2, head_used);
   std::size_t tail_used = 0;
-  std::string tail =
-      escape_suffix(text.substr(head_used), budget - head.size(), tail_used);
+  std::string tail = escape_suffix(text.substr(head_used), budget - head.size(), tail_used);
   const std::size_t omitted = text.size() - head_used - tail_used;
   return head + "\n…[" + std::to_string(omitted) + " bytes omitted]…\n" + tail;
 }
@@ -137,8 +137,8 @@ std::string summarize(std::string_view text, std::size_t limit) {
 stream_capture capture(const run_job& job, std::string_view text, bool& store_failed) {
   stream_capture c;
   const std::uint64_t cap = job.policy.stream_capture_bytes;
-  const std::string_view stored = text.substr(0, static_cast<std::size_t>(
-                                                     std::min<std::uint64_t>(cap, text.size())));
+  const std::string_view stored =
+      text.substr(0, static_cast<std::size_t>(std::min<std::uint64_t>(cap, text.size())));
   c.bytes = stored.size();
   c.total_bytes = text.size();
   c.truncated = c.total_bytes > c.bytes;
@@ -201,7 +201,8 @@ run_result build_result(const run_job& job, scripted_run run) {
       id = std::move(*put);
     }
     total += content.size();
-    r.files_out.push_back(output_file{.name = name, .blob = std::move(id), .bytes = content.size()});
+    r.files_out.push_back(
+        output_file{.name = name, .blob = std::move(id), .bytes = content.size()});
   }
   for (auto& d : run.files_dropped) r.files_dropped.push_back(std::move(d));
 
@@ -220,13 +221,8 @@ run_result build_result(const run_job& job, scripted_run run) {
   }
 
   r.run_id = job.run_id;
-  r.isolation = job.admitted.isolation;
   r.backend = "fake";
-  r.runtime = job.admitted.runtime;
-  r.timeout = job.admitted.request.timeout;
-  r.memory_limit_bytes = job.admitted.request.memory_limit_bytes;
-  r.timeout_clamped = job.admitted.timeout_clamped;
-  r.memory_clamped = job.admitted.memory_clamped;
+  note_admitted(r, job.admitted);
   return r;
 }
 
@@ -361,6 +357,11 @@ scripted_run result_with(sandbox::code c, scripted_run base) {
     case code::internal:
       default_message("internal error");
       base.exit_code.reset();
+      break;
+    case code::pids_limit:
+      default_message("too many processes: the sandbox reached the run's pids limit");
+      base.exit_code.reset();
+      if (!base.signal) base.signal = SIGKILL;
       break;
   }
   return base;

@@ -12,8 +12,8 @@
 
 int main(int argc, char** argv) {
   // Secrets a leak would show: in the environment of the host process, and in files.
-  for (const char* name : {"AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY", "DATABASE_URL",
-                           "CONFORMANCE_SECRET"}) {
+  for (const char* name :
+       {"AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY", "DATABASE_URL", "CONFORMANCE_SECRET"}) {
     setenv(name, conformance::canary_secret().c_str(), 1);
   }
   (void)conformance::canary_files();
@@ -25,8 +25,9 @@ int main(int argc, char** argv) {
       any = true;
     } else {
       std::fprintf(stderr, "conformance: backend '%s' unavailable: %s\n",
-                   i < conformance::profiles().size() ? conformance::profiles()[i].name.c_str()
-                                                      : "(no profile matches SANDBOX_CONFORMANCE_PROFILES)",
+                   i < conformance::profiles().size()
+                       ? conformance::profiles()[i].name.c_str()
+                       : "(no profile matches SANDBOX_CONFORMANCE_PROFILES)",
                    why.c_str());
     }
   }

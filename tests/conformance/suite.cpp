@@ -1,26 +1,27 @@
 #include "conformance/suite.hpp"
 
-#include <dirent.h>
-#include <sys/socket.h>
-#include <poll.h>
-#include <netinet/in.h>
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
-#include <sys/stat.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <openssl/evp.h>
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdio>
-#include <fmt/format.h>
 #include <cstdlib>
 #include <fstream>
 #include <future>
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <openssl/evp.h>
 #include <sstream>
 #include <thread>
 
@@ -111,7 +112,8 @@ std::map<std::string, std::string> host_binary_hashes(sandbox::runtime& rt) {
       if (!digest) continue;
       auto root = images->rootfs(*digest);
       if (!root) continue;
-      for (const char* exe : {"usr/bin/python3.11", "usr/bin/node", "usr/lib/x86_64-linux-gnu/libc.so.6"}) {
+      for (const char* exe :
+           {"usr/bin/python3.11", "usr/bin/node", "usr/lib/x86_64-linux-gnu/libc.so.6"}) {
         fs::path p = *root / exe;
         std::error_code ec;
         if (fs::exists(p, ec)) out[p.string()] = sha256_file(p);
@@ -121,9 +123,7 @@ std::map<std::string, std::string> host_binary_hashes(sandbox::runtime& rt) {
   return out;
 }
 
-bool must_work() {
-  return env_or("CI", "") == "true" || env_or("SANDBOX_MUST_WORK", "") == "1";
-}
+bool must_work() { return env_or("CI", "") == "true" || env_or("SANDBOX_MUST_WORK", "") == "1"; }
 
 const std::string& canary_secret() {
   static const std::string secret = "conformance-canary-" + std::to_string(::getpid()) + "-5e3c";
@@ -173,6 +173,18 @@ bool init_entry_allowed(const expectations& expect, const std::string& what,
   return false;
 }
 
+namespace {
+std::atomic<long long> startup_allowance_ms{0};
+}  // namespace
+
+std::chrono::milliseconds startup_allowance() {
+  return std::chrono::milliseconds(startup_allowance_ms.load());
+}
+
+void set_startup_allowance(std::chrono::milliseconds allowance) {
+  startup_allowance_ms.store(allowance.count());
+}
+
 sandbox::run_request py(std::string source, std::chrono::milliseconds timeout) {
   return {.runtime = "python3", .source = std::move(source), .timeout = timeout};
 }
@@ -191,8 +203,11 @@ std::string helper_source(const std::string& name) {
 
 sandbox::ticket backend::ticket(const std::string& tenant) const {
   return sandbox::ticket_issuer{}
-      .issue({.id = "conformance", .tenant = tenant, .isolation = profile_.level,
-              .max_timeout = std::chrono::milliseconds(8000), .max_memory_bytes = 1ULL << 30})
+      .issue({.id = "conformance",
+              .tenant = tenant,
+              .isolation = profile_.level,
+              .max_timeout = std::chrono::milliseconds(8000) + startup_allowance(),
+              .max_memory_bytes = 1ULL << 30})
       .value();
 }
 
@@ -206,22 +221,27 @@ void log_result(const sandbox::run_result& r) {
 }  // namespace
 
 sandbox::run_result backend::run(sandbox::run_request req, const std::string& tenant) {
+  req.timeout += startup_allowance();
   auto r = rt_.run(std::move(req), ticket(tenant));
   log_result(r);
   return r;
 }
 
+std::future<sandbox::run_result> backend::submit(sandbox::run_request req,
+                                                 const std::string& tenant) {
+  req.timeout += startup_allowance();
+  auto p = std::make_shared<std::promise<sandbox::run_result>>();
+  auto f = p->get_future();
+  rt_.async_run(
+      std::move(req), ticket(tenant),
+      [p](boost::system::error_code, sandbox::run_result r) { p->set_value(std::move(r)); });
+  return f;
+}
+
 std::vector<sandbox::run_result> backend::run_all(std::vector<sandbox::run_request> reqs,
                                                   const std::string& tenant) {
   std::vector<std::future<sandbox::run_result>> fs;
-  for (auto& req : reqs) {
-    auto p = std::make_shared<std::promise<sandbox::run_result>>();
-    fs.push_back(p->get_future());
-    rt_.async_run(std::move(req), ticket(tenant),
-                  [p](boost::system::error_code, sandbox::run_result r) {
-                    p->set_value(std::move(r));
-                  });
-  }
+  for (auto& req : reqs) fs.push_back(submit(std::move(req), tenant));
   std::vector<sandbox::run_result> out;
   for (auto& f : fs) out.push_back(f.get());
   return out;
@@ -255,10 +275,12 @@ std::string http_get_loopback(std::uint16_t port, const std::string& path) {
   ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   std::string out;
   if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    const std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    const std::string req =
+        "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
     if (::send(s, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
       char buf[4096];
-      for (ssize_t n; (n = ::recv(s, buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+      for (ssize_t n; (n = ::recv(s, buf, sizeof buf, 0)) > 0;)
+        out.append(buf, static_cast<std::size_t>(n));
     }
   }
   ::close(s);
@@ -309,7 +331,8 @@ egress_origin_info start_egress_origin() {
   std::string line;
   char c;
   pollfd p{from_child[0], POLLIN, 0};
-  while (line.size() < 256 && ::poll(&p, 1, 10000) > 0 && ::read(from_child[0], &c, 1) == 1 && c != '\n') {
+  while (line.size() < 256 && ::poll(&p, 1, 10000) > 0 && ::read(from_child[0], &c, 1) == 1 &&
+         c != '\n') {
     line.push_back(c);
   }
   ::close(from_child[0]);
@@ -382,9 +405,8 @@ host_snapshot take_snapshot() {
       if (at == std::string::npos) continue;
       if (is_own_run(std::string_view(line).substr(at + parent.size() + 1))) ours = true;
     }
-    struct stat sb{};
-    if (!in_run_cgroup && stat(("/proc/" + p).c_str(), &sb) == 0 &&
-        sb.st_uid >= 2'100'000'000u) {
+    struct stat sb {};
+    if (!in_run_cgroup && stat(("/proc/" + p).c_str(), &sb) == 0 && sb.st_uid >= 2'100'000'000u) {
       ours = true;
     }
     if (ours) s.sandbox_processes.insert(std::stoi(p));
@@ -416,7 +438,8 @@ host_snapshot take_snapshot() {
   std::vector<fs::path> run_dirs;
   for (const auto& st : list_dir(state_root())) {
     run_dirs.push_back(state_root() / st / "runs");
-    for (const auto& sub : list_dir(state_root() / st)) run_dirs.push_back(state_root() / st / sub / "runs");
+    for (const auto& sub : list_dir(state_root() / st))
+      run_dirs.push_back(state_root() / st / sub / "runs");
   }
   for (const auto& runs : run_dirs) {
     for (const auto& inst : list_dir(runs)) {
@@ -437,7 +460,7 @@ host_snapshot take_snapshot() {
   }
   s.threads = static_cast<int>(list_dir("/proc/self/task").size());
   for (const auto& c : canary_files()) {
-    struct stat sb{};
+    struct stat sb {};
     std::string desc = "missing";
     if (::lstat(c.c_str(), &sb) == 0) {
       std::ifstream in(c);
@@ -631,7 +654,8 @@ backend* acquire(std::size_t index) {
 void settle(backend& b) {
   for (int i = 0; i < 500; ++i) {
     bool full = true;
-    for (const auto& p : b.rt().warm_pool_stats()) full = full && p.ready == p.size && p.starting == 0;
+    for (const auto& p : b.rt().warm_pool_stats())
+      full = full && p.ready == p.size && p.starting == 0;
     if (full) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -671,7 +695,8 @@ void dump_hang(const std::string& what, long seconds) {
       "command -v gdb >/dev/null && timeout 120 gdb -p {} -batch -nx -ex 'set pagination off' "
       "-ex 'thread apply all bt' 1>&2",
       self);
-  if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "conformance: (diagnostics incomplete)\n");
+  if (std::system(cmd.c_str()) != 0)
+    std::fprintf(stderr, "conformance: (diagnostics incomplete)\n");
 }
 
 }  // namespace

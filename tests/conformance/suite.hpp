@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -81,6 +82,15 @@ struct expectations {
   /// checked), so a walk up from $HOME stops there; the working directory is then shown
   /// inside the root by resolving its absolute path instead.
   bool parent_of_home_reachable = true;
+  /// The sandbox's own kernel needs host tasks for the program's processes, and dies when
+  /// the run cgroup's pids limit refuses it one (gVisor's ptrace platform: a stub process
+  /// per address space and, in it, a stub thread for each Sentry thread that ever ran it —
+  /// 10 to 45 host tasks per program process measured). A program that keeps many
+  /// processes busy, a fork bomb above all, can use up the host limit before the program's
+  /// own (RLIMIT_NPROC inside) refuses it; the run then ends `pids_limit`, from the run
+  /// cgroup's pids.events, never `internal`. false: a fork past the limit gets EAGAIN and
+  /// the program goes on.
+  bool sandbox_kernel_host_tasks = false;
   /// How many times slower than on the host kernel forks, execs and system calls are
   /// (gVisor's ptrace platform: every system call traps to the sentry, ~10-100x; a
   /// double fork takes ~20 ms on a loaded 2-core host, so the profile says 20). Cases with
@@ -88,6 +98,18 @@ struct expectations {
   /// their property needs (and their assertions unchanged), so they fit the ticket's 8 s
   /// ceiling and the CI budget.
   int syscall_slowdown = 1;
+  /// Scheduling calls are Linux's: a nice value can only go up (below where it is: EACCES,
+  /// no CAP_SYS_NICE and RLIMIT_NICE 0), and SCHED_BATCH and SCHED_IDLE can be taken.
+  /// false (gVisor 2022): they are stubs — setpriority records any number for getpriority
+  /// without Linux's check, sched_setscheduler accepts only SCHED_OTHER (EINVAL) — and the
+  /// Sentry's threads run at the host's priority whatever the program asks, so nothing is
+  /// raised anywhere.
+  bool linux_scheduling = true;
+  /// A pty behaves as Linux's: once the child holding its slave exits, a read of the master
+  /// fails with EIO (pexpect's EOF), and a process whose controlling terminal it is opens it
+  /// as /dev/tty. false (gVisor 2022): that read waits, and /dev/tty fails with EIO; a reader
+  /// that stops at the output it expects, or at the child's exit, still works.
+  bool linux_pty = true;
 
   // Known gaps: library bugs or findings a backend has today (the conformance report names
   // each). A case consults one only to WARN about the gap and to keep asserting what still
@@ -99,13 +121,11 @@ struct expectations {
   /// answers `runtime_unavailable` when no stronger level is registered).
   bool egress_proxy = true;
 
-  /// GAP (finding): under gVisor every forked interpreter is charged about in full to the
-  /// run's memory (no sharing of the parent's pages as on the host kernel), so `max_pids`
-  /// Python processes do not fit the default memory limit: a fork bomb ends on memory before
-  /// its deadline — as `oom`, or as `internal` when the OOM killer took the sentry (a
-  /// misclassification: the run's memory limit was hit) — and cases that fill the pids
-  /// budget with interpreters ask for more memory.
-  bool gap_fork_bomb_ends_on_memory = false;
+  /// Every forked interpreter is charged to the run's memory much more than on the host
+  /// kernel (gVisor: about 3.5 MiB each measured, beside the Sentry's own), so cases that
+  /// fill the pids budget with interpreters ask for more memory than the default, to test
+  /// the budget rather than the memory limit.
+  bool forked_processes_cost_memory = false;
   /// GAP (library bug): the inode cap of /tmp, $HOME and /dev/shm (tmpfs nr_inodes) is not
   /// enforced inside gVisor (its tmpfs ignores nr_inodes): entries can be created until the
   /// memory limit; only the output directory (a host tmpfs) answers ENOSPC.
@@ -115,6 +135,12 @@ struct expectations {
   /// https and fetch ignore the proxy variables and reach nothing. The Node egress case then
   /// WARNs instead of running; docs/security.md lists the gap.
   bool gap_node_proxy_preload = false;
+  /// GAP (library bug, open; microvm): a program that flushed a line to stdout and is then
+  /// killed by a signal of its own limits (SIGXCPU) sometimes comes back with that line
+  /// missing (about one run in two in `lying: SIGXCPU…` at microvm under TCG, 2026-12-02; a
+  /// lone `sandboxctl run` of the same program kept it). The case WARNs on the empty stdout
+  /// and asserts the rest; docs/security.md lists the gap.
+  bool gap_stdout_lost_on_signal_death = false;
 };
 
 /// One backend under test.
@@ -144,6 +170,10 @@ class backend {
   /// Runs `req` under a ticket for `tenant` (code.execute, this backend's level); logs the
   /// result as Catch INFO so a failing check shows it.
   sandbox::run_result run(sandbox::run_request req, const std::string& tenant = "conformance");
+  /// Starts `req` under a ticket for `tenant` and returns its result's future; the deadline
+  /// gets `startup_allowance()` on top, as in `run` and `run_all`.
+  std::future<sandbox::run_result> submit(sandbox::run_request req,
+                                          const std::string& tenant = "conformance");
   /// Runs several requests concurrently; results in order.
   std::vector<sandbox::run_result> run_all(std::vector<sandbox::run_request> reqs,
                                            const std::string& tenant = "conformance");
@@ -167,12 +197,23 @@ class backend {
 bool init_entry_allowed(const expectations& expect, const std::string& what,
                         const std::string& result);
 
-/// Builds a Python request (timeout 5 s unless given).
-sandbox::run_request py(std::string source,
-                        std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
+/// What starting a program costs at the level under test beyond what a case's deadline allows
+/// for, from the calibration measured when its runtime was made (microvm under TCG: five times
+/// Python's start-up in a VM); zero where start-up is a small part of every deadline.
+/// `backend::run` and `run_all` add it to every request's deadline and `backend::ticket` to
+/// its ceiling, so a case tests its property, never the host's speed.
+std::chrono::milliseconds startup_allowance();
+/// Sets `startup_allowance()` (the profile that calibrates its level).
+void set_startup_allowance(std::chrono::milliseconds allowance);
+
+/// A case's deadline when it names none (plus `startup_allowance()` through the backend).
+inline constexpr std::chrono::milliseconds default_deadline{5000};
+
+/// Builds a Python request (timeout `default_deadline` unless given; plus
+/// `startup_allowance()` when run through `backend::submit`/`run`/`run_all`).
+sandbox::run_request py(std::string source, std::chrono::milliseconds timeout = default_deadline);
 /// Builds a Node request.
-sandbox::run_request js(std::string source,
-                        std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
+sandbox::run_request js(std::string source, std::chrono::milliseconds timeout = default_deadline);
 
 /// Reads tests/helpers/<name>.
 std::string helper_source(const std::string& name);
@@ -184,12 +225,12 @@ bool must_work();
 
 /// What a run must leave as it found it. Taken before and after every case.
 struct host_snapshot {
-  std::set<std::string> run_cgroups;    ///< r-* cgroups under the configured parents
-  std::set<int> sandbox_processes;      ///< pids in a run cgroup or with a sandbox uid
-  std::vector<std::string> mounts;      ///< this process's mount table (the host's)
-  std::set<std::string> work_dirs;      ///< <state>/runs/<instance>/<run>
-  int fds = 0;                          ///< our open descriptors
-  int threads = 0;                      ///< our threads
+  std::set<std::string> run_cgroups;            ///< r-* cgroups under the configured parents
+  std::set<int> sandbox_processes;              ///< pids in a run cgroup or with a sandbox uid
+  std::vector<std::string> mounts;              ///< this process's mount table (the host's)
+  std::set<std::string> work_dirs;              ///< <state>/runs/<instance>/<run>
+  int fds = 0;                                  ///< our open descriptors
+  int threads = 0;                              ///< our threads
   std::map<std::string, std::string> canaries;  ///< host canary files: path → stat + content
   /// Our children that have exited and are not reaped (zombies) for more than 3 s: a
   /// launched runtime the library lost track of. (Younger ones are a teardown in progress.)
@@ -226,10 +267,10 @@ std::map<std::string, std::string> host_binary_hashes(sandbox::runtime& rt);
 /// through its proxy. Started once, on first use (before any runtime exists).
 struct egress_origin_info {
   bool ok = false;
-  std::string why;               ///< why the servers could not start
+  std::string why;  ///< why the servers could not start
   std::uint16_t http_port = 0;
   std::uint16_t https_port = 0;
-  std::string ca_pem;            ///< the servers' certificate (self-signed; the client trusts it)
+  std::string ca_pem;  ///< the servers' certificate (self-signed; the client trusts it)
   /// GET /stats from the HTTP server: {"http":{"connections":N,"requests":N},"https":{...}}.
   std::string stats() const;
 };
@@ -309,9 +350,9 @@ std::map<std::string, double>& suite_seconds();
 /// Runs the enclosing TEST_CASE once per registered backend, binds `var` to it, and checks
 /// the host when the case ends. Returns from the case when the backend is unavailable on this
 /// host (a warning on laptops; a failure with CI=true or SANDBOX_MUST_WORK=1).
-#define CONFORMANCE_BACKEND(var)                                                             \
-  conformance::backend* var##_ptr = conformance::acquire(                                    \
-      GENERATE(Catch::Generators::from_range(conformance::profile_indices())));              \
-  if (var##_ptr == nullptr) return;                                                          \
-  conformance::backend& var = *var##_ptr;                                                    \
+#define CONFORMANCE_BACKEND(var)                                                \
+  conformance::backend* var##_ptr = conformance::acquire(                       \
+      GENERATE(Catch::Generators::from_range(conformance::profile_indices()))); \
+  if (var##_ptr == nullptr) return;                                             \
+  conformance::backend& var = *var##_ptr;                                       \
   conformance::case_guard var##_guard(var##_ptr)

@@ -2,14 +2,18 @@
 # build tree); the source tree is only read.
 #
 #   cmake -DMODE=find_package|fetch_content -DSOURCE_DIR=<checkout> -DWORK_DIR=<dir>
+#         [-DBUILT_TREE=<build dir> [-DBUILT_TREE_TYPE=<its build type>]]
 #         [-DBUILD_TYPE=Release] [-DJOBS=2] [-DGENERATOR=...] [-DCXX_COMPILER=...]
 #         [-DC_COMPILER=...] -P run_consumer_test.cmake
 #
-# find_package: configures, builds and installs agent-sandbox into WORK_DIR/prefix (no tests,
-#   examples or benchmarks), checks the installed files, then configures and builds
-#   tests/consumer/find_package against that prefix only, and runs its two programs.
-# fetch_content: configures and builds tests/consumer/fetch_content, which pulls this checkout
-#   in with FetchContent (SOURCE_DIR: nothing is downloaded), and runs its two programs.
+# find_package: with BUILT_TREE (a build tree of SOURCE_DIR with install rules), brings the
+#   targets it installs up to date (a no-op after a full build) and installs it into
+#   WORK_DIR/prefix; without, configures, builds and installs agent-sandbox alone (no tests,
+#   examples or benchmarks) from source. Then checks the installed files, configures and
+#   builds tests/consumer/find_package against that prefix only, and runs its two programs.
+# fetch_content: configures tests/consumer/fetch_content, which pulls this checkout in with
+#   FetchContent (SOURCE_DIR: nothing is downloaded), builds its two programs (and so only the
+#   parts of agent-sandbox they link), and runs them.
 #
 # Build directories are kept between runs (incremental builds); the install prefix and the
 # find_package consumer's build directory are made afresh each time.
@@ -58,15 +62,30 @@ file(MAKE_DIRECTORY "${WORK_DIR}")
 set(consumer_build "${WORK_DIR}/consumer")
 
 if(MODE STREQUAL "find_package")
-  set(lib_build "${WORK_DIR}/build")
   set(prefix "${WORK_DIR}/prefix")
   file(REMOVE_RECURSE "${prefix}" "${consumer_build}")
-  step("configure agent-sandbox"
-       ${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${lib_build}" ${common_args}
-       -DSANDBOX_BUILD_TESTS=OFF -DSANDBOX_BUILD_EXAMPLES=OFF -DSANDBOX_BUILD_BENCH=OFF
-       -DSANDBOX_INSTALL=ON "-DCMAKE_INSTALL_PREFIX=${prefix}")
-  step("build agent-sandbox" ${CMAKE_COMMAND} --build "${lib_build}" -j ${JOBS})
-  step("install agent-sandbox" ${CMAKE_COMMAND} --install "${lib_build}")
+  if(BUILT_TREE)
+    # The tree the test itself belongs to: what `cmake --install` copies is what it built.
+    set(lib_build "${BUILT_TREE}")
+    step("bring the installed targets of ${lib_build} up to date"
+         ${CMAKE_COMMAND} --build "${lib_build}" --target sandbox sandbox_testing sandboxctl
+         -j ${JOBS})
+    step("install agent-sandbox from ${lib_build}"
+         ${CMAKE_COMMAND} --install "${lib_build}" --prefix "${prefix}")
+    # The consumer asks for the configuration the tree was built in (the installed targets
+    # hold only that one).
+    if(BUILT_TREE_TYPE)
+      list(TRANSFORM common_args REPLACE "^-DCMAKE_BUILD_TYPE=.*" "-DCMAKE_BUILD_TYPE=${BUILT_TREE_TYPE}")
+    endif()
+  else()
+    set(lib_build "${WORK_DIR}/build")
+    step("configure agent-sandbox"
+         ${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${lib_build}" ${common_args}
+         -DSANDBOX_BUILD_TESTS=OFF -DSANDBOX_BUILD_EXAMPLES=OFF -DSANDBOX_BUILD_BENCH=OFF
+         -DSANDBOX_INSTALL=ON "-DCMAKE_INSTALL_PREFIX=${prefix}")
+    step("build agent-sandbox" ${CMAKE_COMMAND} --build "${lib_build}" -j ${JOBS})
+    step("install agent-sandbox" ${CMAKE_COMMAND} --install "${lib_build}")
+  endif()
 
   # What an installed package must hold, and what it must not.
   file(GLOB_RECURSE config_files "${prefix}/*/sandboxConfig.cmake")
@@ -126,7 +145,10 @@ else()
        ${common_args} "-DSANDBOX_SOURCE_DIR=${SOURCE_DIR}")
 endif()
 
-step("build the consumer" ${CMAKE_COMMAND} --build "${consumer_build}" -j ${JOBS})
+# Only the consumer's own programs: under FetchContent, agent-sandbox's other targets
+# (sandboxctl) are not what a consumer builds.
+step("build the consumer" ${CMAKE_COMMAND} --build "${consumer_build}" -j ${JOBS}
+     --target consumer_core consumer_testing)
 step("run consumer_core (sandbox::sandbox)" "${consumer_build}/consumer_core")
 step("run consumer_testing (sandbox::testing)" "${consumer_build}/consumer_testing")
 message(STATUS "consumer ${MODE}: ok")

@@ -1,12 +1,14 @@
-// Fuzz target for the egress proxy's parsers (libFuzzer interface; tests/fuzz/replay_main.cpp
-// replays a corpus through it under g++).
+// Fuzz target for the egress proxy's parsers (core/egress/parsers.hpp) and its address
+// classification (libFuzzer interface; tests/fuzz/replay_main.cpp replays a corpus through it
+// under g++).
 //
 // Every input goes through the ClientHello reader and the HTTP head parser, whole and cut short:
 // a decision taken on a prefix (malformed, found, absent, complete) must stay the same with more
 // bytes; results respect their bounds. A complete head's target goes through the authority and
 // target parsers, and its rewritten upstream head must parse again as a complete head without
 // any Proxy-* or hop-by-hop field. Hostile bytes as a host still give a valid JSON denial. The
-// first 16 bytes, taken as addresses, are judged alike as IPv4 and in their IPv6 forms.
+// first 16 bytes, taken as addresses, are judged alike as IPv4 and in their IPv6 forms. Two
+// halves of the input, taken as host names, are the same host both ways round or neither.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -16,7 +18,8 @@
 #include <string>
 #include <string_view>
 
-#include "core/egress_proxy.hpp"
+#include "core/egress/egress_proxy.hpp"
+#include "core/egress/parsers.hpp"
 
 namespace {
 
@@ -146,6 +149,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   check_head(text, 16384);
   check_head(text, 64);
   check_addresses(bytes);
+  const std::string_view first = text.substr(0, size / 2), second = text.substr(size / 2);
+  if (same_host(first, second) != same_host(second, first)) fail("same_host not symmetric");
   const std::string shown = display_host(text);
   if (shown.size() > 253 || !printable(shown)) fail("display_host");
   const std::string denial = egress_denial_response(403, "domain not approved", text);

@@ -78,15 +78,18 @@ void check_admission(const sandbox::run_request& request) {
   static const sandbox::host_catalog catalog{
       .levels = {sandbox::isolation::process, sandbox::isolation::container},
       .runtimes = {{"python3", python_digest}, {"node", std::nullopt}},
-      .tools = {{"md", {.entry = {.name = "md", .image = "tools", .binary = "/usr/bin/cmark",
-                                  .isolation = sandbox::isolation::container},
-                        .digest = python_digest}}}};
+      .tools = {{"md",
+                 {.entry = {.name = "md",
+                            .image = "tools",
+                            .binary = "/usr/bin/cmark",
+                            .isolation = sandbox::isolation::container},
+                  .digest = python_digest}}}};
   // A ticket granting every registered tool (and code).
   static const sandbox::ticket tools =
       *sandbox::ticket_issuer{}.issue({.id = "fuzz-tools", .tenant = "fuzz", .tools = {"*"}});
   for (const auto* t :
-       {&tools, &ticket(false, sandbox::isolation::process), &ticket(true, sandbox::isolation::process),
-        &ticket(false, sandbox::isolation::gvisor),
+       {&tools, &ticket(false, sandbox::isolation::process),
+        &ticket(true, sandbox::isolation::process), &ticket(false, sandbox::isolation::gvisor),
         &ticket(true, sandbox::isolation::process, python_digest),
         &ticket(true, sandbox::isolation::process, other_digest)}) {
     const auto outcome = sandbox::admit(request, *t, policy, catalog);

@@ -5,7 +5,8 @@
 #      with memory, pids, cpu; root; CI=true SANDBOX_MUST_WORK=1; read-only root; no status
 #      port in /dev), prints a forged "TESTBED-EXIT 0" and exits 7: the bed must exit 7; and
 #      as TESTBED_AS=user: not root, in the delegated leaf, managing only its own subtree;
-#   3. a command that never ends is stopped at TESTBED_TIMEOUT: exit 125, no QEMU left.
+#   3. a command that never ends is stopped by the guest's watchdog a quarter before
+#      TESTBED_TIMEOUT, its processes listed on the console: exit 125, no QEMU left.
 # Exit 77 (skipped) without root, QEMU or the guest kernel — unless CI=true or
 # SANDBOX_MUST_WORK=1, where that is a failure.
 #
@@ -74,11 +75,14 @@ cat "$LOG" >&2
 echo "selftest: as the user, in a delegated subtree: every promise held" >&2
 
 # 3. A command that never ends: stopped at the run deadline, the guest gone.
-TESTBED_PROGRAM=$PROBE TESTBED_TIMEOUT=30 "$BED" "$BUILD" hang >"$LOG" 2>&1
+TESTBED_PROGRAM=$PROBE TESTBED_TIMEOUT=40 "$BED" "$BUILD" hang >"$LOG" 2>&1
 rc=$?
 cat "$LOG" >&2
 [ $rc = 125 ] || fail "expected exit 125 for a guest past its deadline, got $rc"
-grep -q "ran past 30 s" "$LOG" || fail "the deadline message is missing"
+grep -q "ran past the watchdog's 30 s" "$LOG" || fail "the watchdog's message is missing"
+grep -q "^testbed: pid [0-9]* (testbed_probe) .*testbed_probe hang" "$LOG" ||
+  fail "the watchdog did not list the hung command"
+grep -q "^testbed: --- watchdog: end ---" "$LOG" || fail "the watchdog's dump did not end"
 if pgrep -f "$BUILD/guest-testbed/run-" >/dev/null; then fail "a QEMU of the bed outlived it"; fi
-echo "selftest: a guest past TESTBED_TIMEOUT is stopped (exit 125), nothing left running" >&2
+echo "selftest: a hung command is listed and stopped by the watchdog (exit 125), nothing left running" >&2
 echo "selftest: passed" >&2

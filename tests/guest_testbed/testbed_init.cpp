@@ -13,6 +13,12 @@
 //   /testbed/argv           the command: its arguments, each ended by a NUL byte
 //   /testbed/user           optional, "<uid>:<gid>" (not 0): run the command as that user
 //                           with /sys/fs/cgroup/agent-sandbox-ci delegated to it
+//   /testbed/watchdog       optional, "<min s> <per-ready factor> <margin s>": the command
+//                           may run max(min, factor × the guest's boot-to-ready time) − margin
+//                           seconds; past that the bed prints every process, thread, kernel
+//                           stack and cgroup on the console, kills everything and reports
+//                           TESTBED-FAIL (the host's own deadline, `margin` later, is the
+//                           backstop that can only kill QEMU and say nothing of why)
 // Disk (virtio-blk, erofs, read-only): the root of the tests; it must hold the mount points
 //   /tmp /run /var/tmp /root /var/lib/agent-sandbox/blobs /dev /proc /sys.
 // Status port: the virtio-serial port named "testbed.status" carries, one line each,
@@ -21,7 +27,8 @@
 //                                  runtime's parent cgroup (/sys/fs/cgroup/agent-sandbox,
 //                                  or agent-sandbox-ci/runs for a user), or "absent"
 //   TESTBED-EXIT <n>               the command's exit status (128 + signal when killed)
-//   TESTBED-FAIL <reason>          the test bed itself failed (instead of READY or EXIT)
+//   TESTBED-FAIL <reason>          the test bed itself failed (instead of READY or EXIT),
+//                                  or the command outlived the watchdog
 // The command never holds the port: it is opened close-on-exec and its device node is
 // removed before the command starts, so nothing the tests print can forge a status line;
 // their output goes to the console (ttyS0) only.
@@ -39,8 +46,10 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -59,7 +68,7 @@ namespace fs = std::filesystem;
 
 constexpr const char* kStatusPortName = "testbed.status";
 constexpr const char* kNewRoot = "/newroot";
-constexpr const char* kDiskView = "/disk";  // the disk again, outside the new root
+constexpr const char* kDiskView = "/disk";              // the disk again, outside the new root
 constexpr auto kDeviceWait = std::chrono::seconds(30);  // TCG on a loaded host is slow
 constexpr std::size_t kMaxArgvBytes = 64 * 1024;
 /// Writable tmpfs mounts over the read-only disk: path inside the root, mode.
@@ -139,6 +148,84 @@ std::optional<std::string> read_text(const fs::path& p, std::size_t cap = 64 * 1
   in.read(s.data(), static_cast<std::streamsize>(cap));
   s.resize(static_cast<std::size_t>(in.gcount()));
   return s;
+}
+
+// --- The watchdog ------------------------------------------------------------------------------
+volatile sig_atomic_t watchdog_fired = 0;
+extern "C" void on_watchdog(int) { watchdog_fired = 1; }
+
+/// The watchdog's settings, read from the initramfs before the root changes.
+struct watchdog_spec {
+  unsigned long min_s = 0, factor = 0, margin_s = 0;  // min_s 0: no watchdog
+};
+
+watchdog_spec read_watchdog() {
+  watchdog_spec w;
+  auto text = read_text("/testbed/watchdog", 64);
+  if (!text) return w;
+  if (std::sscanf(text->c_str(), "%lu %lu %lu", &w.min_s, &w.factor, &w.margin_s) != 3 ||
+      w.min_s == 0 || w.min_s > 86400 || w.factor > 10000 || w.margin_s >= w.min_s) {
+    fail("/testbed/watchdog must be \"<min s> <factor> <margin s>\": " + text->substr(0, 32));
+  }
+  return w;
+}
+
+/// The watchdog's limit in seconds: the guest's boot-to-ready time is CLOCK_BOOTTIME now,
+/// just before the command starts; 0: no watchdog.
+unsigned watchdog_seconds(const watchdog_spec& w) {
+  if (w.min_s == 0) return 0;
+  timespec up{};
+  ::clock_gettime(CLOCK_BOOTTIME, &up);
+  const unsigned long limit =
+      std::max<unsigned long>(w.min_s, w.factor * static_cast<unsigned long>(up.tv_sec));
+  return static_cast<unsigned>(limit - w.margin_s);
+}
+
+std::string one_line(std::string s, std::size_t cap = 200) {
+  for (char& c : s) {
+    if (c == '\0' || c == '\n') c = ' ';
+  }
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s.substr(0, cap);
+}
+
+/// What a hung command was doing: each process and thread (state, wait channel, kernel
+/// stack, cgroup, command line) and each cgroup's members, on the console.
+void dump_processes() {
+  say("--- watchdog: processes (pid ppid state comm | cmdline | cgroup) and threads ---");
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string pid = e.path().filename().string();
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos || pid == "1")
+      continue;
+    auto stat = read_text(e.path() / "stat", 1024);
+    auto cmdline = read_text(e.path() / "cmdline", 400);
+    if (!stat || !cmdline || cmdline->empty()) continue;  // gone, or a kernel thread
+    say("pid " + one_line(*stat, 120) + " | " + one_line(*cmdline) + " | " +
+        one_line(read_text(e.path() / "cgroup", 400).value_or("")));
+    std::error_code tec;
+    for (const auto& t : fs::directory_iterator(e.path() / "task", tec)) {
+      auto tstat = read_text(t.path() / "stat", 1024).value_or("");
+      std::string state = tstat.substr(0, tstat.find(' ', tstat.rfind(')') + 2));
+      say("  tid " + one_line(state, 80) +
+          " wchan=" + one_line(read_text(t.path() / "wchan", 128).value_or("?")) +
+          " syscall=" + one_line(read_text(t.path() / "syscall", 200).value_or("?"), 60));
+      std::istringstream stack(read_text(t.path() / "stack", 4096).value_or(""));
+      std::string frame;
+      for (int n = 0; std::getline(stack, frame) && n < 16; ++n) say("      " + frame);
+    }
+  }
+  say("--- watchdog: cgroups (path: procs | events) ---");
+  say("/sys/fs/cgroup: " + one_line(read_text("/sys/fs/cgroup/cgroup.procs", 400).value_or("?")));
+  for (auto it = fs::recursive_directory_iterator("/sys/fs/cgroup", ec);
+       it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    if (!it->is_directory(ec)) continue;
+    say(it->path().string() + ": " +
+        one_line(read_text(it->path() / "cgroup.procs", 400).value_or("?")) + " | " +
+        one_line(read_text(it->path() / "cgroup.events", 200).value_or("?")));
+  }
+  say("--- watchdog: end ---");
 }
 
 void mount_or_fail(const char* source, const std::string& target, const char* type,
@@ -222,8 +309,9 @@ void assemble_root() {
       must(::mkdir(target.c_str(), 0755) == 0, "mkdir " + target);
       must(::mount(e.path().c_str(), target.c_str(), nullptr, MS_BIND | MS_REC, nullptr) == 0,
            "bind " + target);
-      must(::mount(nullptr, target.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) == 0,
-           "read-only " + target);
+      must(
+          ::mount(nullptr, target.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) == 0,
+          "read-only " + target);
     }
   }
   mount_or_fail("devtmpfs", root + "/dev", "devtmpfs", MS_NOSUID, "mode=0755");
@@ -353,8 +441,9 @@ void delegate_subtree(const identity& id) {
 }
 
 // 7b. The command, as root or the user, in /tmp, with a fixed environment; stdin is
-//     /dev/null and its output goes to the console. Returns its wait status as an exit status.
-int run_command(const std::vector<std::string>& args, const identity& id) {
+//     /dev/null and its output goes to the console. Returns its wait status as an exit status;
+//     past `watchdog` seconds (0: none) it shows what hangs and fails the bed instead.
+int run_command(const std::vector<std::string>& args, const identity& id, unsigned watchdog) {
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -395,11 +484,26 @@ int run_command(const std::vector<std::string>& args, const identity& id) {
     (void)!::write(STDERR_FILENO, msg.data(), msg.size());
     _exit(127);
   }
-  // PID 1 reaps every orphan too; the command's own status is the one reported.
+  // PID 1 reaps every orphan too; the command's own status is the one reported. SIGALRM
+  // (installed without SA_RESTART) interrupts the wait when the watchdog's time is up.
+  if (watchdog > 0) {
+    struct sigaction sa {};
+    sa.sa_handler = on_watchdog;
+    ::sigaction(SIGALRM, &sa, nullptr);
+    ::alarm(watchdog);
+  }
   int result = -1;
   while (result < 0) {
     int st = 0;
     pid_t p = ::waitpid(-1, &st, 0);
+    if (p < 0 && errno == EINTR && watchdog_fired) {
+      dump_processes();
+      ::kill(-1, SIGKILL);
+      while (::waitpid(-1, nullptr, 0) > 0 || errno == EINTR) {
+      }
+      fail("the command ran past the watchdog's " + std::to_string(watchdog) +
+           " s (its processes are on the console above)");
+    }
     if (p < 0 && errno == EINTR) continue;
     if (p < 0) fail("waitpid: " + errno_text(errno));
     if (p == child) result = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
@@ -434,14 +538,16 @@ int main() {
   open_status_port();
   const auto args = read_argv();
   const identity id = read_identity();
+  const watchdog_spec dog = read_watchdog();
   assemble_root();
   setup_cgroup2();
   loopback_up();
   must(::sethostname("testbed", 7) == 0, "sethostname");
   enter_root();
   if (id.is_user) delegate_subtree(id);
+  const unsigned watchdog = watchdog_seconds(dog);
   status("TESTBED-READY");
-  const int code = run_command(args, id);
+  const int code = run_command(args, id, watchdog);
   auto parent =
       read_text(id.is_user ? std::string(kDelegated) + "/runs/cgroup.subtree_control"
                            : std::string("/sys/fs/cgroup/agent-sandbox/cgroup.subtree_control"));

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <fstream>
@@ -20,11 +21,17 @@ std::string env_or(const char* name, const std::string& fallback) {
   return v != nullptr && *v != '\0' ? std::string(v) : fallback;
 }
 
+// 40 times a calibrated start-up, within [2 s, 30 s] (default_deadline).
+std::chrono::milliseconds deadline_of(std::chrono::milliseconds startup) {
+  return std::chrono::milliseconds(std::clamp<long long>(40 * startup.count(), 2000, 30000));
+}
+
 struct state {
   std::unique_ptr<sandbox::runtime> runtime;
   std::string why;
   std::filesystem::path state_dir;
   std::string cgroup_parent;
+  std::chrono::milliseconds startup{0};  ///< wall time of `print('ok')`, measured at creation
 };
 
 state& global() {
@@ -64,6 +71,16 @@ state& global() {
       // Warm-up: the first run creates the executor's reactor descriptors (epoll, eventfd,
       // timerfd) for good; later snapshots must not count them as leaks.
       st.runtime->run({.runtime = "python3", .source = "pass"}, ticket());
+      // Calibration: what one small run costs on this host as it is now (a loaded 2-core
+      // machine, the cgroup v2 test bed's emulated CPU). Deadlines a test did not choose
+      // itself scale with it (`default_deadline`).
+      auto calib = st.runtime->run({.runtime = "python3", .source = "print('ok')"}, ticket());
+      st.startup = calib.code == sandbox::code::ok
+                       ? std::chrono::duration_cast<std::chrono::milliseconds>(calib.usage.wall)
+                       : std::chrono::milliseconds(1000);
+      std::cerr << "itest: calibration: print('ok') took " << st.startup.count()
+                << " ms; runs without a timeout of their own get "
+                << deadline_of(st.startup).count() << " ms\n";
     }
     return st;
   }();
@@ -82,9 +99,7 @@ std::vector<std::string> list_dir(const std::filesystem::path& p) {
 
 }  // namespace
 
-bool must_work() {
-  return env_or("CI", "") == "true" || env_or("SANDBOX_MUST_WORK", "") == "1";
-}
+bool must_work() { return env_or("CI", "") == "true" || env_or("SANDBOX_MUST_WORK", "") == "1"; }
 
 sandbox::runtime* rt() { return global().runtime.get(); }
 const std::string& why() { return global().why; }
@@ -102,19 +117,26 @@ sandbox::ticket ticket(const std::string& tenant, std::chrono::milliseconds max_
       .value();
 }
 
+std::chrono::milliseconds default_deadline() { return deadline_of(global().startup); }
+
+std::chrono::milliseconds startup_allowance() { return 10 * global().startup; }
+
 sandbox::run_result run(const std::string& source, sandbox::run_request base,
                         const std::string& runtime) {
   base.runtime = runtime;
   base.source = source;
+  if (base.timeout == sandbox::run_request{}.timeout) {
+    base.timeout = default_deadline();
+    return run(base, ticket("itest", std::max(base.timeout, std::chrono::milliseconds(8000))));
+  }
   return run(base, ticket());
 }
 
 sandbox::run_result run(const sandbox::run_request& request, const sandbox::ticket& t) {
   REQUIRE(rt() != nullptr);
   auto r = rt()->run(request, t);
-  UNSCOPED_INFO("result: code=" << to_string(r.code) << " message=" << r.message
-                                << "\nstdout: " << r.std_out.summary
-                                << "\nstderr: " << r.std_err.summary);
+  UNSCOPED_INFO("result: code=" << to_string(r.code) << " message=" << r.message << "\nstdout: "
+                                << r.std_out.summary << "\nstderr: " << r.std_err.summary);
   return r;
 }
 
@@ -158,7 +180,7 @@ host_snapshot snapshot() {
   // Processes whose uid is in the sandbox range (root hosts) — none may outlive a run.
   for (auto& p : list_dir("/proc")) {
     if (p.find_first_not_of("0123456789") != std::string::npos) continue;
-    struct stat sb{};
+    struct stat sb {};
     if (stat(("/proc/" + p).c_str(), &sb) == 0 && sb.st_uid >= 2'100'000'000u) {
       s.sandbox_pids.push_back(std::stoi(p));
     }
@@ -196,7 +218,8 @@ void check_host_unchanged(const host_snapshot& before) {
   // different after 2 s was left behind for good.
   auto same = [&](const host_snapshot& n) {
     return n.cgroups == before.cgroups && n.workdirs == before.workdirs &&
-           n.sandbox_pids == before.sandbox_pids && n.mounts == before.mounts && n.fds == before.fds;
+           n.sandbox_pids == before.sandbox_pids && n.mounts == before.mounts &&
+           n.fds == before.fds;
   };
   auto now = snapshot();
   for (int i = 0; i < 100 && !same(now); ++i) {

@@ -26,7 +26,20 @@ sandbox::ticket ticket(const std::string& tenant = "itest",
                        std::chrono::milliseconds max_timeout = std::chrono::milliseconds(8000),
                        std::uint64_t max_memory = 1ULL << 30);
 
-/// Runs `source` with `runtime` (default python3); other fields from `base`.
+/// The timeout of a run whose test left `run_request::timeout` at its default (2 s): 40 times
+/// the wall time of `print('ok')` measured when the runtime was created, within [2 s, 30 s], so
+/// a slow host (the cgroup v2 test bed's emulated CPU, a loaded laptop) gets a deadline in
+/// proportion. Tests of the timeout itself set their own and are not scaled.
+std::chrono::milliseconds default_deadline();
+
+/// What starting a program costs on this host now: 10 times the calibrated `print('ok')` wall
+/// time (a few hundred ms on a fast host, seconds under emulation). A test whose program must
+/// get somewhere before a short deadline of its own (print, then be killed at the timeout)
+/// adds this to that deadline, so the property is tested and never the host's speed.
+std::chrono::milliseconds startup_allowance();
+
+/// Runs `source` with `runtime` (default python3); other fields from `base`. A request with the
+/// default timeout gets `default_deadline()` (and a ticket whose ceiling admits it).
 sandbox::run_result run(const std::string& source, sandbox::run_request base = {},
                         const std::string& runtime = "python3");
 sandbox::run_result run(const sandbox::run_request& request, const sandbox::ticket& t);

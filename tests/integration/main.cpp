@@ -29,10 +29,52 @@ int crash_child(const char* state) {
   std::ofstream(std::filesystem::path(state) / "running") << "1";
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
+
+// Child mode of the concurrent-start test (oci/concurrent_start_test.cpp): create a runtime
+// with one level only (SANDBOX_ITEST_START_LEVEL: container, the default, gvisor or microvm)
+// on the shared state dir `state` and run `print('ok')` once. Exits 0 when the run ended `ok`
+// and printed "ok"; else 1 (2: no runtime) with the reason on stderr.
+int start_child(const char* state) {
+  const char* level_env = std::getenv("SANDBOX_ITEST_START_LEVEL");
+  const std::string level = level_env != nullptr ? level_env : "container";
+  auto opts = sandbox::default_runtime_options();
+  opts.state_dir = state;
+  if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
+  if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
+  opts.blobs = sandbox::make_memory_blob_store();
+  opts.process_backend = false;
+  opts.container.enabled = level == "container";
+  opts.gvisor.enabled = level == "gvisor";
+  opts.microvm.enabled = level == "microvm";
+  auto rt = sandbox::runtime::create(opts);
+  if (!rt) {
+    std::cerr << "runtime::create: " << rt.error().message() << "\n";
+    return 2;
+  }
+  sandbox::ticket_issuer issuer;
+  auto t = issuer.issue({.id = "start-child",
+                         .tenant = "itest",
+                         .execute = true,
+                         .isolation = level == "microvm"  ? sandbox::isolation::microvm
+                                      : level == "gvisor" ? sandbox::isolation::gvisor
+                                                          : sandbox::isolation::container,
+                         .max_timeout = std::chrono::milliseconds(60000)});
+  if (!t) return 2;
+  auto r = rt->run(
+      {.runtime = "python3", .source = "print('ok')", .timeout = std::chrono::milliseconds(60000)},
+      *t);
+  if (r.code != sandbox::code::ok || r.std_out.summary != "ok\n") {
+    std::cerr << "run: " << to_string(r.code) << ": " << r.message
+              << "; stdout: " << r.std_out.summary << "; stderr: " << r.std_err.summary << "\n";
+    return 1;
+  }
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (const char* state = std::getenv("SANDBOX_ITEST_CRASH_CHILD")) return crash_child(state);
+  if (const char* state = std::getenv("SANDBOX_ITEST_START_CHILD")) return start_child(state);
   if (itest::rt() == nullptr) {
     std::cerr << "process backend unavailable: " << itest::why() << "\n";
     if (itest::must_work()) {

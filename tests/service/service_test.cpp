@@ -129,9 +129,9 @@ TEST_CASE("malformed lines are answered invalid_request and the daemon keeps ser
   // answered under that id: NaN, too deep, invalid UTF-8, trailing garbage, too long.
   expect_error("{\"id\":\"nan\",\"ticket\":{},\"request\":{\"timeout_ms\":NaN}}\n", "nan",
                "malformed JSON");
-  expect_error("  { \"id\" : \"deep\", \"x\":" + std::string(30, '[') + std::string(30, ']') +
-                   "}\n",
-               "deep", "nesting deeper");
+  expect_error(
+      "  { \"id\" : \"deep\", \"x\":" + std::string(30, '[') + std::string(30, ']') + "}\n", "deep",
+      "nesting deeper");
   expect_error("{\"id\":\"utf\",\"x\":\"\xff\"}\n", "utf", "UTF-8");
   expect_error("{\"id\":\"trail\"} x\n", "trail", "malformed JSON");
   expect_error(R"({"id":"big-id","request":")" + std::string(max_line, 'a') + "\"}\n", "big-id",
@@ -438,7 +438,8 @@ TEST_CASE("many clients that do not read cannot grow the daemon past its answer 
   std::string blob;
   {
     svctest::client c(d.socket());
-    c.send(json{{"id", "put"}, {"blob_put", {{"tenant", "acme"}, {"data_b64", b64}}}}.dump() + "\n");
+    c.send(json{{"id", "put"}, {"blob_put", {{"tenant", "acme"}, {"data_b64", b64}}}}.dump() +
+           "\n");
     auto put = c.answer();
     REQUIRE(put.contains("blob"));
     blob = put["blob"];
@@ -453,9 +454,10 @@ TEST_CASE("many clients that do not read cannot grow the daemon past its answer 
     cs.push_back(std::make_unique<svctest::client>(d.socket()));
     std::string lines;
     for (int k = 0; k < 2; ++k) {
-      lines += json{{"id", "g" + std::to_string(k)}, {"blob_get", {{"tenant", "acme"}, {"blob", blob}}}}
-                   .dump() +
-               "\n";
+      lines +=
+          json{{"id", "g" + std::to_string(k)}, {"blob_get", {{"tenant", "acme"}, {"blob", blob}}}}
+              .dump() +
+          "\n";
     }
     cs.back()->send(lines);
   }
@@ -583,8 +585,8 @@ TEST_CASE("clients that connect while others disconnect are all answered", "[ser
           const bool has_id = a.is_object() && a.contains("id");
           if (has_id && a["id"].is_string() && a["id"].get<std::string>() == id) {
             ++answered;
-          } else if (has_id && a["id"].is_null() && a.contains("error") &&
-                     a["error"].is_object() && a["error"].value("code", "") == "capacity") {
+          } else if (has_id && a["id"].is_null() && a.contains("error") && a["error"].is_object() &&
+                     a["error"].value("code", "") == "capacity") {
             ++refused;  // at the connection cap: answered and closed, as documented
           } else {
             note(line ? "the line " + line->substr(0, 200) : std::string("no line"));
@@ -715,9 +717,10 @@ TEST_CASE("the Python client example runs the freight walkthrough through the da
   CHECK(contains(o.out, "dns api.freight-rates.example port 53, refused"));
 }
 
-TEST_CASE("the Python client never waits forever: unsendable lines fail at once, unparsable "
-          "ones under their id",
-          "[service]") {
+TEST_CASE(
+    "the Python client never waits forever: unsendable lines fail at once, unparsable "
+    "ones under their id",
+    "[service]") {
   svctest::daemon d;
   auto p = svctest::spawn({"/usr/bin/python3",
                            SANDBOX_SOURCE_DIR "/examples/python_client/client_limits_test.py",
@@ -735,8 +738,8 @@ namespace {
 
 /// RFC 3339 UTC of now + `ahead`, e.g. "2026-11-30T12:10:00Z".
 std::string utc_in(std::chrono::seconds ahead) {
-  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now() +
-                                                             ahead);
+  const std::time_t t =
+      std::chrono::system_clock::to_time_t(std::chrono::system_clock::now() + ahead);
   std::tm tm{};
   ::gmtime_r(&t, &tm);
   char buf[32];
@@ -767,8 +770,9 @@ TEST_CASE("with --trusted-keys the daemon accepts only signed tickets", "[servic
   const fs::path keys = clitest::scratch() / "svc-keys";
   fs::create_directories(keys);
   for (const char* kid : {"issuer-1", "issuer-2"}) {
-    REQUIRE(clitest::sandboxctl({"ticket", "keygen", "--kid", kid, "--out", keys.string()})
-                .status == 0);
+    REQUIRE(
+        clitest::sandboxctl({"ticket", "keygen", "--kid", kid, "--out", keys.string()}).status ==
+        0);
   }
   // The daemon trusts issuer-1 only (its public key file); issuer-2 is unknown to it.
   svctest::daemon d({"--trusted-keys", (keys / "issuer-1.pub.pem").string()});
@@ -1025,9 +1029,10 @@ print(json.dumps({"first": result, "again": again}))
   CHECK(out["again"] == out["first"]);  // the random token was not produced a second time
 }
 
-TEST_CASE("a registered tool runs over the socket: the model's bytes on stdin, the name from "
-          "the daemon's registry; a ticket without the tool is refused",
-          "[service][tools]") {
+TEST_CASE(
+    "a registered tool runs over the socket: the model's bytes on stdin, the name from "
+    "the daemon's registry; a ticket without the tool is refused",
+    "[service][tools]") {
   // The "tools" image (tools/setup.sh) holds cmark; the registry comes from --config.
   const auto config = clitest::write_scratch(
       "svc-tools.json",

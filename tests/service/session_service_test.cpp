@@ -5,9 +5,9 @@
 // cgroup left), the session caps, and bad session lines refused with their code while the
 // daemon keeps serving.
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <ctime>
-#include <catch2/catch.hpp>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>

@@ -94,8 +94,8 @@ class fake_backend : public backend {
 
  private:
   void do_execute(run_job job,
-                  boost::asio::any_completion_handler<void(boost::system::error_code,
-                                                           run_result)> handler) override;
+                  boost::asio::any_completion_handler<void(boost::system::error_code, run_result)>
+                      handler) override;
   sandbox::isolation level_;
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<rule>> rules_;

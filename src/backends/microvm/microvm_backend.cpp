@@ -3,8 +3,9 @@
 // sandbox-init in the guest through the agent (stream control). See microvm_backend.hpp.
 //
 // Steps of one launch (each one's reason beside it):
-//  1. The image disk: built once per image by `mkfs.erofs` (temp file + rename, 0444), kept
-//     beside the image store's unpacked roots, keyed by the image's digest.
+//  1. The image disk: built once per image by `mkfs.erofs` (published and verified before
+//     use: ensure_disk), kept beside the image store's unpacked roots, keyed by the image's
+//     digest.
 //  2. `<ws>/out`: the host output dir the guest's output files are written into (by the
 //     guest channel, with the caps enforced here), then read by the shared collector.
 //  3. The VMM, started by `spawn_process` (no shell, empty environment, every other
@@ -20,23 +21,19 @@
 //     egress proxy's listener (the run machine serves the proxy on it, as for runsc), and
 //     QEMU gets a fourth port, "sandbox.net", whose host end the guest channel hands to a
 //     net_relay once the run machine starts it: each tunnel connection from the guest agent
-//     becomes a connection to that listener (net_relay.hpp, core/guest_protocol.hpp).
+//     becomes a connection to that listener (net_relay.hpp, wire/guest_protocol.hpp).
 #include "backends/microvm/microvm_backend.hpp"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <linux/kvm.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#ifndef P_PIDFD
-#define P_PIDFD static_cast<idtype_t>(3)
-#endif
-
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <cctype>
@@ -47,28 +44,24 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <sys/socket.h>
 #include <sstream>
 
 #include "backends/microvm/cpio.hpp"
 #include "backends/microvm/net_relay.hpp"
 #include "backends/microvm/vmm.hpp"
 #include "backends/microvm/vmm_root.hpp"
-#include "core/guest_protocol.hpp"
-#include "core/netns.hpp"
-#include "core/sha256.hpp"
-#include "core/spawn.hpp"
-#include "core/sys.hpp"
-#include "core/text_util.hpp"
-#include "core/tool_process.hpp"
-#include "core/workspace.hpp"
-
-#ifdef SANDBOX_HAS_MICROVM_BACKEND
-extern "C" {
-extern const char sandbox_guest_image_begin[];
-extern const char sandbox_guest_image_end[];
-}
-#endif
+#include "core/run/workspace.hpp"
+#include "embedded/sandbox_guest.hpp"
+#include "protocol/sha256.hpp"
+#include "protocol/text_util.hpp"
+#include "store/publish.hpp"
+#include "store/store_io.hpp"
+#include "sys/netns.hpp"
+#include "sys/pidfd.hpp"
+#include "sys/spawn.hpp"
+#include "sys/sys.hpp"
+#include "sys/tool_process.hpp"
+#include "wire/guest_protocol.hpp"
 
 namespace sandbox::detail {
 namespace {
@@ -78,14 +71,14 @@ namespace gp = guest_protocol;
 namespace fs = std::filesystem;
 
 // Guest paths sandbox-init's configuration names (helpers/guest/main.cpp makes them).
-constexpr const char* kGuestImage = "/run/image";
-constexpr const char* kGuestStaging = "/run/ws/root";
-constexpr const char* kGuestInputs = "/run/ws/in";
-constexpr const char* kGuestSource = "/run/ws/source";
+constexpr const char* guest_image_dir = "/run/image";
+constexpr const char* guest_staging_dir = "/run/ws/root";
+constexpr const char* guest_inputs_dir = "/run/ws/in";
+constexpr const char* guest_source_path = "/run/ws/source";
 
 // The VMM's own log (QEMU's messages and the guest console) stops growing here: RLIMIT_FSIZE
 // (a VMM the guest took over cannot fill the host's disk through it).
-constexpr std::uint64_t kVmmLogBytes = 1 << 20;
+constexpr std::uint64_t vmm_log_bytes = 1 << 20;
 
 std::string frame(gp::msg type, std::uint32_t a, std::int64_t b, std::string_view payload) {
   std::string f;
@@ -122,32 +115,6 @@ bool read_file(const fs::path& p, std::string* out, std::uint64_t max_bytes) {
   }
   ::close(fd);
   out->resize(got);
-  return true;
-}
-
-// Writes `content` to `path` atomically (temp file + rename), mode 0444.
-bool write_atomically(const fs::path& path, std::string_view content) {
-  auto tmp = path;
-  tmp += ".tmp-" + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0444);
-  if (fd < 0) return false;
-  std::size_t off = 0;
-  bool ok = true;
-  while (off < content.size()) {
-    ssize_t n = ::write(fd, content.data() + off, content.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ok = false;
-      break;
-    }
-    off += static_cast<std::size_t>(n);
-  }
-  ok = ok && ::fsync(fd) == 0;
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return false;
-  }
   return true;
 }
 
@@ -343,6 +310,8 @@ struct microvm_settings {
   std::string vmm_version;  // "7.2.22"
   fs::path mkfs_erofs;
   fs::path kernel, initramfs;
+  /// A shared lock on `initramfs` (store/publish.hpp): no cleanup removes it while we live.
+  unique_fd initramfs_hold;
   fs::path state_disks;  // disks of roots that are not image-store roots (the self-test's)
   bool kvm = false;
   gid_t kvm_gid = 0;
@@ -357,41 +326,40 @@ struct microvm_settings {
   vmm_root root;
 };
 
-class microvm_launcher final : public init_launcher {
+class microvm_launcher final : public launcher {
  public:
   explicit microvm_launcher(microvm_settings s) : s_(std::move(s)) {}
 
-  sandbox::isolation isolation() const noexcept override { return sandbox::isolation::microvm; }
-  std::string_view name() const noexcept override { return "microvm"; }
-  std::string describe() const override {
-    return fmt::format("{} {} microvm ({})", s_.vmm->name(), s_.vmm_version,
-                       s_.kvm ? "kvm" : "tcg");
+  launcher_traits traits() const override {
+    return {.isolation = sandbox::isolation::microvm,
+            .name = "microvm",
+            .description = fmt::format("{} {} microvm ({})", s_.vmm->name(), s_.vmm_version,
+                                       s_.kvm ? "kvm" : "tcg"),
+            .unprivileged = false,
+            .stdio_over_control = false,
+            .stream_control = true,
+            .stdio_sockets = true,  // see qemu_driver.cpp
+            // Network runs: no NIC even then. The run's network namespace is made here, on the
+            // host, with the egress proxy's listener; the guest's connections reach it through
+            // the "sandbox.net" port (net_relay.hpp, wire/guest_protocol.hpp).
+            .makes_network_namespace = true,
+            .kill_launched_process = true,
+            // A guest boots before sandbox-init answers: ~2 s under TCG on an idle 2-core host,
+            // tens of seconds when the host is loaded; well under a second with KVM.
+            .min_setup_budget = s_.kvm ? std::chrono::seconds(20) : std::chrono::seconds(90),
+            .node_proxy_preload_path = {},
+            .probe_path = "sandbox-init"};
   }
-  bool stream_control() const noexcept override { return true; }
-  // Network runs: no NIC even then. The run's network namespace is made here, on the host,
-  // with the egress proxy's listener; the guest's connections reach it through the
-  // "sandbox.net" port (net_relay.hpp, core/guest_protocol.hpp).
-  bool makes_network_namespace() const noexcept override { return true; }
-  bool stdio_sockets() const noexcept override { return true; }   // see qemu_driver.cpp
-  // A guest boots before sandbox-init answers: ~2 s under TCG on an idle 2-core host, tens
-  // of seconds when the host is loaded; well under a second with KVM.
-  std::chrono::milliseconds min_setup_budget() const noexcept override {
-    return s_.kvm ? std::chrono::seconds(20) : std::chrono::seconds(90);
-  }
-  std::string probe_path() const override { return "sandbox-init"; }
 
   void adjust_limits(const sandbox::policy& pol, cgroup_limits& limits) const override {
     // The run cgroup holds the VMM: guest RAM (see guest_ram_mib) plus QEMU's own. The
     // program's own limits are the guest cgroup's (`setup`).
-    limits.memory_bytes =
-        (guest_ram_mib(limits.memory_bytes, pol) + s_.vmm_overhead_mib) << 20;
+    limits.memory_bytes = (guest_ram_mib(limits.memory_bytes, pol) + s_.vmm_overhead_mib) << 20;
     limits.max_pids += 64;  // QEMU's threads (vCPU, RCU, I/O workers)
     if (limits.cpu_quota_millicores > 0) {
       limits.cpu_quota_millicores = std::max<std::uint32_t>(limits.cpu_quota_millicores, 1000);
     }
   }
-
-  fs::path host_output_dir(const run_workspace& ws) const override { return ws.dir / "out"; }
 
   // The guest workspace's tmpfs cap (`setup`'s ws_bytes): the source (or a tool's stdin) and
   // the inputs, at most what the policy lets a request bring.
@@ -405,35 +373,31 @@ class microvm_launcher final : public init_launcher {
   // kernel's OOM killer then ended it as if it had exceeded that limit. RAM the guest never
   // touches costs the host nothing (QEMU maps it lazily).
   std::uint64_t guest_ram_mib(std::uint64_t memory_limit_bytes, const sandbox::policy& pol) const {
-    return (memory_limit_bytes >> 20) + s_.guest_overhead_mib + ((guest_ws_bytes(pol) + (1 << 20) - 1) >> 20);
+    return (memory_limit_bytes >> 20) + s_.guest_overhead_mib +
+           ((guest_ws_bytes(pol) + (1 << 20) - 1) >> 20);
   }
 
-  void add_config(const launch_request& r, ip::config_writer& w) override {
-    (void)r;
-    // Guest paths: the agent mounted the image and made the workspace there.
-    w.add("rootfs", kGuestImage);
-    w.add("staging", kGuestStaging);
-    w.add("inputs", kGuestInputs);
-    w.add("source", kGuestSource);
-    w.add("notify", "0");  // a stream channel carries no listener
-  }
-
-  result<launched> launch(const launch_request& r, std::string* why) override {
+  result<std::unique_ptr<launched>> launch(const launch_request& r, std::string* why) override {
     // 1. The image disk.
     auto disk = ensure_disk(r.job.rootfs, why);
     if (disk.empty()) return make_error_code(errc::io_error);
-    // 2. The host output dir (the run machine opens it after this returns).
-    const auto out = host_output_dir(r.ws);
+    // 2. The host output dir (the run machine opens it after this returns; the guest
+    //    channel keeps a descriptor of it for its life: files are created beneath it only).
+    const auto out = r.ws.dir / "out";
     if (::mkdir(out.c_str(), 0700) < 0) {
       *why = fmt::format("mkdir output dir: errno {}", errno);
       return make_error_code(errc::io_error);
     }
+    unique_fd out_dir(::open(out.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+    if (!out_dir) {
+      *why = fmt::format("opening the output dir: errno {}", errno);
+      return make_error_code(errc::io_error);
+    }
     // 2'. A network run: the run's network namespace with the egress proxy's listener, and
     //     the stream socket of the guest's "sandbox.net" port (the VMM gets one end).
-    const bool net = !r.selftest && r.job.admitted.request.network &&
-                     !r.job.admitted.request.egress.empty();
+    const bool net = r.network;
     run_netns netns;
-    sys::unique_fd net_host, net_vmm;  // the port's stream socket: the host's end, QEMU's end
+    unique_fd net_host, net_vmm;  // the port's stream socket: the host's end, QEMU's end
     if (net) {
       auto made = make_run_netns(ip::egress_proxy_port, why);
       if (!made) return made.error();
@@ -471,12 +435,15 @@ class microvm_launcher final : public init_launcher {
       return make_error_code(errc::io_error);
     }
     const auto& req = r.job.admitted.request;
-    vm_spec vm{
-        .memory_mib = guest_ram_mib(req.memory_limit_bytes, r.job.policy),
-        .vcpus = 1,
-        .kvm = s_.kvm,
-        .kernel_cmdline = "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init" + s_.timer_args,
-        .net_port = net};
+    vm_spec vm{.memory_mib = guest_ram_mib(req.memory_limit_bytes, r.job.policy),
+               .vcpus = 1,
+               .kvm = s_.kvm,
+               // pci=off: the microvm machine has no PCI bus (every device is virtio-mmio); the
+               // kernel's probe finds nothing, costs boot time under TCG and prints "PCI: Fatal: No
+               // config space access function found", which read like the cause of a lost boot.
+               .kernel_cmdline =
+                   "console=ttyS0 quiet panic=-1 reboot=t rdinit=/init pci=off" + s_.timer_args,
+               .net_port = net};
     spawn_request sr;  // QEMU is exec'd by its path inside its own root (jail below)
     sr.argv = s_.vmm->argv(vm);
     sr.fd0 = devnull;
@@ -490,13 +457,16 @@ class microvm_launcher final : public init_launcher {
     sr.uid = r.uid;
     sr.gid = r.uid;
     if (s_.kvm) sr.supplementary_gid = s_.kvm_gid;
-    sr.fsize_bytes = kVmmLogBytes;
+    sr.fsize_bytes = vmm_log_bytes;
+    // A VMM outlives nothing of ours: killed with the supervisor's thread (the soak's fault
+    // (a): after a SIGKILL of the daemon, every QEMU was still running 10 s later).
+    sr.die_with_parent = true;
     jail(sr);
     // The VMM joins the run's cgroups itself, before its first instruction (so no attach
     // after the spawn).
-    std::vector<sys::unique_fd> cgroup_procs;
+    std::vector<unique_fd> cgroup_procs;
     for (const auto& d : r.cgroup.dirs()) {
-      sys::unique_fd fd(::open((d / "cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
+      unique_fd fd(::open((d / "cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
       if (!fd || cgroup_procs.size() == 8) {
         *why = fmt::format("opening the run cgroup's cgroup.procs: errno {}", fd ? E2BIG : errno);
         return make_error_code(errc::io_error);
@@ -509,13 +479,24 @@ class microvm_launcher final : public init_launcher {
       *why = "starting the VMM: " + sp.error().message();
       return sp.error();
     }
-    launched l{sp->pid, sp->pidfd};
+    auto l = std::make_unique<microvm_launched>(r.ws.dir);
+    l->pid = sp->pid;
+    l->pidfd.reset(sp->pidfd);
+    l->host_output_dir = out;
+    // Guest paths: the agent mounted the image and made the workspace there.
+    l->config.add("rootfs", guest_image_dir);
+    l->config.add("staging", guest_staging_dir);
+    l->config.add("inputs", guest_inputs_dir);
+    l->config.add("source", guest_source_path);
+    l->config.add("notify", "0");  // a stream channel carries no listener
+    // 4. The guest channel; a network run's tunnel (the host's end of the port and the
+    //    namespace) goes with it, the proxy's listener to the run machine.
+    pending_net tunnel;
     if (net) {
-      // The host's end of the tunnel and the namespace wait for make_agent_channel.
-      l.egress_listener = netns.release_listener();
-      std::lock_guard lock(net_mu_);
-      pending_net_[r.instance_id] = pending_net{std::move(net_host), std::move(netns)};
+      l->egress_listener.reset(netns.release_listener());
+      tunnel = pending_net{std::move(net_host), std::move(netns)};
     }
+    l->agent = make_channel(r, out_dir.release(), std::move(tunnel));
     return l;
   }
 
@@ -531,16 +512,33 @@ class microvm_launcher final : public init_launcher {
     sr.new_root = std::move(nr);
   }
 
-  void release(const std::string& instance_id, const run_workspace& ws) noexcept override {
-    (void)ws;
-    take_net(instance_id);  // a launch whose channel was never made
-  }
+ private:
+  // A network run's tunnel, from launch to the channel's start: the host's end of the
+  // "sandbox.net" port and the run's network namespace (its listener already handed out).
+  struct pending_net {
+    unique_fd port;
+    run_netns ns;
+  };
 
-  std::unique_ptr<agent_channel> make_agent_channel(const launch_request& r) override {
-    // The output dir stays open for the channel's life: files are created beneath it only.
-    int dir =
-        ::open(host_output_dir(r.ws).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-    if (dir < 0) return nullptr;
+  // One run's VM, from its launch until its processes are confirmed dead.
+  class microvm_launched final : public launched {
+   public:
+    explicit microvm_launched(fs::path ws_dir) : ws_dir_(std::move(ws_dir)) {}
+    // The tail of the VMM's own log (QEMU's messages and the guest console), host log only.
+    std::string diagnostics() const override {
+      std::string text;
+      if (!read_file(ws_dir_ / "vmm.log", &text, vmm_log_bytes)) return {};
+      if (text.size() > 4096) text = text.substr(text.size() - 4096);
+      return "vmm: " + escape_for_display(text);
+    }
+
+   private:
+    fs::path ws_dir_;
+  };
+
+  // The run's guest channel: the agent's `setup` (the guest cgroup's limits, the workspace
+  // and output caps), owning `dir` (the host output dir) and, in a network run, the tunnel.
+  std::unique_ptr<agent_channel> make_channel(const launch_request& r, int dir, pending_net net) {
     const auto& req = r.job.admitted.request;
     const auto& pol = r.job.policy;
     ip::config_writer w;
@@ -554,36 +552,10 @@ class microvm_launcher final : public init_launcher {
     w.add("in_files", std::uint64_t{pol.max_input_files});
     w.add("out_files", std::uint64_t{req.files_out.max_files});
     w.add("out_bytes", req.files_out.max_bytes);
-    auto net = take_net(r.instance_id);
     w.add("network", net.port ? "1" : "0");
-    auto ch = std::make_unique<owning_channel>(
+    return std::make_unique<owning_channel>(
         dir, guest_output_limits{req.files_out.max_files, req.files_out.max_bytes}, w.bytes(),
         std::move(net));
-    return ch;
-  }
-
-  std::string diagnostics(const run_workspace& ws) const override {
-    std::string text;
-    if (!read_file(ws.dir / "vmm.log", &text, kVmmLogBytes)) return {};
-    if (text.size() > 4096) text = text.substr(text.size() - 4096);
-    return "vmm: " + escape_for_display(text);
-  }
-
- private:
-  // A network run's tunnel, from launch to make_agent_channel: the host's end of the
-  // "sandbox.net" port and the run's network namespace (its listener already handed out).
-  struct pending_net {
-    sys::unique_fd port;
-    run_netns ns;
-  };
-
-  pending_net take_net(const std::string& instance_id) {
-    std::lock_guard lock(net_mu_);
-    auto it = pending_net_.find(instance_id);
-    if (it == pending_net_.end()) return {};
-    pending_net out = std::move(it->second);
-    pending_net_.erase(it);
-    return out;
   }
 
   // The guest channel owning its output dir descriptor and, in a network run, the tunnel.
@@ -626,10 +598,18 @@ class microvm_launcher final : public init_launcher {
     std::shared_ptr<net_relay> relay_;
   };
 
-  // The erofs disk of `rootfs`, built once (under a lock: concurrent first runs of one image
-  // build it once). Image-store roots (<images>/rootfs/<64 hex>) get
+  // The erofs disk of `rootfs`, built once. Image-store roots (<images>/rootfs/<64 hex>) get
   // <images>/microvm/disks/sha256-<hex>.erofs; any other root (the self-test's empty one) a
-  // disk under the state dir named by the hash of its path.
+  // disk under the state dir named by the hash of its path. Every process starting runs of an
+  // image shares its disk, so (store/publish.hpp):
+  //  - one builder at a time: `disk_mu_` in this process, an flock on "<disk>.lock" between
+  //    processes (concurrent first runs of one image build it once);
+  //  - built under a unique temporary name (mkfs.erofs writes the file we created), fsync'd,
+  //    then renamed into place, and its digest published after it in "<disk>.sha256"
+  //    ("<sha256 hex> <bytes>\n");
+  //  - verified before use: a disk whose bytes do not match that digest (or without one: a
+  //    crash between the two, or an older version's) is rebuilt and replaced, never used. A
+  //    process hashes a disk once; it knows it again by its inode, size and times.
   fs::path ensure_disk(const fs::path& rootfs, std::string* why) {
     std::lock_guard lock(disk_mu_);
     const std::string base = rootfs.filename().string();
@@ -640,44 +620,79 @@ class microvm_launcher final : public init_launcher {
         });
     fs::path dir =
         store_root ? rootfs.parent_path().parent_path() / "microvm" / "disks" : s_.state_disks;
-    fs::path disk =
-        dir / (store_root ? "sha256-" + base + ".erofs"
-                          : "root-" + sha256_hex(rootfs.string()).substr(0, 16) + ".erofs");
-    struct stat st {};
-    if (::stat(disk.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return disk;
+    const std::string name = store_root
+                                 ? "sha256-" + base + ".erofs"
+                                 : "root-" + sha256_hex(rootfs.string()).substr(0, 16) + ".erofs";
+    const fs::path disk = dir / name;
     std::error_code ec;
     fs::create_directories(dir, ec);
-    if (ec) {
-      *why = "cannot create the disk cache " + dir.string();
+    auto dfd = ec ? result<unique_fd>(sys_error(ec.value())) : open_dir_at(AT_FDCWD, dir.string());
+    if (!dfd) {
+      *why = "cannot open the disk cache " + dir.string() + ": " + dfd.error().message();
       return {};
     }
-    auto tmp = disk;
-    tmp += ".tmp-" + std::to_string(::getpid());
-    ::unlink(tmp.c_str());
+    // (On a read-only image store nothing can be built: a disk there is only verified.)
+    auto held = file_lock::acquire(dfd->get(), name + ".lock", true, true);
+    if (!held && held.error().value() != EROFS && held.error().value() != EACCES) {
+      *why = "cannot lock " + disk.string() + ".lock: " + held.error().message();
+      return {};
+    }
+    // Known: this process verified this very file (same inode, size and times) before.
+    auto identity = [&]() -> std::string {
+      struct stat st {};
+      if (::fstatat(dfd->get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return {};
+      return fmt::format("{}:{}:{}:{}.{}:{}.{}", st.st_dev, st.st_ino, st.st_size,
+                         st.st_mtim.tv_sec, st.st_mtim.tv_nsec, st.st_ctim.tv_sec,
+                         st.st_ctim.tv_nsec);
+    };
+    const std::string digest_name = name + ".sha256";
+    if (auto it = verified_disks_.find(disk.string());
+        it != verified_disks_.end() && !it->second.empty() && it->second == identity()) {
+      return disk;
+    }
+    if (auto recorded = read_file_at(dfd->get(), digest_name, 256)) {
+      std::istringstream in(*recorded);
+      file_digest want;
+      in >> want.sha256 >> want.size;
+      if (in && is_hex64(want.sha256) && open_verified_at(dfd->get(), name, want, 0444)) {
+        verified_disks_[disk.string()] = identity();
+        return disk;
+      }
+    }
     // -x-1: no extended attributes (no file capabilities reach the guest); -T0: fixed times.
-    auto built =
-        run_tool({s_.mkfs_erofs.string(), "--quiet", "-x-1", "-T0", tmp.string(), rootfs.string()},
-                 minimal_tool_env(), std::chrono::minutes(5));
-    if (!built || !built->ok()) {
-      ::unlink(tmp.c_str());
-      *why = "mkfs.erofs failed" +
-             (built ? ": " + built->describe() + ": " + built->output.substr(0, 512) : "");
+    std::string tool_output;
+    auto built = install_file_at(
+        dfd->get(), name, 0444,
+        [&](int, const std::string& tmp) -> result<void> {
+          auto r = run_tool({s_.mkfs_erofs.string(), "--quiet", "-x-1", "-T0", (dir / tmp).string(),
+                             rootfs.string()},
+                            minimal_tool_env(), std::chrono::minutes(5));
+          if (r && r->ok()) return {};
+          tool_output = r ? ": " + r->describe() + ": " + r->output.substr(0, 512) : "";
+          return make_error_code(errc::io_error);
+        },
+        nullptr, true);
+    if (!built) {
+      *why = tool_output.empty() ? "publishing the image disk: " + built.error().message()
+                                 : "mkfs.erofs failed" + tool_output;
       return {};
     }
-    ::chmod(tmp.c_str(), 0444);
-    if (::rename(tmp.c_str(), disk.c_str()) != 0) {
-      ::unlink(tmp.c_str());
-      *why = fmt::format("rename disk: errno {}", errno);
+    if (auto rec = replace_file_at(dfd->get(), digest_name,
+                                   fmt::format("{} {}\n", built->sha256, built->size), 0444);
+        !rec) {
+      *why = "recording the image disk's digest: " + rec.error().message();
       return {};
     }
+    verified_disks_[disk.string()] = identity();
     if (s_.log) s_.log(log_level::info, "microvm: built image disk " + disk.string());
     return disk;
   }
 
   microvm_settings s_;
   std::mutex disk_mu_;
-  std::mutex net_mu_;
-  std::map<std::string, pending_net> pending_net_;  // by instance id
+  /// Disks this process verified: path → identity (device, inode, size, times). Guarded by
+  /// disk_mu_.
+  std::map<std::string, std::string> verified_disks_;
 };
 
 // KVM is usable when /dev/kvm makes a VM and a non-root VMM may open it (group rw).
@@ -696,17 +711,15 @@ bool kvm_usable(gid_t* gid, std::string* why) {
   return true;
 }
 
-// The initramfs: /init (the guest agent), /sandbox-init, /modules/{order, *.ko}. Cached by
-// the hash of its bytes; returns its path or "" with `*why`.
+// The initramfs: /init (the guest agent), /sandbox-init, /modules/{order, *.ko}. Published
+// under <state>/initramfs/ by the hash of its bytes ("initramfs-<32 hex>.cpio", shared by every
+// process starting this level with the same helpers and kernel modules; store/publish.hpp),
+// verified before use and held (`*hold`) for the backend's life. Copies no live process holds
+// are removed (the older "<32 hex>.cpio" names, whose users held no lock, are left alone).
+// Returns its path, or "" with `*why`.
 fs::path build_initramfs(const fs::path& state, const fs::path& kernel_dir, int init_exec_fd,
-                         std::string* why) {
-#ifdef SANDBOX_HAS_MICROVM_BACKEND
-  std::string_view guest(
-      sandbox_guest_image_begin,
-      static_cast<std::size_t>(sandbox_guest_image_end - sandbox_guest_image_begin));
-#else
-  std::string_view guest;
-#endif
+                         unique_fd* hold, const log_sink& log, std::string* why) {
+  const std::string_view guest = embedded::sandbox_guest();
   // (A sealed memfd, or a file opened O_PATH: reopened for reading through /proc.)
   std::string init;
   {
@@ -750,15 +763,22 @@ fs::path build_initramfs(const fs::path& state, const fs::path& kernel_dir, int 
   auto dir = state / "initramfs";
   std::error_code ec;
   fs::create_directories(dir, ec);
-  auto path = dir / (sha256_hex(archive).substr(0, 32) + ".cpio");
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-      static_cast<std::size_t>(st.st_size) == archive.size()) {
-    return path;
+  auto dfd = ec ? result<unique_fd>(sys_error(ec.value())) : open_dir_at(AT_FDCWD, dir.string());
+  if (!dfd) return *why = "cannot open " + dir.string() + ": " + dfd.error().message(), fs::path{};
+  const std::string name = "initramfs-" + sha256_hex(archive).substr(0, 32) + ".cpio";
+  auto fd = publish_file_at(dfd->get(), name, archive, {.mode = 0444, .hold = true});
+  if (!fd) {
+    return *why = "cannot write the initramfs under " + dir.string() + ": " + fd.error().message(),
+           fs::path{};
   }
-  if (!write_atomically(path, archive))
-    return *why = "cannot write the initramfs under " + dir.string(), fs::path{};
-  return path;
+  *hold = std::move(*fd);
+  remove_unheld_at(
+      dfd->get(),
+      [](std::string_view n) {
+        return n.rfind("initramfs-", 0) == 0 && n.size() > 5 && n.substr(n.size() - 5) == ".cpio";
+      },
+      name, store_logger(log));
+  return dir / name;
 }
 
 }  // namespace
@@ -769,7 +789,7 @@ std::unique_ptr<agent_channel> make_guest_channel(int out_dir_fd, guest_output_l
 }
 
 std::variant<std::shared_ptr<backend>, std::string> make_microvm_backend(
-    const init_backend_context& ctx, const microvm_backend_options& o) {
+    const run_machine_context& ctx, const microvm_backend_options& o) {
   if (::geteuid() != 0) return std::string("microvm: needs root");
   microvm_settings s;
   fs::path qemu = o.qemu_path.empty() ? fs::path("/usr/bin/qemu-system-x86_64") : o.qemu_path;
@@ -838,13 +858,13 @@ std::variant<std::shared_ptr<backend>, std::string> make_microvm_backend(
   int init_fd = open_init_executable(ctx.options.init_path);
   if (init_fd < 0) return std::string("microvm: cannot load the sandbox-init helper");
   std::string why;
-  s.initramfs = build_initramfs(state, o.kernel_dir, init_fd, &why);
+  s.initramfs = build_initramfs(state, o.kernel_dir, init_fd, &s.initramfs_hold, ctx.log, &why);
   ::close(init_fd);
   if (s.initramfs.empty()) return "microvm: " + why;
   // The level's own pools (the context carries the process level's, which are not VMs).
-  init_backend_context c = ctx;
+  run_machine_context c = ctx;
   c.options.warm_pool = o.warm_pool;
-  return make_init_backend(c, std::make_shared<microvm_launcher>(std::move(s)));
+  return make_run_machine(c, std::make_shared<microvm_launcher>(std::move(s)));
 }
 
 }  // namespace sandbox::detail

@@ -1,8 +1,8 @@
 // The microvm level (private to src/): one QEMU `-M microvm` VM per run. The guest agent
 // (helpers/guest, PID 1 of the guest) plays the part runsc plays for the gvisor level: it
 // starts sandbox-init in stream mode and relays its control channel over a virtio-serial
-// port, so the run's life is the shared run machine's (core/init_backend.hpp) with this
-// level's `init_launcher`. See docs/architecture.md ("microvm level").
+// port, so the run's life is the shared run machine's (core/run/machine.hpp) with this
+// level's `launcher`. See docs/architecture.md ("microvm level").
 #pragma once
 
 #include <cstdint>
@@ -11,8 +11,8 @@
 #include <string>
 #include <variant>
 
-#include "core/init_backend.hpp"
-#include "sandbox/runtime.hpp"
+#include "core/run/machine.hpp"
+#include "sandbox/backend_options.hpp"
 
 namespace sandbox::detail {
 
@@ -24,7 +24,7 @@ namespace sandbox::detail {
  * one-line reason naming what is missing.
  */
 std::variant<std::shared_ptr<backend>, std::string> make_microvm_backend(
-    const init_backend_context& ctx, const microvm_backend_options& options);
+    const run_machine_context& ctx, const microvm_backend_options& options);
 
 /// Caps the host applies to what a guest sends back (the run's `files_out`).
 struct guest_output_limits {
@@ -34,7 +34,7 @@ struct guest_output_limits {
 
 /**
  * The host's side of one run's guest agent: checks and applies the agent's frames (types
- * from 100, core/guest_protocol.hpp). Output files are written into the directory open at
+ * from 100, wire/guest_protocol.hpp). Output files are written into the directory open at
  * `out_dir_fd` (the caller keeps ownership; the host output dir `<ws>/out`), each name one
  * path component, created exclusively, never following a link, within `limits` (count and
  * total bytes) and exactly the declared size; anything else is refused with a reason and

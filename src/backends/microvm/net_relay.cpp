@@ -2,23 +2,22 @@
 // `stopped_` and its connection's `dead` first, so a close in between is never raced.
 #include "backends/microvm/net_relay.hpp"
 
+#include <fmt/format.h>
 #include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <array>
 #include <atomic>
-#include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 #include <cstring>
 #include <deque>
 #include <thread>
 #include <unordered_map>
 
-#include <fmt/format.h>
-
-#include "core/guest_protocol.hpp"
+#include "wire/guest_protocol.hpp"
 
 namespace sandbox::detail {
 namespace {
@@ -28,10 +27,11 @@ namespace gp = guest_protocol;
 namespace ip = init_protocol;
 using asio::ip::tcp;
 
-constexpr std::size_t kHeader = sizeof(ip::init_header);
-constexpr std::size_t kMaxFrame = kHeader + gp::net_chunk;
+constexpr std::size_t header_size = sizeof(ip::init_header);
+constexpr std::size_t max_frame = header_size + gp::net_chunk;
 
-std::string net_frame(gp::net_msg type, std::uint32_t id, std::int64_t b, std::string_view payload) {
+std::string net_frame(gp::net_msg type, std::uint32_t id, std::int64_t b,
+                      std::string_view payload) {
   std::string f;
   ip::append_frame(f, static_cast<std::uint32_t>(type), id, b, payload);
   return f;
@@ -83,16 +83,16 @@ class relay final : public net_relay, public std::enable_shared_from_this<relay>
     if (stopped_ || reading_port_) return;
     if (backlog_ > max_backlog) return;  // resumed by write_port once the guest drained it
     reading_port_ = true;
-    port_.async_read_some(asio::buffer(chunk_), [self = shared_from_this()](
-                                                   boost::system::error_code ec, std::size_t n) {
-      self->reading_port_ = false;
-      if (self->stopped_) return;
-      if (ec) return self->shutdown();  // the VMM is gone
-      self->in_.append(self->chunk_.data(), n);
-      self->parse();
-      self->note_buffered();
-      self->read_port();
-    });
+    port_.async_read_some(asio::buffer(chunk_),
+                          [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+                            self->reading_port_ = false;
+                            if (self->stopped_) return;
+                            if (ec) return self->shutdown();  // the VMM is gone
+                            self->in_.append(self->chunk_.data(), n);
+                            self->parse();
+                            self->note_buffered();
+                            self->read_port();
+                          });
   }
 
   void parse() {
@@ -100,8 +100,8 @@ class relay final : public net_relay, public std::enable_shared_from_this<relay>
     while (!stopped_ && in_.size() - off >= sizeof(std::uint32_t)) {
       std::uint32_t len;
       std::memcpy(&len, in_.data() + off, sizeof len);
-      if (len < kHeader || len > kMaxFrame) {
-        return fault(fmt::format("net frame of {} bytes (at most {})", len, kMaxFrame));
+      if (len < header_size || len > max_frame) {
+        return fault(fmt::format("net frame of {} bytes (at most {})", len, max_frame));
       }
       if (in_.size() - off < sizeof len + len) break;
       ip::init_header h;
@@ -139,7 +139,8 @@ class relay final : public net_relay, public std::enable_shared_from_this<relay>
       case gp::net_msg::data:
         if (c->guest_eof) return fault("net data after eof");
         if (payload.empty()) return fault("empty net data");
-        if (c->to_sock_bytes + payload.size() > gp::net_window) return fault("net data past the window");
+        if (c->to_sock_bytes + payload.size() > gp::net_window)
+          return fault("net data past the window");
         c->to_sock_bytes += payload.size();
         buffered_ += payload.size();
         c->to_sock.emplace_back(payload);
@@ -230,7 +231,8 @@ class relay final : public net_relay, public std::enable_shared_from_this<relay>
           if (self->stopped_ || c->dead) return;
           if (n > 0) {
             c->unacked += n;
-            self->queue(net_frame(gp::net_msg::data, c->id, 0, std::string_view(c->rbuf.data(), n)));
+            self->queue(
+                net_frame(gp::net_msg::data, c->id, 0, std::string_view(c->rbuf.data(), n)));
           }
           if (ec == asio::error::eof) {
             c->sock_eof = true;
@@ -350,11 +352,11 @@ class relay final : public net_relay, public std::enable_shared_from_this<relay>
 
 }  // namespace
 
-std::shared_ptr<net_relay> net_relay::start(asio::strand<asio::any_io_executor> strand,
-                                            int port_fd, socket_factory make_socket,
-                                            tcp::endpoint proxy, fault_sink on_fault) {
-  auto r = std::make_shared<relay>(strand, port_fd, std::move(make_socket), proxy,
-                                   std::move(on_fault));
+std::shared_ptr<net_relay> net_relay::start(asio::strand<asio::any_io_executor> strand, int port_fd,
+                                            socket_factory make_socket, tcp::endpoint proxy,
+                                            fault_sink on_fault) {
+  auto r =
+      std::make_shared<relay>(strand, port_fd, std::move(make_socket), proxy, std::move(on_fault));
   r->begin();
   return r;
 }
@@ -374,7 +376,8 @@ int socket_in_netns(int ns_fd, std::string* why) {
       step = "socket";
     }
   }).join();
-  if (fd < 0 && why != nullptr) *why = fmt::format("{} in the run's netns: {}", step, std::strerror(err));
+  if (fd < 0 && why != nullptr)
+    *why = fmt::format("{} in the run's netns: {}", step, std::strerror(err));
   return fd;
 }
 

@@ -1,5 +1,5 @@
 // The host's end of a microvm network run's egress tunnel (private to src/): the "sandbox.net"
-// virtio-serial port, carrying `guest_protocol::net_msg` frames (core/guest_protocol.hpp,
+// virtio-serial port, carrying `guest_protocol::net_msg` frames (wire/guest_protocol.hpp,
 // "The egress tunnel"). Each connection the guest opens becomes a TCP connection to the run's
 // egress proxy, made from a socket the launcher creates inside the run's network namespace;
 // bytes are relayed both ways under the protocol's per-connection windows.

@@ -2,7 +2,7 @@
 //   - no network device at all (`-nodefaults`, none added);
 //   - the image disk read-only (virtio-blk over mmio);
 //   - three virtio-serial ports (four in a network run: the egress tunnel), named as
-//     core/guest_protocol.hpp says, on the stream sockets the host passed
+//     wire/guest_protocol.hpp says, on the stream sockets the host passed
 //     (`-chardev socket,fd=`);
 //   - `-sandbox on` (QEMU's own seccomp filter) with elevateprivileges, spawn and
 //     resourcecontrol denied;
@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 
 #include "backends/microvm/vmm.hpp"
-#include "core/guest_protocol.hpp"
+#include "wire/guest_protocol.hpp"
 
 namespace sandbox::detail {
 namespace {
@@ -70,16 +70,16 @@ class qemu_driver final : public vmm_driver {
                          fmt::format("virtserialport,chardev={},name={}", p.id, p.name)});
     }
     a.insert(a.end(), {
-        // The guest's console goes to the VMM's log (host log only).
-        "-add-fd",
-        fmt::format("fd={},set=3", vmm_fd::console),
-        "-chardev",
-        "file,id=con,path=/dev/fdset/3,append=on",
-        "-serial",
-        "chardev:con",
-        "-sandbox",
-        "on,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-    });
+                          // The guest's console goes to the VMM's log (host log only).
+                          "-add-fd",
+                          fmt::format("fd={},set=3", vmm_fd::console),
+                          "-chardev",
+                          "file,id=con,path=/dev/fdset/3,append=on",
+                          "-serial",
+                          "chardev:con",
+                          "-sandbox",
+                          "on,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+                      });
     return a;
   }
 

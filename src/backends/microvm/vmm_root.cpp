@@ -3,19 +3,23 @@
 
 #include <elf.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <set>
 #include <sstream>
 
-#include "core/sha256.hpp"
-#include "core/tool_process.hpp"
+#include "protocol/sha256.hpp"
+#include "store/publish.hpp"
+#include "store/store_io.hpp"
+#include "sys/tool_process.hpp"
 
 namespace sandbox::detail {
 namespace {
@@ -79,7 +83,7 @@ bool copy_file(const fs::path& src, const fs::path& dst, mode_t mode) {
     }
     if (!ok) break;
   }
-  ok = ok && ::fchmod(out, mode) == 0;
+  ok = ok && ::fchmod(out, mode) == 0 && ::fsync(out) == 0;  // (the manifest vouches for it)
   ::close(in);
   ::close(out);
   return ok;
@@ -87,7 +91,8 @@ bool copy_file(const fs::path& src, const fs::path& dst, mode_t mode) {
 
 // Recreates host path `path` (absolute) under `root`: every symbolic link on the way as the
 // same link (so the loader's and QEMU's own lookups resolve there as on the host), every
-// directory as an empty 0755 directory, the final file hard-linked or copied. Adds what it made to `made`.
+// directory as an empty 0755 directory, the final file hard-linked or copied. Adds what it made to
+// `made`.
 bool replicate(const fs::path& root, const fs::path& path, std::set<std::string>* made,
                std::string* why, int depth = 0) {
   if (depth > 40) return *why = "too many symbolic links at " + path.string(), false;
@@ -125,7 +130,8 @@ bool replicate(const fs::path& root, const fs::path& path, std::set<std::string>
     // A hard link where the file system allows it (no second copy on disk; the host's own
     // root-owned file), else a copy; never a set-id file.
     if (made->insert(cur.string()).second &&
-        !((st.st_mode & 06000) == 0 && st.st_uid == 0 && ::link(cur.c_str(), in_root.c_str()) == 0) &&
+        !((st.st_mode & 06000) == 0 && st.st_uid == 0 &&
+          ::link(cur.c_str(), in_root.c_str()) == 0) &&
         !copy_file(cur, in_root, st.st_mode & 0755)) {
       return *why = fmt::format("cannot copy {}: errno {}", cur.string(), errno), false;
     }
@@ -147,6 +153,52 @@ bool loader_list(const std::string& interp, const fs::path& elf, std::vector<std
   *libs = parse_loader_list(r->output, &missing);
   if (!missing.empty()) return *why = elf.string() + " needs " + missing + ": not found", false;
   return true;
+}
+
+// A published root is a directory holding `root/` (what the VMM sees) and `manifest`, beside
+// it so the VMM never sees it: "<manifest_version> <sha256 of the key's input>\n", then
+// list_tree's lines for `root/`.
+constexpr const char* root_name = "root";
+constexpr const char* manifest_name = "manifest";
+constexpr std::string_view manifest_version = "vmm-root-manifest 1";
+
+// Every entry below the directory open at `dfd`, one sorted line each:
+// "d <path>", "l <path> <target>", "f <path> <size> <mode>" (paths relative, no leading /;
+// anything else: "? <path>"). Never follows a link. nullopt when a directory cannot be read.
+std::optional<std::string> list_tree(int dfd) {
+  std::vector<std::string> lines;
+  std::function<bool(int, const std::string&, int)> walk = [&](int dir, const std::string& prefix,
+                                                               int depth) {
+    if (depth > 64) return false;
+    auto names = list_dir_names(dir);
+    if (!names) return false;
+    for (const auto& n : *names) {
+      const std::string rel = prefix + n;
+      struct stat st {};
+      if (::fstatat(dir, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return false;
+      if (S_ISDIR(st.st_mode)) {
+        lines.push_back("d " + rel);
+        auto sub = open_dir_at(dir, n);
+        if (!sub || !walk(sub->get(), rel + "/", depth + 1)) return false;
+      } else if (S_ISLNK(st.st_mode)) {
+        std::string target(PATH_MAX, '\0');
+        ssize_t len = ::readlinkat(dir, n.c_str(), target.data(), target.size());
+        if (len < 0) return false;
+        target.resize(static_cast<std::size_t>(len));
+        lines.push_back("l " + rel + " " + target);
+      } else if (S_ISREG(st.st_mode)) {
+        lines.push_back(fmt::format("f {} {} {:o}", rel, st.st_size, st.st_mode & 07777));
+      } else {
+        lines.push_back("? " + rel);
+      }
+    }
+    return true;
+  };
+  if (!walk(dfd, "", 0)) return std::nullopt;
+  std::sort(lines.begin(), lines.end());
+  std::string out;
+  for (const auto& l : lines) out += l + "\n";
+  return out;
 }
 
 }  // namespace
@@ -210,7 +262,9 @@ std::variant<vmm_root, std::string> prepare_vmm_root(const fs::path& state,
   files.erase(std::unique(files.begin(), files.end()), files.end());
 
   // The key: what would be copied, as the host has it now.
-  std::string id = "vmm-root 1\n";
+  // (Version 2: published roots with a manifest. Older versions' roots keep their own keys,
+  // so a root a live VMM of an older version uses is never judged wrong and replaced.)
+  std::string id = "vmm-root 2\n";
   for (const auto& f : files) {
     struct stat st {};
     if (::stat(f.c_str(), &st) != 0) return f.string() + " is missing";
@@ -221,59 +275,68 @@ std::variant<vmm_root, std::string> prepare_vmm_root(const fs::path& state,
   fs::create_directories(base, ec);
   if (ec) return "cannot create " + base.string();
   ::chmod(base.c_str(), 0711);
-  vmm_root root{base / sha256_hex(id).substr(0, 24), exe.string(), {}};
+  auto base_fd = open_dir_at(AT_FDCWD, base.string());
+  if (!base_fd) return "cannot open " + base.string() + ": " + base_fd.error().message();
+  const std::string key = sha256_hex(id).substr(0, 24);
+  vmm_root root{base / key / root_name, exe.string(), {}};
 
-  auto list_entries = [&root] {
-    std::error_code e;
-    for (auto it = fs::recursive_directory_iterator(root.dir, e);
-         !e && it != fs::recursive_directory_iterator(); it.increment(e)) {
-      root.entries.push_back("/" + it->path().lexically_relative(root.dir).string());
-    }
-    std::sort(root.entries.begin(), root.entries.end());
-  };
-  struct stat st {};
-  if (::lstat(root.dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    list_entries();
-    return root;
-  }
-
-  // Built beside, renamed into place: a root that exists is complete.
-  fs::path tmp = root.dir;
-  tmp += fmt::format(".tmp-{}", ::getpid());
-  fs::remove_all(tmp, ec);
-  if (::mkdir(tmp.c_str(), 0755) < 0 || ::chmod(tmp.c_str(), 0755) < 0) {
-    return fmt::format("mkdir {}: errno {}", tmp.string(), errno);
-  }
-  std::set<std::string> made;
-  bool ok = true;
-  for (const auto& f : files) {
-    if (!replicate(tmp, f, &made, &why)) {
-      ok = false;
-      break;
-    }
-  }
-  // Mount points: /proc (a procfs of the VMM's own pid namespace), /dev/null and /dev/kvm
-  // (bind targets; /dev/kvm only bound when KVM is used).
-  for (const char* d : {"/proc", "/dev"}) {
-    if (ok && made.insert(d).second && ::mkdir((tmp / (d + 1)).c_str(), 0755) < 0) ok = false;
-  }
-  for (const char* f : {"dev/null", "dev/kvm"}) {
-    int fd = ok ? ::open((tmp / f).c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444) : -1;
-    if (fd < 0) ok = false;
-    if (fd >= 0) ::close(fd);
-  }
-  if (!ok || ::rename(tmp.c_str(), root.dir.c_str()) != 0) {
-    int e = errno;
-    fs::remove_all(tmp, ec);
-    // Another process made it first: use that one.
-    if (::lstat(root.dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-      list_entries();
-      return root;
-    }
+  // Every process starting the level shares the root, so it is published (store/publish.hpp):
+  // built under a unique temporary name, its manifest written last, renamed into place; one
+  // whose tree is not its manifest's (or without one: a partial build) is rebuilt and
+  // exchanged, never used.
+  const std::string header = fmt::format("{} {}\n", manifest_version, sha256_hex(id));
+  auto built = publish_dir_at(
+      base_fd->get(), key, 0755,
+      [&](int dfd, const std::string& tmp_name) -> result<void> {
+        const fs::path tmp = base / tmp_name / root_name;
+        if (::mkdirat(dfd, root_name, 0755) != 0 || ::chmod(tmp.c_str(), 0755) != 0) {
+          why = fmt::format("mkdir {}: errno {}", tmp.string(), errno);
+          return make_error_code(errc::io_error);
+        }
+        std::set<std::string> made;
+        for (const auto& f : files) {
+          if (!replicate(tmp, f, &made, &why)) return make_error_code(errc::io_error);
+        }
+        // Mount points: /proc (a procfs of the VMM's own pid namespace), /dev/null and
+        // /dev/kvm (bind targets; /dev/kvm only bound when KVM is used).
+        for (const char* d : {"/proc", "/dev"}) {
+          if (made.insert(d).second && ::mkdir((tmp / (d + 1)).c_str(), 0755) < 0) {
+            why = fmt::format("mkdir {}: errno {}", (tmp / (d + 1)).string(), errno);
+            return make_error_code(errc::io_error);
+          }
+        }
+        for (const char* f : {"dev/null", "dev/kvm"}) {
+          int fd = ::open((tmp / f).c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
+          if (fd < 0) {
+            why = fmt::format("creating {}: errno {}", (tmp / f).string(), errno);
+            return make_error_code(errc::io_error);
+          }
+          ::close(fd);
+        }
+        auto rfd = open_dir_at(dfd, root_name);
+        if (!rfd) return rfd.error();
+        auto listing = list_tree(rfd->get());
+        if (!listing) return make_error_code(errc::io_error);
+        // Written last, fsync'd: a root with its manifest is complete.
+        return replace_file_at(dfd, manifest_name, header + *listing, 0444);
+      },
+      [&](int dfd) {
+        auto rfd = open_dir_at(dfd, root_name);
+        if (!rfd) return false;
+        auto listing = list_tree(rfd->get());
+        auto manifest = read_file_at(dfd, manifest_name, 16 << 20);
+        return listing && manifest && *manifest == header + *listing;
+      });
+  if (!built) {
     return "preparing the VMM root " + root.dir.string() + ": " +
-           (why.empty() ? fmt::format("errno {}", e) : why);
+           (why.empty() ? built.error().message() : why);
   }
-  list_entries();
+  std::error_code e;
+  for (auto it = fs::recursive_directory_iterator(root.dir, e);
+       !e && it != fs::recursive_directory_iterator(); it.increment(e)) {
+    root.entries.push_back("/" + it->path().lexically_relative(root.dir).string());
+  }
+  std::sort(root.entries.begin(), root.entries.end());
   return root;
 }
 

@@ -25,9 +25,13 @@ struct vmm_root {
 };
 
 /**
- * Prepares (or reuses) the root of the VMM `binary` under `<state>/vmm-root/<key>`, where
+ * Prepares (or reuses) the root of the VMM `binary` at `<state>/vmm-root/<key>/root`, where
  * the key hashes the path, size, mtime and inode of every file it copies (a package upgrade
- * gives a new directory; the old one is left for VMMs still running from it).
+ * gives a new directory; the old one is left for VMMs still running from it). Safe to call
+ * from many threads and processes at once: `<key>/` is built under a unique temporary name,
+ * its `manifest` (beside `root/`: every entry, with each file's size and mode) written last,
+ * then published atomically (store/publish.hpp `publish_dir_at`); an existing one is used
+ * only if its root's tree matches its manifest, else rebuilt and exchanged.
  * Hard-linked (same file system, root-owned, no set-id bit) or else copied, with every
  * symbolic link on their host paths recreated: the executable; its ELF
  * interpreter and each library `<interpreter> --list` resolves for it and for the TCG

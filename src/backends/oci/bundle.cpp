@@ -7,9 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <sched.h>
 #include <sys/random.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,15 +19,14 @@
 #include <system_error>
 #include <utility>
 
-#include "core/init_protocol.hpp"
-#include "core/seccomp_policy.hpp"
-#include "core/store_io.hpp"
-#include "core/text_util.hpp"
-#include "core/workspace.hpp"
-
-// The embedded Node preload (src/CMakeLists.txt: node_proxy_preload_blob.S).
-extern "C" const char sandbox_node_proxy_preload_begin[];
-extern "C" const char sandbox_node_proxy_preload_end[];
+#include "core/run/workspace.hpp"
+#include "embedded/node_proxy_preload.hpp"
+#include "protocol/text_util.hpp"
+#include "store/store_io.hpp"
+#include "sys/random.hpp"
+#include "wire/accounts.hpp"
+#include "wire/init_protocol.hpp"
+#include "wire/seccomp_policy.hpp"
 
 namespace sandbox::detail::oci {
 namespace {
@@ -57,6 +54,9 @@ constexpr std::array<std::string_view, 11> reserved_names = {
     ".",   "..",   "proc",    "sys",           "dev",         "tmp",
     "run", "home", "sandbox", ".sandbox-init", ".sandbox-etc"};
 
+/// The bundle's empty, mode 0 file bound over device nodes gVisor adds to /dev by itself.
+constexpr std::string_view no_device_file = "no-device";
+
 /// /etc files replaced with our own content, when the image has them as regular files.
 struct etc_file {
   std::string_view name;
@@ -69,6 +69,17 @@ constexpr std::array<etc_file, 3> etc_files = {{
 }};
 
 constexpr std::string_view boot_id_path = "/proc/sys/kernel/random/boot_id";
+
+/// /etc files generated per run from the image's own: the image's entries and the run's
+/// (wire/accounts.hpp), where the image has them as regular files under a real /etc.
+constexpr std::array<std::string_view, 2> account_files = {"passwd", "group"};
+
+/// The run's own devpts instance at /dev/pts (crun, runc; runsc mounts its own, inside the
+/// sandbox's kernel): as the process level's (helpers/init/mounts.cpp), nosuid, noexec, a new
+/// instance holding at most 16 ptys, ptmx openable by the run's uid. The runtime points
+/// /dev/ptmx at pts/ptmx.
+constexpr std::array<std::string_view, 6> opts_devpts = {
+    "nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "max=16"};
 
 /// What a program has no business reading or poking in /proc (as the process backend masks).
 constexpr std::array<std::string_view, 15> masked_paths = {
@@ -275,6 +286,8 @@ struct image_entry {
 struct image_view {
   std::vector<image_entry> entries;          ///< sorted by name
   std::array<bool, etc_files.size()> etc{};  ///< /etc/<etc_files[i]> is a regular file
+  /// /etc/<account_files[i]>'s content, where it is a regular file under a real /etc.
+  std::array<std::optional<std::string>, account_files.size()> accounts{};
 };
 
 /// Reads the image root's top level with lstat semantics (never following a link).
@@ -339,6 +352,19 @@ result<image_view> read_image(const fs::path& root, std::string* why) {
       img.etc[i] =
           fstatat(dfd.get(), rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
     }
+    // passwd and group are read (by the host): never through a link, which could name one of
+    // the host's own files.
+    for (std::size_t i = 0; i < account_files.size(); ++i) {
+      const std::string name(account_files[i]);
+      std::string content;
+      const int rc = read_image_etc_file(dfd.get(), name.c_str(), &content);
+      if (rc == 0) {
+        img.accounts[i] = std::move(content);
+      } else if (rc != -ENOENT && rc != -ELOOP && rc != -ENOTDIR && rc != -EINVAL) {
+        return io_failure(why,
+                          fmt::format("read {}/etc/{}: {}", root.native(), name, errno_text(-rc)));
+      }
+    }
   }
   return img;
 }
@@ -381,10 +407,8 @@ json build_config(const bundle_params& p, const image_view& img) {
   //    non-dumpable and the runtime's own kernel stands between.
   json proc_options = json::array({"nosuid", "noexec", "nodev"});
   if (p.kind != runtime_kind::runsc) proc_options.push_back("hidepid=2");
-  mounts.push_back({{"destination", "/proc"},
-                    {"type", "proc"},
-                    {"source", "proc"},
-                    {"options", proc_options}});
+  mounts.push_back(
+      {{"destination", "/proc"}, {"type", "proc"}, {"source", "proc"}, {"options", proc_options}});
   if (p.kind != runtime_kind::runc) {
     mounts.push_back(bind_mount(std::string(boot_id_path), files_dir + "/boot_id", opts_data_ro));
   }
@@ -392,11 +416,26 @@ json build_config(const bundle_params& p, const image_view& img) {
   //    random, urandom, tty) and the device cgroup allows only those.
   mounts.push_back(
       tmpfs_mount("/dev", {"nosuid", "noexec", "strictatime", "mode=755", "size=65536"}));
-  // runsc always adds its own devpts at /dev/pts; an empty read-only tmpfs over it leaves the
-  // program no pseudo-terminal to open, as at the other levels.
+  //    /dev/pts: the run's own devpts instance (`opts_devpts`). runsc always adds its own,
+  //    a devpts of the sandbox's kernel, which no other sandbox and not the host shares.
+  if (p.kind != runtime_kind::runsc) {
+    json opts = json::array();
+    for (auto o : opts_devpts) opts.push_back(o);
+    mounts.push_back(
+        {{"destination", "/dev/pts"}, {"type", "devpts"}, {"source", "devpts"}, {"options", opts}});
+  }
+  // gVisor also fills its /dev with /dev/fuse and /dev/net/tun and mounts its own sysfs at
+  // /sys, whatever config.json says; none is of use to a snippet and each is more of the
+  // Sentry to reach: an empty read-only tmpfs over /dev/net and /sys, and over /dev/fuse
+  // (a file) a root-owned empty file of mode 0 (`no_device_file`), which is no device and
+  // which the program cannot open. (Its devpts stays: ptys for programs that ask.)
   if (p.kind == runtime_kind::runsc) {
-    mounts.push_back(tmpfs_mount("/dev/pts", {"ro", "nosuid", "noexec", "nodev", "size=4096",
-                                              "nr_inodes=16", "mode=755"}));
+    const std::vector<std::string> empty_ro = {"ro",        "nosuid",       "noexec",  "nodev",
+                                               "size=4096", "nr_inodes=16", "mode=755"};
+    mounts.push_back(tmpfs_mount("/dev/net", empty_ro));
+    mounts.push_back(
+        bind_mount("/dev/fuse", files_dir + "/" + std::string(no_device_file), opts_data_ro));
+    mounts.push_back(tmpfs_mount("/sys", empty_ro));
   }
   // 4. Writable scratch space, capped in bytes and inodes (ENOSPC before the memory limit).
   mounts.push_back(tmpfs_mount(
@@ -415,6 +454,11 @@ json build_config(const bundle_params& p, const image_view& img) {
   for (std::size_t i = 0; i < etc_files.size(); ++i) {
     if (!img.etc[i]) continue;
     std::string name(etc_files[i].name);
+    mounts.push_back(bind_mount("/etc/" + name, files_dir + "/" + name, opts_data_ro));
+  }
+  for (std::size_t i = 0; i < account_files.size(); ++i) {
+    if (!img.accounts[i]) continue;
+    std::string name(account_files[i]);
     mounts.push_back(bind_mount("/etc/" + name, files_dir + "/" + name, opts_data_ro));
   }
   // 7. sandbox-init, the container's first process.
@@ -488,69 +532,46 @@ json build_config(const bundle_params& p, const image_view& img) {
 // Seccomp
 // ---------------------------------------------------------------------------------------
 
-// The argument conditions of core/seccomp_policy.cpp's add_rules(), in OCI's form. Keep the
-// two in step: a conditioned row of the deny table that is not special-cased here would be
-// denied unconditionally.
-constexpr std::uint64_t namespace_clone_flags[] = {
-    CLONE_NEWNS,   CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC,
-    CLONE_NEWUSER, CLONE_NEWPID,    CLONE_NEWNET,
-};
-// Everything but AF_UNIX=1, AF_INET=2, AF_INET6=10, AF_NETLINK=16; above 16: one GT rule.
-constexpr std::uint64_t refused_low_families[] = {0, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15};
-constexpr std::uint64_t tiocsti = 0x5412;
-constexpr std::uint64_t tioclinux = 0x541C;
-constexpr std::uint64_t low32 = 0xFFFFFFFFULL;
+// The table is wire/seccomp_policy's; what each runtime enforces of it is
+// `seccomp_action_for`'s. Here it is only written in OCI's form.
 
-/// One `args` entry. For SCMP_CMP_MASKED_EQ, `value` is the mask and `value_two` the datum
-/// (libseccomp's datum_a / datum_b).
-json arg(unsigned index, const char* op, std::uint64_t value, std::uint64_t value_two = 0) {
-  return {{"index", index}, {"value", value}, {"valueTwo", value_two}, {"op", op}};
-}
-
-json errno_rule(const char* name, int errno_value, json args = json::array()) {
-  json r = {
-      {"names", json::array({name})}, {"action", "SCMP_ACT_ERRNO"}, {"errnoRet", errno_value}};
-  if (!args.empty()) r["args"] = std::move(args);
-  return r;
-}
-
-/// Appends the rules of one `errno_value` row (several when the row has several condition
-/// sets: OCI ANDs the `args` of one rule, so each alternative is a rule of its own).
-void add_errno_rows(json& out, const seccomp_rule_info& r) {
-  std::string_view name = r.syscall;
-  if (name == "clone") {
-    for (auto flag : namespace_clone_flags) {
-      out.push_back(errno_rule(r.syscall, r.errno_value,
-                               json::array({arg(0, "SCMP_CMP_MASKED_EQ", flag, flag)})));
-    }
-  } else if (name == "ioctl") {
-    // The command is compared in its low 32 bits only, as the kernel reads it.
-    for (auto request : {tiocsti, tioclinux}) {
-      out.push_back(errno_rule(r.syscall, r.errno_value,
-                               json::array({arg(1, "SCMP_CMP_MASKED_EQ", low32, request)})));
-    }
-  } else if (name == "socket") {
-    out.push_back(
-        errno_rule(r.syscall, EAFNOSUPPORT, json::array({arg(0, "SCMP_CMP_GT", AF_NETLINK)})));
-    for (auto family : refused_low_families) {
-      out.push_back(
-          errno_rule(r.syscall, EAFNOSUPPORT, json::array({arg(0, "SCMP_CMP_EQ", family)})));
-    }
-    // Netlink: only NETLINK_ROUTE (0).
-    out.push_back(
-        errno_rule(r.syscall, EPROTONOSUPPORT,
-                   json::array({arg(0, "SCMP_CMP_EQ", AF_NETLINK), arg(2, "SCMP_CMP_NE", 0)})));
-  } else if (name == "prlimit64") {
-    // Setting (new_limit != NULL) the limits of another process (pid != 0).
-    out.push_back(errno_rule(r.syscall, r.errno_value,
-                             json::array({arg(0, "SCMP_CMP_NE", 0), arg(2, "SCMP_CMP_NE", 0)})));
-  } else if (name == "setpriority" || name == "ioprio_set") {
-    out.push_back(errno_rule(r.syscall, r.errno_value, json::array({arg(1, "SCMP_CMP_NE", 0)})));
-  } else if (name.rfind("sched_set", 0) == 0 || name == "migrate_pages" || name == "move_pages") {
-    out.push_back(errno_rule(r.syscall, r.errno_value, json::array({arg(0, "SCMP_CMP_NE", 0)})));
-  } else {
-    out.push_back(errno_rule(r.syscall, r.errno_value));
+const char* oci_op(seccomp_op op) {
+  switch (op) {
+    case seccomp_op::ne:
+      return "SCMP_CMP_NE";
+    case seccomp_op::eq:
+      return "SCMP_CMP_EQ";
+    case seccomp_op::gt:
+      return "SCMP_CMP_GT";
+    case seccomp_op::masked_eq:
+      return "SCMP_CMP_MASKED_EQ";
   }
+  return "";
+}
+
+/// One rule of the table as one OCI rule (OCI ANDs a rule's `args`, so each alternative of a
+/// row is a rule of its own). For SCMP_CMP_MASKED_EQ, `value` is the mask and `valueTwo` the
+/// datum (libseccomp's datum_a / datum_b).
+json oci_rule(const char* syscall, const seccomp_rule& rule, seccomp_action action) {
+  json r = {{"names", json::array({syscall})}};
+  if (action.kind == seccomp_action_kind::errno_value) {
+    r["action"] = "SCMP_ACT_ERRNO";
+    r["errnoRet"] = action.errno_value;
+  } else {
+    // Never asked for (seccomp_action_for): without a listenerPath the runtime refuses it.
+    r["action"] = "SCMP_ACT_NOTIFY";
+  }
+  if (rule.check_count > 0) {
+    json args = json::array();
+    for (const auto& c : rule.args()) {
+      args.push_back({{"index", c.index},
+                      {"value", c.value},
+                      {"valueTwo", c.value_two},
+                      {"op", oci_op(c.op)}});
+    }
+    r["args"] = std::move(args);
+  }
+  return r;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -640,11 +661,22 @@ std::string check_mount(const json& m, std::size_t i, const std::vector<std::str
   bool is_bind = type == "bind" || has_option(options, "bind");
   if (!is_bind) {
     if (type == "tmpfs") return {};
+    if (type == "devpts") {
+      // Only a private instance at /dev/pts: without newinstance (on old kernels) it would
+      // be the host's, with every host pty in it.
+      if (*dest_norm != "/dev/pts") return fmt::format("{} mounts devpts at {}", at, dest);
+      for (auto required : {"newinstance", "nosuid", "noexec"}) {
+        if (!has_option(options, required)) {
+          return fmt::format("{} mounts devpts without {}", at, required);
+        }
+      }
+      return {};
+    }
     if (type == "proc") {
       if (*dest_norm != "/proc") return fmt::format("{} mounts proc at {}", at, dest);
       return {};
     }
-    return fmt::format("{}.type {} is not bind, proc or tmpfs", at,
+    return fmt::format("{}.type {} is not bind, proc, tmpfs or devpts", at,
                        type.empty() ? std::string("(none)") : type);
   }
   if (!has_option(options, "nosuid") || !has_option(options, "nodev")) {
@@ -692,28 +724,6 @@ int make_file(int dfd, const char* name, mode_t mode, std::string_view content =
   return 0;
 }
 
-/// A random UUID (version 4) as text, or empty when getrandom fails.
-std::string random_uuid() {
-  std::array<unsigned char, 16> b{};
-  std::size_t got = 0;
-  while (got < b.size()) {
-    ssize_t n = getrandom(b.data() + got, b.size() - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return {};
-    got += static_cast<std::size_t>(n);
-  }
-  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
-  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // variant 1
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string id;
-  for (std::size_t i = 0; i < b.size(); ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) id += '-';
-    id += hex[b[i] >> 4];
-    id += hex[b[i] & 15];
-  }
-  return id;
-}
-
 /// Builds the bundle's directories and files (everything but config.json) under `bundle_fd`.
 /// Returns an empty string, or what failed.
 std::string build_tree(int bundle_fd, const bundle_params& p, const image_view& img) {
@@ -748,6 +758,9 @@ std::string build_tree(int bundle_fd, const bundle_params& p, const image_view& 
       {"proc", 0555}, {"dev", 0755}, {"tmp", 01777}, {"home", 0755}, {"sandbox", 0755}};
   for (auto [name, mode] : dirs) {
     if (int e = make_dir(rfd.get(), name, mode)) return failed("mkdir", root + "/" + name, e);
+  }
+  if (p.kind == runtime_kind::runsc) {  // the empty /sys over gVisor's own (build_config)
+    if (int e = make_dir(rfd.get(), "sys", 0555)) return failed("mkdir", root + "/sys", e);
   }
   if (int e = make_dir(rfd.get(), "home/sandbox", 0700)) {
     return failed("mkdir", root + "/home/sandbox", e);
@@ -784,12 +797,27 @@ std::string build_tree(int bundle_fd, const bundle_params& p, const image_view& 
       return failed("create", files + "/" + name, e);
     }
   }
+  for (std::size_t i = 0; i < account_files.size(); ++i) {
+    if (!img.accounts[i]) continue;
+    const std::string name(account_files[i]);
+    const std::string content = name == "passwd"
+                                    ? passwd_with_run_account(*img.accounts[i], p.uid, p.gid)
+                                    : group_with_run_account(*img.accounts[i], p.gid);
+    if (int e = make_file(ffd.get(), name.c_str(), 0444, content)) {
+      return failed("create", files + "/" + name, e);
+    }
+  }
   if (int e = make_file(ffd.get(), "node-proxy.cjs", 0444, node_proxy_preload())) {
     return failed("create", files + "/node-proxy.cjs", e);
   }
-  std::string boot_id = random_uuid();
-  if (boot_id.empty()) return failed("getrandom for", files + "/boot_id", errno);
-  if (int e = make_file(ffd.get(), "boot_id", 0444, boot_id + "\n")) {
+  if (p.kind == runtime_kind::runsc) {
+    const std::string name(no_device_file);
+    if (int e = make_file(ffd.get(), name.c_str(), 0))
+      return failed("create", files + "/" + name, e);
+  }
+  const auto boot_id = random_uuid();
+  if (!boot_id) return failed("getrandom for", files + "/boot_id", errno);
+  if (int e = make_file(ffd.get(), "boot_id", 0444, *boot_id + "\n")) {
     return failed("create", files + "/boot_id", e);
   }
   return {};
@@ -797,30 +825,18 @@ std::string build_tree(int bundle_fd, const bundle_params& p, const image_view& 
 
 }  // namespace
 
-std::string_view node_proxy_preload() noexcept {
-  return {sandbox_node_proxy_preload_begin,
-          static_cast<std::size_t>(sandbox_node_proxy_preload_end - sandbox_node_proxy_preload_begin)};
-}
+std::string_view node_proxy_preload() noexcept { return embedded::node_proxy_preload(); }
 
 nlohmann::json seccomp_section(runtime_kind kind) {
+  const auto enforcer =
+      kind == runtime_kind::runsc ? seccomp_enforcer::oci_gvisor : seccomp_enforcer::oci_stacked;
   json syscalls = json::array();
-  for (const auto& r : seccomp_rules()) {
-    switch (r.treatment) {
-      case seccomp_treatment::errno_value:
-        // runsc answers every SCMP_ACT_ERRNO rule with EPERM (it ignores errnoRet), and an
-        // ENOSYS row is only there to make programs fall back: clone3 refused with EPERM
-        // would make glibc's pthread_create fail instead of falling back to clone. Those
-        // calls are left to gVisor's own kernel.
-        if (kind == runtime_kind::runsc && r.errno_value == ENOSYS) break;
-        add_errno_rows(syscalls, r);
-        break;
-      case seccomp_treatment::violation:
-        // crun/runc: left to sandbox-init's filter, whose USER_NOTIF this filter's ERRNO
-        // would override. runsc has no user notification: refuse here.
-        if (kind == runtime_kind::runsc) syscalls.push_back(errno_rule(r.syscall, EPERM));
-        break;
-      case seccomp_treatment::egress:
-        break;  // always sandbox-init's (the host records egress attempts)
+  for (const auto& row : seccomp_table()) {
+    for (const auto& rule : row.rules) {
+      const auto action = seccomp_action_for(row, rule, enforcer);
+      if (action.kind != seccomp_action_kind::none) {
+        syscalls.push_back(oci_rule(row.syscall, rule, action));
+      }
     }
   }
   // crun/runc: the i386 and x32 ABIs are listed (default allow) so that their calls reach
@@ -965,7 +981,8 @@ result<bundle> write_bundle(const bundle_params& p, std::string* why) {
   // symlinked or socket input, source or init executable is refused here).
   const std::vector<fs::path> allowed = {p.image_root, p.inputs,        p.source,
                                          p.output_dir, b.dir / "files", p.init_executable};
-  if (std::string bad = check_config(b.config, allowed, p.runtime_network_namespace); !bad.empty()) {
+  if (std::string bad = check_config(b.config, allowed, p.runtime_network_namespace);
+      !bad.empty()) {
     return fail(make_error_code(errc::invalid_argument), "generated config.json refused: " + bad);
   }
   if (int e = make_file(bfd.get(), "config.json", 0600, b.config.dump(2) + "\n")) {

@@ -1,6 +1,6 @@
 // OCI bundles for the `container` (crun, runc) and `gvisor` (runsc) levels (private to src/).
 //
-// One bundle per run, inside the run's workspace (core/workspace.hpp):
+// One bundle per run, inside the run's workspace (core/run/workspace.hpp):
 //   <ws>/bundle/config.json      written by `write_bundle` (OCI runtime-spec v1.0.2)
 //   <ws>/bundle/rootfs/          the root skeleton: an empty mount point (dir or file) for each
 //                                top-level entry of the image, its top-level symlinks copied as
@@ -9,9 +9,11 @@
 //                                the image's entries read-only onto it, so it never writes into
 //                                the shared image (runc/crun create missing mount points in
 //                                the root they are given).
-//   <ws>/bundle/files/           resolv.conf, hosts, hostname, boot_id: bound read-only over
-//                                the image's files (only where the image has them as regular
-//                                files under a real /etc), and a random per-run boot id
+//   <ws>/bundle/files/           resolv.conf, hosts, hostname, passwd, group: bound read-only
+//                                over the image's files (only where the image has them as
+//                                regular files under a real /etc; passwd and group are the
+//                                image's with the run's own entry, wire/accounts.hpp), and a
+//                                random per-run boot id
 // What a generated config.json may mount from the host is closed: the image root (read-only),
 // the run's inputs (read-only), its source (read-only), its output directory, the bundle's
 // own files (read-only) and the sandbox-init executable (read-only). `check_config` proves it
@@ -59,7 +61,7 @@ struct bundle_params {
   std::uint64_t nofile = 256;              ///< RLIMIT_NOFILE
   std::uint64_t fsize_bytes = 1ULL << 30;  ///< RLIMIT_FSIZE
   /// runsc network runs only: the runtime itself is started inside the run's own network
-  /// namespace (core/netns.hpp: loopback and the egress proxy's listener, nothing else) with
+  /// namespace (sys/netns.hpp: loopback and the egress proxy's listener, nothing else) with
   /// `--network=host`, so the config has no network namespace entry (gVisor's sockets are
   /// then host sockets of that namespace). Refused for crun and runc.
   bool runtime_network_namespace = false;
@@ -74,13 +76,15 @@ struct bundle {
 
 /**
  * The config.json document for `p` (pure: touches no file except reading the image root's
- * top level with lstat, never following a link). Errors, with `*why` (when given) saying
- * which: `invalid_argument` when a parameter is malformed (an id or name outside its
- * alphabet; a path that is relative, not lexically normal or not UTF-8; inputs, source or
- * output dir not strictly inside the workspace, or inside <ws>/bundle; workspace or image
- * root "/", or one inside the other; source_name "out" or equal to input_name; uid or gid
- * 0 — there is no user namespace, so 0 is host root; a zero size; a cgroups_path that is
- * not absolute and clean); `io_error` when the image root cannot be read.
+ * top level with lstat and its /etc/passwd and /etc/group, never following a link).
+ * Errors, with `*why` (when given) saying which: `invalid_argument` when a parameter is
+ * malformed (an id or name outside its alphabet; a path that is relative, not lexically
+ * normal or not UTF-8; inputs, source or output dir not strictly inside the workspace, or
+ * inside <ws>/bundle; workspace or image root "/", or one inside the other; source_name
+ * "out" or equal to input_name; uid or gid 0 — there is no user namespace, so 0 is host
+ * root; a zero size; a cgroups_path that is not absolute and clean); `io_error` when the
+ * image root (or its /etc/passwd or /etc/group, where they are regular files) cannot be
+ * read.
  *
  * Image entries: directories and regular files are mounted, symlinks are copied into the
  * skeleton by `write_bundle`; FIFOs, sockets, devices, names that are not UTF-8 and the
@@ -99,15 +103,17 @@ struct bundle {
  *    of a namespace given by path and refuses a new one
  *  - mounts: the image's top-level entries (bind, ro, nosuid, nodev), proc (nosuid, noexec,
  *    nodev), the bundle's boot_id at /proc/sys/kernel/random/boot_id, /dev tmpfs (nosuid,
- *    noexec, mode=755, size 64 KiB), /dev/shm, /tmp and /home/sandbox tmpfs with size and
+ *    noexec, mode=755, size 64 KiB), for crun and runc a devpts of the run's own at /dev/pts
+ *    (nosuid, noexec, newinstance, ptmxmode=0666, mode=0620, max=16; runsc mounts its own
+ *    in the sandbox's kernel), /dev/shm, /tmp and /home/sandbox tmpfs with size and
  *    nr_inodes ($HOME owned by uid/gid, mode 0700), the inputs at /sandbox/<input_name>
  *    (ro, nosuid, nodev, noexec), the output dir at /sandbox/out (rw, nosuid, nodev,
  *    noexec), the source at /sandbox/<source_name> (ro, nosuid, nodev, noexec), the
- *    bundle's resolv.conf/hosts/hostname over /etc's, sandbox-init at /.sandbox-init (ro,
- *    nosuid, nodev); in that order. Nothing else: no /sys, no /dev/pts, no /dev/mqueue, no
- *    socket. Binds use "bind", never "rbind" (nothing mounted below a source on the host
- *    comes along). For runc the boot id is masked instead (maskedPaths: it reads as empty):
- *    runc refuses every bind below /proc but a few lxcfs files.
+ *    bundle's resolv.conf/hosts/hostname/passwd/group over /etc's, sandbox-init at
+ *    /.sandbox-init (ro, nosuid, nodev); in that order. Nothing else: no /sys, no
+ *    /dev/mqueue, no socket. Binds use "bind", never "rbind" (nothing mounted below a
+ *    source on the host comes along). For runc the boot id is masked instead (maskedPaths:
+ *    it reads as empty): runc refuses every bind below /proc but a few lxcfs files.
  *  - linux: cgroupsPath; resources.memory.limit, pids.limit, cpu quota/period (100 ms);
  *    devices: deny all (the runtime's default device set is added by the runtime);
  *    maskedPaths (/proc/kcore, keys, key-users, timer_list, sched_debug, sysrq-trigger,
@@ -117,19 +123,20 @@ struct bundle {
 result<nlohmann::json> make_config(const bundle_params& p, std::string* why = nullptr);
 
 /**
- * The seccomp section: default allow, architecture x86-64 only, and the `errno` rows of the
- * process backend's deny table (core/seccomp_policy.hpp) with the same argument conditions.
- * Rows the process backend sends to the host by user notification (violations, egress) are
- * left to sandbox-init's own filter, which it loads in the program's process: a stacked
- * filter's ERRNO would take precedence over that filter's USER_NOTIF and hide the
- * violation from the host. For runsc (no user notification in gVisor) violation rows become
- * SCMP_ACT_ERRNO(EPERM) here (runsc applies the section only when run with --oci-seccomp).
- * runsc answers every SCMP_ACT_ERRNO rule with EPERM whatever its errnoRet, so for runsc
- * the ENOSYS rows (io_uring_*, clone3: there so that programs fall back) are left out — an
- * EPERM from clone3 would make glibc's pthread_create fail instead of falling back.
- * Conditioned rows become one rule per condition set (OCI ANDs a rule's `args`); for
- * SCMP_CMP_MASKED_EQ, `value` is the mask and `valueTwo` the datum. Unlike the process
- * filter, numbers above libseccomp's table get no ENOSYS rule (OCI rules name calls).
+ * The seccomp section, generated from the one table (wire/seccomp_policy.hpp): default allow,
+ * and one rule per rule of the table that `seccomp_action_for` gives an action for this
+ * runtime (`oci_stacked` for crun and runc, `oci_gvisor` for runsc), with the same argument
+ * conditions — for crun/runc the errno rows (violation and egress rows are left to
+ * sandbox-init's own filter, which the host hears through user notification; a stacked
+ * filter's ERRNO would take precedence over it and hide the call from the host); for runsc
+ * also the violation rows as EPERM, and not the ENOSYS rows (runsc answers every
+ * SCMP_ACT_ERRNO with EPERM, and an EPERM from clone3 would make glibc's pthread_create fail
+ * instead of falling back; runsc applies the section only when run with --oci-seccomp).
+ * Architectures: x86-64, and for crun/runc also x86 and x32, so that those ABIs' calls pass
+ * this filter and reach sandbox-init's, which reports them as violations. Each rule of the
+ * table is one OCI rule (OCI ANDs a rule's `args`); for SCMP_CMP_MASKED_EQ, `value` is the
+ * mask and `valueTwo` the datum. Unlike sandbox-init's filter, numbers above libseccomp's
+ * table get no ENOSYS rule (OCI rules name calls).
  */
 nlohmann::json seccomp_section(runtime_kind kind);
 
@@ -142,7 +149,8 @@ nlohmann::json seccomp_section(runtime_kind kind);
  * the host (lstat, from the allowed path down to the source) no component may be a
  * symlink, and the source must exist and be a directory or regular file (not a socket,
  * FIFO or device); options "rbind", "suid", "dev", "shared", "rshared" are refused; every
- * other mount must be a tmpfs or the proc at /proc. Elsewhere: root.readonly true and
+ * other mount must be a tmpfs, the proc at /proc, or a devpts at /dev/pts with
+ * "newinstance", "nosuid" and "noexec". Elsewhere: root.readonly true and
  * root.path a clean absolute ".../bundle/rootfs" (a directory, if it exists; which
  * workspace is the caller's to check); process present, terminal not true,
  * noNewPrivileges true, no capability outside the four above and none inheritable or

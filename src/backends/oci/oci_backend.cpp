@@ -1,6 +1,6 @@
 // The OCI launchers: sandbox-init as the container's process under crun, runc or runsc.
 //
-// Per run (on top of the shared machine, core/init_backend.hpp):
+// Per run (on top of the shared machine, core/run/machine.hpp):
 //   launch    mount a size-capped tmpfs at <ws>/out (the output dir, collected on the host
 //             with the same no-follow collector), write the bundle (bundle.hpp), then run
 //             `<runtime> --root <state>/<runtime>/runtime run --bundle <ws>/bundle
@@ -8,7 +8,7 @@
 //             fd 3; the capture pipes reach sandbox-init with its configuration (the runtime
 //             holds its own stdio, which goes to <ws>/runtime.log). runsc passes nothing but
 //             stdio: there the control socket is stdin and the pipes are stdout and stderr
-//             (stream mode, core/init_protocol.hpp). The container joins the run's cgroup
+//             (stream mode, wire/init_protocol.hpp). The container joins the run's cgroup
 //             (linux.cgroupsPath), so limits, OOM events, usage and kill-and-confirm are the
 //             process backend's.
 //   release   when every process is confirmed dead: unmount <ws>/out, then always
@@ -34,9 +34,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#ifndef P_PIDFD
-#define P_PIDFD static_cast<idtype_t>(3)  // <linux/wait.h>; older glibc lacks it
-#endif
 #ifndef CGROUP2_SUPER_MAGIC
 #define CGROUP2_SUPER_MAGIC 0x63677270
 #endif
@@ -44,25 +41,28 @@
 #define TMPFS_MAGIC 0x01021994
 #endif
 
-#include <boost/asio/post.hpp>
+#include <fmt/format.h>
+
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <sstream>
-#include <map>
-#include <fstream>
 #include <thread>
 
-#include <fmt/format.h>
-
 #include "backends/oci/bundle.hpp"
-#include "core/confirmed_wait.hpp"
-#include "core/netns.hpp"
-#include "core/spawn.hpp"
-#include "core/tool_process.hpp"
+#include "store/publish.hpp"
+#include "store/store_io.hpp"
+#include "sys/confirmed_wait.hpp"
+#include "sys/netns.hpp"
+#include "sys/pidfd.hpp"
+#include "sys/spawn.hpp"
+#include "sys/tool_process.hpp"
 
 namespace sandbox::detail {
 namespace {
@@ -72,10 +72,16 @@ using clock = std::chrono::steady_clock;
 
 constexpr auto delete_timeout = std::chrono::seconds(10);
 
+// sandbox-init's copies in a level's state directory: this prefix, then a content hash.
+constexpr std::string_view init_file_prefix = "sandbox-init-";
+// A configured debugging copy of sandbox-init larger than this is refused.
+constexpr std::uint64_t init_max_bytes = 256ULL << 20;
+
 // True on a cgroup v1 host that also mounts cgroup2 at /sys/fs/cgroup/unified (crun refuses
 // such a host when that hierarchy has any controller enabled).
 bool hybrid_cgroups(const std::filesystem::path& root) {
-  struct statfs top{}, uni{};
+  struct statfs top {
+  }, uni{};
   if (::statfs(root.c_str(), &top) != 0 || top.f_type != TMPFS_MAGIC) return false;
   auto unified = root / "unified";
   return ::statfs(unified.c_str(), &uni) == 0 && uni.f_type == CGROUP2_SUPER_MAGIC;
@@ -98,20 +104,20 @@ void for_each_cgroup_mount(F&& f) {
   }
 }
 
-class oci_launcher final : public init_launcher,
-                           public std::enable_shared_from_this<oci_launcher> {
+class oci_launcher final : public launcher, public std::enable_shared_from_this<oci_launcher> {
  public:
   struct setup {
     oci::runtime_kind kind;
-    std::string name;              // "crun", "runc", "runsc"
-    std::filesystem::path binary;  // absolute
-    std::string version;           // first line of --version
-    std::string platform;          // runsc
+    std::string name;                  // "crun", "runc", "runsc"
+    std::filesystem::path binary;      // absolute
+    std::string version;               // first line of --version
+    std::string platform;              // runsc
     std::filesystem::path state_root;  // --root
     std::filesystem::path init_file;   // sandbox-init on the host (bound into containers)
+    unique_fd init_hold;  // a shared lock on init_file: no cleanup removes it while we live
     std::string cgroup_parent;
-    std::string detach_mount;      // crun on a hybrid host
-    std::string cpuacct_mount;     // a v1 hierarchy with cpuacct, if mounted
+    std::string detach_mount;   // crun on a hybrid host
+    std::string cpuacct_mount;  // a v1 hierarchy with cpuacct, if mounted
     asio::any_io_executor executor;
     log_sink log;
   };
@@ -126,32 +132,48 @@ class oci_launcher final : public init_launcher,
     return exec_fd_ >= 0;
   }
 
-  sandbox::isolation isolation() const noexcept override {
-    return s_.kind == oci::runtime_kind::runsc ? sandbox::isolation::gvisor
-                                               : sandbox::isolation::container;
+  launcher_traits traits() const override {
+    const bool runsc = s_.kind == oci::runtime_kind::runsc;
+    return {.isolation = runsc ? sandbox::isolation::gvisor : sandbox::isolation::container,
+            .name = s_.name,
+            .description = s_.name + " " + s_.version,
+            .unprivileged = false,
+            .stdio_over_control = !runsc,
+            .stream_control = runsc,
+            .stdio_sockets = false,
+            .makes_network_namespace = runsc,
+            // The runtime exits by itself once the run's cgroup is empty (killed in the middle
+            // it leaves its state and cgroups behind).
+            .kill_launched_process = false,
+            .min_setup_budget = std::chrono::milliseconds(0),
+            .node_proxy_preload_path = oci::node_proxy_preload_path,
+            .probe_path = "/.sandbox-init"};
   }
-  std::string_view name() const noexcept override { return s_.name; }
-  std::string describe() const override { return s_.name + " " + s_.version; }
-  std::string probe_path() const override { return "/.sandbox-init"; }
 
-  std::filesystem::path host_output_dir(const run_workspace& ws) const override {
-    return ws.dir / "out";
-  }
-
-  result<launched> launch(const launch_request& r, std::string* why) override {
+  result<std::unique_ptr<launched>> launch(const launch_request& r, std::string* why) override {
     const auto sizes = sandbox_sizes(r.job);
     // 1. The output dir: a tmpfs of the run's own, size- and inode-capped, owned by its uid.
-    auto out = host_output_dir(r.ws);
+    auto out = r.ws.dir / "out";
     if (::mkdir(out.c_str(), 0755) != 0) {
       *why = fmt::format("output dir: errno {}", errno);
       return make_error_code(errc::io_error);
     }
     std::string opts = fmt::format("size={},nr_inodes={},mode=0755,uid={},gid={}", sizes.out_bytes,
                                    sizes.out_inodes, r.uid, r.uid);
-    if (::mount("tmpfs", out.c_str(), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts.c_str()) != 0) {
+    if (::mount("tmpfs", out.c_str(), "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts.c_str()) !=
+        0) {
       *why = fmt::format("output tmpfs: errno {}", errno);
       return make_error_code(errc::io_error);
     }
+    // From here a failed launch unmounts it again (nothing else of it is outside the
+    // workspace: no container exists until the runtime runs).
+    struct unmount_on_failure {
+      const std::filesystem::path& dir;
+      bool armed = true;
+      ~unmount_on_failure() {
+        if (armed) ::umount2(dir.c_str(), MNT_DETACH);
+      }
+    } unmount{out};
     // 2. The bundle.
     oci::bundle_params p;
     p.container_id = container_id(r.instance_id);
@@ -165,7 +187,6 @@ class oci_launcher final : public init_launcher,
     p.output_dir = out;
     p.init_executable = s_.init_file;
     p.cgroups_path = r.cgroup_path;
-    cgroup_paths_.put(r.instance_id, r.cgroup_path);
     p.uid = r.uid;
     p.gid = r.uid;
     cgroup_limits limits{r.job.admitted.request.memory_limit_bytes, r.job.policy.max_pids,
@@ -181,9 +202,8 @@ class oci_launcher final : public init_launcher,
     p.nofile = sizes.nofile;
     p.fsize_bytes = sizes.fsize_bytes;
     // A gVisor network run: the runtime runs in a network namespace of the run's own, made
-    // here with the egress proxy's listener on its loopback (core/netns.hpp).
-    const bool own_netns = makes_network_namespace() && !r.selftest &&
-                           r.job.admitted.request.network && !r.job.admitted.request.egress.empty();
+    // here with the egress proxy's listener on its loopback (sys/netns.hpp).
+    const bool own_netns = s_.kind == oci::runtime_kind::runsc && r.network;
     run_netns netns;
     if (own_netns) {
       auto made = make_run_netns(init_protocol::egress_proxy_port, why);
@@ -198,7 +218,8 @@ class oci_launcher final : public init_launcher,
     //    sandbox-init with its configuration (stdio_over_control).
     int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     auto log_path = r.ws.dir / "runtime.log";
-    int logfd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int logfd = ::open(log_path.c_str(),
+                       O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (logfd < 0) {
       if (devnull >= 0) ::close(devnull);
       *why = fmt::format("runtime log: errno {}", errno);
@@ -215,7 +236,7 @@ class oci_launcher final : public init_launcher,
       sr.argv.emplace_back("1");
     }
     sr.argv.push_back(p.container_id);
-    if (stream_control()) {
+    if (s_.kind == oci::runtime_kind::runsc) {
       // runsc passes only stdio into the sandbox: the control socket is sandbox-init's
       // stdin, the capture pipes its stdout and stderr (runsc's own errors land there too;
       // before the program starts they go to the host log, never into a result).
@@ -240,27 +261,23 @@ class oci_launcher final : public init_launcher,
       *why = "spawning " + s_.name + ": " + sp.error().message();
       return sp.error();
     }
-    return launched{sp->pid, sp->pidfd, own_netns ? netns.release_listener() : -1};
-  }
-
-  std::string node_proxy_preload_path() const override { return oci::node_proxy_preload_path; }
-
-  bool makes_network_namespace() const noexcept override {
-    return s_.kind == oci::runtime_kind::runsc;
-  }
-
-  bool stdio_over_control() const noexcept override { return !stream_control(); }
-  bool kill_launched_process() const noexcept override { return false; }
-
-  // The runtime joins the container's cgroup in every v1 hierarchy, cpuacct included, which
-  // the run cgroup does not read (it takes CPU time from the unified hierarchy on a hybrid
-  // host, where crun and runsc put nothing).
-  std::optional<std::uint64_t> cpu_usage_usec(const std::string& cgroup_path) const override {
-    if (s_.cpuacct_mount.empty() || cgroup_path.find("..") != std::string::npos) return std::nullopt;
-    std::ifstream in(s_.cpuacct_mount + cgroup_path + "/cpuacct.usage");
-    std::uint64_t ns = 0;
-    if (!(in >> ns)) return std::nullopt;
-    return ns / 1000;
+    unmount.armed = false;
+    auto l = std::make_unique<oci_launched>(shared_from_this(), container_id(r.instance_id),
+                                            r.cgroup_path, r.ws.dir);
+    l->pid = sp->pid;
+    l->pidfd.reset(sp->pidfd);
+    if (own_netns) l->egress_listener.reset(netns.release_listener());
+    l->host_output_dir = out;
+    l->config.add("launch", "oci");
+    if (s_.kind == oci::runtime_kind::runsc) {
+      l->config.add("notify", "0");  // gVisor has no seccomp user notification
+      // The program's processes are capped inside the sandbox kernel at the request's pids
+      // limit (the host's pids.max also counts the sentry: see adjust_limits).
+      // gVisor lets the main process have RLIMIT_NPROC children besides itself: one less
+      // makes it `max_pids` processes in all, as the pids controller counts elsewhere.
+      l->config.add("nproc", std::uint64_t{std::max<std::uint32_t>(r.job.policy.max_pids, 2) - 1});
+    }
+    return l;
   }
 
   // gVisor's sentry and gofer run in the run's cgroup: their threads count against pids.max
@@ -270,7 +287,7 @@ class oci_launcher final : public init_launcher,
   // the sandbox's own kernel only as far as the cgroup allows: see docs/security.md.
   // With the ptrace platform each sandboxed process costs several host tasks (its stub and
   // the sentry threads that trace it): about six were measured; the request's pids limit is
-  // enforced inside the sandbox kernel instead (RLIMIT_NPROC, see add_config), and the host
+  // enforced inside the sandbox kernel instead (RLIMIT_NPROC, see launch), and the host
   // limit leaves room for that many processes and the sentry's own threads.
   static constexpr std::uint32_t gvisor_host_tasks_per_process = 8;
   static constexpr std::uint32_t gvisor_pids_overhead = 256;
@@ -280,59 +297,12 @@ class oci_launcher final : public init_launcher,
     l.max_pids = l.max_pids * gvisor_host_tasks_per_process + gvisor_pids_overhead;
     l.memory_bytes += gvisor_memory_overhead;
   }
-  bool stream_control() const noexcept override { return s_.kind == oci::runtime_kind::runsc; }
-
-  std::string diagnostics(const run_workspace& ws) const override {
-    int fd = ::open((ws.dir / "runtime.log").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return {};
-    std::string text(4096, '\0');
-    ssize_t n = ::read(fd, text.data(), text.size());
-    ::close(fd);
-    text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
-    for (char& c : text) {
-      if (c == '\n' || c == '\r') c = ' ';
-    }
-    while (!text.empty() && text.back() == ' ') text.pop_back();
-    return text.empty() ? text : s_.name + " said: " + text;
-  }
-
-  void add_config(const launch_request& r, init_protocol::config_writer& w) override {
-    (void)r;
-    w.add("launch", "oci");
-    if (stream_control()) {
-      w.add("notify", "0");  // gVisor has no seccomp user notification
-      // The program's processes are capped inside the sandbox kernel at the request's pids
-      // limit (the host's pids.max also counts the sentry: see adjust_limits).
-      // gVisor lets the main process have RLIMIT_NPROC children besides itself: one less
-      // makes it `max_pids` processes in all, as the pids controller counts elsewhere.
-      w.add("nproc", std::uint64_t{std::max<std::uint32_t>(r.job.policy.max_pids, 2) - 1});
-    }
-  }
-
-  void release(const std::string& instance_id, const run_workspace& ws) noexcept override {
-    auto out = host_output_dir(ws);
-    if (::umount2(out.c_str(), MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT) {
-      log(log_level::warning, fmt::format("unmounting a run's output dir: errno {}", errno));
-    }
-    // Off the result's path: the spawn (a vfork'd clone, with a mount namespace for crun on
-    // a hybrid host) costs milliseconds.
-    std::string id = container_id(instance_id);
-    std::string cgroup_path = cgroup_paths_.take(instance_id);
-    try {
-      {
-        std::lock_guard lock(mu_);
-        queued_.emplace_back(id, cgroup_path);
-      }
-      asio::post(s_.executor, [self = shared_from_this()] { self->start_queued_delete(); });
-    } catch (...) {
-      log(log_level::warning, "cannot queue the delete of " + id + "; left for reclaim");
-    }
-  }
-
   // Every container in our own --root belongs to an instance of this state directory; one
   // whose instance is not alive (its lock is free, or gone after a clean shutdown whose
   // deletes could not all run) is deleted.
-  void reclaim(const std::function<bool(const std::string&)>& alive) noexcept override {
+  void start(const std::string& backend_instance_id,
+             const std::function<bool(const std::string&)>& alive) override {
+    instance_tag_ = backend_instance_id;
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(s_.state_root, ec)) {
       std::string id = e.path().filename().string();
@@ -363,7 +333,7 @@ class oci_launcher final : public init_launcher,
     while (!pending_.empty() && clock::now() < until) {
       for (auto it = pending_.begin(); it != pending_.end();) {
         siginfo_t si{};
-        if (::waitid(P_PIDFD, static_cast<id_t>(*it), &si, WEXITED | WNOHANG) == 0 && si.si_pid == 0) {
+        if (waitid_pidfd(*it, &si, WEXITED | WNOHANG) == 0 && si.si_pid == 0) {
           ++it;
           continue;
         }
@@ -379,14 +349,77 @@ class oci_launcher final : public init_launcher,
   }
 
  private:
+  // One run's container, from its launch until its processes are confirmed dead.
+  class oci_launched final : public launched {
+   public:
+    oci_launched(std::shared_ptr<oci_launcher> owner, std::string id, std::string cgroup_path,
+                 std::filesystem::path ws_dir)
+        : owner_(std::move(owner)),
+          id_(std::move(id)),
+          cgroup_path_(std::move(cgroup_path)),
+          ws_dir_(std::move(ws_dir)) {}
+
+    // The first 4 KiB of the runtime's own log, for the host log only.
+    std::string diagnostics() const override {
+      int fd = ::open((ws_dir_ / "runtime.log").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      if (fd < 0) return {};
+      std::string text(4096, '\0');
+      ssize_t n = ::read(fd, text.data(), text.size());
+      ::close(fd);
+      text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+      for (char& c : text) {
+        if (c == '\n' || c == '\r') c = ' ';
+      }
+      while (!text.empty() && text.back() == ' ') text.pop_back();
+      return text.empty() ? text : owner_->s_.name + " said: " + text;
+    }
+
+    // The runtime joins the container's cgroup in every v1 hierarchy, cpuacct included,
+    // which the run cgroup does not read (it takes CPU time from the unified hierarchy on a
+    // hybrid host, where crun and runsc put nothing).
+    std::optional<std::uint64_t> cpu_usage_usec() const override {
+      const auto& mount = owner_->s_.cpuacct_mount;
+      if (mount.empty() || cgroup_path_.find("..") != std::string::npos) return std::nullopt;
+      std::ifstream in(mount + cgroup_path_ + "/cpuacct.usage");
+      std::uint64_t ns = 0;
+      if (!(in >> ns)) return std::nullopt;
+      return ns / 1000;
+    }
+
+    void release() noexcept override {
+      auto out = ws_dir_ / "out";
+      if (::umount2(out.c_str(), MNT_DETACH) != 0 && errno != EINVAL && errno != ENOENT) {
+        owner_->log(log_level::warning,
+                    fmt::format("unmounting a run's output dir: errno {}", errno));
+      }
+      owner_->queue_delete(id_, cgroup_path_);
+    }
+
+   private:
+    std::shared_ptr<oci_launcher> owner_;
+    std::string id_;           // as-<backend instance>-<run instance>
+    std::string cgroup_path_;  // the run cgroup's, for the cleanup after delete
+    std::filesystem::path ws_dir_;
+  };
+
   std::string container_id(const std::string& instance_id) const {
     return "as-" + instance_tag_ + "-" + instance_id;
   }
 
- public:
-  void set_backend_instance(const std::string& id) override { instance_tag_ = id; }
+  // `<runtime> delete --force <id>`, off the result's path: the spawn (a vfork'd clone, with
+  // a mount namespace for crun on a hybrid host) costs milliseconds.
+  void queue_delete(const std::string& id, const std::string& cgroup_path) noexcept {
+    try {
+      {
+        std::lock_guard lock(mu_);
+        queued_.emplace_back(id, cgroup_path);
+      }
+      asio::post(s_.executor, [self = shared_from_this()] { self->start_queued_delete(); });
+    } catch (...) {
+      log(log_level::warning, "cannot queue the delete of " + id + "; left for reclaim");
+    }
+  }
 
- private:
   // `host_network` (runsc network runs): gVisor's sockets are host sockets of the run's own
   // network namespace, where the runtime is started (launch); otherwise its netstack has
   // loopback only.
@@ -442,9 +475,9 @@ class oci_launcher final : public init_launcher,
       if (!sp) return false;
       pollfd p{sp->pidfd, POLLIN, 0};
       int rc = ::poll(&p, 1, static_cast<int>(std::chrono::milliseconds(delete_timeout).count()));
-      if (rc <= 0) ::syscall(SYS_pidfd_send_signal, sp->pidfd, SIGKILL, nullptr, 0);
+      if (rc <= 0) pidfd_send_signal(sp->pidfd, SIGKILL);
       siginfo_t si{};
-      ::waitid(P_PIDFD, static_cast<id_t>(sp->pidfd), &si, WEXITED);
+      waitid_pidfd(sp->pidfd, &si, WEXITED);
       ::close(sp->pidfd);
       return rc > 0 && si.si_code == CLD_EXITED && si.si_status == 0;
     } catch (...) {
@@ -482,12 +515,13 @@ class oci_launcher final : public init_launcher,
       timer->async_wait([self, pidfd, id](boost::system::error_code ec) {
         if (ec) return;
         std::lock_guard lock(self->mu_);
-        if (std::find(self->pending_.begin(), self->pending_.end(), pidfd) != self->pending_.end()) {
-          ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+        if (std::find(self->pending_.begin(), self->pending_.end(), pidfd) !=
+            self->pending_.end()) {
+          pidfd_send_signal(pidfd, SIGKILL);
           self->log(log_level::warning, "delete of " + id + " timed out; killed");
         }
       });
-      // Confirmed (core/confirmed_wait.hpp): the handler's waitid blocks, and after a bare
+      // Confirmed (sys/confirmed_wait.hpp): the handler's waitid blocks, and after a bare
       // wake-up, with the kill timer cancelled, it would block until the delete ends.
       async_wait_confirmed(*watch, asio::posix::descriptor_base::wait_read, pidfd_exited,
                            [self, watch, timer, pidfd, id, cgroup_path](boost::system::error_code) {
@@ -497,7 +531,7 @@ class oci_launcher final : public init_launcher,
                                  std::find(self->pending_.begin(), self->pending_.end(), pidfd);
                              if (it == self->pending_.end()) return;  // drain() reaped it
                              siginfo_t si{};
-                             if (::waitid(P_PIDFD, static_cast<id_t>(pidfd), &si, WEXITED) == 0 &&
+                             if (waitid_pidfd(pidfd, &si, WEXITED) == 0 &&
                                  (si.si_code != CLD_EXITED || si.si_status != 0)) {
                                self->log(log_level::warning, "delete of " + id + " failed");
                              }
@@ -510,66 +544,69 @@ class oci_launcher final : public init_launcher,
     }
   }
 
-  // Instance id → its cgroup path, from launch to release (for the cleanup after delete).
-  struct path_map {
-    std::mutex mu;
-    std::map<std::string, std::string> m;
-    void put(const std::string& k, const std::string& v) {
-      std::lock_guard lock(mu);
-      m[k] = v;
-    }
-    std::string take(const std::string& k) noexcept {
-      try {
-        std::lock_guard lock(mu);
-        auto it = m.find(k);
-        if (it == m.end()) return {};
-        std::string v = std::move(it->second);
-        m.erase(it);
-        return v;
-      } catch (...) {
-        return {};
-      }
-    }
-  } cgroup_paths_;
-
   setup s_;
   int exec_fd_ = -1;
   std::string instance_tag_;
   std::mutex mu_;
-  std::vector<int> pending_;  ///< pidfds of deletes in flight
+  std::vector<int> pending_;                                 ///< pidfds of deletes in flight
   std::vector<std::pair<std::string, std::string>> queued_;  ///< (id, cgroup path) to delete
 };
 
-// Writes the sandbox-init image to `path` (0555, root-owned; replaced atomically).
-bool install_init_file(const std::filesystem::path& path, const std::filesystem::path& from) {
-  // The configured debugging copy, else the one built into the library (a sealed memfd).
-  int src = from.empty() ? open_init_executable({})
-                         : ::open(from.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (src < 0) return false;
-  auto tmp = path.string() + ".tmp";
-  ::unlink(tmp.c_str());
-  int dst = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0555);
-  bool ok = dst >= 0;
+// The bytes of sandbox-init: the configured debugging copy, else the one built into the
+// library (read from its sealed memfd). Empty when it cannot be read.
+std::string read_init_bytes(const std::filesystem::path& from) {
+  if (!from.empty()) {
+    auto bytes = read_file_at(AT_FDCWD, from.string(), init_max_bytes);
+    return bytes ? std::move(*bytes) : std::string();
+  }
+  unique_fd fd(open_init_executable({}));
+  if (!fd) return {};
+  std::string out;
   char buf[65536];
-  off_t off = 0;
-  while (ok) {
-    ssize_t n = ::pread(src, buf, sizeof buf, off);
-    if (n < 0) ok = false;
-    if (n <= 0) break;
-    ok = ::write(dst, buf, static_cast<std::size_t>(n)) == n;
+  for (off_t off = 0;;) {
+    ssize_t n = ::pread(fd.get(), buf, sizeof buf, off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return {};
+    if (n == 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
     off += n;
   }
-  ::close(src);
-  if (dst >= 0) ::close(dst);
-  ok = ok && ::rename(tmp.c_str(), path.c_str()) == 0;
-  if (!ok) ::unlink(tmp.c_str());
-  return ok;
+  return out;
+}
+
+// Installs sandbox-init into the level's state directory `state`, which every process
+// starting this level on the host shares: under a name of its content
+// ("sandbox-init-<first 16 hex of its SHA-256>"), so that concurrent starters of one library
+// agree on one file and starters of another version never touch it, published and verified
+// by publish_file_at (store/publish.hpp). The returned descriptor holds a shared lock on the
+// file for as long as the launcher may bind it into a container (by name).
+//
+// Old copies (another version's, or this one's after an upgrade) are removed here, but only
+// those no live process holds: every starter keeps its lock for its backend's life, and
+// remove_unheld_at takes a copy's exclusive lock without waiting, so a copy that a live
+// runtime may still bind (and exec) is never removed. The fixed name `sandbox-init` of older
+// versions (which held no lock) is left alone: it may still be in use.
+std::variant<std::pair<std::string, unique_fd>, std::string> install_init_file(
+    const std::filesystem::path& state, const std::filesystem::path& from, const log_sink& log) {
+  const std::string bytes = read_init_bytes(from);
+  if (bytes.empty()) return std::string("cannot read the sandbox-init executable");
+  const file_digest want = digest_of(bytes);
+  if (want.sha256.empty()) return std::string("cannot hash the sandbox-init executable");
+  auto dir = open_dir_at(AT_FDCWD, state.string());
+  if (!dir) return "cannot open " + state.string() + ": " + dir.error().message();
+  const std::string name = std::string(init_file_prefix) + want.sha256.substr(0, 16);
+  auto fd = publish_file_at(dir->get(), name, bytes, {.mode = 0555, .hold = true});
+  if (!fd) return "cannot write the sandbox-init executable: " + fd.error().message();
+  remove_unheld_at(
+      dir->get(), [](std::string_view n) { return n.rfind(init_file_prefix, 0) == 0; }, name,
+      store_logger(log));
+  return std::make_pair(name, std::move(*fd));
 }
 
 }  // namespace
 
 std::variant<std::shared_ptr<backend>, std::string> make_oci_backend(
-    const init_backend_context& ctx, const oci_backend_options& oci) {
+    const run_machine_context& ctx, const oci_backend_options& oci) {
   oci_launcher::setup s;
   if (oci.runtime == "crun") {
     s.kind = oci::runtime_kind::crun;
@@ -593,7 +630,8 @@ std::variant<std::shared_ptr<backend>, std::string> make_oci_backend(
     return "runsc: unknown platform '" + oci.platform + "'";
   }
   s.platform = oci.platform;
-  auto ver = run_tool({s.binary.string(), "--version"}, minimal_tool_env(), std::chrono::seconds(10));
+  auto ver =
+      run_tool({s.binary.string(), "--version"}, minimal_tool_env(), std::chrono::seconds(10));
   if (!ver || !ver->ok()) {
     return s.name + ": `" + s.binary.string() + " --version` failed" + (ver ? "" : " to start") +
            ": the binary does not work on this host";
@@ -610,9 +648,12 @@ std::variant<std::shared_ptr<backend>, std::string> make_oci_backend(
   ::chmod(state.c_str(), 0711);
   ::chmod((state / "runtime").c_str(), 0700);
   s.state_root = state / "runtime";
-  s.init_file = state / "sandbox-init";
-  if (!install_init_file(s.init_file, ctx.options.init_path)) {
-    return "cannot write the sandbox-init executable";
+  {
+    auto init = install_init_file(state, ctx.options.init_path, ctx.log);
+    if (auto* why = std::get_if<std::string>(&init)) return *why;
+    auto& [name, hold] = std::get<std::pair<std::string, unique_fd>>(init);
+    s.init_file = state / name;
+    s.init_hold = std::move(hold);
   }
   s.cgroup_parent = ctx.options.cgroup_parent;
   if (s.kind == oci::runtime_kind::crun && hybrid_cgroups(ctx.options.cgroup_root)) {
@@ -620,18 +661,18 @@ std::variant<std::shared_ptr<backend>, std::string> make_oci_backend(
   }
   s.executor = ctx.executor;
   s.log = ctx.log;
-  for_each_cgroup_mount([&](const std::string& point, const std::string& fstype,
-                            const std::string& opts) {
-    if (s.cpuacct_mount.empty() && fstype == "cgroup" &&
-        ("," + opts + ",").find(",cpuacct,") != std::string::npos) {
-      s.cpuacct_mount = point;
-    }
-  });
-  auto launcher = std::make_shared<oci_launcher>(std::move(s));
-  if (!launcher->open_binary()) return std::string(launcher->name()) + ": cannot open the binary";
-  init_backend_context c = ctx;
+  for_each_cgroup_mount(
+      [&](const std::string& point, const std::string& fstype, const std::string& opts) {
+        if (s.cpuacct_mount.empty() && fstype == "cgroup" &&
+            ("," + opts + ",").find(",cpuacct,") != std::string::npos) {
+          s.cpuacct_mount = point;
+        }
+      });
+  auto l = std::make_shared<oci_launcher>(std::move(s));
+  if (!l->open_binary()) return oci.runtime + ": cannot open the binary";
+  run_machine_context c = ctx;
   c.options.warm_pool = oci.warm_pool;
-  return make_init_backend(c, launcher);
+  return make_run_machine(c, l);
 }
 
 }  // namespace sandbox::detail

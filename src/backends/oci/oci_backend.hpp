@@ -1,15 +1,15 @@
 // The OCI backends' factory (private to src/): `container` (crun, runc) and `gvisor` (runsc).
 // sandbox-init runs as the container's process, started by the OCI runtime from a bundle
 // generated per run (bundle.hpp); everything else of a run is the shared machine of
-// core/init_backend.hpp. See docs/architecture.md, "OCI backends".
+// core/run/machine.hpp. See docs/architecture.md, "OCI backends".
 #pragma once
 
 #include <memory>
 #include <string>
 #include <variant>
 
-#include "core/init_backend.hpp"
-#include "sandbox/runtime.hpp"
+#include "core/run/machine.hpp"
+#include "sandbox/backend_options.hpp"
 
 namespace sandbox::detail {
 
@@ -20,6 +20,6 @@ namespace sandbox::detail {
  * the process backend's (cgroup parent/root, uid range); the warm pools are `oci`'s.
  */
 std::variant<std::shared_ptr<backend>, std::string> make_oci_backend(
-    const init_backend_context& ctx, const oci_backend_options& oci);
+    const run_machine_context& ctx, const oci_backend_options& oci);
 
 }  // namespace sandbox::detail

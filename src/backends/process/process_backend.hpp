@@ -1,18 +1,18 @@
 // The process backend's factory (private to src/): namespaces + cgroup + seccomp, with
 // `sandbox-init` as PID 1 of every run, spawned by the host itself. The run machine is
-// shared with the OCI backends (core/init_backend.hpp). See docs/architecture.md.
+// shared with the OCI backends (core/run/machine.hpp). See docs/architecture.md.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <variant>
 
-#include "core/init_backend.hpp"
+#include "core/run/machine.hpp"
 
 namespace sandbox::detail {
 
 /// What the runtime hands the process backend.
-using process_backend_context = init_backend_context;
+using process_backend_context = run_machine_context;
 
 /**
  * Runs the start-up self-test (a real sandbox: namespaces, /proc, cgroup limits, seccomp

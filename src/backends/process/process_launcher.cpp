@@ -3,37 +3,39 @@
 // into the run's cgroup and, for a user namespace, writes its uid/gid maps. sandbox-init
 // then builds the run's filesystem itself (helpers/init/mounts.cpp).
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#ifndef P_PIDFD
-#define P_PIDFD static_cast<idtype_t>(3)  // <linux/wait.h>; older glibc lacks it
-#endif
-
-#include <fmt/format.h>
-
 #include "backends/process/process_backend.hpp"
-#include "core/spawn.hpp"
+#include "sys/pidfd.hpp"
+#include "sys/spawn.hpp"
 
 namespace sandbox::detail {
 namespace {
 
-class process_launcher final : public init_launcher {
+class process_launcher final : public launcher {
  public:
   process_launcher(int init_exec_fd, bool userns)
-      : init_exec_fd_(init_exec_fd), userns_(userns), host_uid_(::geteuid()), host_gid_(::getegid()) {}
+      : init_exec_fd_(init_exec_fd),
+        userns_(userns),
+        host_uid_(::geteuid()),
+        host_gid_(::getegid()) {}
   ~process_launcher() override {
     if (init_exec_fd_ >= 0) ::close(init_exec_fd_);
   }
 
-  sandbox::isolation isolation() const noexcept override { return sandbox::isolation::process; }
-  std::string_view name() const noexcept override { return "process"; }
-  bool unprivileged() const noexcept override { return true; }
-  std::string probe_path() const override { return "sandbox-init"; }
+  launcher_traits traits() const override {
+    return {.isolation = sandbox::isolation::process,
+            .name = "process",
+            .description = "process",
+            .unprivileged = true,
+            .probe_path = "sandbox-init"};
+  }
 
-  result<launched> launch(const launch_request& r, std::string* why) override {
+  result<std::unique_ptr<launched>> launch(const launch_request& r, std::string* why) override {
     int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     spawn_request sr;
     sr.exec_fd = init_exec_fd_;
@@ -48,19 +50,21 @@ class process_launcher final : public init_launcher {
     auto sp = spawn_process(sr);
     ::close(devnull);
     if (!sp) return sp.error();
-    launched l{sp->pid, sp->pidfd};
-    auto fail = [&](std::string what) -> result<launched> {
+    auto l = std::make_unique<launched>();
+    l->pid = sp->pid;
+    l->pidfd.reset(sp->pidfd);
+    auto fail = [&](std::string what) -> result<std::unique_ptr<launched>> {
       *why = std::move(what);
-      ::kill(l.pid, SIGKILL);  // the run reaps it through the pidfd it never gets: do it here
+      ::kill(l->pid, SIGKILL);  // the run reaps it through the pidfd it never gets: do it here
       siginfo_t si{};
-      ::waitid(P_PIDFD, static_cast<id_t>(l.pidfd), &si, WEXITED);
-      ::close(l.pidfd);
+      waitid_pidfd(l->pidfd.get(), &si, WEXITED);
       return make_error_code(errc::io_error);
     };
     // Into the cgroup (sandbox-init waits for the configuration before doing anything).
-    if (auto a = r.cgroup.attach(l.pid); !a) return fail("cgroup attach failed: " + a.error().message());
+    if (auto a = r.cgroup.attach(l->pid); !a)
+      return fail("cgroup attach failed: " + a.error().message());
     if (userns_) {
-      std::string proc = "/proc/" + std::to_string(l.pid);
+      std::string proc = "/proc/" + std::to_string(l->pid);
       bool ok = write_existing_file(proc + "/uid_map",
                                     fmt::format("{} {} 1\n", userns_inside_id, host_uid_)) &&
                 write_existing_file(proc + "/setgroups", "deny") &&
@@ -68,14 +72,12 @@ class process_launcher final : public init_launcher {
                                     fmt::format("{} {} 1\n", userns_inside_id, host_gid_));
       if (!ok) return fail(fmt::format("writing uid/gid maps failed: errno {}", errno));
     }
+    // The host paths sandbox-init binds itself.
+    l->config.add("rootfs", r.job.rootfs.string());
+    l->config.add("staging", r.ws.staging.string());
+    l->config.add("inputs", r.ws.inputs.string());
+    l->config.add("source", r.ws.source.string());
     return l;
-  }
-
-  void add_config(const launch_request& r, init_protocol::config_writer& w) override {
-    w.add("rootfs", r.job.rootfs.string());
-    w.add("staging", r.ws.staging.string());
-    w.add("inputs", r.ws.inputs.string());
-    w.add("source", r.ws.source.string());
   }
 
  private:
@@ -91,7 +93,7 @@ std::variant<std::shared_ptr<backend>, std::string> make_process_backend(
     const process_backend_context& ctx) {
   int fd = open_init_executable(ctx.options.init_path);
   if (fd < 0) return std::string("cannot load the sandbox-init helper");
-  return make_init_backend(ctx, std::make_shared<process_launcher>(fd, ::geteuid() != 0));
+  return make_run_machine(ctx, std::make_shared<process_launcher>(fd, ::geteuid() != 0));
 }
 
 }  // namespace sandbox::detail

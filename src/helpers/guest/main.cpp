@@ -1,4 +1,4 @@
-// sandbox-guest: PID 1 of a microvm run's guest (the guest agent). See core/guest_protocol.hpp
+// sandbox-guest: PID 1 of a microvm run's guest (the guest agent). See wire/guest_protocol.hpp
 // for the channel and docs/architecture.md ("microvm level") for the whole run.
 //
 // The agent plays, inside the VM, the part runsc plays for the gvisor level: it starts
@@ -60,20 +60,22 @@
 #include <string_view>
 #include <vector>
 
-#include "core/guest_protocol.hpp"
-#include "core/text_util.hpp"
+#include "sys/io.hpp"
+#include "wire/guest_protocol.hpp"
+#include "wire/utf8.hpp"
 
 namespace {
 
 namespace ip = sandbox::detail::init_protocol;
 namespace gp = sandbox::detail::guest_protocol;
 using gp::agent_step;
+using sandbox::detail::write_all;
 
-constexpr const char* kNewRoot = "/newroot";
-constexpr const char* kImage = "/run/image";  // the image disk, read-only
-constexpr const char* kWs = "/run/ws";        // the guest workspace (tmpfs)
-constexpr const char* kCgroup = "/sys/fs/cgroup/run";
-constexpr std::size_t kMaxFrame = ip::max_packet;
+constexpr const char* new_root_dir = "/newroot";
+constexpr const char* image_dir = "/run/image";  // the image disk, read-only
+constexpr const char* ws_dir = "/run/ws";        // the guest workspace (tmpfs)
+constexpr const char* run_cgroup_dir = "/sys/fs/cgroup/run";
+constexpr std::size_t max_frame = ip::max_packet;
 
 int g_ctl = -1;  // the control port
 
@@ -81,18 +83,6 @@ int g_ctl = -1;  // the control port
   sync();
   reboot(RB_POWER_OFF);
   _exit(1);  // PID 1 exiting panics the kernel, which (panic=-1, -no-reboot) also ends the VM
-}
-
-bool write_all(int fd, const void* p, std::size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return true;
 }
 
 bool send_frame(int fd, std::uint32_t type, std::uint32_t a, std::int64_t b,
@@ -168,11 +158,11 @@ bool copy_file(const char* from, const std::string& to, mode_t mode) {
 
 // 1. A tmpfs root holding what the guest needs after the switch: sandbox-init and the modules.
 void leave_initramfs() {
-  mkdir(kNewRoot, 0755);
-  if (mount("newroot", kNewRoot, "tmpfs", MS_NOSUID, "mode=0755,size=64m") < 0) {
+  mkdir(new_root_dir, 0755);
+  if (mount("newroot", new_root_dir, "tmpfs", MS_NOSUID, "mode=0755,size=64m") < 0) {
     fail(agent_step::mounts, errno, "tmpfs root");
   }
-  std::string r = kNewRoot;
+  std::string r = new_root_dir;
   for (const char* d : {"/dev", "/proc", "/sys", "/run", "/modules", "/tmp"})
     mkdir((r + d).c_str(), 0755);
   if (!copy_file("/sandbox-init", r + "/sandbox-init", 0555))
@@ -190,8 +180,8 @@ void leave_initramfs() {
       fail(agent_step::modules, errno, "copy module " + name);
     }
   }
-  if (chdir(kNewRoot) < 0 || mount(".", "/", nullptr, MS_MOVE, nullptr) < 0 || chroot(".") < 0 ||
-      chdir("/") < 0) {
+  if (chdir(new_root_dir) < 0 || mount(".", "/", nullptr, MS_MOVE, nullptr) < 0 ||
+      chroot(".") < 0 || chdir("/") < 0) {
     fail(agent_step::mounts, errno, "switch root");
   }
 }
@@ -248,7 +238,7 @@ struct frame_reader {
     if (buf.size() < sizeof(std::uint32_t)) return false;
     std::uint32_t len;
     memcpy(&len, buf.data(), sizeof len);
-    if (len < sizeof(ip::init_header) || len > kMaxFrame) {
+    if (len < sizeof(ip::init_header) || len > max_frame) {
       *bad = true;
       return false;
     }
@@ -278,12 +268,12 @@ struct frame_reader {
 };
 
 // 5a. One output stream of the program: its pipe (read end, non-blocking) relayed to its
-//     virtio-serial port (non-blocking). At most `kRelayBuffer` bytes wait in the agent: the
+//     virtio-serial port (non-blocking). At most `relay_buffer_bytes` bytes wait in the agent: the
 //     pipe is read only while there is room, so a host that reads slowly throttles the
 //     program (its pipe fills and its write blocks) as the port itself did. `count` is every
 //     byte read from the pipe — what the program wrote — reported to the host in `usage`
 //     (stdout_bytes, stderr_bytes) once the pipe reached EOF.
-constexpr std::size_t kRelayBuffer = 256 * 1024;
+constexpr std::size_t relay_buffer_bytes = 256 * 1024;
 
 struct stream_relay {
   int pipe = -1;  // read end; -1 after EOF
@@ -293,13 +283,13 @@ struct stream_relay {
   std::uint64_t count = 0;
 
   bool at_eof() const { return pipe < 0; }
-  short pipe_events() const { return pipe >= 0 && buf.size() < kRelayBuffer ? POLLIN : 0; }
+  short pipe_events() const { return pipe >= 0 && buf.size() < relay_buffer_bytes ? POLLIN : 0; }
   short port_events() const { return sent < buf.size() ? POLLOUT : 0; }
   // Reads what the pipe holds (up to the buffer's room); EOF or an error closes it.
   void read_pipe() {
-    while (pipe >= 0 && buf.size() < kRelayBuffer) {
+    while (pipe >= 0 && buf.size() < relay_buffer_bytes) {
       char chunk[65536];
-      const std::size_t room = std::min(sizeof chunk, kRelayBuffer - buf.size());
+      const std::size_t room = std::min(sizeof chunk, relay_buffer_bytes - buf.size());
       ssize_t n = read(pipe, chunk, room);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && errno == EAGAIN) return;
@@ -328,7 +318,7 @@ struct stream_relay {
     if (sent == buf.size()) {
       buf.clear();
       sent = 0;
-    } else if (sent >= kRelayBuffer / 2) {
+    } else if (sent >= relay_buffer_bytes / 2) {
       buf.erase(0, sent);
       sent = 0;
     }
@@ -359,7 +349,7 @@ void mount_image() {
     if (access("/dev/vda", F_OK) == 0) break;
     usleep(10000);
   }
-  if (mount("/dev/vda", kImage, "erofs", MS_RDONLY | MS_NODEV | MS_NOSUID, nullptr) < 0) {
+  if (mount("/dev/vda", image_dir, "erofs", MS_RDONLY | MS_NODEV | MS_NOSUID, nullptr) < 0) {
     fail(agent_step::image_disk, errno, "mount /dev/vda (erofs)");
   }
 }
@@ -373,8 +363,8 @@ void make_cgroup(const setup_values& s) {
   if (!write_file("/sys/fs/cgroup/cgroup.subtree_control", "+memory +pids +cpu")) {
     fail(agent_step::cgroup, errno, "cgroup.subtree_control");
   }
-  if (mkdir(kCgroup, 0755) < 0) fail(agent_step::cgroup, errno, "mkdir run cgroup");
-  std::string c = kCgroup;
+  if (mkdir(run_cgroup_dir, 0755) < 0) fail(agent_step::cgroup, errno, "mkdir run cgroup");
+  std::string c = run_cgroup_dir;
   auto put = [&](const char* file, const std::string& v) {
     if (!write_file(c + "/" + file, v)) fail(agent_step::cgroup, errno, file);
   };
@@ -389,12 +379,12 @@ void make_cgroup(const setup_values& s) {
 
 // 4c. The guest workspace: in/, the (empty) source file, the staging mount point.
 void make_workspace(const setup_values& s) {
-  mkdir(kWs, 0755);
+  mkdir(ws_dir, 0755);
   std::string opts = "mode=0755,size=" + std::to_string(s.ws_bytes) + ",nr_inodes=4096";
-  if (mount("ws", kWs, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts.c_str()) < 0) {
+  if (mount("ws", ws_dir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts.c_str()) < 0) {
     fail(agent_step::mounts, errno, "workspace tmpfs");
   }
-  std::string w = kWs;
+  std::string w = ws_dir;
   if (mkdir((w + "/in").c_str(), 0555) < 0 || mkdir((w + "/root").c_str(), 0755) < 0) {
     fail(agent_step::mounts, errno, "workspace dirs");
   }
@@ -417,11 +407,11 @@ struct file_sink {
     if ((mode & ~0700U) != 0) return *why = "file mode", false;
     std::string path;
     if (name == "source") {
-      path = std::string(kWs) + "/source";  // the already-bound source file, same inode
+      path = std::string(ws_dir) + "/source";  // the already-bound source file, same inode
       fd = open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOFOLLOW);
     } else if (name.substr(0, 3) == "in/" && valid_component(name.substr(3))) {
       if (++count > s->in_files) return *why = "too many files", false;
-      path = std::string(kWs) + "/in/" + std::string(name.substr(3));
+      path = std::string(ws_dir) + "/in/" + std::string(name.substr(3));
       fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444);
     } else {
       return *why = "file name", false;
@@ -450,8 +440,8 @@ struct file_sink {
 // 6b. The output files, after `quiet`: top-level regular files of the output directory,
 //     opened without following any link, at most `out_files` files and `out_bytes` bytes.
 //     Every other entry is reported as `file_dropped` with the reason the host levels'
-//     collector (core/collector.cpp) would give, judged in its order: the name, the type without
-//     following (a symlink, FIFO, socket, device or directory is never opened), then the
+//     collector (core/run/collector.cpp) would give, judged in its order: the name, the type
+//     without following (a symlink, FIFO, socket, device or directory is never opened), then the
 //     count cap, then the byte cap on the size from the stat (a sparse 1 TiB file is never
 //     read); a file that is no longer a regular file when opened, or that the agent cannot
 //     read, is `not_regular_file`. A bad name (detail::is_display_safe_name, the collector's own
@@ -542,7 +532,7 @@ void send_outputs(int out_dir, const setup_values& s) {
     total += content.size();
     send_agent(gp::msg::file_open, st.st_mode & 0700, static_cast<std::int64_t>(content.size()),
                name);
-    const std::size_t chunk = kMaxFrame - sizeof(ip::init_header);
+    const std::size_t chunk = max_frame - sizeof(ip::init_header);
     for (std::size_t off = 0; off < content.size(); off += chunk) {
       send_agent(gp::msg::file_data, 0, 0, std::string_view(content).substr(off, chunk));
     }
@@ -550,7 +540,7 @@ void send_outputs(int out_dir, const setup_values& s) {
   }
 }
 
-// 6d. A network run's egress tunnel (core/guest_protocol.hpp, "The egress tunnel"): the
+// 6d. A network run's egress tunnel (wire/guest_protocol.hpp, "The egress tunnel"): the
 //     listener on 127.0.0.1:<egress_proxy_port> inside the run's network namespace, each
 //     accepted connection relayed over the "sandbox.net" port under the per-connection
 //     windows. The port and every socket are non-blocking; nothing here waits on one
@@ -612,7 +602,8 @@ struct guest_net {
     if (c == nullptr) return;  // closed here already (crossed our close)
     switch (t) {
       case gp::net_msg::data:
-        if (c->host_eof || c->to_sock.size() + payload.size() > gp::net_window) return drop(h.a, true);
+        if (c->host_eof || c->to_sock.size() + payload.size() > gp::net_window)
+          return drop(h.a, true);
         c->to_sock.append(payload);
         break;
       case gp::net_msg::eof:
@@ -736,7 +727,8 @@ struct guest_net {
 //     127.0.0.1 appears only then; sandbox-init's own bring-up later finds it up).
 int make_net_listener(long init_pid) {
   int self_ns = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
-  int run_ns = open(("/proc/" + std::to_string(init_pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC);
+  int run_ns =
+      open(("/proc/" + std::to_string(init_pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC);
   if (self_ns < 0 || run_ns < 0 || setns(run_ns, CLONE_NEWNET) < 0) {
     fail(agent_step::start_init, errno, "join the run's network namespace");
   }
@@ -744,7 +736,8 @@ int make_net_listener(long init_pid) {
   int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   ifreq ifr{};
   strncpy(ifr.ifr_name, "lo", IFNAMSIZ - 1);
-  if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) < 0) fail(agent_step::start_init, errno, "loopback flags");
+  if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) < 0)
+    fail(agent_step::start_init, errno, "loopback flags");
   ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP);
   if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0) fail(agent_step::start_init, errno, "loopback up");
   close(s);
@@ -756,7 +749,8 @@ int make_net_listener(long init_pid) {
   if (l < 0 || bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0 || listen(l, 64) < 0) {
     fail(agent_step::start_init, errno, "egress listener");
   }
-  if (setns(self_ns, CLONE_NEWNET) < 0) fail(agent_step::start_init, errno, "leave the run's netns");
+  if (setns(self_ns, CLONE_NEWNET) < 0)
+    fail(agent_step::start_init, errno, "leave the run's netns");
   close(self_ns);
   return l;
 }
@@ -765,7 +759,7 @@ int make_net_listener(long init_pid) {
 //     kernel is 6.1): the agent then reports the largest memory.current it sampled.
 // The run cgroup's CPU time so far (cpu.stat usage_usec), µs; 0 when unreadable.
 std::uint64_t cgroup_cpu_usec() {
-  std::string cpu = read_small_file(std::string(kCgroup) + "/cpu.stat");
+  std::string cpu = read_small_file(std::string(run_cgroup_dir) + "/cpu.stat");
   auto at = cpu.find("usage_usec ");
   return at == std::string::npos ? 0 : to_u64(std::string_view(cpu).substr(at + 11));
 }
@@ -777,7 +771,7 @@ std::uint64_t cgroup_cpu_usec() {
 // whole figure; here the program's share is what came after `started`.
 void send_usage(std::uint64_t sampled_peak, std::uint64_t cpu_at_start, const stream_relay& out,
                 const stream_relay& err) {
-  std::string c = kCgroup;
+  std::string c = run_cgroup_dir;
   ip::config_writer w;
   std::uint64_t peak = sampled_peak;
   if (auto p = read_small_file(c + "/memory.peak"); !p.empty()) peak = std::max(peak, to_u64(p));
@@ -909,7 +903,7 @@ int main() {
   err_relay.port = err_port;
   for (int fd : {out_pipe[0], err_pipe[0]}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   if (self_exec >= 0) close(self_exec);
-  if (!write_file(std::string(kCgroup) + "/cgroup.procs", std::to_string(pid))) {
+  if (!write_file(std::string(run_cgroup_dir) + "/cgroup.procs", std::to_string(pid))) {
     kill(static_cast<pid_t>(pid), SIGKILL);
     fail(agent_step::start_init, errno, "cgroup.procs");
   }
@@ -932,9 +926,9 @@ int main() {
   // The end of the run is reported (outputs, usage with the stream counts, quiet) once the
   // run's processes are gone — sandbox-init's `quiet`, or its exit after `finish` — and both
   // output pipes reached EOF. EOF is near then (no writer is left); should a pipe stay open
-  // anyway, the run cgroup is killed after kReportWait and the report goes out after another
-  // kReportWait with the counts read so far (the host checks them against what it received).
-  constexpr long kReportWaitMs = 5000;
+  // anyway, the run cgroup is killed after report_wait_ms and the report goes out after another
+  // report_wait_ms with the counts read so far (the host checks them against what it received).
+  constexpr long report_wait_ms = 5000;
   bool report_pending = false, report_killed = false;
   long report_since = 0, last_sample = -1000;
   auto now_ms = [] {
@@ -951,11 +945,11 @@ int main() {
     if (!report_pending || quiet_sent) return;
     const bool eof = out_relay.at_eof() && err_relay.at_eof();
     const long waited = now_ms() - report_since;
-    if (!eof && waited >= kReportWaitMs && !report_killed) {
+    if (!eof && waited >= report_wait_ms && !report_killed) {
       report_killed = true;
-      write_file(std::string(kCgroup) + "/cgroup.kill", "1");
+      write_file(std::string(run_cgroup_dir) + "/cgroup.kill", "1");
     }
-    if (!eof && waited < 2 * kReportWaitMs) return;
+    if (!eof && waited < 2 * report_wait_ms) return;
     quiet_sent = true;
     send_outputs(out_dir, s);
     send_usage(peak, cpu_at_start, out_relay, err_relay);
@@ -977,7 +971,7 @@ int main() {
         // The host's deadline or exit grace: every process of the run dies now (sandbox-init
         // too); the outputs go out once sandbox-init's channel closes (below).
         finish_requested = true;
-        if (!write_file(std::string(kCgroup) + "/cgroup.kill", "1")) {
+        if (!write_file(std::string(run_cgroup_dir) + "/cgroup.kill", "1")) {
           ok = false;
           why = "cgroup.kill";
         }
@@ -1010,14 +1004,15 @@ int main() {
                 want(err_relay.pipe, err_relay.pipe_events()),
                 want(out_relay.port, out_relay.port_events()),
                 want(err_relay.port, err_relay.port_events())});
-    constexpr std::size_t kNetFds = 7;  // the egress tunnel's descriptors follow
+    constexpr std::size_t net_fds = 7;  // the egress tunnel's descriptors follow
     net.poll_fds(fds);
     // Until the program starts nothing here needs a tick (a warm-pool VM waits here for its
     // run: an idle guest then costs the host nothing but its timer interrupts); from then on
     // the memory sample and the report's bounds do.
-    int n = poll(fds.data(), fds.size(), program_started || finish_requested || init_gone ? 50 : -1);
+    int n =
+        poll(fds.data(), fds.size(), program_started || finish_requested || init_gone ? 50 : -1);
     if (n < 0 && errno != EINTR) power_off();
-    if (n > 0) net.handle(fds.data() + kNetFds, fds.size() - kNetFds);
+    if (n > 0) net.handle(fds.data() + net_fds, fds.size() - net_fds);
     // 5a. The streams first: non-blocking, each only as far as the pipe and the port allow.
     for (stream_relay* r : {&out_relay, &err_relay}) {
       r->read_pipe();
@@ -1026,7 +1021,8 @@ int main() {
     // The memory sample at most every 20 ms: a relayed flood wakes this loop far more often.
     if (const long t = now_ms(); t - last_sample >= 20) {
       last_sample = t;
-      if (auto cur = read_small_file(std::string(kCgroup) + "/memory.current"); !cur.empty()) {
+      if (auto cur = read_small_file(std::string(run_cgroup_dir) + "/memory.current");
+          !cur.empty()) {
         peak = std::max(peak, to_u64(cur));
       }
     }

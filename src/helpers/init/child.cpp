@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "core/seccomp_policy.hpp"
 #include "helpers/init/init.hpp"
+#include "wire/seccomp_policy.hpp"
 
 namespace sandbox::init {
 namespace {
@@ -51,8 +51,7 @@ void report(int fd, child_report r) { (void)!write(fd, &r, sizeof r); }
 }
 
 // Steps in the child, in order; each one's reason beside it.
-[[noreturn]] void child_main(const config& cfg, int info_fd, char* const* argv,
-                             char* const* envp) {
+[[noreturn]] void child_main(const config& cfg, int info_fd, char* const* argv, char* const* envp) {
   // 1. Signals as a fresh program expects them; its own session (no controlling terminal).
   sigset_t none;
   sigemptyset(&none);
@@ -70,13 +69,28 @@ void report(int fd, child_report r) { (void)!write(fd, &r, sizeof r); }
     if (adj >= 0) close(adj);
   }
   // 3. Resource limits the cgroup does not cover: no core dumps, bounded descriptors and
-  //    file size.
+  //    file size; and no way to raise a scheduling priority, whatever limits the host process
+  //    had: RLIMIT_NICE 0 (a nice value may only go up, never below where it is) and
+  //    RLIMIT_RTPRIO 0 (no real-time policy, which cgroup v2's cpu.max does not bound). The
+  //    program may lower its own priority (setpriority, nice, SCHED_BATCH, SCHED_IDLE); with
+  //    no CAP_SYS_NICE and both hard limits 0 the kernel refuses the way back up (EACCES or
+  //    EPERM). (gVisor's setpriority only records a number: its threads keep the host's
+  //    priority whatever the program asks.)
   const rlimit core{0, 0};
   const rlimit nofile{cfg.nofile, cfg.nofile};
   const rlimit fsize{cfg.fsize_bytes, cfg.fsize_bytes};
+  const rlimit no_raise{0, 0};
   if (setrlimit(RLIMIT_CORE, &core) < 0 || setrlimit(RLIMIT_NOFILE, &nofile) < 0 ||
       setrlimit(RLIMIT_FSIZE, &fsize) < 0) {
     child_fail(info_fd, step::rlimits, errno);
+  }
+  // gVisor cannot set these two (EPERM) and has them at 0 already: a limit that cannot be
+  // set must be 0 to begin with, asked of the kernel.
+  for (auto resource : {RLIMIT_NICE, RLIMIT_RTPRIO}) {
+    if (setrlimit(resource, &no_raise) == 0) continue;
+    const int err = errno;
+    rlimit now{};
+    if (getrlimit(resource, &now) < 0 || now.rlim_max != 0) child_fail(info_fd, step::rlimits, err);
   }
   // The program is the OOM killer's to choose again: sandbox-init lowered its own
   // oom_score_adj to -1000, which a child inherits, and with every task of the run at -1000
@@ -164,9 +178,10 @@ bool start_child(const config& cfg, pid_t* pid, int* listener_fd, failure* f) {
   // fd 0 of the program: a session's live stdin pipe; else a registered tool's staged input
   // (a read-only file under /sandbox, never a link: the model's bytes, byte for byte, then
   // EOF); else the sandbox's /dev/null. 1 and 2 are the host's pipes already.
-  int devnull = cfg.stdin_fd >= 0        ? cfg.stdin_fd
-                : cfg.stdin_path.empty() ? open("/dev/null", O_RDONLY)
-                                         : open(cfg.stdin_path.c_str(), O_RDONLY | O_NOFOLLOW | O_NOCTTY);
+  int devnull = cfg.stdin_fd >= 0 ? cfg.stdin_fd
+                : cfg.stdin_path.empty()
+                    ? open("/dev/null", O_RDONLY)
+                    : open(cfg.stdin_path.c_str(), O_RDONLY | O_NOFOLLOW | O_NOCTTY);
   if (devnull < 0) {
     *f = {step::fork, errno};
     return false;
@@ -186,8 +201,7 @@ bool start_child(const config& cfg, pid_t* pid, int* listener_fd, failure* f) {
     *f = {step::fork, errno};
     return false;
   }
-  long rc = syscall(SYS_clone, CLONE_FILES | CLONE_VFORK | SIGCHLD, nullptr, nullptr, nullptr,
-                    0);
+  long rc = syscall(SYS_clone, CLONE_FILES | CLONE_VFORK | SIGCHLD, nullptr, nullptr, nullptr, 0);
   if (rc < 0) {
     *f = {step::fork, errno};
     return false;
@@ -285,13 +299,14 @@ int run_probe(int argc, char** argv) {
   // foreign non-dumpable process's environ and maps (init keeps nothing there); its memory
   // and its descriptors must still be closed to us.
   const bool gvisor = argc >= 4 && strcmp(argv[3], "gvisor") == 0;
-  if (!gvisor && open("/proc/1/environ", O_RDONLY | O_CLOEXEC) >= 0) return probe_fail("init hidden");
+  if (!gvisor && open("/proc/1/environ", O_RDONLY | O_CLOEXEC) >= 0)
+    return probe_fail("init hidden");
   if (open("/proc/1/mem", O_RDONLY | O_CLOEXEC) >= 0) return probe_fail("init memory hidden");
   for (int fd = 0; fd < 8; ++fd) {
     std::string p = "/proc/1/fd/" + std::to_string(fd);
     int got = open(p.c_str(), O_RDWR | O_CLOEXEC);
     if (got < 0) continue;
-    struct stat st{};
+    struct stat st {};
     const bool devnull = fstat(got, &st) == 0 && S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3);
     close(got);
     if (!devnull) return probe_fail("init descriptors hidden");  // /dev/null is no secret
@@ -315,9 +330,9 @@ int run_probe(int argc, char** argv) {
   timeval tv{1, 0};
   setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   // id 0x5eed, RD, one question: probe.invalid A IN
-  static const unsigned char query[] = {0x5e, 0xed, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0,
-                                        5, 'p', 'r', 'o', 'b', 'e', 7, 'i', 'n', 'v', 'a',
-                                        'l', 'i', 'd', 0, 0, 1, 0, 1};
+  static const unsigned char query[] = {0x5e, 0xed, 0x01, 0x00, 0,   1,   0,   0, 0,   0,   0,
+                                        0,    5,    'p',  'r',  'o', 'b', 'e', 7, 'i', 'n', 'v',
+                                        'a',  'l',  'i',  'd',  0,   0,   1,   0, 1};
   unsigned char answer[512];
   if (sendto(s, query, sizeof query, 0, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0 ||
       recv(s, answer, sizeof answer, 0) < 12 || answer[0] != 0x5e || answer[1] != 0xed ||

@@ -4,7 +4,7 @@
 // namespaces and the filesystem from our config.json). It is
 // single-threaded and statically linked, builds the run's filesystem, starts the user program
 // as its only child, reaps every orphan, and reports to the host over the control channel
-// (core/init_protocol.hpp). It never trusts anything the sandboxed program can influence.
+// (wire/init_protocol.hpp). It never trusts anything the sandboxed program can influence.
 #pragma once
 
 #include <sys/types.h>
@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/init_protocol.hpp"
+#include "wire/init_protocol.hpp"
 
 namespace sandbox::init {
 
@@ -31,13 +31,13 @@ struct config {
   std::string source_name;   ///< its name under /sandbox
   uid_t uid = 65534;         ///< uid of the user program (inside the user ns, if any)
   gid_t gid = 65534;
-  bool userns = false;       ///< running in a user namespace (unprivileged host)
-  bool oci = false;          ///< started by an OCI runtime: the filesystem is built already
-  bool notify = true;        ///< seccomp user notification (false under gVisor: unsupported)
+  bool userns = false;  ///< running in a user namespace (unprivileged host)
+  bool oci = false;     ///< started by an OCI runtime: the filesystem is built already
+  bool notify = true;   ///< seccomp user notification (false under gVisor: unsupported)
   std::uint64_t tmp_bytes = 0, home_bytes = 0, shm_bytes = 0, out_bytes = 0;
   std::uint64_t tmpfs_inodes = 4096, out_inodes = 256;
   std::uint64_t nofile = 256, fsize_bytes = 1ULL << 30;
-  std::uint64_t nproc = 0;   ///< RLIMIT_NPROC when > 0 (gVisor: see child.cpp)
+  std::uint64_t nproc = 0;  ///< RLIMIT_NPROC when > 0 (gVisor: see child.cpp)
   std::vector<std::string> argv;
   std::vector<std::string> env;
   std::uint16_t egress_proxy_port = 0;  ///< > 0: listen there for the host's egress proxy

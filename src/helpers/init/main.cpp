@@ -31,31 +31,21 @@
 #include <charconv>
 #include <span>
 
-#include "core/dns_sink.hpp"
 #include "helpers/init/init.hpp"
+#include "sys/io.hpp"
+#include "wire/dns_sink.hpp"
 
 namespace sandbox::init {
 namespace {
 
 namespace ip = detail::init_protocol;
+using detail::write_all;
 
 // Stream mode (see init_protocol.hpp): set from argv before anything is read or sent.
 bool g_stream = false;
 // Stream mode, a session: the write end of the program's stdin pipe (non-blocking), fed from
 // the control stream's `stdin_data`; -1 when there is none or it was closed.
 int g_stdin_w = -1;
-
-bool write_all(int fd, const void* p, std::size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return true;
-}
 
 bool read_all(int fd, void* p, std::size_t n) {
   char* c = static_cast<char*>(p);
@@ -115,13 +105,32 @@ int open_listener(std::uint16_t port) {
 }
 
 [[noreturn]] void fail(const failure& f) {
-  static const char* names[] = {"",         "config",     "cgroup_namespace", "mount_private",
-                                "root_tmpfs", "rootfs_bind", "proc",          "dev",
-                                "tmpfs",    "inputs",     "outputs",          "source",
-                                "etc_files", "hostname",  "loopback",         "dns_socket",
-                                "pivot_root", "remount_readonly", "fork",     "rlimits",
-                                "drop_privileges", "no_new_privs", "seccomp", "exec",
-                                "drop_init_privileges", "egress_proxy"};
+  static const char* names[] = {"",
+                                "config",
+                                "cgroup_namespace",
+                                "mount_private",
+                                "root_tmpfs",
+                                "rootfs_bind",
+                                "proc",
+                                "dev",
+                                "tmpfs",
+                                "inputs",
+                                "outputs",
+                                "source",
+                                "etc_files",
+                                "hostname",
+                                "loopback",
+                                "dns_socket",
+                                "pivot_root",
+                                "remount_readonly",
+                                "fork",
+                                "rlimits",
+                                "drop_privileges",
+                                "no_new_privs",
+                                "seccomp",
+                                "exec",
+                                "drop_init_privileges",
+                                "egress_proxy"};
   auto idx = static_cast<std::uint32_t>(f.where);
   const char* name = idx < sizeof names / sizeof names[0] ? names[idx] : "?";
   send_msg(ip::msg::failed, idx, f.err, name, nullptr, 0);
@@ -133,7 +142,8 @@ int open_listener(std::uint16_t port) {
 std::uint64_t now_us() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000 + static_cast<std::uint64_t>(ts.tv_nsec) / 1000;
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000 +
+         static_cast<std::uint64_t>(ts.tv_nsec) / 1000;
 }
 
 std::uint64_t to_u64(std::string_view v) {
@@ -180,8 +190,10 @@ bool read_message(ip::msg want, std::string* buf, std::string_view* payload, int
     for (std::size_t i = 0; i < k; ++i) {
       int fd;
       memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-      if (count < 2 && fds != nullptr) got[count++] = fd;
-      else close(fd);
+      if (count < 2 && fds != nullptr)
+        got[count++] = fd;
+      else
+        close(fd);
     }
   }
   if (fds != nullptr) {
@@ -223,10 +235,14 @@ bool read_go(config* cfg) {
     close(fds[0]);
   }
   for (auto [k, v] : ip::parse_config(payload)) {
-    if (k == "argv") cfg->argv.emplace_back(v);
-    else if (k == "env") cfg->env.emplace_back(v);
-    else if (k == "egress_proxy") cfg->egress_proxy_port = static_cast<std::uint16_t>(to_u64(v));
-    else if (k == "stdin") cfg->stdin_path = std::string(v);
+    if (k == "argv")
+      cfg->argv.emplace_back(v);
+    else if (k == "env")
+      cfg->env.emplace_back(v);
+    else if (k == "egress_proxy")
+      cfg->egress_proxy_port = static_cast<std::uint16_t>(to_u64(v));
+    else if (k == "stdin")
+      cfg->stdin_path = std::string(v);
   }
   return !cfg->argv.empty();
 }
@@ -249,27 +265,48 @@ bool read_config(config* cfg) {
     if (fds[1] >= 0) close(fds[1]);
   }
   for (auto [k, v] : ip::parse_config(payload)) {
-    if (k == "mode") cfg->mode = v;
-    else if (k == "rootfs") cfg->rootfs = v;
-    else if (k == "staging") cfg->staging = v;
-    else if (k == "inputs") cfg->inputs = v;
-    else if (k == "input_name") cfg->input_name = v;
-    else if (k == "source") cfg->source = v;
-    else if (k == "source_name") cfg->source_name = v;
-    else if (k == "uid") cfg->uid = static_cast<uid_t>(to_u64(v));
-    else if (k == "gid") cfg->gid = static_cast<gid_t>(to_u64(v));
-    else if (k == "userns") cfg->userns = v == "1";
-    else if (k == "launch") cfg->oci = v == "oci";
-    else if (k == "notify") cfg->notify = v != "0";
-    else if (k == "tmp_bytes") cfg->tmp_bytes = to_u64(v);
-    else if (k == "home_bytes") cfg->home_bytes = to_u64(v);
-    else if (k == "shm_bytes") cfg->shm_bytes = to_u64(v);
-    else if (k == "out_bytes") cfg->out_bytes = to_u64(v);
-    else if (k == "tmpfs_inodes") cfg->tmpfs_inodes = to_u64(v);
-    else if (k == "out_inodes") cfg->out_inodes = to_u64(v);
-    else if (k == "nofile") cfg->nofile = to_u64(v);
-    else if (k == "fsize_bytes") cfg->fsize_bytes = to_u64(v);
-    else if (k == "nproc") cfg->nproc = to_u64(v);
+    if (k == "mode")
+      cfg->mode = v;
+    else if (k == "rootfs")
+      cfg->rootfs = v;
+    else if (k == "staging")
+      cfg->staging = v;
+    else if (k == "inputs")
+      cfg->inputs = v;
+    else if (k == "input_name")
+      cfg->input_name = v;
+    else if (k == "source")
+      cfg->source = v;
+    else if (k == "source_name")
+      cfg->source_name = v;
+    else if (k == "uid")
+      cfg->uid = static_cast<uid_t>(to_u64(v));
+    else if (k == "gid")
+      cfg->gid = static_cast<gid_t>(to_u64(v));
+    else if (k == "userns")
+      cfg->userns = v == "1";
+    else if (k == "launch")
+      cfg->oci = v == "oci";
+    else if (k == "notify")
+      cfg->notify = v != "0";
+    else if (k == "tmp_bytes")
+      cfg->tmp_bytes = to_u64(v);
+    else if (k == "home_bytes")
+      cfg->home_bytes = to_u64(v);
+    else if (k == "shm_bytes")
+      cfg->shm_bytes = to_u64(v);
+    else if (k == "out_bytes")
+      cfg->out_bytes = to_u64(v);
+    else if (k == "tmpfs_inodes")
+      cfg->tmpfs_inodes = to_u64(v);
+    else if (k == "out_inodes")
+      cfg->out_inodes = to_u64(v);
+    else if (k == "nofile")
+      cfg->nofile = to_u64(v);
+    else if (k == "fsize_bytes")
+      cfg->fsize_bytes = to_u64(v);
+    else if (k == "nproc")
+      cfg->nproc = to_u64(v);
   }
   return cfg->oci || (!cfg->rootfs.empty() && !cfg->staging.empty());
 }
@@ -278,7 +315,7 @@ void reset_signals() {
   sigset_t all;
   sigemptyset(&all);
   sigprocmask(SIG_SETMASK, &all, nullptr);
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = SIG_DFL;
   for (int s = 1; s < NSIG; ++s) sigaction(s, &sa, nullptr);  // fails harmlessly for KILL/STOP
 }
@@ -386,7 +423,7 @@ struct stdin_feed {
       }
     }
   };
-  reap();  // the child may already have exited
+  reap();                // the child may already have exited
   int dns_budget = 256;  // queries reported per second at most; the rest only answered
   time_t dns_window = 0;
   stdin_feed feed;

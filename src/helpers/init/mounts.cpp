@@ -6,13 +6,18 @@
 //   /proc                    fresh procfs of the run's pid namespace, hidepid=invisible,
 //                            kcore/keys/timer_list/sched_debug/sysrq-trigger/locks masked,
 //                            /proc/sys read-only
-//   /dev                     tmpfs with null, zero, full, random, urandom bound from the host,
-//                            fd/stdin/stdout/stderr symlinks; read-only
+//   /dev                     tmpfs with null, zero, full, random, urandom, tty bound from
+//                            the host, fd/stdin/stdout/stderr symlinks, ptmx -> pts/ptmx;
+//                            read-only
+//   /dev/pts                 a devpts instance of the run's own (newinstance, at most
+//                            `max_ptys`): its ptys only, never the host's or another run's
 //   /dev/shm, /tmp, /home/sandbox  size- and inode-capped tmpfs (ENOSPC before OOM)
 //   /sandbox/in-<random>     the inputs, read-only, noexec (/sandbox itself: mode 0111)
 //   /sandbox/out             the output tmpfs (size-capped); the host keeps a descriptor of it
 //   /sandbox/<source name>   the source, read-only
 //   /etc/resolv.conf, /etc/hosts, /etc/hostname   replaced when the image has them as files
+//   /etc/passwd, /etc/group  the image's with the run's own entry (wire/accounts.hpp), where
+//                            the image has them as regular files under a real /etc
 // Nothing else of the host is reachable: no host socket, no host /tmp, no /sys.
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -35,16 +40,23 @@
 #include <vector>
 
 #include "helpers/init/init.hpp"
+#include "sys/random.hpp"
+#include "wire/accounts.hpp"
 
 namespace sandbox::init {
 namespace {
 
-constexpr unsigned long kBindRo = MS_NOSUID | MS_NODEV;
+using detail::random_uuid;
+
+constexpr unsigned long bind_ro_flags = MS_NOSUID | MS_NODEV;
+
+/// How many ptys one run's devpts instance holds at most.
+constexpr int max_ptys = 16;
 
 // Flags of the mount holding `path` that a user namespace may not clear ("locked" flags);
 // a read-only remount must repeat them or fail with EPERM.
 unsigned long locked_flags(const char* path) {
-  struct statvfs sv{};
+  struct statvfs sv {};
   if (statvfs(path, &sv) < 0) return 0;
   unsigned long f = 0;
   if (sv.f_flag & ST_NOSUID) f |= MS_NOSUID;
@@ -66,8 +78,8 @@ int bind_readonly(const std::string& src, const std::string& dst, unsigned long 
 
 int mount_tmpfs(const std::string& dst, unsigned long flags, std::uint64_t size_bytes,
                 std::uint64_t inodes, const char* mode, const config& cfg, bool owned) {
-  std::string opts = "size=" + std::to_string(size_bytes) +
-                     ",nr_inodes=" + std::to_string(inodes) + ",mode=" + mode;
+  std::string opts = "size=" + std::to_string(size_bytes) + ",nr_inodes=" + std::to_string(inodes) +
+                     ",mode=" + mode;
   if (owned) opts += ",uid=" + std::to_string(cfg.uid) + ",gid=" + std::to_string(cfg.gid);
   if (mount("tmpfs", dst.c_str(), "tmpfs", flags, opts.c_str()) < 0) return -errno;
   return 0;
@@ -118,16 +130,18 @@ int mirror_image(const config& cfg, const std::string& root) {
   while (dirent* e = readdir(d)) {
     std::string_view name = e->d_name;
     if (is_reserved(name)) continue;
-    struct stat st{};
+    struct stat st {};
     if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
     std::string src = cfg.rootfs + "/" + e->d_name;
     std::string dst = root + "/" + e->d_name;
     if (S_ISDIR(st.st_mode)) {
-      if (mkdir(dst.c_str(), 0755) < 0) rc = -errno;
-      else rc = bind_readonly(src, dst, kBindRo);
+      if (mkdir(dst.c_str(), 0755) < 0)
+        rc = -errno;
+      else
+        rc = bind_readonly(src, dst, bind_ro_flags);
     } else if (S_ISREG(st.st_mode)) {
       rc = make_file(dst, 0644);
-      if (rc == 0) rc = bind_readonly(src, dst, kBindRo);
+      if (rc == 0) rc = bind_readonly(src, dst, bind_ro_flags);
     } else if (S_ISLNK(st.st_mode)) {
       char target[4096];
       ssize_t n = readlinkat(dfd, e->d_name, target, sizeof target - 1);
@@ -176,10 +190,14 @@ int setup_dev(const config& cfg, const std::string& root) {
   if (mkdir(dev.c_str(), 0755) < 0) return -errno;
   int rc = mount_tmpfs(dev, MS_NOSUID | MS_NOEXEC, 64 * 1024, 64, "0755", cfg, false);
   if (rc < 0) return rc;
-  for (const char* node : {"null", "zero", "full", "random", "urandom"}) {
+  // tty: the caller's controlling terminal, which the program has none of (ENXIO) unless it
+  // makes one of its own pty (pty.fork, script): the host's never is (child.cpp, setsid). A
+  // host without /dev/tty (some container hosts) gives the run none either.
+  for (const char* node : {"null", "zero", "full", "random", "urandom", "tty"}) {
     std::string dst = dev + "/" + node;
-    if ((rc = make_file(dst, 0666)) < 0) return rc;
     std::string src = std::string("/dev/") + node;
+    if (node == std::string_view("tty") && access(src.c_str(), F_OK) < 0) continue;
+    if ((rc = make_file(dst, 0666)) < 0) return rc;
     if (mount(src.c_str(), dst.c_str(), nullptr, MS_BIND, nullptr) < 0) return -errno;
     unsigned long f = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NOEXEC | locked_flags(src.c_str());
     if (mount(nullptr, dst.c_str(), nullptr, f, nullptr) < 0) return -errno;
@@ -191,10 +209,25 @@ int setup_dev(const config& cfg, const std::string& root) {
   for (auto [name, target] : links) {
     if (symlink(target, (dev + "/" + name).c_str()) < 0) return -errno;
   }
+  // A pseudo-terminal for programs that ask for one (openpty, pty.fork, script, pexpect):
+  // a devpts instance of the run's own. `newinstance`: its ptys are numbered from 0 and no
+  // pty of the host or of another run is in it or can be opened through it; nosuid, noexec;
+  // `max`: a run holds at most `max_ptys` (the kernel's pool beyond the host's reserve is
+  // shared by every instance). ptmxmode=0666: the run's uid opens ptmx; mode=0620: a slave
+  // belongs to whoever opened its master. TIOCSTI and TIOCLINUX stay refused by the seccomp
+  // table, on these terminals too.
+  std::string pts = dev + "/pts";
+  if (mkdir(pts.c_str(), 0755) < 0) return -errno;
+  const std::string pts_opts =
+      "newinstance,ptmxmode=0666,mode=0620,max=" + std::to_string(max_ptys);
+  if (mount("devpts", pts.c_str(), "devpts", MS_NOSUID | MS_NOEXEC, pts_opts.c_str()) < 0) {
+    return -errno;
+  }
+  if (symlink("pts/ptmx", (dev + "/ptmx").c_str()) < 0) return -errno;
   std::string shm = dev + "/shm";
   if (mkdir(shm.c_str(), 01777) < 0) return -errno;
-  rc = mount_tmpfs(shm, MS_NOSUID | MS_NODEV | MS_NOEXEC, cfg.shm_bytes, cfg.tmpfs_inodes,
-                   "1777", cfg, false);
+  rc = mount_tmpfs(shm, MS_NOSUID | MS_NODEV | MS_NOEXEC, cfg.shm_bytes, cfg.tmpfs_inodes, "1777",
+                   cfg, false);
   if (rc < 0) return rc;
   if (mount(nullptr, dev.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC,
             nullptr) < 0) {
@@ -207,7 +240,7 @@ int setup_dev(const config& cfg, const std::string& root) {
 int replace_etc_file(const config& cfg, const std::string& root, const char* name,
                      std::string_view content) {
   std::string image_file = cfg.rootfs + "/etc/" + name;
-  struct stat st{};
+  struct stat st {};
   if (lstat(image_file.c_str(), &st) < 0 || !S_ISREG(st.st_mode)) return 0;
   std::string ours = root + "/.sandbox-etc/" + name;
   int rc = write_file(ours, content);
@@ -215,24 +248,43 @@ int replace_etc_file(const config& cfg, const std::string& root, const char* nam
   return bind_readonly(ours, root + "/etc/" + name, MS_NOSUID | MS_NODEV | MS_NOEXEC);
 }
 
+// /etc/passwd and /etc/group: the image's own with the run's entry (wire/accounts.hpp), bound
+// read-only over the image's. Read through a descriptor of the image's root without following
+// any link (this runs before pivot_root, where a link would name a host file); an image
+// without them as regular files under a real /etc gets none, as for the files above.
+int write_account_files(const config& cfg, const std::string& root) {
+  int rfd = open(cfg.rootfs.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (rfd < 0) return -errno;
+  int rc = 0;
+  for (const char* name : {"passwd", "group"}) {
+    std::string image;
+    rc = detail::read_image_etc_file(rfd, name, &image);
+    if (rc == -ENOENT || rc == -ELOOP || rc == -ENOTDIR || rc == -EINVAL) {
+      rc = 0;  // nothing to bind over
+      continue;
+    }
+    if (rc < 0) break;
+    const std::string content = name == std::string_view("passwd")
+                                    ? detail::passwd_with_run_account(image, cfg.uid, cfg.gid)
+                                    : detail::group_with_run_account(image, cfg.gid);
+    const std::string ours = root + "/.sandbox-etc/" + name;
+    if ((rc = write_file(ours, content)) < 0) break;
+    rc = bind_readonly(ours, root + "/etc/" + name, MS_NOSUID | MS_NODEV | MS_NOEXEC);
+    if (rc < 0) break;
+  }
+  close(rfd);
+  return rc;
+}
+
 // The host's boot id (/proc/sys/kernel/random/boot_id) would identify the host and link
 // runs to each other: each run sees a random one of its own, in the same UUID form.
 int mask_boot_id(const std::string& root) {
   const std::string target = root + "/proc/sys/kernel/random/boot_id";
   if (access(target.c_str(), F_OK) < 0) return 0;
-  unsigned char b[16];
-  if (getrandom(b, sizeof b, 0) != static_cast<ssize_t>(sizeof b)) return -EIO;
-  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
-  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // variant 1
-  static const char hex[] = "0123456789abcdef";
-  std::string id;
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) id += '-';
-    id += hex[b[i] >> 4];
-    id += hex[b[i] & 15];
-  }
+  const auto id = random_uuid();
+  if (!id) return -EIO;
   const std::string ours = root + "/.sandbox-etc/boot_id";
-  if (int rc = write_file(ours, id + "\n"); rc < 0) return rc;
+  if (int rc = write_file(ours, *id + "\n"); rc < 0) return rc;
   return bind_readonly(ours, target, MS_NOSUID | MS_NODEV | MS_NOEXEC);
 }
 
@@ -281,7 +333,7 @@ void touch_tree(const std::string& dir, const std::vector<dev_t>& ours, int dept
         std::string_view name = e->d_name;
         if (name == "." || name == "..") continue;
         std::string p = (dir == "/" ? std::string() : dir) + "/" + e->d_name;
-        struct stat st{};
+        struct stat st {};
         if (lstat(p.c_str(), &st) < 0 || !is_ours(st.st_dev)) continue;
         if (S_ISDIR(st.st_mode)) {
           touch_tree(p, ours, depth + 1);
@@ -305,13 +357,14 @@ bool refresh_times(failure* f) {
   const ro_mount ro[] = {{"/", MS_NOSUID | MS_NODEV}, {"/dev", MS_NOSUID | MS_NOEXEC}};
   std::vector<dev_t> ours;
   for (const char* p : {"/", "/dev", "/dev/shm", "/tmp", "/home/sandbox", "/sandbox/out"}) {
-    struct stat st{};
+    struct stat st {};
     if (lstat(p, &st) == 0) ours.push_back(st.st_dev);
   }
   // The read-only mounts are writable only for the moment this takes (no program runs yet).
   bool writable = true;
   for (const auto& m : ro) {
-    if (mount(nullptr, m.path, nullptr, MS_REMOUNT | MS_BIND | m.flags, nullptr) < 0) writable = false;
+    if (mount(nullptr, m.path, nullptr, MS_REMOUNT | MS_BIND | m.flags, nullptr) < 0)
+      writable = false;
   }
   if (writable) {
     touch_tree("/", ours, 0);
@@ -348,8 +401,8 @@ bool setup_sandbox(const config& cfg, int* out_fd, int* dns_fd, failure* f) {
   std::string tmp = root + "/tmp";
   rc = mkdir(tmp.c_str(), 01777) < 0 ? -errno : 0;
   if (rc == 0) {
-    rc = mount_tmpfs(tmp, MS_NOSUID | MS_NODEV, cfg.tmp_bytes, cfg.tmpfs_inodes, "1777", cfg,
-                     false);
+    rc =
+        mount_tmpfs(tmp, MS_NOSUID | MS_NODEV, cfg.tmp_bytes, cfg.tmpfs_inodes, "1777", cfg, false);
   }
   std::string home = root + "/home";
   if (rc == 0) rc = mkdir(home.c_str(), 0755) < 0 ? -errno : 0;
@@ -369,8 +422,8 @@ bool setup_sandbox(const config& cfg, int* out_fd, int* dns_fd, failure* f) {
   std::string out = sb + "/out";
   rc = mkdir(out.c_str(), 0755) < 0 ? -errno : 0;
   if (rc == 0) {
-    rc = mount_tmpfs(out, MS_NOSUID | MS_NODEV | MS_NOEXEC, cfg.out_bytes, cfg.out_inodes,
-                     "0755", cfg, true);
+    rc = mount_tmpfs(out, MS_NOSUID | MS_NODEV | MS_NOEXEC, cfg.out_bytes, cfg.out_inodes, "0755",
+                     cfg, true);
   }
   if (rc == 0) {
     *out_fd = open(out.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
@@ -386,7 +439,8 @@ bool setup_sandbox(const config& cfg, int* out_fd, int* dns_fd, failure* f) {
   // /sandbox can be traversed but not listed: the inputs' random name is learned from
   // SANDBOX_INPUT_DIR, not by looking around.
   if (!ok(chmod(sb.c_str(), 0111) < 0 ? -errno : 0, step::inputs, f)) return false;
-  // 7. Name service files: the resolver points at our DNS sink on the run's loopback.
+  // 7. Name service files: the resolver points at our DNS sink on the run's loopback; the
+  //    run's uid and gid get passwd and group entries.
   rc = mkdir((root + "/.sandbox-etc").c_str(), 0755) < 0 ? -errno : 0;
   if (rc == 0) {
     rc = replace_etc_file(cfg, root, "resolv.conf",
@@ -397,6 +451,7 @@ bool setup_sandbox(const config& cfg, int* out_fd, int* dns_fd, failure* f) {
                           "127.0.0.1 localhost sandbox\n::1 localhost ip6-localhost\n");
   }
   if (rc == 0) rc = replace_etc_file(cfg, root, "hostname", "sandbox\n");
+  if (rc == 0) rc = write_account_files(cfg, root);
   if (rc == 0) rc = mask_boot_id(root);
   if (!ok(rc, step::etc_files, f)) return false;
   // 8. Identity and network: hostname, loopback up (nothing else exists), the DNS sink.

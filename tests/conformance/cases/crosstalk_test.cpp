@@ -214,14 +214,7 @@ int run_round(conformance::backend& b, int round, std::mt19937_64& rng) {
     plan.push_back({kind, std::move(token), std::move(tenant), std::move(req)});
   }
   std::vector<std::future<sandbox::run_result>> futures;
-  for (auto& p : plan) {
-    auto promise = std::make_shared<std::promise<sandbox::run_result>>();
-    futures.push_back(promise->get_future());
-    b.rt().async_run(p.request, b.ticket(p.tenant),
-                     [promise](boost::system::error_code, sandbox::run_result r) {
-                       promise->set_value(std::move(r));
-                     });
-  }
+  for (auto& p : plan) futures.push_back(b.submit(p.request, p.tenant));
   std::vector<std::pair<double, double>> holds, checks;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     const auto& p = plan[i];

@@ -140,12 +140,28 @@ struct host_fd {
   host_fd& operator=(const host_fd&) = delete;
 };
 
+/// The probe for backend `b`. Every descriptor number up to 65,535 is tried with fstat, so a
+/// descriptor is found even where /proc would not show it. Where each system call costs ~100
+/// µs (gVisor's ptrace platform: 65,536 calls took 7.3 s here, past the deadline), the numbers
+/// tried are 0-1023 and every one the kernel lists in /proc/self/fd: under gVisor both answers
+/// come from the same table, the Sentry's, so nothing is hidden from one and not the other.
+std::string probe(const conformance::backend& b) {
+  std::string src = py_probe;
+  if (b.expect().syscall_slowdown >= 10) {
+    const std::string scan = "for fd in range(0, 1 << 16):";
+    src.replace(src.find(scan), scan.size(),
+                "for fd in sorted(set(range(0, 1024)) | "
+                "{int(x) for x in os.listdir('/proc/self/fd')}):");
+  }
+  return src;
+}
+
 }  // namespace
 
 TEST_CASE("descriptors: only 0, 1, 2 at start, none a dir, socket or file; cwd inside (Python)",
           "[fds][core]") {
   CONFORMANCE_BACKEND(b);
-  auto r = b.run(py(py_probe));
+  auto r = b.run(py(probe(b)));
   REQUIRE(r.code == code::ok);
   REQUIRE(r.exit_code == 0);
   check_probe(b, json::parse(b.blob(r.std_out.blob)));
@@ -178,7 +194,7 @@ TEST_CASE("descriptors: the host's own non-CLOEXEC descriptors never reach the p
   host_fd high_file(::dup2(file.fd, high));
   REQUIRE(high_file.fd == high);
 
-  auto r = b.run(py(py_probe));
+  auto r = b.run(py(probe(b)));
   REQUIRE(r.code == code::ok);
   REQUIRE(r.exit_code == 0);
   check_probe(b, json::parse(b.blob(r.std_out.blob)));
@@ -193,7 +209,7 @@ TEST_CASE("descriptors: the host's own non-CLOEXEC descriptors never reach the p
 TEST_CASE("descriptors: with inputs staged, no blob-store or input file is open at start",
           "[fds][core]") {
   CONFORMANCE_BACKEND(b);
-  sandbox::run_request req = py(py_probe);
+  sandbox::run_request req = py(probe(b));
   req.files_in.push_back({.name = "rates.csv", .blob = b.put("lane,rate\nSHA-RTM,1450\n")});
   req.files_in.push_back({.name = "big.bin", .blob = b.put(std::string(1 << 20, 'x'))});
   auto r = b.run(req);
@@ -206,7 +222,7 @@ TEST_CASE("descriptors: concurrent runs each start with only 0, 1, 2", "[fds][co
   CONFORMANCE_BACKEND(b);
   // Several runs start while the others' pipes and control channels are open in the host:
   // none of those may leak into a sibling.
-  std::vector<sandbox::run_request> reqs(4, py(py_probe));
+  std::vector<sandbox::run_request> reqs(4, py(probe(b)));
   auto rs = b.run_all(reqs);
   for (auto& r : rs) {
     REQUIRE(r.code == code::ok);
@@ -217,7 +233,7 @@ TEST_CASE("descriptors: concurrent runs each start with only 0, 1, 2", "[fds][co
 
 TEST_CASE("descriptors: many concurrent runs each start with only 0, 1, 2", "[fds][heavy]") {
   CONFORMANCE_BACKEND(b);
-  std::vector<sandbox::run_request> reqs(16, py(py_probe, std::chrono::milliseconds(8000)));
+  std::vector<sandbox::run_request> reqs(16, py(probe(b), std::chrono::milliseconds(8000)));
   auto rs = b.run_all(reqs);
   for (auto& r : rs) {
     REQUIRE(r.code == code::ok);

@@ -3,9 +3,9 @@
 // (suite.hpp, `egress_origin`): the approved name and a second, pinned but unapproved name
 // both point at them, so "it did not get through" is proved by the origins' own counters,
 // not by the client's word.
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
 
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -20,8 +20,11 @@ namespace {
 /// A ticket granting `code.network` for `egress` at the backend's level.
 sandbox::ticket network_ticket(const conformance::backend& b, std::vector<std::string> egress) {
   return sandbox::ticket_issuer{}
-      .issue({.id = "egress", .tenant = "conformance", .isolation = b.profile().level,
-              .max_timeout = std::chrono::milliseconds(8000), .max_memory_bytes = 1ULL << 30,
+      .issue({.id = "egress",
+              .tenant = "conformance",
+              .isolation = b.profile().level,
+              .max_timeout = std::chrono::milliseconds(8000),
+              .max_memory_bytes = 1ULL << 30,
               .egress = std::move(egress)},
              sandbox::network_grant{})
       .value();
@@ -93,9 +96,9 @@ const sandbox::egress_attempt* find_attempt(const sandbox::run_result& r, const 
 std::string attempts_text(const sandbox::run_result& r) {
   std::string out;
   for (const auto& a : r.egress_attempts) {
-    out += fmt::format("{} host={} addr={} port={} allowed={} reason='{}' up={} down={}\n",
-                       a.protocol, a.host, a.address, a.port, a.allowed, a.reason, a.bytes_up,
-                       a.bytes_down);
+    out +=
+        fmt::format("{} host={} addr={} port={} allowed={} reason='{}' up={} down={}\n", a.protocol,
+                    a.host, a.address, a.port, a.allowed, a.reason, a.bytes_up, a.bytes_down);
   }
   return out;
 }
@@ -160,7 +163,8 @@ TEST_CASE("egress: other names, direct IPs and in-sandbox DNS stay refused in a 
   if (!b.expect().egress_proxy) return;  // covered by the first case
   const auto before = origin_seen();
   const auto& o = conformance::egress_origin();
-  auto req = network_request(b, prelude() + fmt::format(R"PY(
+  auto req =
+      network_request(b, prelude() + fmt::format(R"PY(
 report = {{}}
 report['other_https'] = get(OTHER_HTTPS + '/rates')
 report['other_http'] = get(OTHER_HTTP + '/rates')
@@ -196,8 +200,7 @@ except OSError as e:
     report['dns'] = type(e).__name__
 print(json.dumps(report))
 )PY",
-                                                                   o.https_port,
-                                                                   conformance::egress_approved_name));
+                                                 o.https_port, conformance::egress_approved_name));
   auto r = b.rt().run(req, network_ticket(b, {conformance::egress_approved_name}));
   INFO("stdout: " << r.std_out.summary << "\nstderr: " << r.std_err.summary << "\nattempts:\n"
                   << attempts_text(r));
@@ -261,9 +264,9 @@ def fronted(sni):
         return 'closed: ' + type(e).__name__
 print(json.dumps({{'fronted': fronted('{2}'), 'no_sni': fronted(None)}}))
 )PY",
-                                                                   conformance::egress_approved_name,
-                                                                   conformance::egress_origin().https_port,
-                                                                   conformance::egress_other_name));
+                                                        conformance::egress_approved_name,
+                                                        conformance::egress_origin().https_port,
+                                                        conformance::egress_other_name));
   auto r = b.rt().run(req, network_ticket(b, {conformance::egress_approved_name}));
   INFO("stdout: " << r.std_out.summary << "\nstderr: " << r.std_err.summary << "\nattempts:\n"
                   << attempts_text(r));
@@ -293,8 +296,8 @@ statuses = [get(HTTP + '/rates')[0] for _ in range({1})]
 print(json.dumps({{'big_len': len(big[1]) if big[0] == 200 else -1, 'big_status': big[0],
                   'statuses': statuses}}))
 )PY",
-                                                                   4 * conformance::egress_max_bytes_down,
-                                                                   conformance::egress_max_connections + 2));
+                                                        4 * conformance::egress_max_bytes_down,
+                                                        conformance::egress_max_connections + 2));
   auto r = b.rt().run(req, network_ticket(b, {conformance::egress_approved_name}));
   INFO("stdout: " << r.std_out.summary << "\nstderr: " << r.std_err.summary << "\nattempts:\n"
                   << attempts_text(r));
@@ -302,7 +305,8 @@ print(json.dumps({{'big_len': len(big[1]) if big[0] == 200 else -1, 'big_status'
   auto j = report_of(r);
   REQUIRE(j.is_object());
   // The download was cut at the byte budget (never delivered in full).
-  CHECK(j["big_len"].get<long long>() < static_cast<long long>(4 * conformance::egress_max_bytes_down));
+  CHECK(j["big_len"].get<long long>() <
+        static_cast<long long>(4 * conformance::egress_max_bytes_down));
   std::uint64_t down = 0;
   bool byte_limit = false;
   int conn_limit = 0;
@@ -392,14 +396,14 @@ TEST_CASE("egress: approved names that resolve to loopback or metadata addresses
   const auto before = origin_seen();
   const auto& o = conformance::egress_origin();
   // Even approved, a name whose DNS answer is internal (rebinding) never gets a connection.
-  auto req = network_request(b, prelude() + fmt::format(R"PY(
+  auto req = network_request(
+      b, prelude() + fmt::format(R"PY(
 print(json.dumps({{'rebind': get('http://{0}:{2}/rates'),
                   'rebind_https': get('https://{0}:{3}/rates'),
                   'metadata': get('http://{1}/latest/meta-data/')}}))
 )PY",
-                                                                   conformance::egress_rebind_name,
-                                                                   conformance::egress_metadata_name,
-                                                                   o.http_port, o.https_port));
+                                 conformance::egress_rebind_name, conformance::egress_metadata_name,
+                                 o.http_port, o.https_port));
   const std::vector<std::string> names = {conformance::egress_approved_name,
                                           conformance::egress_rebind_name,
                                           conformance::egress_metadata_name};

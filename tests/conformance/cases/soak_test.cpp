@@ -122,11 +122,7 @@ void soak(conformance::backend& b, int runs) {
   auto batch = [&](int first, int count) {
     std::vector<std::future<sandbox::run_result>> fs;
     for (int i = first; i < first + count; ++i) {
-      auto p = std::make_shared<std::promise<sandbox::run_result>>();
-      fs.push_back(p->get_future());
-      b.rt().async_run(
-          request_for(kinds[i % 5], i), b.ticket(tenant),
-          [p](boost::system::error_code, sandbox::run_result r) { p->set_value(std::move(r)); });
+      fs.push_back(b.submit(request_for(kinds[i % 5], i), tenant));
     }
     for (int i = first; i < first + count; ++i) {
       check_and_forget(b, kinds[i % 5], i, fs[static_cast<std::size_t>(i - first)].get());

@@ -3,6 +3,9 @@
 // sandboxed code tries TIOCSTI / TIOCLINUX on every descriptor and terminal it can find.
 // Nothing may land in the terminal's input queue (where the operator's shell would read it as
 // typed commands), and the code has no controlling terminal: /dev/tty fails, ttyname fails.
+// Its own pseudo-terminals are allowed — a devpts instance of the run's own, in which none of
+// the host's ptys (the operator's terminal above) exists — and TIOCSTI/TIOCLINUX are refused
+// on them too.
 //
 // A control run of the same harness with an *unsandboxed* program shows the check can fail:
 // where the kernel lets a process inject into its own terminal (root, or legacy TIOCSTI
@@ -211,6 +214,10 @@ import os, fcntl, termios, errno, json, struct, glob
 res = {}
 def err(e):
     return errno.errorcode.get(e.errno, str(e.errno))
+try:
+    pts = sorted(os.listdir('/dev/pts'))
+except OSError as e:
+    pts = err(e)
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 def ioctl(fd, cmd, arg):
@@ -262,7 +269,7 @@ try:
 except OSError as e:
     ctty = err(e)
 stat = open('/proc/self/stat').read().rsplit(')', 1)[1].split()
-print(json.dumps({'ioctl': res, 'opened': opened, 'ttyname': ttynames, 'dev_tty': ctty,
+print(json.dumps({'ioctl': res, 'opened': opened, 'pts': pts, 'ttyname': ttynames, 'dev_tty': ctty,
                   'tty_nr': int(stat[4]), 'isatty': [os.isatty(i) for i in (0, 1, 2)],
                   'sid_is_self': os.getsid(0) == os.getpid()}), flush=True)
 # Output that a terminal would act on: set the title then ask for it back (answered as typed
@@ -286,10 +293,20 @@ void check_no_terminal(const conformance::backend& b, const json& j) {
       CHECK(result == j["ioctl"][label.substr(0, label.size() - 10)]);
     }
   }
+  // The run's devpts holds nothing of the host's: only its multiplexer, before the code
+  // opened a pty of its own.
+  CHECK(j["pts"] == nlohmann::json::array({"ptmx"}));
   for (auto& [path, result] : j["opened"].items()) {
     INFO(path);
     // Only the run's own descriptors may open; none of them is a terminal (checked above).
     if (path.rfind("/proc/", 0) == 0) continue;
+    // ...and its own pty multiplexer: a new pty of the run's own instance, on which the
+    // injections above were refused like everywhere else.
+    if (path == "/dev/ptmx" || path == "/dev/pts/ptmx") {
+      CHECK(result == "OK");
+      CHECK(j["ioctl"].contains(path + " TIOCSTI"));
+      continue;
+    }
     CHECK(result != "OK");
   }
   for (auto& [fd, name] : j["ttyname"].items()) CHECK(name != "OK");
@@ -328,6 +345,69 @@ TEST_CASE(
   }
   CHECK(o.output.find("\\x1b]2;;echo INJECTED") != std::string::npos);  // shown, escaped
   check_no_terminal(b, find_report(o.output));
+}
+
+TEST_CASE("terminal: a pty of the run's own opens and round-trips; pty.fork gets a terminal",
+          "[tty][core]") {
+  CONFORMANCE_BACKEND(b);
+  auto r = b.run(conformance::py(R"PY(
+import errno, fcntl, json, os, pty, termios
+res = {}
+m, s = os.openpty()
+res['name'] = os.ttyname(s)
+attrs = termios.tcgetattr(s)
+attrs[3] &= ~termios.ECHO
+termios.tcsetattr(s, termios.TCSANOW, attrs)
+os.write(m, b'ping\n')
+res['slave_read'] = os.read(s, 100).decode()
+os.write(s, b'pong\n')
+got = b''
+while not got.endswith(b'\n'):
+    got += os.read(m, 100)
+res['master_read'] = got.decode()
+try:
+    fcntl.ioctl(s, termios.TIOCSTI, b'x'); res['tiocsti'] = 'OK'
+except OSError as e:
+    res['tiocsti'] = errno.errorcode[e.errno]
+pid, fd = pty.fork()
+if pid == 0:
+    try:
+        tty = 'OK' if os.open('/dev/tty', os.O_RDWR) >= 0 else '?'
+    except OSError as e:
+        tty = errno.errorcode[e.errno]
+    print('child', os.ttyname(0), os.isatty(1), tty, flush=True)
+    os._exit(0)
+out = b''
+while not out.endswith(b'\n'):
+    out += os.read(fd, 1024)
+res['fork'] = out.decode()
+res['status'] = os.waitpid(pid, 0)[1]
+# The child is gone and no slave descriptor is left: EIO (a pexpect-style EOF), where the
+# kernel gives one; polled, so a kernel that would wait instead is seen, not waited on.
+import select
+if select.select([fd], [], [], 2)[0]:
+    try:
+        res['after'] = 'data %r' % os.read(fd, 1024)
+    except OSError as e:
+        res['after'] = errno.errorcode[e.errno]
+else:
+    res['after'] = 'waits'
+print(json.dumps(res))
+)PY"));
+  INFO("stderr: " << r.std_err.summary);
+  REQUIRE(r.code == sandbox::code::ok);
+  auto j = json::parse(b.blob(r.std_out.blob), nullptr, false);
+  INFO("inside: " << j.dump());
+  REQUIRE(j.is_object());
+  CHECK(j["name"] == "/dev/pts/0");  // numbered from 0: an instance of the run's own
+  CHECK(j["slave_read"] == "ping\n");
+  CHECK(j["master_read"] == "pong\r\n");
+  CHECK(j["tiocsti"] == "EPERM");
+  // The child's controlling terminal is the new pty (/dev/tty names it, where it can).
+  CHECK(j["fork"] ==
+        (b.expect().linux_pty ? "child /dev/pts/1 True OK\r\n" : "child /dev/pts/1 True EIO\r\n"));
+  CHECK(j["status"] == 0);
+  CHECK(j["after"] == (b.expect().linux_pty ? "EIO" : "waits"));
 }
 
 TEST_CASE("terminal: the harness sees an injection by an unsandboxed program (control)",

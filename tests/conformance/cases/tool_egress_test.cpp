@@ -5,11 +5,11 @@
 // a network of its own. Proved against the suite's real origins (suite.hpp, `egress_origin`):
 // their own counters say what got through, not the tool's word. The tool is the suite's
 // "fetch" entry (backends.cpp): the URLs it fetches are model bytes on its stdin.
+#include <fmt/format.h>
+
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/use_future.hpp>
 #include <catch2/catch.hpp>
-#include <fmt/format.h>
-
 #include <future>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -27,9 +27,13 @@ namespace {
 /// whatever network the run gets is the registry entry's.
 sandbox::ticket tool_only_ticket(std::vector<std::string> tools = {conformance::egress_tool_name}) {
   return sandbox::ticket_issuer{}
-      .issue({.id = "conformance-tool-egress", .tenant = "conformance", .execute = false,
-              .isolation = sandbox::isolation::process, .max_timeout = 8000ms,
-              .max_memory_bytes = 1ULL << 30, .tools = std::move(tools)})
+      .issue({.id = "conformance-tool-egress",
+              .tenant = "conformance",
+              .execute = false,
+              .isolation = sandbox::isolation::process,
+              .max_timeout = 8000ms,
+              .max_memory_bytes = 1ULL << 30,
+              .tools = std::move(tools)})
       .value();
 }
 
@@ -79,9 +83,9 @@ std::map<std::string, json> reports_of(const std::string& out) {
 std::string attempts_text(const std::vector<sandbox::egress_attempt>& attempts) {
   std::string out;
   for (const auto& a : attempts) {
-    out += fmt::format("{} host={} addr={} port={} allowed={} reason='{}' up={} down={}\n",
-                       a.protocol, a.host, a.address, a.port, a.allowed, a.reason, a.bytes_up,
-                       a.bytes_down);
+    out +=
+        fmt::format("{} host={} addr={} port={} allowed={} reason='{}' up={} down={}\n", a.protocol,
+                    a.host, a.address, a.port, a.allowed, a.reason, a.bytes_up, a.bytes_down);
   }
   return out;
 }
@@ -126,13 +130,12 @@ TEST_CASE("tool egress: an entry's own egress reaches its name through the proxy
   const std::string input = approved_https + "\n" + approved_http + "\n" + other_https + "\n" +
                             other_http + "\n" + direct_loopback + "\n" + direct_public + "\n";
   const auto before = origin_seen();
-  sandbox::run_request req{.timeout = 8000ms, .tool = conformance::egress_tool_name,
-                           .std_in = input};
+  sandbox::run_request req{
+      .timeout = 8000ms, .tool = conformance::egress_tool_name, .std_in = input};
   req.files_in = {{.name = "ca.pem", .blob = b.put(o.ca_pem)}};
   auto r = b.rt().run(req, tool_only_ticket());
-  INFO("result: code=" << to_string(r.code) << " message=" << r.message
-                       << "\nstdout: " << r.std_out.summary << "\nstderr: "
-                       << r.std_err.summary << "\nattempts:\n"
+  INFO("result: code=" << to_string(r.code) << " message=" << r.message << "\nstdout: "
+                       << r.std_out.summary << "\nstderr: " << r.std_err.summary << "\nattempts:\n"
                        << attempts_text(r.egress_attempts));
   if (!b.expect().egress_proxy) {
     // No proxy at this level and no stronger one registered: the entry's runs have no weaker
@@ -188,14 +191,17 @@ TEST_CASE("tool egress: the ticket needs only tool.run; a request adds no networ
   const std::string other_http = url(false, conformance::egress_other_name, "/rates") + "\n";
   const auto tool_ticket = tool_only_ticket();
   // `network` or `egress` on a tool run: invalid, whatever the ticket grants.
-  const auto network_ticket =
-      sandbox::ticket_issuer{}
-          .issue({.id = "conformance-tool-egress-net", .tenant = "conformance", .execute = true,
-                  .isolation = b.profile().level, .max_timeout = 8000ms,
-                  .max_memory_bytes = 1ULL << 30, .egress = {conformance::egress_other_name},
-                  .tools = {"*"}},
-                 sandbox::network_grant{})
-          .value();
+  const auto network_ticket = sandbox::ticket_issuer{}
+                                  .issue({.id = "conformance-tool-egress-net",
+                                          .tenant = "conformance",
+                                          .execute = true,
+                                          .isolation = b.profile().level,
+                                          .max_timeout = 8000ms,
+                                          .max_memory_bytes = 1ULL << 30,
+                                          .egress = {conformance::egress_other_name},
+                                          .tools = {"*"}},
+                                         sandbox::network_grant{})
+                                  .value();
   sandbox::run_request with_network{.tool = conformance::egress_tool_name, .std_in = other_http};
   with_network.network = true;
   with_network.egress = {conformance::egress_other_name};
@@ -286,8 +292,8 @@ TEST_CASE("tool egress: a session of the entry fetches its name; another is refu
   INFO("session: end=" << to_string(res.end) << " code=" << to_string(res.result.code)
                        << " message=" << res.result.message << "\nattempts:\n"
                        << attempts_text(res.result.egress_attempts));
-  CHECK((res.end == sandbox::session_end::closed ||
-         res.end == sandbox::session_end::server_exited));
+  CHECK(
+      (res.end == sandbox::session_end::closed || res.end == sandbox::session_end::server_exited));
   CHECK(sandbox::is_at_least(res.result.isolation, sandbox::isolation::container));
   check_attempts(res.result.egress_attempts, 2);
   // The origins saw the two approved fetches and nothing else.

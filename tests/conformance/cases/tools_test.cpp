@@ -14,17 +14,20 @@ namespace {
 
 sandbox::ticket tool_ticket(const conformance::backend& b) {
   return sandbox::ticket_issuer{}
-      .issue({.id = "conformance-tools", .tenant = "conformance", .execute = false,
-              .isolation = b.profile().level, .max_timeout = 8000ms,
-              .max_memory_bytes = 1ULL << 30, .tools = {"*"}})
+      .issue({.id = "conformance-tools",
+              .tenant = "conformance",
+              .execute = false,
+              .isolation = b.profile().level,
+              .max_timeout = 8000ms,
+              .max_memory_bytes = 1ULL << 30,
+              .tools = {"*"}})
       .value();
 }
 
 sandbox::run_result run_tool(conformance::backend& b, sandbox::run_request req) {
   auto r = b.rt().run(std::move(req), tool_ticket(b));
-  UNSCOPED_INFO("result: code=" << to_string(r.code) << " message=" << r.message
-                                << "\nstdout: " << r.std_out.summary
-                                << "\nstderr: " << r.std_err.summary);
+  UNSCOPED_INFO("result: code=" << to_string(r.code) << " message=" << r.message << "\nstdout: "
+                                << r.std_out.summary << "\nstderr: " << r.std_err.summary);
   return r;
 }
 
@@ -56,7 +59,8 @@ TEST_CASE("tools: stdin is byte-exact, read-only, then EOF", "[tools][core]") {
 
 TEST_CASE("tools: a runaway regex engine ends at our deadline", "[tools][core]") {
   CONFORMANCE_BACKEND(b);
-  auto r = run_tool(b, {.timeout = 1500ms, .tool = "regex", .std_in = std::string(64, 'a') + "b\n"});
+  auto r =
+      run_tool(b, {.timeout = 1500ms, .tool = "regex", .std_in = std::string(64, 'a') + "b\n"});
   CHECK(r.code == code::timeout);
   CHECK(r.timeout == 1500ms);
 }
@@ -67,7 +71,8 @@ TEST_CASE("tools: a hostile tool input reads no host canary", "[tools][core]") {
   for (const auto& f : conformance::canary_files()) {
     script += "cat '" + f.string() + "' 2>&1; cat '/proc/1/root" + f.string() + "' 2>&1;\n";
   }
-  script += "grep -rs '" + conformance::canary_secret() + "' /proc/1/environ /tmp /home 2>&1;"
+  script += "grep -rs '" + conformance::canary_secret() +
+            "' /proc/1/environ /tmp /home 2>&1;"
             " cat /proc/self/environ | tr '\\0' '\\n'; echo done\n";
   auto r = run_tool(b, {.tool = "sh", .std_in = script});
   REQUIRE(r.code == code::ok);

@@ -1,23 +1,24 @@
 #include "integration/microvm/microvm_harness.hpp"
 
 #include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <atomic>
-#include <cstring>
 #include <memory>
-#include <utility>
 #include <thread>
-
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
+#include <utility>
 
 namespace mvtest {
 namespace {
@@ -68,8 +69,8 @@ std::uint16_t start_origin() {
         }
         g_origin_bytes += got;
         std::string line = head.substr(0, head.find("\r\n"));
-        std::string body = "origin got " + std::to_string(got) + " bytes for " +
-                           line.substr(0, line.rfind(' '));
+        std::string body =
+            "origin got " + std::to_string(got) + " bytes for " + line.substr(0, line.rfind(' '));
         std::string resp = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " +
                            std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
         for (std::size_t off = 0; off < resp.size();) {
@@ -95,7 +96,9 @@ struct state {
   std::filesystem::path state_dir;
   state() = default;
   state(state&& o) noexcept
-      : runtime(std::move(o.runtime)), why(std::move(o.why)), state_dir(std::exchange(o.state_dir, {})) {}
+      : runtime(std::move(o.runtime)),
+        why(std::move(o.why)),
+        state_dir(std::exchange(o.state_dir, {})) {}
   ~state() {
     runtime.reset();  // its VMs, cgroups and work dirs first
     std::error_code ec;
@@ -117,9 +120,10 @@ state& global() {
     opts.process_backend = false;  // only the level under test
     opts.microvm.enabled = true;
     if (const char* k = std::getenv("SANDBOX_MICROVM_KERNEL_DIR")) opts.microvm.kernel_dir = k;
-    // A VM boots within the setup budget even on a loaded 2-core TCG host.
-    opts.policy.setup_budget = std::chrono::seconds(60);
-    opts.policy.max_timeout = std::chrono::seconds(30);
+    // A VM boots within the setup budget even on a loaded 2-core TCG host (it only bounds a
+    // hung boot; the calibration prints the measured one beside it).
+    opts.policy.setup_budget = setup_budget;
+    opts.policy.max_timeout = ceiling;  // the deadlines are the tests' (calibrated), not capped
     opts.log = sandbox::make_stderr_log_sink(sandbox::log_level::warning);
     // Network runs (network_test.cpp): two names pinned to the origin on the host's
     // loopback, its port allowed for plain HTTP.
@@ -173,7 +177,7 @@ sandbox::ticket ticket() {
               .tenant = "mvtest",
               .execute = true,
               .isolation = sandbox::isolation::microvm,
-              .max_timeout = std::chrono::seconds(30),
+              .max_timeout = ceiling,
               .max_memory_bytes = 1ULL << 30})
       .value();
 }
@@ -182,11 +186,88 @@ sandbox::run_result run(const std::string& source, sandbox::run_request base) {
   REQUIRE(rt() != nullptr);
   base.runtime = "python3";
   base.source = source;
+  if (base.timeout == sandbox::run_request{}.timeout) base.timeout = must_finish();
   auto r = rt()->run(base, ticket());
   UNSCOPED_INFO("result: code=" << to_string(r.code) << " message=" << r.message << "\nstdout: "
                                 << r.std_out.summary << "\nstderr: " << r.std_err.summary);
   return r;
 }
+
+namespace {
+
+// The deadlines a calibration gives (microvm_harness.hpp).
+std::chrono::milliseconds allowance_of(const calibration& c) {
+  return std::max<std::chrono::milliseconds>(std::chrono::seconds(5), 5 * c.python_start);
+}
+std::chrono::milliseconds must_finish_of(const calibration& c) {
+  return std::min(
+      ceiling, std::max<std::chrono::milliseconds>(std::chrono::seconds(60), 30 * c.python_start));
+}
+std::chrono::seconds boot_wait_of(const calibration& c) {
+  return std::max(std::chrono::seconds(180),
+                  std::chrono::duration_cast<std::chrono::seconds>(20 * c.vm_setup));
+}
+
+calibration measure() {
+  calibration c;
+  std::string failed;
+  for (int i = 0; i < 2 && failed.empty(); ++i) {
+    sandbox::run_request req;
+    req.runtime = "python3";
+    req.source = "print('ok')\n";
+    req.timeout = ceiling;
+    const auto r = rt()->run(req, ticket());
+    if (r.code != sandbox::code::ok || r.std_out.summary != "ok\n") {
+      failed = "code=" + std::string(to_string(r.code)) + " message=" + r.message;
+      continue;
+    }
+    c.python_start = std::max(c.python_start, r.usage.wall);
+    c.vm_setup = std::max(c.vm_setup, r.usage.setup);
+  }
+  c.measured = failed.empty();
+  if (!c.measured) {
+    std::fprintf(stderr,
+                 "calibration: a run of print('ok') in a microvm guest failed (%s); using the "
+                 "fallback figures\n",
+                 failed.c_str());
+    c.python_start = std::chrono::seconds(10);
+    c.vm_setup = std::chrono::seconds(60);
+  }
+  std::fprintf(stderr,
+               "calibration (%s): python start-up in a microvm guest %lld ms, VM boot and set-up "
+               "%lld ms (the slower of 2 runs); deadlines: start-up allowance %lld ms, "
+               "must-finish %lld ms, boot wait %lld s\n",
+               c.measured ? "measured" : "fallback", static_cast<long long>(c.python_start.count()),
+               static_cast<long long>(c.vm_setup.count()),
+               static_cast<long long>(allowance_of(c).count()),
+               static_cast<long long>(must_finish_of(c).count()),
+               static_cast<long long>(boot_wait_of(c).count()));
+  if (c.measured && 3 * c.vm_setup > setup_budget) {
+    std::fprintf(stderr,
+                 "calibration: WARNING: a VM boot took %lld ms, over a third of the setup "
+                 "budget (%lld ms): runs may end internal on this host as loaded as it is\n",
+                 static_cast<long long>(c.vm_setup.count()),
+                 static_cast<long long>(setup_budget.count()));
+  }
+  return c;
+}
+
+}  // namespace
+
+const calibration& calibrate() {
+  static const calibration c = measure();
+  return c;
+}
+
+std::chrono::milliseconds startup_allowance() { return allowance_of(calibrate()); }
+
+std::chrono::milliseconds deadline(std::chrono::milliseconds work) {
+  return std::min(ceiling, startup_allowance() + work);
+}
+
+std::chrono::milliseconds must_finish() { return must_finish_of(calibrate()); }
+
+std::chrono::seconds boot_wait() { return boot_wait_of(calibrate()); }
 
 std::string put(const std::string& bytes) {
   auto id = rt()->blobs()->put("mvtest", bytes);
@@ -239,7 +320,8 @@ std::vector<int> vmm_pids(const std::filesystem::path& state, std::string_view r
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(state / "microvm" / "instances", ec)) {
     auto n = e.path().filename().string();
-    if (n.size() > 5 && n.substr(n.size() - 5) == ".lock") mine.push_back(n.substr(0, n.size() - 5));
+    if (n.size() > 5 && n.substr(n.size() - 5) == ".lock")
+      mine.push_back(n.substr(0, n.size() - 5));
   }
   std::vector<int> pids;
   for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
@@ -270,8 +352,8 @@ private_runtime::private_runtime(const std::function<void(sandbox::runtime_optio
   opts.process_backend = false;
   opts.microvm.enabled = true;
   if (const char* k = std::getenv("SANDBOX_MICROVM_KERNEL_DIR")) opts.microvm.kernel_dir = k;
-  opts.policy.setup_budget = std::chrono::seconds(60);
-  opts.policy.max_timeout = std::chrono::seconds(30);
+  opts.policy.setup_budget = setup_budget;
+  opts.policy.max_timeout = ceiling;
   opts.log = sandbox::make_stderr_log_sink(sandbox::log_level::warning);
   adjust(opts);
   auto made = sandbox::runtime::create(opts);
@@ -308,7 +390,7 @@ sandbox::ticket network_ticket() {
               .tenant = "mvtest",
               .execute = true,
               .isolation = sandbox::isolation::microvm,
-              .max_timeout = std::chrono::seconds(30),
+              .max_timeout = ceiling,
               .max_memory_bytes = 1ULL << 30,
               .egress = {approved_name}},
              sandbox::network_grant{})
@@ -319,6 +401,7 @@ sandbox::run_result run_network(const std::string& source, sandbox::run_request 
   REQUIRE(rt() != nullptr);
   base.runtime = "python3";
   base.source = source;
+  if (base.timeout == sandbox::run_request{}.timeout) base.timeout = must_finish();
   base.network = true;
   base.egress = {approved_name};
   auto r = rt()->run(base, network_ticket());

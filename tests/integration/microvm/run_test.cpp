@@ -54,7 +54,8 @@ TEST_CASE("microvm: a busy loop ends as timeout; the VMM is dead and the cgroup 
           "[microvm]") {
   const int vmms_before = mvtest::vmm_processes();
   sandbox::run_request base;
-  base.timeout = std::chrono::seconds(3);
+  // Python's start-up, then a second of spinning before the deadline ends it.
+  base.timeout = mvtest::deadline(std::chrono::seconds(1));
   auto r = mvtest::run("print('spinning', flush=True)\nwhile True:\n    pass\n", base);
   CHECK(r.code == code::timeout);
   CHECK(r.signal == SIGKILL);
@@ -69,7 +70,7 @@ TEST_CASE("microvm: a busy loop ends as timeout; the VMM is dead and the cgroup 
 TEST_CASE("microvm: a memory hog ends as oom (the guest cgroup's limit)", "[microvm]") {
   sandbox::run_request base;
   base.memory_limit_bytes = 64ULL << 20;
-  base.timeout = std::chrono::seconds(20);
+  base.timeout = mvtest::must_finish();
   // More than the guest's RAM (limit + overhead): the guest overcommits like a host, so the
   // run cgroup's limit ends it, not an allocation failure.
   auto r = mvtest::run("b = bytearray(400 << 20)\nprint('survived')", base);
@@ -87,7 +88,7 @@ TEST_CASE("microvm: a program reaches its own memory limit even beside a large i
   // kernel's OOM killer on a squeezed guest, decides where it ends: at the limit.
   sandbox::run_request base;
   base.memory_limit_bytes = 128ULL << 20;
-  base.timeout = std::chrono::seconds(20);
+  base.timeout = mvtest::must_finish();
   base.files_in = {{.name = "big.bin", .blob = mvtest::put(std::string(60ULL << 20, 'i'))}};
   auto r = mvtest::run(
       "import os\n"
@@ -108,7 +109,7 @@ TEST_CASE("microvm: usage CPU is the program's, not the guest's set-up", "[micro
   // program's start. With one vCPU it cannot exceed the program's wall time (a small margin
   // for the guest and host clocks reading `started` at slightly different moments).
   sandbox::run_request base;
-  base.timeout = std::chrono::seconds(20);
+  base.timeout = mvtest::must_finish();
   auto r = mvtest::run("import time\ntime.sleep(1)\nprint('ok')", base);
   REQUIRE(r.code == code::ok);
   INFO("cpu_ms=" << r.usage.cpu.count() << " wall_ms=" << r.usage.wall.count());
@@ -172,7 +173,7 @@ TEST_CASE("microvm: a run ended by the deadline or the exit grace still returns 
           "[microvm]") {
   SECTION("deadline") {
     sandbox::run_request base;
-    base.timeout = std::chrono::seconds(3);
+    base.timeout = mvtest::deadline(std::chrono::seconds(1));
     auto r = mvtest::run(
         "import os, time\n"
         "open(os.environ['SANDBOX_OUTPUT_DIR'] + '/partial.txt', 'w').write('before')\n"

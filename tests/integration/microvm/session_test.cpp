@@ -1,6 +1,7 @@
 // Sessions at the microvm level: a long-lived server in its own VM, its stdin carried as
 // sandbox-init's control-stream frames (relayed unchanged by the guest agent, under the
 // credit window), its stdout streamed from the guest; closing kills the VM.
+#include <algorithm>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/use_future.hpp>
 #include <catch2/catch.hpp>
@@ -38,7 +39,10 @@ sandbox::tool_entry entry(std::string name, std::string image, std::string binar
 struct session_runtime : mvtest::private_runtime {
   session_runtime()
       : private_runtime([](sandbox::runtime_options& o) {
-          o.sessions.idle_timeout = 120s;
+          // No byte moves while the server starts (Node under emulation: minutes on a loaded
+          // host), so the idle timeout is at least the calibrated must-finish deadline.
+          o.sessions.idle_timeout =
+              std::max<std::chrono::milliseconds>(120s, mvtest::must_finish());
           o.tools = {
               entry("cat", "python3", "/bin/cat", {}),
               entry("mcp-everything", "mcp", "/usr/bin/node",
@@ -137,7 +141,8 @@ TEST_CASE("microvm: MCP initialize, tools/list and a tool call over a session",
           "[microvm][session][mcp]") {
   if (!available()) return;
   auto st = open("mcp-everything");
-  if (st.code == code::runtime_unavailable && st.message.find("not installed") != std::string::npos) {
+  if (st.code == code::runtime_unavailable &&
+      st.message.find("not installed") != std::string::npos) {
     if (mvtest::must_work()) FAIL("the mcp image is not installed (tools/setup.sh builds it)");
     WARN("mcp image not installed: skipped (" << st.message << ")");
     return;

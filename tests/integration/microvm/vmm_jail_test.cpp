@@ -24,7 +24,7 @@ bool allowed_file(const std::string& p) {
   if (p.rfind("/usr/", 0) != 0 && p.rfind("/lib", 0) != 0) return false;
   const auto name = fs::path(p).filename().string();
   if (p.find("/bin/qemu-system-") != std::string::npos) return true;  // the executable
-  if (p.find("/share/qemu/") != std::string::npos)                   // the microvm firmware
+  if (p.find("/share/qemu/") != std::string::npos)                    // the microvm firmware
     return name == "bios-microvm.bin" || name == "qboot.rom";
   return name.find(".so") != std::string::npos;  // the loader, libraries, the TCG module
 }
@@ -42,18 +42,19 @@ TEST_CASE("microvm: the VMM sees only its own root (no host path, read-only, own
   const std::string marker = "/tmp/mvtest-vmm-marker-" + std::to_string(::getpid());
   { std::ofstream(marker) << "host"; }
   sandbox::run_request base;
-  base.timeout = std::chrono::seconds(120);
+  base.timeout = mvtest::must_finish();
   sandbox::run_result r;
-  std::thread runner([&] {
-    r = mvtest::run("import time\ntime.sleep(3)\nprint('slept')\n", base);
-  });
+  std::thread runner(
+      [&] { r = mvtest::run("import time\ntime.sleep(3)\nprint('slept')\n", base); });
   // The VMM's root is switched before QEMU's exec, and it joins the run cgroup before that:
   // once a qemu-system process is in this backend's run cgroup, its view is final.
   int pid = -1;
   for (int i = 0; i < 1200 && pid < 0; ++i) {
     auto pids = mvtest::vmm_pids();
-    if (!pids.empty()) pid = pids.front();
-    else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!pids.empty())
+      pid = pids.front();
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::vector<std::string> files, mounts;
   std::string status, proc_entries;
@@ -68,8 +69,8 @@ TEST_CASE("microvm: the VMM sees only its own root (no host path, read-only, own
       if (it->is_symlink(ec) || it->is_directory(ec)) continue;
       files.push_back(rel);
     }
-    for (const char* p : {"/etc/passwd", "/etc", "/home", "/root", "/var/lib/agent-sandbox",
-                          "/tmp", "/sys", "/run", "/usr/bin/python3", "/usr/bin/env"}) {
+    for (const char* p : {"/etc/passwd", "/etc", "/home", "/root", "/var/lib/agent-sandbox", "/tmp",
+                          "/sys", "/run", "/usr/bin/python3", "/usr/bin/env"}) {
       struct stat st {};
       if (::lstat((root.string() + p).c_str(), &st) == 0) {
         UNSCOPED_INFO("visible to the VMM: " << p);

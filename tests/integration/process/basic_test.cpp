@@ -84,8 +84,8 @@ print(json.dumps({'env': env, 'leaks': leaks, 'child_has_secret': 'canary' in ch
   auto j = nlohmann::json::parse(itest::blob(r.std_out.blob));
   std::set<std::string> keys;
   for (auto& [k, v] : j["env"].items()) keys.insert(k);
-  CHECK(keys == std::set<std::string>{"HOME", "LANG", "PATH", "SANDBOX_INPUT_DIR",
-                                      "SANDBOX_OUTPUT_DIR"});
+  CHECK(keys ==
+        std::set<std::string>{"HOME", "LANG", "PATH", "SANDBOX_INPUT_DIR", "SANDBOX_OUTPUT_DIR"});
   CHECK(j["env"]["HOME"] == "/home/sandbox");
   CHECK(j["env"]["LANG"] == "C.UTF-8");
   CHECK(j["env"]["SANDBOX_OUTPUT_DIR"] == "/sandbox/out");
@@ -136,9 +136,9 @@ print(os.getpid(), os.getppid(), len([p for p in os.listdir('/proc') if p.isdigi
   CHECK(sec == "2");
   int pid, ppid, visible;
   in >> pid >> ppid >> visible;
-  CHECK(pid == 2);       // PID 1 is sandbox-init
+  CHECK(pid == 2);  // PID 1 is sandbox-init
   CHECK(ppid == 1);
-  CHECK(visible == 1);   // init is hidden (hidepid); only ourselves
+  CHECK(visible == 1);  // init is hidden (hidepid); only ourselves
 }
 
 // sandbox-init shields itself from the OOM killer (-1000, root hosts where it holds
@@ -227,8 +227,7 @@ print(' '.join(res))
   CHECK(out.find("EACCES True") != std::string::npos);
 }
 
-TEST_CASE("inputs: read-only under a random directory; outputs come back as blobs",
-          "[basic][io]") {
+TEST_CASE("inputs: read-only under a random directory; outputs come back as blobs", "[basic][io]") {
   auto csv = itest::put("lane,rate\nSHA-RTM,1450\n");
   sandbox::run_request req;
   req.files_in = {{.name = "rates.csv", .blob = csv}};

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "integration/harness.hpp"
 
@@ -29,13 +30,15 @@ TEST_CASE("codes: admission answers through the real runtime start nothing", "[c
   CHECK(r.message.find("code.network") != std::string::npos);
 
   // Network granted still never means the host's network at the process level.
-  auto granted = issuer.issue({.id = "t", .tenant = "itest", .egress = {"api.example.com"}},
-                              sandbox::network_grant{})
+  auto granted = issuer
+                     .issue({.id = "t", .tenant = "itest", .egress = {"api.example.com"}},
+                            sandbox::network_grant{})
                      .value();
   CHECK(itest::run(net, granted).code == code::runtime_unavailable);
 
-  auto container = issuer.issue({.id = "t", .tenant = "itest",
-                                 .isolation = sandbox::isolation::container}).value();
+  auto container =
+      issuer.issue({.id = "t", .tenant = "itest", .isolation = sandbox::isolation::container})
+          .value();
   auto rc = itest::run(base, container);
   CHECK(rc.code == code::runtime_unavailable);
 
@@ -61,17 +64,39 @@ TEST_CASE("codes: admission answers through the real runtime start nothing", "[c
   itest::check_host_unchanged(before);
 }
 
-TEST_CASE("codes: a program the sandbox cannot start is `internal`, sanitized", "[codes]") {
+TEST_CASE("codes: a runtime whose interpreter is not in its image is unavailable, sanitized",
+          "[codes]") {
   std::string state;
   auto opts = itest::private_runtime_options(&state);
-  opts.runtimes = {{.name = "python3", .argv = {"/usr/bin/no-such-interpreter", "{source}"},
+  // The interpreter is looked up in the image when the runtime is created (its runs would
+  // otherwise fail at exec, as `internal`): the runtime exists, its runs are refused.
+  opts.runtimes = {{.name = "python3",
+                    .argv = {"/usr/bin/no-such-interpreter", "{source}"},
                     .source_name = "main.py"}};
   auto rt = sandbox::runtime::create(opts);
   REQUIRE(rt.has_value());
   auto r = rt->run({.runtime = "python3", .source = "print(1)"}, itest::ticket());
-  CHECK(r.code == code::internal);
-  CHECK(r.message == "sandbox setup failed");
+  CHECK(r.code == code::runtime_unavailable);
   CHECK(r.message.find('/') == std::string::npos);
+  std::filesystem::remove_all(state);
+}
+
+TEST_CASE("codes: a runtime definition that breaks the rules is refused at creation", "[codes]") {
+  std::string state;
+  auto opts = itest::private_runtime_options(&state);
+  for (const auto& bad : std::vector<sandbox::runtime_spec>{
+           {.name = "Data", .argv = {"/usr/bin/python3", "{source}"}},
+           {.name = "data", .argv = {"python3", "{source}"}},
+           {.name = "data", .argv = {"/usr/bin/python3"}},
+           {.name = "data", .argv = {"/usr/bin/../bin/python3", "{source}"}},
+           {.name = "data", .argv = {"/usr/bin/python3", "{source}"}, .source_name = "../x"},
+           {.name = "python3", .argv = {"/usr/bin/python3", "{source}"}}}) {  // a duplicate
+    opts.runtimes = sandbox::default_runtimes();
+    opts.runtimes.push_back(bad);
+    auto rt = sandbox::runtime::create(opts);
+    REQUIRE_FALSE(rt.has_value());
+    CHECK(rt.error() == sandbox::make_error_code(sandbox::errc::invalid_argument));
+  }
   std::filesystem::remove_all(state);
 }
 

@@ -28,8 +28,7 @@ std::vector<std::string> run_cgroups() {
 
 }  // namespace
 
-TEST_CASE("crash: a killed host's runs die, and the next start reclaims what is left",
-          "[crash]") {
+TEST_CASE("crash: a killed host's runs die, and the next start reclaims what is left", "[crash]") {
   auto before = itest::snapshot();
   char tmpl[] = "/tmp/sandbox-crash-XXXXXX";
   std::filesystem::path state = mkdtemp(tmpl);
@@ -46,7 +45,8 @@ TEST_CASE("crash: a killed host's runs die, and the next start reclaims what is 
 
   // Wait until the child's run is going (its marker file appears), then kill the host.
   auto marker = state / "running";
-  for (int i = 0; i < 600 && !std::filesystem::exists(marker); ++i) std::this_thread::sleep_for(50ms);
+  for (int i = 0; i < 600 && !std::filesystem::exists(marker); ++i)
+    std::this_thread::sleep_for(50ms);
   REQUIRE(std::filesystem::exists(marker));
   auto during = run_cgroups();
   CHECK(during.size() > before.cgroups.size());
@@ -75,7 +75,8 @@ TEST_CASE("crash: a killed host's runs die, and the next start reclaims what is 
   std::error_code ec;
   std::size_t leftover = 0;
   for (auto& inst : std::filesystem::directory_iterator(state / "state" / "runs", ec)) {
-    for ([[maybe_unused]] auto& r : std::filesystem::directory_iterator(inst.path(), ec)) ++leftover;
+    for ([[maybe_unused]] auto& r : std::filesystem::directory_iterator(inst.path(), ec))
+      ++leftover;
   }
   CHECK(leftover == 0);
   std::filesystem::remove_all(state, ec);

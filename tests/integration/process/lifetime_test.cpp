@@ -15,8 +15,7 @@
 using sandbox::code;
 using namespace std::chrono_literals;
 
-TEST_CASE("lifetime: a daemon left behind by the main process is killed at the end",
-          "[lifetime]") {
+TEST_CASE("lifetime: a daemon left behind by the main process is killed at the end", "[lifetime]") {
   auto before = itest::snapshot();
   auto r = itest::run(itest::helper_source("daemonize.py") + "\nprint('main done')");
   CHECK(r.code == code::ok);
@@ -62,9 +61,10 @@ print('fails', fails)
   CHECK(r.std_out.summary == "fails 0\n");
 }
 
-TEST_CASE("lifetime: a deadline passing inside the exit grace cannot turn an exit into a "
-          "timeout",
-          "[lifetime]") {
+TEST_CASE(
+    "lifetime: a deadline passing inside the exit grace cannot turn an exit into a "
+    "timeout",
+    "[lifetime]") {
   // The main process exits 0 at once; its child holds stdout. With a grace longer than the
   // run's timeout, the deadline passes while the child is being waited for: the run still
   // ends as its main process did (the child is killed, not blamed on the program).
@@ -78,15 +78,15 @@ TEST_CASE("lifetime: a deadline passing inside the exit grace cannot turn an exi
                               "if os.fork() == 0:\n"
                               "    time.sleep(60)\n"
                               "print('main exits', flush=True)\n",
-                    .timeout = 1000ms},
+                    .timeout = 1000ms + itest::startup_allowance()},
                    itest::ticket());
   CHECK(r.code == code::ok);
   CHECK(r.exit_code == 0);
   CHECK(r.std_out.summary == "main exits\n");
   // A main process still running at the deadline is a timeout, as ever.
-  auto t = rt->run({.runtime = "python3", .source = "import time\ntime.sleep(60)\n",
-                    .timeout = 500ms},
-                   itest::ticket());
+  auto t =
+      rt->run({.runtime = "python3", .source = "import time\ntime.sleep(60)\n", .timeout = 500ms},
+              itest::ticket());
   CHECK(t.code == code::timeout);
   std::filesystem::remove_all(state);
 }

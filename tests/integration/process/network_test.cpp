@@ -22,8 +22,7 @@ bool has_attempt(const sandbox::run_result& r, const std::string& protocol,
 }
 }  // namespace
 
-TEST_CASE("network: urllib to a name fails at DNS, and the lookup is reported",
-          "[network]") {
+TEST_CASE("network: urllib to a name fails at DNS, and the lookup is reported", "[network]") {
   auto r = itest::run(R"PY(
 import urllib.request
 try:
@@ -96,8 +95,9 @@ dns.lookup('api.freight.example', (err) => { console.log(err ? err.code : 'RESOL
   CHECK(has_attempt(r, "dns", "api.freight.example", 53));
 }
 
-TEST_CASE("network: a lingering socket left in the host's hands cannot stall the host or the deadline",
-          "[network][timeout]") {
+TEST_CASE(
+    "network: a lingering socket left in the host's hands cannot stall the host or the deadline",
+    "[network][timeout]") {
   // To record an egress attempt's protocol the host reads the socket's type through a copy
   // of it. tests/helpers/linger_race.c drops its own references at that moment, so the copy
   // is the last, on a socket set to linger for 10^6 s with unsent data: its close blocks. It
@@ -126,7 +126,8 @@ os.execv('/tmp/race', ['/tmp/race'])
     CHECK(wall < 6s);  // the deadline, kill and teardown; a stalled host never returns
     CHECK(out.find("stalled") == std::string::npos);
     CHECK(out.find("attempts 50") != std::string::npos);  // it kept racing
-    for (std::size_t p = out.find("hit\n"); p != std::string::npos; p = out.find("hit\n", p + 1)) ++hits;
+    for (std::size_t p = out.find("hit\n"); p != std::string::npos; p = out.find("hit\n", p + 1))
+      ++hits;
     CHECK(has_attempt(r, "tcp", "192.0.2.1", 80));
   }
   // Not vacuous: the host was left holding the lingering socket at least once.

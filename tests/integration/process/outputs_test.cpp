@@ -56,7 +56,7 @@ open(f'{d}/big', 'w').write('y' * 5000)
     if (d.reason == drop_reason::count_limit) ++count_dropped;
     if (d.reason == drop_reason::bytes_limit) ++bytes_dropped;
   }
-  CHECK(bytes_dropped == 1);   // "big" does not fit in 1000 bytes
+  CHECK(bytes_dropped == 1);  // "big" does not fit in 1000 bytes
   CHECK(count_dropped == 3);
 }
 
@@ -88,8 +88,8 @@ print('hello')
   auto used = rt->blobs()->usage("itest");
   REQUIRE(used.has_value());
   REQUIRE(rt->blobs()->put("itest", std::string((2ULL << 20) - *used - 4, 'f')).has_value());
-  auto full = rt->run({.runtime = "python3", .source = "print('more than four bytes')"},
-                      itest::ticket());
+  auto full =
+      rt->run({.runtime = "python3", .source = "print('more than four bytes')"}, itest::ticket());
   CHECK(full.code == code::ok);
   CHECK(full.std_out.blob.empty());
   CHECK(full.std_out.bytes == 0);

@@ -80,7 +80,8 @@ std::vector<int> idle_instance_inits(const std::string& state_dir) {
     if (!std::regex_search(all, mine)) continue;
     std::ifstream st(e.path() / "status");
     while (std::getline(st, line)) {
-      if (line.rfind("NSpid:", 0) == 0 && line.size() > 2 && line.substr(line.size() - 2) == "\t1") {
+      if (line.rfind("NSpid:", 0) == 0 && line.size() > 2 &&
+          line.substr(line.size() - 2) == "\t1") {
         out.push_back(std::stoi(pid));
       }
     }
@@ -134,9 +135,9 @@ TEST_CASE("pool: fills, hands out one-shot instances, refills", "[pool]") {
     CHECK(p.stats().handed_out == 3);
     REQUIRE(p.wait_ready(2));  // refilled
     // A request of another limits class runs cold.
-    auto cold = p.rt->run({.runtime = "python3", .source = "print(7)",
-                           .memory_limit_bytes = 128ULL << 20},
-                          itest::ticket());
+    auto cold =
+        p.rt->run({.runtime = "python3", .source = "print(7)", .memory_limit_bytes = 128ULL << 20},
+                  itest::ticket());
     CHECK(cold.code == code::ok);
     CHECK(p.stats().handed_out == 3);
     CHECK(p.stats().failed == 0);
@@ -241,17 +242,19 @@ TEST_CASE("pool: nothing of one tenant's run is visible to the next tenant's", "
   REQUIRE(p.wait_ready(2));
   auto a = p.rt->run(
       {.runtime = "python3",
-       .source = "import os\nfor d in ['/tmp', os.environ['HOME'], '/dev/shm', "
-                 "os.environ['SANDBOX_OUTPUT_DIR']]:\n    open(d + '/tenant-a-secret', 'w').write('A')\n"
-                 "import time\ntime.sleep(0.2)"},
+       .source =
+           "import os\nfor d in ['/tmp', os.environ['HOME'], '/dev/shm', "
+           "os.environ['SANDBOX_OUTPUT_DIR']]:\n    open(d + '/tenant-a-secret', 'w').write('A')\n"
+           "import time\ntime.sleep(0.2)"},
       itest::ticket("tenant-a"));
   REQUIRE(a.code == code::ok);
-  auto b = p.rt->run({.runtime = "python3",
-                      .source = "import os, glob\nfound = []\nfor d in ['/tmp', os.environ['HOME'], "
-                                "'/dev/shm', os.environ['SANDBOX_OUTPUT_DIR'], '/sandbox']:\n"
-                                "    found += glob.glob(d + '/**/tenant-a-secret', recursive=True)\n"
-                                "print(found)"},
-                     itest::ticket("tenant-b"));
+  auto b =
+      p.rt->run({.runtime = "python3",
+                 .source = "import os, glob\nfound = []\nfor d in ['/tmp', os.environ['HOME'], "
+                           "'/dev/shm', os.environ['SANDBOX_OUTPUT_DIR'], '/sandbox']:\n"
+                           "    found += glob.glob(d + '/**/tenant-a-secret', recursive=True)\n"
+                           "print(found)"},
+                itest::ticket("tenant-b"));
   REQUIRE(b.code == code::ok);
   CHECK(b.std_out.summary == "[]\n");
 }

@@ -55,8 +55,9 @@ out += [err(libc.syscall(n, 0, 0, 0, 0)) for n in (457, 458, 467, 480, 511)]
 print(' '.join(out))
 )PY");
   CHECK(r.code == code::ok);
-  CHECK(r.std_out.summary == "ENOSYS EPERM EPERM ENOSYS EAFNOSUPPORT EPERM EPROTONOSUPPORT"
-                             " ENOSYS ENOSYS ENOSYS ENOSYS ENOSYS\n");
+  CHECK(r.std_out.summary ==
+        "ENOSYS EPERM EPERM ENOSYS EAFNOSUPPORT EPERM EPROTONOSUPPORT"
+        " ENOSYS ENOSYS ENOSYS ENOSYS ENOSYS\n");
 }
 
 TEST_CASE("codes: a self-raised SIGSYS, exit(137) or exit(124) are not evidence",

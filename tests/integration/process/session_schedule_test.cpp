@@ -1,4 +1,4 @@
-// Sessions and the scheduler (src/core/session.cpp): a session holds a scheduler slot of its
+// Sessions and the scheduler (src/runtime/session.cpp): a session holds a scheduler slot of its
 // tenant's class for its whole life — released when it is closed or ends by itself — and
 // records one span at its end, like a run. Real servers in the process backend.
 #include <unistd.h>
@@ -104,11 +104,16 @@ TEST_CASE("session: holds a scheduler slot for its life; queue_timeout, capacity
   // Tenant "queued": one slot, a short queue deadline. Tenant "solo": one slot, no queue.
   opts.scheduler.max_running = 8;
   opts.scheduler.classes["queued"] = {
-      .max_running = 1, .max_queued = 4, .weight = 1, .queue_deadline = 300ms,
+      .max_running = 1,
+      .max_queued = 4,
+      .weight = 1,
+      .queue_deadline = 300ms,
       .max_session_slots = 4};  // (the slot binds here, not the session cap)
-  opts.scheduler.classes["solo"] = {
-      .max_running = 1, .max_queued = 0, .weight = 1, .queue_deadline = 300ms,
-      .max_session_slots = 4};
+  opts.scheduler.classes["solo"] = {.max_running = 1,
+                                    .max_queued = 0,
+                                    .weight = 1,
+                                    .queue_deadline = 300ms,
+                                    .max_session_slots = 4};
   opts.scheduler.tenant_classes = {{"queued", "queued"}, {"solo", "solo"}};
   opts.tools = {{.name = "sleeper",
                  .image = "python3",

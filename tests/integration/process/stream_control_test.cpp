@@ -12,10 +12,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#ifndef P_PIDFD
-#define P_PIDFD static_cast<idtype_t>(3)  // <linux/wait.h>; older glibc lacks it
-#endif
-
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_future.hpp>
@@ -24,9 +20,10 @@
 #include <future>
 #include <thread>
 
-#include "core/init_backend.hpp"
-#include "core/spawn.hpp"
+#include "core/run/machine.hpp"
 #include "integration/harness.hpp"
+#include "sys/pidfd.hpp"
+#include "sys/spawn.hpp"
 
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
@@ -118,17 +115,20 @@ elif mode == 'stdin-closed-in-run':       # a one-shot run has no stream stdin t
 
 // runsc's launcher, minus runsc: the stand-in gets the control socket as its stdin and the
 // capture pipes as stdout/stderr, in the run's cgroup, in stream mode.
-class fake_stream_launcher final : public sandbox::detail::init_launcher {
+class fake_stream_launcher final : public sandbox::detail::launcher {
  public:
   fake_stream_launcher(int python_fd, std::string script)
       : python_fd_(python_fd), script_(std::move(script)) {}
   ~fake_stream_launcher() override { ::close(python_fd_); }
-  sandbox::isolation isolation() const noexcept override { return sandbox::isolation::gvisor; }
-  std::string_view name() const noexcept override { return "fake-stream"; }
-  std::string probe_path() const override { return "probe"; }
-  bool stream_control() const noexcept override { return true; }
-  sandbox::result<sandbox::detail::launched> launch(const sandbox::detail::launch_request& r,
-                                                    std::string* why) override {
+  sandbox::detail::launcher_traits traits() const override {
+    return {.isolation = sandbox::isolation::gvisor,
+            .name = "fake-stream",
+            .description = "fake-stream",
+            .stream_control = true,
+            .probe_path = "probe"};
+  }
+  sandbox::result<std::unique_ptr<sandbox::detail::launched>> launch(
+      const sandbox::detail::launch_request& r, std::string* why) override {
     sandbox::detail::spawn_request sr;
     sr.exec_fd = python_fd_;
     sr.argv = {"python3", "-c", script_};
@@ -147,15 +147,15 @@ class fake_stream_launcher final : public sandbox::detail::init_launcher {
       *why = "attach: " + a.error().message();
       ::kill(sp->pid, SIGKILL);
       siginfo_t si{};
-      ::waitid(P_PIDFD, static_cast<id_t>(sp->pidfd), &si, WEXITED);
+      sandbox::detail::waitid_pidfd(sp->pidfd, &si, WEXITED);
       ::close(sp->pidfd);
       return a.error();
     }
-    return sandbox::detail::launched{sp->pid, sp->pidfd};
-  }
-  void add_config(const sandbox::detail::launch_request&,
-                  sandbox::detail::init_protocol::config_writer& w) override {
-    w.add("launch", "oci");
+    auto l = std::make_unique<sandbox::detail::launched>();
+    l->pid = sp->pid;
+    l->pidfd.reset(sp->pidfd);
+    l->config.add("launch", "oci");
+    return l;
   }
 
  private:
@@ -176,14 +176,14 @@ struct fake_backend_fixture {
     root = ::mkdtemp(tmpl);
     std::filesystem::create_directories(root + "/rootfs");
     int py = ::open("/usr/bin/python3", O_PATH | O_CLOEXEC);
-    sandbox::detail::init_backend_context ctx{};
+    sandbox::detail::run_machine_context ctx{};
     ctx.executor = io.get_executor();
     if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) ctx.options.cgroup_parent = p;
     ctx.state_dir = root + "/state";
     ctx.log = [](sandbox::log_level, std::string_view) {};
     work.emplace(io.get_executor());
     thread = std::thread([this] { io.run(); });
-    auto made = sandbox::detail::make_init_backend(
+    auto made = sandbox::detail::make_run_machine(
         ctx, std::make_shared<fake_stream_launcher>(py, fake_init_py));
     if (auto* b = std::get_if<std::shared_ptr<sandbox::backend>>(&made))
       backend = *b;

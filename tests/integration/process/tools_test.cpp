@@ -5,9 +5,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <mutex>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
 
 #include "integration/harness.hpp"
@@ -28,20 +28,21 @@ struct tool_host {
 
   tool_host() {
     auto opts = itest::private_runtime_options(&state);
-    opts.policy.profiles["big"] = {.max_pids = 200, .shm_bytes = 100ULL << 20,
-                                   .memory_limit_bytes = 1ULL << 30};
+    opts.policy.profiles["big"] = {
+        .max_pids = 200, .shm_bytes = 100ULL << 20, .memory_limit_bytes = 1ULL << 30};
     opts.policy.profiles["over"] = {.max_pids = 100000, .memory_limit_bytes = 1ULL << 30};
     opts.policy.ceilings.max_pids = 150;
     opts.tools = {
         {.name = "markdown", .image = "tools", .binary = "/usr/bin/cmark"},
         // The pattern is the host's (catastrophic on purpose); the model gives only the text.
-        {.name = "regex", .image = "tools", .binary = "/usr/bin/pcre2grep",
+        {.name = "regex",
+         .image = "tools",
+         .binary = "/usr/bin/pcre2grep",
          .args = {"--match-limit=4000000000", "^(a|aa)+$"}},
         {.name = "cat", .image = "tools", .binary = "/bin/cat"},
         // A tool whose engine the input fully steers: the worst a tool input can be.
         {.name = "sh", .image = "tools", .binary = "/bin/sh", .args = {"-s"}},
-        {.name = "sh-big", .image = "tools", .binary = "/bin/sh", .args = {"-s"},
-         .profile = "big"},
+        {.name = "sh-big", .image = "tools", .binary = "/bin/sh", .args = {"-s"}, .profile = "big"},
     };
     // The sink outlives this constructor (the runtime logs from its own thread for as long
     // as it lives): it owns what it collects, and collects only until creation is over.
@@ -84,8 +85,12 @@ struct tool_host {
 
 sandbox::ticket tool_ticket(std::vector<std::string> tools = {"*"}, std::string profile = {}) {
   return sandbox::ticket_issuer{}
-      .issue({.id = "itest-tools", .tenant = "itest", .execute = true,
-              .max_timeout = 8000ms, .max_memory_bytes = 1ULL << 30, .tools = std::move(tools),
+      .issue({.id = "itest-tools",
+              .tenant = "itest",
+              .execute = true,
+              .max_timeout = 8000ms,
+              .max_memory_bytes = 1ULL << 30,
+              .tools = std::move(tools),
               .profile = std::move(profile)})
       .value();
 }
@@ -97,8 +102,7 @@ std::string out(const sandbox::run_result& r, sandbox::runtime& rt) {
 
 }  // namespace
 
-TEST_CASE("tools: a registered Markdown renderer renders model Markdown from stdin",
-          "[tools]") {
+TEST_CASE("tools: a registered Markdown renderer renders model Markdown from stdin", "[tools]") {
   tool_host h;
   auto* rt = h.get();
   if (rt == nullptr) return;
@@ -179,10 +183,10 @@ TEST_CASE("tools: a hostile tool input cannot read host files or reach the host"
   const std::string dir = tmpl;
   std::ofstream(dir + "/secret") << secret;
   ::chmod(dir.c_str(), 0755);
-  const std::string script =
-      "cat " + dir + "/secret; cat /proc/1/root" + dir + "/secret; ls " + dir +
-      "; cat /proc/1/environ; grep -r " + secret + " /tmp /proc/1/cwd 2>/dev/null;"
-      " echo uid=$(id -u); echo done\n";
+  const std::string script = "cat " + dir + "/secret; cat /proc/1/root" + dir + "/secret; ls " +
+                             dir + "; cat /proc/1/environ; grep -r " + secret +
+                             " /tmp /proc/1/cwd 2>/dev/null;"
+                             " echo uid=$(id -u); echo done\n";
   auto before = itest::snapshot();
   auto r = rt->run({.tool = "sh", .std_in = script}, tool_ticket({"sh"}));
   const std::string all = out(r, *rt) + r.std_err.summary;
@@ -225,7 +229,9 @@ TEST_CASE("profiles: a profile raising pids lets more processes start than the d
   auto forks = [](int n) {
     return "import os, time\n"
            "n = 0\n"
-           "for _ in range(" + std::to_string(n) + "):\n"
+           "for _ in range(" +
+           std::to_string(n) +
+           "):\n"
            "    try:\n"
            "        pid = os.fork()\n"
            "    except OSError:\n"
@@ -237,15 +243,21 @@ TEST_CASE("profiles: a profile raising pids lets more processes start than the d
            "print(n)\n";
   };
   auto before = itest::snapshot();
-  auto plain = rt->run({.runtime = "python3", .source = forks(120)}, tool_ticket());
-  auto big = rt->run({.runtime = "python3", .source = forks(120)}, tool_ticket({"*"}, "big"));
+  // 120 forks take seconds on an emulated CPU (the cgroup v2 test bed): the calibrated
+  // deadline (clamped to the ticket's 8 s), not the request's default 2 s.
+  const auto deadline = itest::default_deadline();
+  auto plain =
+      rt->run({.runtime = "python3", .source = forks(120), .timeout = deadline}, tool_ticket());
+  auto big = rt->run({.runtime = "python3", .source = forks(120), .timeout = deadline},
+                     tool_ticket({"*"}, "big"));
   INFO(plain.std_out.summary << " / " << big.std_out.summary << big.std_err.summary);
   REQUIRE(plain.code == code::ok);
   REQUIRE(big.code == code::ok);
   CHECK(std::stoi(plain.std_out.summary) < 64);  // the policy's max_pids (64), python counts
   CHECK(std::stoi(big.std_out.summary) == 120);  // the profile's 200
   // A profile above its ceiling is clamped to it: 150 pids in all, not 100000.
-  auto over = rt->run({.runtime = "python3", .source = forks(200)}, tool_ticket({"*"}, "over"));
+  auto over = rt->run({.runtime = "python3", .source = forks(200), .timeout = deadline},
+                      tool_ticket({"*"}, "over"));
   INFO(over.std_out.summary << over.std_err.summary);
   REQUIRE(over.code == code::ok);
   CHECK(std::stoi(over.std_out.summary) > 120);

@@ -1,0 +1,2 @@
+// sandbox-init that includes host code.
+#include "core/run/cgroup.hpp"

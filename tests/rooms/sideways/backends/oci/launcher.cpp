@@ -1,0 +1,2 @@
+// One level that includes another.
+#include "backends/microvm/vmm.hpp"

@@ -1,0 +1,2 @@
+// A protocol file that includes the run machine.
+#include "core/run/machine.hpp"

@@ -1,0 +1,236 @@
+// Host configuration documents: applied whole or not at all; every fault names its field.
+#include <catch2/catch.hpp>
+
+#include "sandbox/runtime.hpp"
+
+using namespace std::chrono_literals;
+
+TEST_CASE("config: scheduler classes, warm pools and policy are applied", "[config]") {
+  sandbox::runtime_options o;
+  auto r = sandbox::apply_config(R"({"v":1,
+    "scheduler": {"max_running": 12, "max_queued": 500, "max_session_slots": 5,
+                  "default_class": {"max_running": 2, "queue_deadline_ms": 3000,
+                                    "max_session_slots": 1},
+                  "classes": {"gold": {"max_running": 8, "weight": 3, "max_queued": 100}},
+                  "tenant_classes": {"acme": "gold"}},
+    "warm_pool": [{"runtime": "python3", "size": 4, "memory_limit_bytes": 134217728,
+                   "files_out": {"max_files": 4}}],
+    "policy": {"max_timeout_ms": 5000, "allowed_env": ["TZ", "LC_ALL"], "max_pids": 32}})",
+                                 o);
+  REQUIRE(r.has_value());
+  CHECK(o.scheduler.max_running == 12);
+  CHECK(o.scheduler.max_queued == 500);
+  CHECK(o.scheduler.default_class.max_running == 2);
+  CHECK(o.scheduler.default_class.queue_deadline == 3000ms);
+  CHECK(o.scheduler.max_session_slots == 5);
+  CHECK(o.scheduler.default_class.max_session_slots == 1);
+  CHECK(o.scheduler.classes.at("gold").max_session_slots == 0);  // absent: half of max_running
+  CHECK(o.scheduler.classes.at("gold").weight == 3);
+  CHECK(o.scheduler.classes.at("gold").max_running == 8);
+  CHECK(o.scheduler.tenant_classes.at("acme") == "gold");
+  REQUIRE(o.process.warm_pool.size() == 1);
+  CHECK(o.process.warm_pool[0].size == 4);
+  CHECK(o.process.warm_pool[0].memory_limit_bytes == 134217728);
+  CHECK(o.process.warm_pool[0].files_out.max_files == 4);
+  CHECK(o.process.warm_pool[0].files_out.max_bytes == 8ULL << 20);
+  CHECK(o.policy.max_timeout == 5000ms);
+  CHECK(o.policy.allowed_env == std::set<std::string>{"LC_ALL", "TZ"});
+  CHECK(o.policy.max_pids == 32);
+}
+
+TEST_CASE("config: faults name their field and nothing is applied", "[config]") {
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"scheduler": {"max_runing": 3}})", "scheduler: unknown field 'max_runing'"},
+      {R"({"scheduler": {"tenant_classes": {"acme": "gold"}}})",
+       "scheduler.tenant_classes.acme: unknown class 'gold'"},
+      {R"({"scheduler": {"classes": {"g": {"weight": 0}}}})",
+       "scheduler.classes.g.weight: must be at least 1"},
+      {R"({"scheduler": {"max_session_slots": -1}})", "scheduler.max_session_slots"},
+      {R"({"scheduler": {"default_class": {"max_session_slots": "2"}}})",
+       "scheduler.default_class.max_session_slots"},
+      {R"({"scheduler": {"default_class": {"queue_deadline_ms": 0}}})",
+       "scheduler.default_class.queue_deadline_ms: must be positive"},
+      {R"({"warm_pool": [{"runtime": "python3", "size": "2"}]})", "warm_pool[0].size"},
+      {R"({"policy": {"max_pids": 1}})", "policy.max_pids: must be at least 8"},
+      {R"({"policy": {"tmp_bytes": 0}})", "policy.tmp_bytes"},
+      {R"({"policy": {"min_memory_bytes": 2147483648, "max_memory_bytes": 1073741824}})",
+       "policy.min_memory_bytes"},
+      // A pool class no request could match, or one whose instances could never be made.
+      {R"({"warm_pool": [{"size": 1}]})", "warm_pool[0].runtime: required"},
+      {R"({"warm_pool": [{"runtime": "python3", "memory_limit_bytes": 0}]})",
+       "warm_pool[0].memory_limit_bytes: below"},
+      {R"({"warm_pool": [{"runtime": "python3", "memory_limit_bytes": 33554431}]})",
+       "warm_pool[0].memory_limit_bytes: below"},
+      {R"({"warm_pool": [{"runtime": "python3", "memory_limit_bytes": 18446744073709551615}]})",
+       "warm_pool[0].memory_limit_bytes: above"},
+      // ... judged against the policy of the same document, wherever it appears in it.
+      {R"({"warm_pool": [{"runtime": "python3", "memory_limit_bytes": 536870912}], "policy": {"max_memory_bytes": 268435456}})",
+       "warm_pool[0].memory_limit_bytes: above"},
+      {R"({"warm_pool": [{"runtime": "python3", "files_out": {"max_files": 257}}]})",
+       "warm_pool[0].files_out.max_files: above"},
+      // Names admission would refuse anyway are refused here, where the operator sees them.
+      {R"({"policy": {"allowed_env": [""]}})",
+       "policy.allowed_env[0]: not a portable variable name"},
+      {R"({"policy": {"allowed_env": ["TZ", "A-B"]}})", "policy.allowed_env[1]: not a portable"},
+      {R"({"policy": {"allowed_env": ["LD_PRELOAD"]}})", "policy.allowed_env[0]: reserved"},
+      {R"({"policy": {"allowed_env": ["PATH"]}})", "policy.allowed_env[0]: reserved"},
+      {R"({"policy": {"allowed_env": ["SANDBOX_X"]}})", "policy.allowed_env[0]: reserved"},
+      // Network runs' egress proxy: names, addresses and ports are checked here.
+      {R"({"egress": {"pinned_hosts": {"*.example.com": ["10.0.0.1"]}}})",
+       "egress.pinned_hosts['*.example.com']: not a host name"},
+      {R"({"egress": {"pinned_hosts": {"10.0.0.1": ["10.0.0.1"]}}})",
+       "egress.pinned_hosts['10.0.0.1']: not a host name"},
+      {R"({"egress": {"pinned_hosts": {"api.example.com": []}}})",
+       "egress.pinned_hosts['api.example.com']: needs at least one address"},
+      {R"({"egress": {"pinned_hosts": {"api.example.com": ["localhost"]}}})",
+       "egress.pinned_hosts['api.example.com'][0]: not a numeric"},
+      {R"({"egress": {"pinned_hosts": {"api.example.com": ["10.0.0.1:80"]}}})",
+       "egress.pinned_hosts['api.example.com'][0]: not a numeric"},
+      {R"({"egress": {"connect_ports": [0]}})", "egress.connect_ports[0]: must be 1..65535"},
+      {R"({"egress": {"http_ports": [65536]}})", "egress.http_ports[0]"},
+      {R"({"egress": {"max_connections": -1}})", "egress.max_connections"},
+      {R"({"egress": {"proxy": 1}})", "egress: unknown field 'proxy'"},
+      {R"({"v": 2})", "unsupported protocol version"},
+      {R"({"scheduler": {}, "scheduler": {}})", "duplicate"},
+      {R"({"extra": 1})", "unknown field 'extra'"},
+      {"not json", "malformed JSON"},
+  };
+  for (const auto& [doc, msg] : bad) {
+    INFO(doc);
+    sandbox::runtime_options o;
+    const auto before = o.scheduler;
+    auto r = sandbox::apply_config(doc, o);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == sandbox::code::invalid_request);
+    CHECK(r.error().message.find(msg) != std::string::npos);
+    CHECK(o.scheduler == before);
+    CHECK(o.process.warm_pool.empty());
+    CHECK(o.policy.allowed_env.empty());
+    CHECK(o.egress.pinned_hosts.empty());
+    CHECK(o.egress.connect_ports == std::vector<std::uint16_t>{443});
+  }
+}
+
+TEST_CASE("config: the egress section sets network runs' proxy options", "[config]") {
+  sandbox::runtime_options o;
+  auto r = sandbox::apply_config(R"({"v":1, "egress": {
+      "pinned_hosts": {"Rates.Internal.Example.": ["10.20.0.7", "fd00::7"]},
+      "connect_ports": [443, 8443], "http_ports": [8080], "max_connections": 5,
+      "max_bytes_up": 1000, "max_bytes_down": 2000}})",
+                                 o);
+  REQUIRE(r.has_value());
+  // Names are kept canonical (lower case, no trailing dot): the form the proxy looks up.
+  CHECK(o.egress.pinned_hosts == std::map<std::string, std::vector<std::string>>{
+                                     {"rates.internal.example", {"10.20.0.7", "fd00::7"}}});
+  CHECK(o.egress.connect_ports == std::vector<std::uint16_t>{443, 8443});
+  CHECK(o.egress.http_ports == std::vector<std::uint16_t>{8080});
+  CHECK(o.egress.max_connections == 5);
+  CHECK(o.egress.max_bytes_up == 1000);
+  CHECK(o.egress.max_bytes_down == 2000);
+}
+
+TEST_CASE("config: the microvm section enables the level and names its faults",
+          "[config][microvm]") {
+  sandbox::runtime_options o;
+  auto r = sandbox::apply_config(
+      R"({"v": 1, "backends": {"microvm": {"kernel_dir": "/srv/kernel", "accel": "tcg",
+          "guest_overhead_mib": 128, "vmm_overhead_mib": 256,
+          "warm_pool": [{"runtime": "python3", "size": 2, "memory_limit_bytes": 134217728}]}}})",
+      o);
+  REQUIRE(r.has_value());
+  CHECK(o.microvm.enabled);
+  REQUIRE(o.microvm.warm_pool.size() == 1);
+  CHECK(o.microvm.warm_pool[0].size == 2);
+  CHECK(o.microvm.warm_pool[0].memory_limit_bytes == 134217728);
+  CHECK(o.process.warm_pool.empty());  // the level's own pools, not the process level's
+  CHECK(o.microvm.kernel_dir == "/srv/kernel");
+  CHECK(o.microvm.accel == "tcg");
+  CHECK(o.microvm.guest_overhead_mib == 128);
+  CHECK(o.microvm.vmm_overhead_mib == 256);
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"backends": {"microvm": {"accel": "hvf"}}})",
+       "backends.microvm.accel: must be one of: auto, kvm, tcg"},
+      {R"({"backends": {"microvm": {"kernel_dir": "relative"}}})",
+       "backends.microvm.kernel_dir: must be an absolute path"},
+      {R"({"backends": {"microvm": {"guest_overhead_mib": 8}}})",
+       "backends.microvm.guest_overhead_mib: must be at least 32"},
+      {R"({"backends": {"microvm": {"vmm_overhead_mib": "big"}}})",
+       "backends.microvm.vmm_overhead_mib"},
+      {R"({"backends": {"microvm": {"kernel": "/x"}}})",
+       "backends.microvm: unknown field 'kernel'"},
+      {R"({"backends": {"microvm": {"warm_pool": [{"runtime": "python3", "size": -1}]}}})",
+       "backends.microvm.warm_pool[0].size"},
+      {R"({"backends": {"microvm": {"warm_pool": {"runtime": "python3"}}}})",
+       "backends.microvm.warm_pool"},
+  };
+  for (const auto& [doc, msg] : bad) {
+    INFO(doc);
+    sandbox::runtime_options p;
+    auto e = sandbox::apply_config(doc, p);
+    REQUIRE_FALSE(e.has_value());
+    CHECK(e.error().message.find(msg) != std::string::npos);
+    CHECK_FALSE(p.microvm.enabled);
+  }
+}
+
+TEST_CASE("config: the runtimes section defines runtimes a host names", "[config]") {
+  auto o = sandbox::default_runtime_options();
+  const auto defaults = sandbox::default_runtimes();
+  auto r = sandbox::apply_config(R"({"v":1, "runtimes": [
+      {"name": "python3-data", "image": "python3-data",
+       "argv": ["/usr/bin/python3", "-I", "{source}"], "source_name": "main.py"},
+      {"name": "node", "argv": ["/usr/bin/node", "--max-old-space-size=64", "{source}"],
+       "source_name": "main.mjs"}]})",
+                                 o);
+  REQUIRE(r.has_value());
+  REQUIRE(o.runtimes.size() == 3);
+  CHECK(o.runtimes[0] == defaults[0]);  // python3 kept
+  CHECK(o.runtimes[1].name == "node");  // replaced in place
+  CHECK(o.runtimes[1].argv ==
+        std::vector<std::string>{"/usr/bin/node", "--max-old-space-size=64", "{source}"});
+  CHECK(o.runtimes[1].source_name == "main.mjs");
+  CHECK(o.runtimes[2] == sandbox::runtime_spec{.name = "python3-data",
+                                               .argv = {"/usr/bin/python3", "-I", "{source}"},
+                                               .source_name = "main.py",
+                                               .image = "python3-data"});
+}
+
+TEST_CASE("config: a runtime definition's faults name their field", "[config]") {
+  const std::pair<const char*, const char*> bad[] = {
+      {R"([{"name": "Data", "argv": ["/usr/bin/python3", "{source}"]}])", "runtimes[0].name:"},
+      {R"([{"name": "d", "argv": ["python3", "{source}"]}])", "runtimes[0].argv[0]: must be an"},
+      {R"([{"name": "d", "argv": ["/bin/../bin/sh", "{source}"]}])", "runtimes[0].argv[0]"},
+      {R"([{"name": "d", "argv": ["/usr/bin/python3"]}])", "runtimes[0].argv: exactly one"},
+      {R"([{"name": "d", "argv": ["/usr/bin/python3", "{source}", "{source}"]}])",
+       "runtimes[0].argv: exactly one"},
+      {R"([{"name": "d", "argv": ["{source}", "{source}"]}])", "runtimes[0].argv[0]"},
+      {R"([{"name": "d", "argv": []}])", "runtimes[0].argv: 1 to 256"},
+      {R"([{"name": "d", "argv": ["/usr/bin/python3", 1]}])", "runtimes[0].argv[1]"},
+      {R"([{"name": "d", "argv": ["/usr/bin/python3", "{source}"], "source_name": "a/b"}])",
+       "runtimes[0].source_name: must be"},
+      {R"([{"name": "d", "argv": ["/usr/bin/python3", "{source}"], "source_name": "out"}])",
+       "runtimes[0].source_name: 'out' collides"},
+      {R"([{"name": "d", "argv": ["/usr/bin/python3", "{source}"], "source_name": ".."}])",
+       "runtimes[0].source_name"},
+      {R"([{"name": "d", "argv": ["/usr/bin/python3", "{source}"], "image": "A"}])",
+       "runtimes[0].image"},
+      {R"([{"name": "d", "argv": ["/usr/bin/python3", "{source}"], "shell": true}])",
+       "runtimes[0]: unknown field 'shell'"},
+      {R"([{"argv": ["/usr/bin/python3", "{source}"]}])", "runtimes[0].name"},
+      {R"([{"name": "d", "argv": ["/usr/bin/python3", "{source}"]},
+           {"name": "d", "argv": ["/usr/bin/python3", "{source}"]}])",
+       "runtimes[1].name: duplicate of runtimes[0].name"},
+      {R"({"name": "d"})", "runtimes: expected an array"},
+  };
+  for (const auto& [section, msg] : bad) {
+    const std::string doc = std::string(R"({"v":1,"runtimes":)") + section + "}";
+    INFO(doc);
+    auto o = sandbox::default_runtime_options();
+    const auto before = o.runtimes;
+    auto r = sandbox::apply_config(doc, o);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == sandbox::code::invalid_request);
+    CHECK_THAT(r.error().message, Catch::Contains(msg));
+    CHECK(o.runtimes == before);
+  }
+}
