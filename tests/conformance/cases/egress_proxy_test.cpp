@@ -17,22 +17,25 @@ using sandbox::code;
 
 namespace {
 
-/// A ticket granting `code.network` for `egress` at the backend's level.
+/// A ticket granting `code.network` for `egress` at the backend's level (its ceiling has the
+/// level's start-up allowance on top, as `backend::ticket`'s has).
 sandbox::ticket network_ticket(const conformance::backend& b, std::vector<std::string> egress) {
   return sandbox::ticket_issuer{}
       .issue({.id = "egress",
               .tenant = "conformance",
               .isolation = b.profile().level,
-              .max_timeout = std::chrono::milliseconds(8000),
+              .max_timeout = std::chrono::milliseconds(8000) + conformance::startup_allowance(),
               .max_memory_bytes = 1ULL << 30,
               .egress = std::move(egress)},
              sandbox::network_grant{})
       .value();
 }
 
-/// A network request for the approved name, with the origins' certificate as input `ca.pem`.
+/// A network request for the approved name, with the origins' certificate as input `ca.pem`;
+/// its deadline has the level's start-up allowance on top (it runs through `rt()` directly).
 sandbox::run_request network_request(conformance::backend& b, std::string source) {
-  auto req = py(std::move(source), std::chrono::milliseconds(8000));
+  auto req =
+      py(std::move(source), std::chrono::milliseconds(8000) + conformance::startup_allowance());
   req.network = true;
   req.egress = {conformance::egress_approved_name};
   req.files_in = {{.name = "ca.pem", .blob = b.put(conformance::egress_origin().ca_pem)}};
@@ -365,7 +368,7 @@ function get(mod, url, opts) {{
 )JS",
                                          conformance::egress_approved_name, o.http_port,
                                          o.https_port, conformance::egress_other_name),
-                             std::chrono::milliseconds(8000));
+                             std::chrono::milliseconds(8000) + conformance::startup_allowance());
   req.network = true;
   req.egress = {conformance::egress_approved_name};
   req.files_in = {{.name = "ca.pem", .blob = b.put(o.ca_pem)}};

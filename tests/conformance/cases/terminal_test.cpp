@@ -169,20 +169,22 @@ struct ctl_dir {
 };
 
 /// `sandboxctl run` of `script` (runtime from its extension) under a pty, with this backend's
-/// level in the ticket and the suite's image dir and cgroup parent.
+/// level in the ticket and the suite's image dir and cgroup parent; deadline and ceiling have
+/// the level's start-up allowance on top.
 pty_outcome sandboxctl_under_pty(const conformance::backend& b, const std::string& script_name,
                                  const std::string& source) {
   ctl_dir dir;
   std::ofstream(dir.path / script_name) << source;
   std::ofstream(dir.path / "ticket.json")
       << R"({"v":1,"id":"tty","tenant":"conformance","actions":["code.execute"],"isolation":")"
-      << sandbox::to_string(b.profile().level)
-      << R"(","max_timeout_ms":8000,"max_memory_bytes":536870912})";
-  std::vector<std::string> args{SANDBOXCTL_PATH, "run",
-                                "--state-dir",   (dir.path / "state").string(),
-                                "--blob-dir",    (dir.path / "blobs").string(),
-                                "--ticket",      (dir.path / "ticket.json").string(),
-                                "--timeout-ms",  "5000"};
+      << sandbox::to_string(b.profile().level) << R"(","max_timeout_ms":)"
+      << 8000 + conformance::startup_allowance().count() << R"(,"max_memory_bytes":536870912})";
+  std::vector<std::string> args{
+      SANDBOXCTL_PATH, "run",
+      "--state-dir",   (dir.path / "state").string(),
+      "--blob-dir",    (dir.path / "blobs").string(),
+      "--ticket",      (dir.path / "ticket.json").string(),
+      "--timeout-ms",  std::to_string(5000 + conformance::startup_allowance().count())};
   if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) {
     args.insert(args.end(), {"--image-dir", d});
   }
@@ -194,7 +196,8 @@ pty_outcome sandboxctl_under_pty(const conformance::backend& b, const std::strin
     args.insert(args.end(), {"--config", (dir.path / "config.json").string()});
   }
   args.push_back((dir.path / script_name).string());
-  return run_under_pty(args);
+  return run_under_pty(args, std::chrono::duration_cast<std::chrono::seconds>(
+                                 std::chrono::seconds(30) + conformance::startup_allowance()));
 }
 
 /// The JSON line the hostile program printed (the terminal turns \n into \r\n).
