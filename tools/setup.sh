@@ -55,13 +55,16 @@ fi
 # The microvm level's guest kernel (Debian's cloud kernel, unpacked, not installed).
 "$ROOT/tools/fetch-guest-kernel.sh"
 
-# 2. Build.
+# 2. Build, with the images (3.) made alongside: sandboxctl first (it builds them), then the
+#    rest of the tree while debootstrap and dpkg (one process at a time, so one core) run in
+#    the background. Their output goes to $BUILD/setup-images.log, shown when one fails.
 log "building ($PRESET)"
 cmake --preset "$PRESET" -S "$ROOT" >/dev/null
-cmake --build --preset "$PRESET"
+cmake --build --preset "$PRESET" --target sandboxctl
 
-# 3. Runtime images, built from Debian packages with debootstrap when absent (each a few
-#    minutes on a first run). SANDBOX_IMAGES picks which (default: all):
+# 3. Runtime images, built from Debian packages with debootstrap when absent (about a minute
+#    each on a first run, several for chromium and python3-data). SANDBOX_IMAGES picks which
+#    (default: all):
 #    - python3, node: the language runtimes;
 #    - tools: the registered tools the tests use (docs/operations.md, "Registered tools"): a
 #      Markdown renderer (cmark) and a regex engine (pcre2grep);
@@ -76,7 +79,7 @@ cmake --build --preset "$PRESET"
 #    - mcp: Debian's node plus the reference "everything" stdio MCP server from npm (pinned;
 #      its dependencies accept the image's node 18), installed by the host's npm with scripts
 #      disabled, for the session tests (tests/integration/process/session_test.cpp).
-if [ "${SANDBOX_SKIP_IMAGES:-0}" != 1 ]; then
+build_images() {
   for runtime in ${SANDBOX_IMAGES:-python3 node tools chromium mcp python3-data python3-test}; do
     if "$BUILD/bin/sandboxctl" image current "$runtime" --image-dir "$IMAGE_DIR" >/dev/null 2>&1; then
       log "image $runtime: present"
@@ -91,10 +94,31 @@ if [ "${SANDBOX_SKIP_IMAGES:-0}" != 1 ]; then
         python3-data) packages=(--package python3 --package python3-numpy --package python3-pandas
           --package python3-matplotlib --package python3-scipy) ;;
         python3-test) packages=(--package python3 --package libpython3.11-testsuite) ;;
-        *) echo "tools/setup.sh: unknown image $runtime in SANDBOX_IMAGES" >&2; exit 2 ;;
+        *) echo "tools/setup.sh: unknown image $runtime in SANDBOX_IMAGES" >&2; return 2 ;;
       esac
       "$BUILD/bin/sandboxctl" image build "$runtime" "${packages[@]}" --image-dir "$IMAGE_DIR"
+      log "image $runtime: built"
     fi
   done
+}
+images_pid=""
+images_log="$BUILD/setup-images.log"
+if [ "${SANDBOX_SKIP_IMAGES:-0}" != 1 ]; then
+  build_images >"$images_log" 2>&1 &
+  images_pid=$!
+  # Stop the image builds if the build below fails (set -e leaves through here).
+  trap '[ -z "$images_pid" ] || kill "$images_pid" 2>/dev/null || true' EXIT
+fi
+cmake --build --preset "$PRESET"
+if [ -n "$images_pid" ]; then
+  log "waiting for the images (log: $images_log)"
+  if ! wait "$images_pid"; then
+    images_pid=""
+    tail -n 60 "$images_log" >&2
+    echo "tools/setup.sh: building the runtime images failed (whole log: $images_log)" >&2
+    exit 1
+  fi
+  images_pid=""
+  grep -a '==> image' "$images_log" >&2 || true
 fi
 log "set-up done"
