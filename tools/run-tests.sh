@@ -13,8 +13,36 @@ BUILD="$ROOT/build/$PRESET"
 "$ROOT/tools/check-format.sh"
 
 export SANDBOX_MUST_WORK=1
+# Two whole-library builds that need no quiet machine run in the background, under SCHED_IDLE
+# (they get only the cycles the stages below leave idle: a TCG guest with one vCPU leaves a
+# core idle for minutes): the ThreadSanitizer stage's tests, and the test "consumer:
+# FetchContent" itself (its command, from ctest), whose first run builds the library from
+# source. The consumer tests then run after the conformance suite, incremental (seconds).
+# A failure here fails the run (its log is shown then).
+BG_LOG="$BUILD/background-builds.log"
+export ROOT PRESET
+setsid chrt --idle 0 bash -c '
+  set -euo pipefail
+  echo "==> ThreadSanitizer build (preset tsan, target sandbox_tsan_tests)"
+  cmake --preset tsan -S "$ROOT" >/dev/null
+  cmake --build --preset tsan --target sandbox_tsan_tests
+  echo "==> consumer: FetchContent, ahead of its ctest run"
+  ctest --preset "$PRESET" -R "^consumer: FetchContent\$" --show-only=json-v1 |
+    /usr/bin/python3 -c "import json, subprocess, sys
+t = json.load(sys.stdin)[\"tests\"][0]
+cwd = next((p[\"value\"] for p in t[\"properties\"] if p[\"name\"] == \"WORKING_DIRECTORY\"), None)
+sys.exit(subprocess.call(t[\"command\"], cwd=cwd))"
+' >"$BG_LOG" 2>&1 &
+bg_pid=$!
+UNPRIV_TMP=""
+cleanup() {
+  [ -z "$bg_pid" ] || kill -- -"$bg_pid" 2>/dev/null || true
+  [ -z "$UNPRIV_TMP" ] || rm -rf "$UNPRIV_TMP"
+}
+trap cleanup EXIT
+
 echo "==> ctest (as root)" >&2
-ctest --preset "$PRESET" --output-on-failure -LE conformance
+ctest --preset "$PRESET" --output-on-failure -LE 'conformance|consumer'
 # The process backend's integration tests once more, in a QEMU microvm guest whose only
 # cgroup hierarchy is cgroup2 (this host is v1-hybrid; production hosts are pure v2), as root
 # with CI=true: the library's v2 cgroup path runs on every submission (docs/operations.md,
@@ -49,17 +77,26 @@ done
 # never reproduced) cannot hide every other result, while its diagnostics stay in the log.
 ctest --preset "$PRESET" --output-on-failure -L conformance --repeat until-pass:2
 
+echo "==> waiting for the background builds (log: $BG_LOG)" >&2
+if ! wait "$bg_pid"; then
+  bg_pid=""
+  tail -n 80 "$BG_LOG" >&2
+  echo "tools/run-tests.sh: a background build failed (whole log: $BG_LOG)" >&2
+  exit 1
+fi
+bg_pid=""
+echo "==> consumer tests (find_package; FetchContent, built above)" >&2
+ctest --preset "$PRESET" --output-on-failure -L consumer
+
 echo "==> scheduler and runtime under ThreadSanitizer (preset tsan)" >&2
-cmake --preset tsan -S "$ROOT" >/dev/null
-# (sandbox_tsan_tests: the unit test files with cases of these tags; tests/CMakeLists.txt)
-cmake --build --preset tsan --target sandbox_tsan_tests
+# (sandbox_tsan_tests: the unit test files with cases of these tags; tests/CMakeLists.txt;
+# built in the background above)
 TSAN_OPTIONS="halt_on_error=1 die_after_fork=0" \
   "$ROOT/build/tsan/tests/sandbox_tsan_tests" "[scheduler],[runtime],[fake],[gc]"
 
 echo "==> integration tests as an unprivileged user" >&2
 UNPRIV_TMP=$(mktemp -d /tmp/sandbox-unpriv-XXXXXX)
 chmod 0777 "$UNPRIV_TMP"
-trap 'rm -rf "$UNPRIV_TMP"' EXIT
 # (The CPython comparison, [cpython], ran as root above: its outside run is a chroot.)
 "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/sandbox_process_tests" "~[cpython]"
 "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/sandbox_conformance" "[core]"
