@@ -164,6 +164,14 @@ print(json.dumps({'seen': seen, 'when': when, 'opened': opened,
   auto ra = a.get();
   auto rb = b.get();
   ::close(host_master);
+  // What each run did, for a failure below (hold and deadline in ms; usage from the cgroup).
+  INFO("hold " << hold.count() << ", deadline " << timeout.count()
+               << "\nA: " << sandbox::to_string(ra.code) << " " << ra.message << ", "
+               << "setup " << ra.usage.setup.count() << " ms, wall " << ra.usage.wall.count()
+               << " ms, cpu " << ra.usage.cpu.count() << " ms, stdout: " << ra.std_out.summary
+               << ", stderr: " << ra.std_err.summary << "\nB: " << sandbox::to_string(rb.code)
+               << " " << rb.message << ", wall " << rb.usage.wall.count()
+               << " ms, stdout: " << rb.std_out.summary << ", stderr: " << rb.std_err.summary);
   REQUIRE(ra.code == code::ok);
   REQUIRE(rb.code == code::ok);
   auto ja = json::parse(itest::blob(ra.std_out.blob));
