@@ -3,7 +3,8 @@
 #
 #   cmake -DMODE=find_package|fetch_content -DSOURCE_DIR=<checkout> -DWORK_DIR=<dir>
 #         [-DBUILT_TREE=<build dir> [-DBUILT_TREE_TYPE=<its build type>]]
-#         [-DBUILD_TYPE=Release] [-DJOBS=2] [-DGENERATOR=...] [-DCXX_COMPILER=...]
+#         [-DBUILD_TYPE=Release [-DBUILD_TYPE_FLAGS=<that type's C/C++ flags>]] [-DJOBS=2]
+#         [-DGENERATOR=...] [-DCXX_COMPILER=...]
 #         [-DC_COMPILER=...] -P run_consumer_test.cmake
 #
 # find_package: with BUILT_TREE (a build tree of SOURCE_DIR with install rules), brings the
@@ -38,6 +39,11 @@ set(common_args -DCMAKE_BUILD_TYPE=${BUILD_TYPE}
                 # Only what we pass may be found: no user or system package registry.
                 -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
                 -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF)
+if(BUILD_TYPE_FLAGS)
+  string(TOUPPER "${BUILD_TYPE}" type_upper)
+  list(APPEND common_args "-DCMAKE_CXX_FLAGS_${type_upper}=${BUILD_TYPE_FLAGS}"
+       "-DCMAKE_C_FLAGS_${type_upper}=${BUILD_TYPE_FLAGS}")
+endif()
 if(GENERATOR)
   list(APPEND common_args -G "${GENERATOR}")
 endif()
