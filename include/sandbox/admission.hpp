@@ -130,6 +130,14 @@ std::variant<admitted, rejection> admit_pending_approval(const run_request& requ
                                                          const host_catalog& catalog,
                                                          std::chrono::system_clock::time_point now);
 
+/// The weakest isolation level a run of `request` under `ticket` may use here, as step 5 of
+/// `admit` decides it: the ticket's level; for a tool run, its registry entry's in `catalog`
+/// when that is stronger (a tool `catalog` does not hold: the ticket's); at least
+/// `container` for a network request or a tool whose entry has its own egress. Never fails:
+/// whether a backend serves that level is `admit`'s question.
+isolation required_level(const run_request& request, const ticket& ticket,
+                         const host_catalog& catalog);
+
 /// The result to return for a rejected request: `code` and `message` from `r`, everything
 /// else empty; `run_id` as given.
 run_result rejected_result(const rejection& r, std::string run_id = {});

@@ -87,6 +87,14 @@ struct runtime_options {
   std::map<std::string, std::string> fixed_digests;
   /// Register the process backend (after its self-test). Off for fake-only runtimes.
   bool process_backend = true;
+  /// Self-test each enabled level only when a run or session first needs it, instead of
+  /// every one in `create`: before admission, the runtime tries the enabled levels not yet
+  /// tried from the weakest the request may use (`required_level`) upward, and stops at the
+  /// first that registers — the level `create` would have chosen too. `backends()` then lists
+  /// only the levels tried so far. For one-shot processes (`sandboxctl run`, which would
+  /// otherwise boot a VM for a process-level run when microvm is enabled): the run that
+  /// triggers a self-test waits for it on the runtime's executor. Default false.
+  bool levels_on_demand = false;
   /// The process level's cgroups, uid range, sandbox-init and warm pools; the other
   /// built-in levels use its cgroup parent and root and its uid range too
   /// (sandbox/backend_options.hpp).
@@ -255,7 +263,9 @@ class runtime {
   /// Status of every backend this runtime tried to register, with reasons, weakest level
   /// first, then those given to `add_backend` (each replacing the status of its level): one
   /// per level the options enable (`process_backend`, `container.enabled`,
-  /// `gvisor.enabled`, `microvm.enabled`); a level they leave off has none. A level whose
+  /// `gvisor.enabled`, `microvm.enabled`); a level they leave off has none, and with
+  /// `levels_on_demand` neither has one no run or session has needed yet (in the order they
+  /// were tried). A level whose
   /// backend was not built into this library is refused with "not built into this library
   /// (SANDBOX_BACKEND_<LEVEL>=OFF)". Thread-safe.
   std::vector<backend_status> backends() const;

@@ -176,10 +176,13 @@ int print_result(const sandbox::run_result& r, bool json, const sandbox::blob_st
 // and the exit status is 128 + the signal.
 int run_with_signals(sandbox::runtime_options opts, sandbox::run_request req,
                      const sandbox::ticket& ticket, sandbox::run_result* out) {
-  // One run: a configuration's warm pools would only be prepared to be thrown away.
+  // One run: a configuration's warm pools would only be prepared to be thrown away, and a
+  // level this run cannot use need not prove itself (no VM boots for a process-level run).
   opts.process.warm_pool.clear();
   opts.container.warm_pool.clear();
   opts.gvisor.warm_pool.clear();
+  opts.microvm.warm_pool.clear();
+  opts.levels_on_demand = true;
   boost::asio::io_context io;
   auto rt = sandbox::runtime::create(io.get_executor(), std::move(opts));
   if (!rt) {

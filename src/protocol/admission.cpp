@@ -230,14 +230,7 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
   // 5. A backend at the ticket's level or stronger (network: container or stronger, the
   //    process level never gets the host's network; a tool: its entry's level or stronger),
   //    and the runtime's image.
-  isolation need = ticket.isolation();
-  if (tool != nullptr && !is_at_least(need, tool->entry.isolation)) need = tool->entry.isolation;
-  // A tool whose entry has its own egress is a network run too (the host's decision, not
-  // the ticket's: no code.network needed), so it gets the same floor.
-  const bool tool_network = tool != nullptr && !tool->entry.egress.empty();
-  if ((request.network || tool_network) && !is_at_least(need, isolation::container)) {
-    need = isolation::container;
-  }
+  const isolation need = required_level(request, ticket, catalog);
   std::optional<isolation> level;
   for (isolation have : catalog.levels) {
     if (is_at_least(have, need) && (!level || !is_at_least(have, *level))) level = have;
@@ -296,7 +289,9 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
     // The entry's variables are the host's: they win over a request's of the same name.
     for (const auto& [k, v] : tool->entry.env) a.request.env[k] = v;
     // Its egress (canonical: the runtime registered it so) is what the run's proxy allows.
-    if (tool_network) {
+    // A tool whose entry has its own egress is a network run (the host's decision, not the
+    // ticket's: no code.network needed; `required_level` gave it the container floor).
+    if (!tool->entry.egress.empty()) {
       a.request.network = true;
       a.request.egress = tool->entry.egress;
     }
@@ -345,6 +340,24 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
 }
 
 }  // namespace
+
+isolation required_level(const run_request& request, const ticket& ticket,
+                         const host_catalog& catalog) {
+  isolation need = ticket.isolation();
+  const host_catalog::tool* tool = nullptr;
+  if (!request.tool.empty()) {
+    const auto t = catalog.tools.find(request.tool);
+    if (t != catalog.tools.end()) tool = &t->second;
+  }
+  if (tool != nullptr && !is_at_least(need, tool->entry.isolation)) need = tool->entry.isolation;
+  // A tool whose entry has its own egress is a network run too (the host's decision, not
+  // the ticket's: no code.network needed), so it gets the same floor.
+  const bool tool_network = tool != nullptr && !tool->entry.egress.empty();
+  if ((request.network || tool_network) && !is_at_least(need, isolation::container)) {
+    need = isolation::container;
+  }
+  return need;
+}
 
 std::variant<admitted, rejection> admit(const run_request& request, const ticket& ticket,
                                         const policy& policy, const host_catalog& catalog,

@@ -534,15 +534,60 @@ run_machine_context runtime_impl::backend_context(const runtime_options& o) {
 }
 
 void runtime_impl::register_levels(const runtime_options& o) {
-  const level_options lo = level_options_of(o, backend_context(o));
+  level_options lo = level_options_of(o, backend_context(o));
+  if (o.levels_on_demand) {
+    std::lock_guard g(demand_mu_);
+    for (const builtin_level& l : builtin_levels()) {
+      if (l.enabled(lo)) untried_levels_.push_back(&l);  // weakest first, as the table
+    }
+    demand_options_ = std::move(lo);
+    return;
+  }
   for (const builtin_level& l : builtin_levels()) {
     if (!l.enabled(lo)) continue;  // a level the host did not ask for has no status
-    level_attempt a = try_level(l, lo);
-    if (a.made) {
-      std::lock_guard lk(mu_);
-      backends_[l.isolation] = std::move(a.made);
+    register_level(l, lo);
+  }
+}
+
+void runtime_impl::register_level(const builtin_level& l, const level_options& lo) {
+  level_attempt a = try_level(l, lo);
+  if (a.made) {
+    std::unique_lock lk(mu_);
+    if (shutting_down_) {
+      lk.unlock();
+      a.made->shutdown();  // made while the runtime was shutting down: never serves a run
+      return;
     }
-    record_status(std::move(a.status));
+    backends_[l.isolation] = std::move(a.made);
+  }
+  record_status(std::move(a.status));
+}
+
+void runtime_impl::ensure_level(sandbox::isolation need) noexcept {
+  try {
+    std::lock_guard g(demand_mu_);
+    while (!untried_levels_.empty()) {
+      // The weakest untried level at or above `need` (the list is weakest first) is worth
+      // trying only when it is weaker than every registered level at or above `need` (one
+      // that `add_backend` already serves is never tried: it would replace that backend).
+      auto it =
+          std::find_if(untried_levels_.begin(), untried_levels_.end(),
+                       [need](const builtin_level* l) { return is_at_least(l->isolation, need); });
+      if (it == untried_levels_.end()) return;
+      const auto have = backend_at_least(need);
+      if (have && is_at_least((*it)->isolation, have->isolation())) return;
+      const builtin_level* l = *it;
+      untried_levels_.erase(it);
+      {
+        std::lock_guard lk(mu_);
+        if (shutting_down_) return;
+      }
+      register_level(*l, *demand_options_);
+    }
+  } catch (const std::exception& e) {
+    log(log_level::error, std::string("registering a level on demand: ") + e.what());
+  } catch (...) {
+    log(log_level::error, "registering a level on demand: unknown exception");
   }
 }
 
@@ -888,6 +933,7 @@ void run_op::start_impl() {
   //    once everything else admits.
   const auto now = std::chrono::system_clock::now();
   const bool ask = request_.network && !ticket_.allows(action::code_network) && rt_->approver();
+  rt_->ensure_level(required_level(request_, ticket_, rt_->catalog()));
   auto verdict = ask ? admit_pending_approval(request_, ticket_, rt_->policy(), rt_->catalog(), now)
                      : admit(request_, ticket_, rt_->policy(), rt_->catalog(), now);
   if (auto* rej = std::get_if<rejection>(&verdict)) {
@@ -1206,6 +1252,7 @@ void run_op::on_approval_impl(error_code ec, approval_decision d) {
     ticket_ = *d.derived;
     request_.egress = d.derived->egress();
   }
+  rt_->ensure_level(required_level(request_, ticket_, rt_->catalog()));
   auto verdict = admit(request_, ticket_, rt_->policy(), rt_->catalog(), now);
   if (auto* rej = std::get_if<rejection>(&verdict)) {
     finish({}, rejected_result(*rej, run_id_), false);

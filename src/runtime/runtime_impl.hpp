@@ -33,6 +33,7 @@
 #include <variant>
 #include <vector>
 
+#include "backends/levels.hpp"
 #include "runtime/scheduler.hpp"
 #include "sandbox/runtime.hpp"
 
@@ -94,6 +95,12 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   std::shared_ptr<backend> backend_at(sandbox::isolation level) const;
   /// The backend of the weakest registered level at or above `need`; null when none.
   std::shared_ptr<backend> backend_at_least(sandbox::isolation need) const;
+  /// With `runtime_options::levels_on_demand`: tries the enabled levels not yet tried from
+  /// `need` upward, weakest first, until one at or above `need` is registered and no untried
+  /// level is weaker than it (the level an eager runtime would pick). Blocks for the
+  /// self-tests; one caller at a time. A no-op when every enabled level was tried, or
+  /// without the option. Never throws.
+  void ensure_level(sandbox::isolation need) noexcept;
   /// Every registered backend, weakest level first.
   std::vector<std::shared_ptr<backend>> registered() const;
   const runtime_spec* spec(std::string_view name) const noexcept;
@@ -138,6 +145,9 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   /// (backends/levels.hpp): each after its self-test passed, or its refusal recorded and
   /// logged. Levels `o` leaves off get no status.
   void register_levels(const runtime_options& o);
+  /// Tries one level (`try_level`) and registers its backend or records its refusal; a
+  /// backend made after `shutdown` began is shut down instead.
+  void register_level(const builtin_level& l, const level_options& lo);
   /// Logs a refusal and adds `st` to the statuses; refreshes the catalog's levels.
   void record_status(backend_status st);
   void refresh_levels_locked();
@@ -161,6 +171,12 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   std::shared_ptr<const sandbox::receipt_signer> receipt_signer_;
   session_options sessions_;
   log_sink log_;
+
+  // Levels enabled but not yet tried (`levels_on_demand`), weakest first, and the options
+  // to try them with; guarded by demand_mu_, which ensure_level holds while it tries one.
+  std::mutex demand_mu_;
+  std::vector<const builtin_level*> untried_levels_;
+  std::optional<level_options> demand_options_;
 
   mutable std::mutex mu_;  // guards everything below
   std::map<sandbox::isolation, std::shared_ptr<backend>> backends_;

@@ -237,6 +237,7 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
   isolation need = is_at_least(entry->isolation, t.isolation()) ? entry->isolation : t.isolation();
   if (!entry->egress.empty() && !is_at_least(need, isolation::container))
     need = isolation::container;
+  impl->ensure_level(need);
   std::shared_ptr<backend> chosen = impl->backend_at_least(need);
   if (!chosen) {
     return refuse(std::move(handler), ex, code::runtime_unavailable,

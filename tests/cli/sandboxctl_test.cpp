@@ -507,6 +507,41 @@ TEST_CASE("run: a configuration with warm pools still exits after its one run", 
   CHECK(o.out == "hi\n");
 }
 
+TEST_CASE("run: only the levels the run can use are self-tested", "[backend]") {
+  // Container and gvisor enabled, with binaries that do not exist: a self-test of either
+  // refuses it and logs why. A process-level run never tries them (nor would it boot a VM
+  // with microvm enabled); a container-level one tries both, weakest first, and says why
+  // neither can serve it.
+  const auto flags = clitest::backend_store_flags();
+  auto config = clitest::write_scratch(
+      "levels-on-demand.json",
+      R"({"v":1,"backends":{"container":{"runtime":"crun","path":"/nonexistent/crun"},)"
+      R"("gvisor":{"runtime":"runsc","path":"/nonexistent/runsc"}}})");
+  auto script = clitest::write_scratch("on-demand.py", "print('process')\n");
+  // --verbose: the host's log lines (each level's registration or refusal) on stderr.
+  auto o =
+      sandboxctl(with({"run", "--verbose", "--config", config.string(), script.string()}, flags));
+  INFO("stderr: " << o.err);
+  CHECK(o.status == 0);
+  CHECK(o.out == "process\n");
+  CHECK(contains(o.err, "process backend ready"));
+  CHECK_FALSE(contains(o.err, "not registered"));
+  auto ticket = clitest::write_scratch(
+      "container-ticket.json",
+      R"({"v":1,"id":"c","tenant":"default","actions":["code.execute"],"isolation":"container",)"
+      R"("max_timeout_ms":8000,"max_memory_bytes":536870912})");
+  o = sandboxctl(with({"run", "--verbose", "--config", config.string(), "--ticket", ticket.string(),
+                       script.string()},
+                      flags));
+  INFO("stderr (container ticket): " << o.err);
+  CHECK(o.status == 1);
+  CHECK(o.out.empty());
+  CHECK(contains(o.err, "container backend not registered"));
+  CHECK(contains(o.err, "gvisor backend not registered"));
+  CHECK(contains(o.err, "runtime_unavailable"));
+  CHECK(o.err.find("container backend not registered") < o.err.find("gvisor backend"));
+}
+
 TEST_CASE("run: the result JSON of real runs", "[backend]") {
   const auto flags = clitest::backend_store_flags();
   SECTION("a non-zero exit is still code ok, and exit status 0") {

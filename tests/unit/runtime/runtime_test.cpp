@@ -228,6 +228,110 @@ TEST_CASE("every enabled level gets a status, refused with its reason", "[runtim
   std::filesystem::remove_all(o.state_dir, ec);
 }
 
+// `levels_on_demand` (sandboxctl run): no level is tried at creation; a run tries the enabled
+// levels from the one it needs upward and stops where an eager runtime's choice would be.
+TEST_CASE("levels on demand: only the levels a run needs are tried, weakest first", "[runtime]") {
+  auto o = fake_options();
+  o.state_dir =
+      std::filesystem::temp_directory_path() / ("rt-test-demand-" + std::to_string(::getpid()));
+  o.container.enabled = true;
+  o.container.runtime = "runc";
+  o.container.path = "/nonexistent/runc";
+  o.gvisor.enabled = true;
+  o.gvisor.runtime = "docker";
+  o.levels_on_demand = true;
+  const bool oci_built = sandbox::detail::builtin_levels()[1].built;
+  auto levels_of = [](const std::vector<sandbox::backend_status>& st) {
+    std::vector<sandbox::isolation> out;
+    for (const auto& s : st) out.push_back(s.isolation);
+    return out;
+  };
+  using sandbox::isolation;
+
+  SECTION("a process-level run never tries the stronger levels") {
+    auto rt = sandbox::runtime::create(o);
+    REQUIRE(rt.has_value());
+    CHECK(rt->backends().empty());  // nothing tried at creation
+    auto fake = std::make_shared<fake_backend>(isolation::process);
+    rt->add_backend(fake);
+    auto r = rt->run(py("print(1)"), make_ticket());
+    CHECK(r.code == code::ok);
+    CHECK(levels_of(rt->backends()) == std::vector{isolation::process});
+    // A container-level run tries container, then gvisor (both refused), once each.
+    r = rt->run(py("print(1)"), make_ticket("acme", isolation::container));
+    CHECK(r.code == code::runtime_unavailable);
+    const auto st = rt->backends();
+    REQUIRE(levels_of(st) ==
+            std::vector{isolation::process, isolation::container, isolation::gvisor});
+    CHECK_FALSE(st[1].registered);
+    CHECK_FALSE(st[2].registered);
+    if (oci_built) CHECK(st[1].reason.starts_with("runc not found at /nonexistent/runc"));
+    r = rt->run(py("print(1)"), make_ticket("acme", isolation::gvisor));
+    CHECK(r.code == code::runtime_unavailable);
+    CHECK(rt->backends().size() == 3);  // never tried again
+    CHECK(fake->requests().size() == 1);
+  }
+  SECTION("an untried level weaker than the registered one is tried first") {
+    auto rt = sandbox::runtime::create(o);
+    REQUIRE(rt.has_value());
+    auto fake = std::make_shared<fake_backend>(isolation::gvisor);
+    rt->add_backend(fake);
+    // Needs container: container is tried (refused), so gvisor serves, as it would have for
+    // a runtime that tried every level at creation.
+    auto r = rt->run(py("print(1)"), make_ticket("acme", isolation::container));
+    CHECK(r.code == code::ok);
+    CHECK(levels_of(rt->backends()) == std::vector{isolation::gvisor, isolation::container});
+    CHECK(fake->requests().size() == 1);
+  }
+  SECTION("a network run needs container at least, whatever the ticket's level") {
+    auto rt = sandbox::runtime::create(o);
+    REQUIRE(rt.has_value());
+    rt->add_backend(std::make_shared<fake_backend>(isolation::process));
+    auto req = py("print(1)");
+    req.network = true;
+    req.egress = {"example.com"};
+    auto t = sandbox::ticket_issuer{}
+                 .issue({.id = "net", .tenant = "acme", .egress = {"example.com"}},
+                        sandbox::network_grant{})
+                 .value();
+    auto r = rt->run(req, t);
+    CHECK(r.code == code::runtime_unavailable);
+    CHECK(levels_of(rt->backends()) ==
+          std::vector{isolation::process, isolation::container, isolation::gvisor});
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(o.state_dir, ec);
+}
+
+TEST_CASE("required_level: the ticket's, a tool entry's when stronger, container for network",
+          "[runtime]") {
+  using sandbox::isolation;
+  sandbox::host_catalog cat;
+  sandbox::tool_entry strong;
+  strong.name = "strong";
+  strong.isolation = isolation::gvisor;
+  cat.tools.emplace("strong", sandbox::host_catalog::tool{.entry = strong});
+  sandbox::tool_entry net;
+  net.name = "net";
+  net.egress = {"example.com"};
+  cat.tools.emplace("net", sandbox::host_catalog::tool{.entry = net});
+  const auto process = make_ticket();
+  const auto microvm = make_ticket("acme", isolation::microvm);
+  CHECK(sandbox::required_level(py("1"), process, cat) == isolation::process);
+  CHECK(sandbox::required_level(py("1"), microvm, cat) == isolation::microvm);
+  sandbox::run_request tool{.tool = "strong"};
+  CHECK(sandbox::required_level(tool, process, cat) == isolation::gvisor);
+  CHECK(sandbox::required_level(tool, microvm, cat) == isolation::microvm);
+  tool.tool = "net";
+  CHECK(sandbox::required_level(tool, process, cat) == isolation::container);
+  tool.tool = "unknown";
+  CHECK(sandbox::required_level(tool, process, cat) == isolation::process);
+  auto networked = py("1");
+  networked.network = true;
+  CHECK(sandbox::required_level(networked, process, cat) == isolation::container);
+  CHECK(sandbox::required_level(networked, microvm, cat) == isolation::microvm);
+}
+
 TEST_CASE("the levels' options come from the runtime's, defaults on by default", "[runtime]") {
   auto o = sandbox::default_runtime_options();
   auto lo = sandbox::detail::level_options_of(o, {});
