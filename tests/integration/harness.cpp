@@ -162,6 +162,22 @@ std::string helper_source(const std::string& name) {
 
 int count_fds() { return static_cast<int>(list_dir("/proc/self/fd").size()); }
 
+/// This process's descriptor count once it has held still for 100 ms (at most 2 s): a
+/// runtime's own thread may still be closing what a just-finished self-test or run used (a
+/// v1 cgroup reported busy is retried 100 ms later), and a snapshot taken in that window
+/// would count a descriptor that was never a run's.
+int settled_fd_count() {
+  int last = count_fds();
+  int same = 0;
+  for (int i = 0; i < 40 && same < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const int n = count_fds();
+    same = n == last ? same + 1 : 0;
+    last = n;
+  }
+  return last;
+}
+
 host_snapshot snapshot() {
   host_snapshot s;
   const auto& st = global();
@@ -194,7 +210,7 @@ host_snapshot snapshot() {
     s.mounts.push_back(point);
   }
   std::sort(s.mounts.begin(), s.mounts.end());
-  s.fds = count_fds();
+  s.fds = settled_fd_count();
   return s;
 }
 
@@ -222,7 +238,8 @@ void check_host_unchanged(const host_snapshot& before) {
            n.fds == before.fds;
   };
   auto now = snapshot();
-  for (int i = 0; i < 100 && !same(now); ++i) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!same(now) && std::chrono::steady_clock::now() < give_up) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     now = snapshot();
   }
