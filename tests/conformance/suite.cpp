@@ -175,14 +175,25 @@ bool init_entry_allowed(const expectations& expect, const std::string& what,
 
 namespace {
 std::atomic<long long> startup_allowance_ms{0};
+std::atomic<long long> node_startup_allowance_ms{0};
 }  // namespace
 
 std::chrono::milliseconds startup_allowance() {
   return std::chrono::milliseconds(startup_allowance_ms.load());
 }
 
+std::chrono::milliseconds startup_allowance(std::string_view runtime) {
+  const auto common = startup_allowance();
+  if (runtime != "node") return common;
+  return std::max(common, std::chrono::milliseconds(node_startup_allowance_ms.load()));
+}
+
 void set_startup_allowance(std::chrono::milliseconds allowance) {
   startup_allowance_ms.store(allowance.count());
+}
+
+void set_node_startup_allowance(std::chrono::milliseconds allowance) {
+  node_startup_allowance_ms.store(allowance.count());
 }
 
 sandbox::run_request py(std::string source, std::chrono::milliseconds timeout) {
@@ -206,7 +217,7 @@ sandbox::ticket backend::ticket(const std::string& tenant) const {
       .issue({.id = "conformance",
               .tenant = tenant,
               .isolation = profile_.level,
-              .max_timeout = std::chrono::milliseconds(8000) + startup_allowance(),
+              .max_timeout = std::chrono::milliseconds(8000) + startup_allowance("node"),
               .max_memory_bytes = 1ULL << 30})
       .value();
 }
@@ -221,7 +232,7 @@ void log_result(const sandbox::run_result& r) {
 }  // namespace
 
 sandbox::run_result backend::run(sandbox::run_request req, const std::string& tenant) {
-  req.timeout += startup_allowance();
+  req.timeout += startup_allowance(req.runtime);
   auto r = rt_.run(std::move(req), ticket(tenant));
   log_result(r);
   return r;
@@ -229,7 +240,7 @@ sandbox::run_result backend::run(sandbox::run_request req, const std::string& te
 
 std::future<sandbox::run_result> backend::submit(sandbox::run_request req,
                                                  const std::string& tenant) {
-  req.timeout += startup_allowance();
+  req.timeout += startup_allowance(req.runtime);
   auto p = std::make_shared<std::promise<sandbox::run_result>>();
   auto f = p->get_future();
   rt_.async_run(

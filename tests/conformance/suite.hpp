@@ -31,6 +31,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sandbox/sandbox.hpp"
@@ -203,8 +204,15 @@ bool init_entry_allowed(const expectations& expect, const std::string& what,
 /// `backend::run` and `run_all` add it to every request's deadline and `backend::ticket` to
 /// its ceiling, so a case tests its property, never the host's speed.
 std::chrono::milliseconds startup_allowance();
+/// The allowance for requests of `runtime`: Node's own where its level measured one (microvm
+/// under TCG: five times Node's start-up, several times Python's), never less than
+/// `startup_allowance()`; `startup_allowance()` for every other runtime. `backend::run`,
+/// `submit` and `run_all` add this one; `backend::ticket`'s ceiling has the largest.
+std::chrono::milliseconds startup_allowance(std::string_view runtime);
 /// Sets `startup_allowance()` (the profile that calibrates its level).
 void set_startup_allowance(std::chrono::milliseconds allowance);
+/// Sets Node's allowance (`startup_allowance("node")`).
+void set_node_startup_allowance(std::chrono::milliseconds allowance);
 
 /// A case's deadline when it names none (plus `startup_allowance()` through the backend).
 inline constexpr std::chrono::milliseconds default_deadline{5000};
