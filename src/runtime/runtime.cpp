@@ -564,6 +564,7 @@ void runtime_impl::register_level(const builtin_level& l, const level_options& l
 }
 
 void runtime_impl::ensure_level(sandbox::isolation need) noexcept {
+  if (!demand_options_) return;  // levels were registered at creation (set in init only)
   try {
     std::lock_guard g(demand_mu_);
     while (!untried_levels_.empty()) {

@@ -172,8 +172,9 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   session_options sessions_;
   log_sink log_;
 
-  // Levels enabled but not yet tried (`levels_on_demand`), weakest first, and the options
-  // to try them with; guarded by demand_mu_, which ensure_level holds while it tries one.
+  // Levels enabled but not yet tried (`levels_on_demand`), weakest first, guarded by
+  // demand_mu_, which ensure_level holds while it tries one; and the options to try them
+  // with, set by init() only (without the option: empty, and ensure_level returns at once).
   std::mutex demand_mu_;
   std::vector<const builtin_level*> untried_levels_;
   std::optional<level_options> demand_options_;

@@ -233,10 +233,9 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
   }
 
   // 3. The level: the stronger of the entry's and the ticket's; the network (the entry's own
-  //    egress) only at container or stronger; the weakest registered backend at or above.
-  isolation need = is_at_least(entry->isolation, t.isolation()) ? entry->isolation : t.isolation();
-  if (!entry->egress.empty() && !is_at_least(need, isolation::container))
-    need = isolation::container;
+  //    egress) only at container or stronger — as for the entry's one-shot runs
+  //    (`required_level`); the weakest registered backend at or above.
+  const isolation need = required_level(run_request{.tool = entry->name}, t, catalog);
   impl->ensure_level(need);
   std::shared_ptr<backend> chosen = impl->backend_at_least(need);
   if (!chosen) {

@@ -52,6 +52,21 @@ sandbox::runtime_options fake_options(std::shared_ptr<sandbox::span_sink> spans 
   return o;
 }
 
+/// `fake_options()` with a state directory of this test process named by `tag`, and the
+/// container and gvisor levels enabled so that each self-test refuses at once: container
+/// with runc at a path that does not exist, gvisor with an OCI runtime it does not know.
+sandbox::runtime_options refused_oci_options(const std::string& tag) {
+  auto o = fake_options();
+  o.state_dir = std::filesystem::temp_directory_path() /
+                ("rt-test-" + tag + "-" + std::to_string(::getpid()));
+  o.container.enabled = true;
+  o.container.runtime = "runc";
+  o.container.path = "/nonexistent/runc";
+  o.gvisor.enabled = true;
+  o.gvisor.runtime = "docker";
+  return o;
+}
+
 sandbox::runtime create_on(const asio::any_io_executor& ex,
                            sandbox::runtime_options o = fake_options()) {
   auto rt = sandbox::runtime::create(ex, std::move(o));
@@ -186,14 +201,7 @@ TEST_CASE("the process backend's status is reported", "[runtime]") {
 // gets a status (registered, or refused with the reason), in the levels' order; a probe also
 // lists the process level when it was turned off.
 TEST_CASE("every enabled level gets a status, refused with its reason", "[runtime]") {
-  auto o = fake_options();
-  o.state_dir =
-      std::filesystem::temp_directory_path() / ("rt-test-levels-" + std::to_string(::getpid()));
-  o.container.enabled = true;
-  o.container.runtime = "runc";
-  o.container.path = "/nonexistent/runc";
-  o.gvisor.enabled = true;
-  o.gvisor.runtime = "docker";
+  auto o = refused_oci_options("levels");
   const bool oci_built = sandbox::detail::builtin_levels()[1].built;
   auto check_refusals = [&](const std::vector<sandbox::backend_status>& st) {
     REQUIRE(st.size() == 2);
@@ -231,14 +239,7 @@ TEST_CASE("every enabled level gets a status, refused with its reason", "[runtim
 // `levels_on_demand` (sandboxctl run): no level is tried at creation; a run tries the enabled
 // levels from the one it needs upward and stops where an eager runtime's choice would be.
 TEST_CASE("levels on demand: only the levels a run needs are tried, weakest first", "[runtime]") {
-  auto o = fake_options();
-  o.state_dir =
-      std::filesystem::temp_directory_path() / ("rt-test-demand-" + std::to_string(::getpid()));
-  o.container.enabled = true;
-  o.container.runtime = "runc";
-  o.container.path = "/nonexistent/runc";
-  o.gvisor.enabled = true;
-  o.gvisor.runtime = "docker";
+  auto o = refused_oci_options("demand");
   o.levels_on_demand = true;
   const bool oci_built = sandbox::detail::builtin_levels()[1].built;
   auto levels_of = [](const std::vector<sandbox::backend_status>& st) {
