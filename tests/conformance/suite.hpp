@@ -178,7 +178,8 @@ class backend {
   /// Runs several requests concurrently; results in order.
   std::vector<sandbox::run_result> run_all(std::vector<sandbox::run_request> reqs,
                                            const std::string& tenant = "conformance");
-  /// A ticket for `tenant` at this backend's level.
+  /// A ticket for `tenant` at this backend's level; ceiling 30 s plus the largest start-up
+  /// allowance (`startup_allowance("node")`).
   sandbox::ticket ticket(const std::string& tenant = "conformance") const;
   /// The content of a blob of `tenant`.
   std::string blob(const std::string& id, const std::string& tenant = "conformance");
@@ -199,8 +200,8 @@ bool init_entry_allowed(const expectations& expect, const std::string& what,
                         const std::string& result);
 
 /// What starting a program costs at the level under test beyond what a case's deadline allows
-/// for, from the calibration measured when its runtime was made (microvm under TCG: five times
-/// Python's start-up in a VM); zero where start-up is a small part of every deadline.
+/// for: five times Python's start-up measured when its runtime was made (microvm under TCG:
+/// seconds; gvisor on a loaded host: a few seconds; process: a fraction of one).
 /// `backend::run` and `run_all` add it to every request's deadline and `backend::ticket` to
 /// its ceiling, so a case tests its property, never the host's speed.
 std::chrono::milliseconds startup_allowance();
@@ -209,9 +210,10 @@ std::chrono::milliseconds startup_allowance();
 /// `startup_allowance()`; `startup_allowance()` for every other runtime. `backend::run`,
 /// `submit` and `run_all` add this one; `backend::ticket`'s ceiling has the largest.
 std::chrono::milliseconds startup_allowance(std::string_view runtime);
-/// Sets `startup_allowance()` (the profile that calibrates its level).
+/// Raises `startup_allowance()` to `allowance` (each profile calibrates its level; where one
+/// process runs several, the largest holds).
 void set_startup_allowance(std::chrono::milliseconds allowance);
-/// Sets Node's allowance (`startup_allowance("node")`).
+/// Raises Node's allowance (`startup_allowance("node")`) likewise.
 void set_node_startup_allowance(std::chrono::milliseconds allowance);
 
 /// A case's deadline when it names none (plus `startup_allowance()` through the backend).
