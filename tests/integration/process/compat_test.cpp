@@ -142,20 +142,24 @@ TEST_CASE("compat: a run's ptys are its own; a concurrent run and the host share
       std::min<std::chrono::milliseconds>(2 * allowance,
                                           ceiling - allowance - std::chrono::milliseconds(500)));
   const auto timeout = hold + itest::default_deadline();
-  auto a = submit(R"PY(
+  // B looks half-way through A's hold: start-up jitter up to half the hold still overlaps.
+  bool overlapped = false;
+  for (int attempt = 1; attempt <= 3 && !overlapped; ++attempt) {
+    auto a = submit(R"PY(
 import json, os, time
 held = [os.openpty() for _ in range(3)]
 start = time.time()
 seen = sorted(os.listdir('/dev/pts'))
 time.sleep()PY" + std::to_string(hold.count() / 1000.0) +
-                      R"PY()
+                        R"PY()
 print(json.dumps({'seen': seen, 'start': start, 'end': time.time(),
                   'dev': os.stat('/dev/pts').st_dev}))
 )PY",
-                  timeout);
-  auto b = submit(R"PY(
+                    timeout);
+    auto b = submit(R"PY(
 import errno, json, os, time
-time.sleep(0.3)
+time.sleep()PY" + std::to_string(hold.count() / 2000.0) +
+                        R"PY()
 when = time.time()
 seen = sorted(os.listdir('/dev/pts'))
 opened = {}
@@ -167,33 +171,42 @@ for n in range(4):
 print(json.dumps({'seen': seen, 'when': when, 'opened': opened,
                   'dev': os.stat('/dev/pts').st_dev}))
 )PY",
-                  timeout);
-  auto ra = a.get();
-  auto rb = b.get();
+                    timeout);
+    auto ra = a.get();
+    auto rb = b.get();
+    // What each run did, for a failure below (hold and deadline in ms; usage from the cgroup).
+    INFO("hold " << hold.count() << ", deadline " << timeout.count()
+                 << "\nA: " << sandbox::to_string(ra.code) << " " << ra.message << ", "
+                 << "setup " << ra.usage.setup.count() << " ms, wall " << ra.usage.wall.count()
+                 << " ms, cpu " << ra.usage.cpu.count() << " ms, stdout: " << ra.std_out.summary
+                 << ", stderr: " << ra.std_err.summary << "\nB: " << sandbox::to_string(rb.code)
+                 << " " << rb.message << ", wall " << rb.usage.wall.count()
+                 << " ms, stdout: " << rb.std_out.summary << ", stderr: " << rb.std_err.summary);
+    REQUIRE(ra.code == code::ok);
+    REQUIRE(rb.code == code::ok);
+    auto ja = json::parse(itest::blob(ra.std_out.blob));
+    auto jb = json::parse(itest::blob(rb.std_out.blob));
+    INFO("A: " << ja.dump() << "\nB: " << jb.dump());
+    CHECK(ja["seen"] == json::array({"0", "1", "2", "ptmx"}));
+    CHECK(jb["seen"] == json::array({"ptmx"}));
+    CHECK(jb["opened"] ==
+          json({{"0", "ENOENT"}, {"1", "ENOENT"}, {"2", "ENOENT"}, {"3", "ENOENT"}}));
+    // Three instances: A's, B's and the host's.
+    CHECK(ja["dev"] != jb["dev"]);
+    CHECK(ja["dev"] != static_cast<std::uint64_t>(host_pts.st_dev));
+    CHECK(jb["dev"] != static_cast<std::uint64_t>(host_pts.st_dev));
+    // Not vacuous: B looked while A held its ptys. Where start-up jitter (a loaded host, a TCG
+    // guest) made them miss each other, that attempt says nothing: once more, at most thrice.
+    overlapped = ja["start"].get<double>() < jb["when"].get<double>() &&
+                 jb["when"].get<double>() < ja["end"].get<double>();
+    if (!overlapped) {
+      std::fprintf(stderr, "compat pty: attempt %d: B looked at %.3f, A held from %.3f to %.3f\n",
+                   attempt, jb["when"].get<double>(), ja["start"].get<double>(),
+                   ja["end"].get<double>());
+    }
+  }
   ::close(host_master);
-  // What each run did, for a failure below (hold and deadline in ms; usage from the cgroup).
-  INFO("hold " << hold.count() << ", deadline " << timeout.count()
-               << "\nA: " << sandbox::to_string(ra.code) << " " << ra.message << ", "
-               << "setup " << ra.usage.setup.count() << " ms, wall " << ra.usage.wall.count()
-               << " ms, cpu " << ra.usage.cpu.count() << " ms, stdout: " << ra.std_out.summary
-               << ", stderr: " << ra.std_err.summary << "\nB: " << sandbox::to_string(rb.code)
-               << " " << rb.message << ", wall " << rb.usage.wall.count()
-               << " ms, stdout: " << rb.std_out.summary << ", stderr: " << rb.std_err.summary);
-  REQUIRE(ra.code == code::ok);
-  REQUIRE(rb.code == code::ok);
-  auto ja = json::parse(itest::blob(ra.std_out.blob));
-  auto jb = json::parse(itest::blob(rb.std_out.blob));
-  INFO("A: " << ja.dump() << "\nB: " << jb.dump());
-  CHECK(ja["seen"] == json::array({"0", "1", "2", "ptmx"}));
-  CHECK(jb["seen"] == json::array({"ptmx"}));
-  CHECK(jb["opened"] == json({{"0", "ENOENT"}, {"1", "ENOENT"}, {"2", "ENOENT"}, {"3", "ENOENT"}}));
-  // Three instances: A's, B's and the host's.
-  CHECK(ja["dev"] != jb["dev"]);
-  CHECK(ja["dev"] != static_cast<std::uint64_t>(host_pts.st_dev));
-  CHECK(jb["dev"] != static_cast<std::uint64_t>(host_pts.st_dev));
-  // Not vacuous: B looked while A held its ptys.
-  CHECK(ja["start"].get<double>() < jb["when"].get<double>());
-  CHECK(jb["when"].get<double>() < ja["end"].get<double>());
+  CHECK(overlapped);
 }
 
 TEST_CASE("compat: a program may lower its own priority, never raise it or touch PID 1",

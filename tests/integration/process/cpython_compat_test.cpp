@@ -5,7 +5,9 @@
 // unpacked root, as user nobody). Per module, the failed and the skipped cases must be the
 // same, except where `expected_differences` lists the module with its reason (also in
 // docs/security.md, "What runs inside as outside"); a listed module that no longer differs
-// fails too, so the list stays true. Tagged [cpython]: its own CTest entry, not part of
+// fails too, so the list stays true. A module not as expected after the first pass runs once
+// more on both sides, and that pass decides (a timing case of CPython's own can fail once on
+// a loaded host, on either side). Tagged [cpython]: its own CTest entry, not part of
 // "integration: process backend"; about 3 minutes on a 2-core host.
 #include <stdio.h>
 #include <unistd.h>
@@ -188,12 +190,8 @@ TEST_CASE("cpython: regression tests give the same verdicts inside the sandbox a
     return;
   }
 
-  json list = json::array();
-  for (const auto& m : modules) list.push_back(m);
-  const std::string source =
-      "MODULES = " + list.dump() + "\nWORKERS = 2\n" + itest::helper_source("cpython_regrtest.py");
-
-  // Inside: one run, the driver starting one regrtest per module, two at a time.
+  // One pass of the driver over `names`, inside (one run, one regrtest per module, two at a
+  // time) and then outside on the same image's files.
   sandbox::ticket_issuer issuer;
   auto ticket = issuer
                     .issue({.id = "cpython-ticket",
@@ -204,52 +202,80 @@ TEST_CASE("cpython: regression tests give the same verdicts inside the sandbox a
                             .max_memory_bytes = 4ULL << 30,
                             .profile = "cpython-tests"})
                     .value();
-  auto t0 = std::chrono::steady_clock::now();
-  auto r = rt->run({.runtime = "python3-test",
-                    .source = source,
-                    .timeout = std::chrono::milliseconds(300000),
-                    .memory_limit_bytes = 4ULL << 30},
-                   ticket);
-  const double inside_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  INFO("inside: code=" << to_string(r.code) << " message=" << r.message
-                       << "\nstderr: " << r.std_err.summary);
-  // No module reaches beyond loopback: a lookup of loopback's own names (and its reverse
-  // names, PTR localhost) is answered inside the run, never refused as egress.
-  REQUIRE(r.code == sandbox::code::ok);
-  REQUIRE(r.exit_code == 0);
-  std::set<std::string> tried;
-  for (const auto& a : r.egress_attempts) {
-    tried.insert(a.protocol + " " + a.host + " " + a.address + ":" + std::to_string(a.port));
-  }
-  std::fprintf(stderr, "cpython compat: inside %s, %zu egress attempts refused: %s\n",
-               to_string(r.code).data(), r.egress_attempts.size(), join(tried).c_str());
-  auto out_blob = rt->blobs()->get("itest", r.std_out.blob);
-  REQUIRE(out_blob.has_value());
-  const auto inside = parse(*out_blob, "inside");
-
-  // Outside: the same driver on the same image's files.
   auto digest = rt->images()->current_digest("python3-test");
   REQUIRE(digest.has_value());
   auto root = rt->images()->rootfs(*digest);
   REQUIRE(root.has_value());
-  const std::string driver = state + "/regrtest_driver.py";
-  {
-    std::ofstream f(driver);
-    f << source;
-    REQUIRE(f.good());
+  double inside_s = 0, outside_s = 0;
+  auto pass = [&](const std::vector<std::vector<std::string>>& names) {
+    json list = json::array();
+    for (const auto& m : names) list.push_back(m);
+    const std::string source = "MODULES = " + list.dump() + "\nWORKERS = 2\n" +
+                               itest::helper_source("cpython_regrtest.py");
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = rt->run({.runtime = "python3-test",
+                      .source = source,
+                      .timeout = std::chrono::milliseconds(300000),
+                      .memory_limit_bytes = 4ULL << 30},
+                     ticket);
+    inside_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO("inside: code=" << to_string(r.code) << " message=" << r.message
+                         << "\nstderr: " << r.std_err.summary);
+    // No module reaches beyond loopback: a lookup of loopback's own names (and its reverse
+    // names, PTR localhost) is answered inside the run, never refused as egress.
+    REQUIRE(r.code == sandbox::code::ok);
+    REQUIRE(r.exit_code == 0);
+    std::set<std::string> tried;
+    for (const auto& a : r.egress_attempts) {
+      tried.insert(a.protocol + " " + a.host + " " + a.address + ":" + std::to_string(a.port));
+    }
+    std::fprintf(stderr, "cpython compat: inside %s, %zu egress attempts refused: %s\n",
+                 to_string(r.code).data(), r.egress_attempts.size(), join(tried).c_str());
+    auto out_blob = rt->blobs()->get("itest", r.std_out.blob);
+    REQUIRE(out_blob.has_value());
+    auto in = parse(*out_blob, "inside");
+
+    const std::string driver = state + "/regrtest_driver.py";
+    {
+      std::ofstream f(driver, std::ios::trunc);
+      f << source;
+      REQUIRE(f.good());
+    }
+    t0 = std::chrono::steady_clock::now();
+    int status = 0;
+    const std::string outside_text =
+        capture("sh " + std::string(SANDBOX_TEST_HELPERS_DIR) + "/cpython_outside.sh '" +
+                    root->string() + "' '" + driver + "'",
+                &status);
+    outside_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO("outside exit status " << status);
+    REQUIRE(status == 0);
+    return std::make_pair(std::move(in), parse(outside_text, "outside"));
+  };
+  auto [inside, outside] = pass(modules);
+
+  // A module whose verdicts are not as expected (an unlisted one that differs, a listed one
+  // that does not) runs once more on both sides, and that pass counts: a timing case that
+  // failed once on one side of a loaded host (CI runs other tests beside this one) is not a
+  // difference between inside and outside, while a real one differs again.
+  std::vector<std::vector<std::string>> again;
+  for (const auto& m : modules) {
+    const auto i = inside.find(m[0]), o = outside.find(m[0]);
+    if (i == inside.end() || o == outside.end()) continue;  // the checks below say so
+    const bool same = i->second == o->second;
+    if (same == (expected_differences.count(m[0]) == 0)) continue;
+    std::fprintf(stderr, "cpython compat: %s %s in the first pass; once more:\n%s", m[0].c_str(),
+                 same ? "did not differ" : "differed",
+                 describe(i->second, o->second, false).c_str());
+    again.push_back(m);
   }
-  t0 = std::chrono::steady_clock::now();
-  int status = 0;
-  const std::string outside_text =
-      capture("sh " + std::string(SANDBOX_TEST_HELPERS_DIR) + "/cpython_outside.sh '" +
-                  root->string() + "' '" + driver + "'",
-              &status);
-  const double outside_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  INFO("outside exit status " << status);
-  REQUIRE(status == 0);
-  const auto outside = parse(outside_text, "outside");
+  if (!again.empty()) {
+    auto [in2, out2] = pass(again);
+    for (const auto& m : again) {
+      if (in2.count(m[0])) inside[m[0]] = in2[m[0]];
+      if (out2.count(m[0])) outside[m[0]] = out2[m[0]];
+    }
+  }
 
   // Per module: the same verdict, or a listed difference that still differs.
   std::string table;

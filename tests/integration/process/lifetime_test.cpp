@@ -33,10 +33,12 @@ if os.fork() == 0:
         sys.stdout.write('.'); sys.stdout.flush(); time.sleep(0.01)
 print('main exits', flush=True)
 )PY",
-                      {.timeout = 5000ms});
+                      {.timeout = itest::default_deadline()});
+  // Ended by the exit grace after the main process: `ok`, where a grandchild that held the
+  // run would have run into the deadline (`timeout`; calibrated, so a loaded host's slow
+  // start-up does not decide it).
   CHECK(r.code == code::ok);
   CHECK(r.exit_code == 0);
-  CHECK(r.usage.wall < 2000ms);
   CHECK(r.std_out.summary.find("main exits") != std::string::npos);
   itest::check_host_unchanged(before);
 }
