@@ -41,8 +41,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Two tests at a time: the microvm tests (one emulated vCPU each, minutes) in a lane of their
+# own beside the rest (tests/CMakeLists.txt, "Two at a time"). CTest's own timings from an
+# earlier run reorder them; a fresh build goes by each test's COST.
+JOBS=$(nproc)
+[ "$JOBS" -le 2 ] || JOBS=2
 echo "==> ctest (as root)" >&2
-ctest --preset "$PRESET" --output-on-failure -LE 'conformance|consumer'
+ctest --preset "$PRESET" --output-on-failure --parallel "$JOBS" -LE 'conformance|consumer'
 # The process backend's integration tests once more, in a QEMU microvm guest whose only
 # cgroup hierarchy is cgroup2 (this host is v1-hybrid; production hosts are pure v2), as root
 # with CI=true: the library's v2 cgroup path runs on every submission (docs/operations.md,
@@ -75,7 +80,9 @@ done
 # suite print the host's process tree and every thread's stack and fail (its hang watchdog);
 # such a level is run once more, so one rare hang (under investigation: seen once in CI,
 # never reproduced) cannot hide every other result, while its diagnostics stay in the log.
-ctest --preset "$PRESET" --output-on-failure -L conformance --repeat until-pass:2
+# The three host levels one after another, beside the microvm tier (the two lanes, as above).
+ctest --preset "$PRESET" --output-on-failure --parallel "$JOBS" -L conformance \
+  --repeat until-pass:2
 
 echo "==> waiting for the background builds (log: $BG_LOG)" >&2
 if ! wait "$bg_pid"; then
