@@ -10,7 +10,9 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <set>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 namespace itest {
@@ -178,28 +180,85 @@ int settled_fd_count() {
   return last;
 }
 
+namespace {
+/// The state roots of this process's private runtimes (`private_runtime_options`).
+std::vector<std::filesystem::path>& own_state_roots() {
+  static std::vector<std::filesystem::path> roots;
+  return roots;
+}
+std::mutex own_state_roots_mutex;
+
+/// The backend instances of this process's runtimes: `<state>/[<sub>/]instances/<id>.lock`
+/// under each of its state roots (a runtime holds one per backend while it lives) and its
+/// `runs/<id>` directories; once seen, for good (a destroyed runtime's leftovers stay ours).
+std::set<std::string> own_instances() {
+  static std::mutex m;
+  static std::set<std::string> seen;
+  std::vector<std::filesystem::path> roots;
+  {
+    std::lock_guard<std::mutex> lock(own_state_roots_mutex);
+    roots = own_state_roots();
+  }
+  roots.push_back(global().state_dir);
+  std::lock_guard<std::mutex> lock(m);
+  auto add = [&](const std::filesystem::path& dir) {
+    for (const auto& f : list_dir(dir / "instances")) {
+      if (f.size() > 5 && f.ends_with(".lock")) seen.insert(f.substr(0, f.size() - 5));
+    }
+    for (const auto& id : list_dir(dir / "runs")) seen.insert(id);
+  };
+  for (const auto& root : roots) {
+    for (const auto& st : list_dir(root)) {
+      add(root / st);
+      for (const auto& sub : list_dir(root / st)) add(root / st / sub);
+    }
+  }
+  return seen;
+}
+}  // namespace
+
 host_snapshot snapshot() {
   host_snapshot s;
   const auto& st = global();
-  // Run cgroups (every hierarchy would do; memory is present on v1 and v2 hosts).
+  // Run cgroups are `r-<instance>-<run>`: only those of this process's runtimes are ours.
+  // Another test program beside this one (CTest runs two at a time: tests/CMakeLists.txt)
+  // has runs of its own, as any other agent on the host would.
+  const auto own = own_instances();
+  auto is_own_run = [&](std::string_view name) {  // "r-<instance>-<run>[/...]"
+    if (name.rfind("r-", 0) != 0) return false;
+    const auto dash = name.find('-', 2);
+    return dash != std::string_view::npos && own.count(std::string(name.substr(2, dash - 2))) != 0;
+  };
+  // (Every hierarchy would do; memory is present on v1 and v2 hosts.)
   for (const char* h : {"/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"}) {
     auto dir = std::filesystem::path(h) / st.cgroup_parent.substr(st.cgroup_parent.empty() ? 0 : 1);
     if (st.cgroup_parent.empty()) continue;
     for (auto& n : list_dir(dir)) {
-      if (n.rfind("r-", 0) == 0) s.cgroups.push_back(std::string(h) + "/" + n);
+      if (is_own_run(n)) s.cgroups.push_back(std::string(h) + "/" + n);
     }
   }
   auto runs = st.state_dir / "state" / "runs";
   for (auto& inst : list_dir(runs)) {
     for (auto& r : list_dir(runs / inst)) s.workdirs.push_back(inst + "/" + r);
   }
-  // Processes whose uid is in the sandbox range (root hosts) — none may outlive a run.
+  // Processes in one of our runs' cgroups, and every process of a sandbox uid (root hosts)
+  // that is in no run's cgroup at all (escaped): none may outlive a run.
   for (auto& p : list_dir("/proc")) {
     if (p.find_first_not_of("0123456789") != std::string::npos) continue;
-    struct stat sb {};
-    if (stat(("/proc/" + p).c_str(), &sb) == 0 && sb.st_uid >= 2'100'000'000u) {
-      s.sandbox_pids.push_back(std::stoi(p));
+    bool in_run_cgroup = false, ours = false;
+    std::ifstream cg("/proc/" + p + "/cgroup");
+    std::string line;
+    while (std::getline(cg, line)) {
+      const auto at = line.find("/r-");
+      if (at == std::string::npos) continue;
+      in_run_cgroup = true;
+      if (is_own_run(std::string_view(line).substr(at + 1))) ours = true;
     }
+    struct stat sb {};
+    if (!in_run_cgroup && stat(("/proc/" + p).c_str(), &sb) == 0 && sb.st_uid >= 2'100'000'000u) {
+      ours = true;
+    }
+    if (ours) s.sandbox_pids.push_back(std::stoi(p));
   }
   std::ifstream mi("/proc/self/mountinfo");
   std::string line;
@@ -207,6 +266,13 @@ host_snapshot snapshot() {
     std::istringstream f(line);
     std::string id, parent, devno, root, point;
     f >> id >> parent >> devno >> root >> point;
+    // Another test program's runs (its own state root under /tmp): not ours to compare.
+    if (point.rfind("/tmp/sandbox-", 0) == 0) {
+      bool mine = point.rfind(st.state_dir.string() + "/", 0) == 0;
+      std::lock_guard<std::mutex> lock(own_state_roots_mutex);
+      for (const auto& r : own_state_roots()) mine = mine || point.rfind(r.string() + "/", 0) == 0;
+      if (!mine) continue;
+    }
     s.mounts.push_back(point);
   }
   std::sort(s.mounts.begin(), s.mounts.end());
@@ -220,6 +286,10 @@ sandbox::runtime_options private_runtime_options(std::string* state_root) {
   const char* made = ::mkdtemp(tmpl);
   REQUIRE(made != nullptr);
   *state_root = made;
+  {
+    std::lock_guard<std::mutex> lock(own_state_roots_mutex);
+    own_state_roots().push_back(*state_root);
+  }
   opts.state_dir = *state_root + "/state";
   if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
   if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
