@@ -208,6 +208,7 @@ std::set<std::string> own_instances() {
     for (const auto& id : list_dir(dir / "runs")) seen.insert(id);
   };
   for (const auto& root : roots) {
+    add(root);
     for (const auto& st : list_dir(root)) {
       add(root / st);
       for (const auto& sub : list_dir(root / st)) add(root / st / sub);
@@ -278,6 +279,11 @@ host_snapshot snapshot() {
   std::sort(s.mounts.begin(), s.mounts.end());
   s.fds = settled_fd_count();
   return s;
+}
+
+void adopt_state_root(const std::filesystem::path& root) {
+  std::lock_guard<std::mutex> lock(own_state_roots_mutex);
+  own_state_roots().push_back(root);
 }
 
 sandbox::runtime_options private_runtime_options(std::string* state_root) {

@@ -68,6 +68,10 @@ struct host_snapshot {
   int fds = 0;
 };
 host_snapshot snapshot();
+/// Counts the runs of runtimes under `root` (a state dir, or a folder of them) as this
+/// process's own in `snapshot` (a child host process this test started). Private runtimes'
+/// roots (`private_runtime_options`) and the shared runtime's are counted already.
+void adopt_state_root(const std::filesystem::path& root);
 /// Fails the current test (Catch) when the host still differs from `before` (cgroups, work
 /// dirs, sandbox processes, mounts, our descriptors) after a bounded 2 s wait.
 void check_host_unchanged(const host_snapshot& before);

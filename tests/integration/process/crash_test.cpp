@@ -33,6 +33,7 @@ TEST_CASE("crash: a killed host's runs die, and the next start reclaims what is 
   char tmpl[] = "/tmp/sandbox-crash-XXXXXX";
   std::filesystem::path state = mkdtemp(tmpl);
   chmod(state.c_str(), 0755);
+  itest::adopt_state_root(state);  // the child host's runs count in our snapshots
   std::string env_arg = "SANDBOX_ITEST_CRASH_CHILD=" + state.string();
   std::vector<char*> envp;
   for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
