@@ -8,7 +8,7 @@
 # the stream-control cases (their scripted sandbox-init is the host's python3, not in the
 # guest) and four cases whose programs cannot meet their own deadlines on TCG's emulated CPU
 # (the two Node runs: start-up within 2 s; 2,000 forks within 8 s; a socket race that needs
-# 50 rounds within its deadline); they run on the host. So do the data runtime and the CPython
+# ten rounds within its deadline); they run on the host. So do the data runtime and the CPython
 # comparison ([data], [cpython]: their images are not on the bed's disk, and CPython's tests
 # would take an hour under TCG). Each case's time is printed as it ends (--durations), so a
 # hang names the case after the last one listed; the bed's watchdog then lists every process
