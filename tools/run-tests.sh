@@ -47,19 +47,41 @@ trap cleanup EXIT
 JOBS=$(nproc)
 [ "$JOBS" -le 2 ] || JOBS=2
 echo "==> ctest (as root)" >&2
-ctest --preset "$PRESET" --output-on-failure --parallel "$JOBS" -LE 'conformance|consumer|guestbed'
-# Then, two at a time as above: the conformance suite's core tier per level (the host levels
-# one after another, beside the microvm tier), and in the same lane as the host levels the
-# process backend's integration tests once more in a QEMU microvm guest whose only cgroup
-# hierarchy is cgroup2 (this host is v1-hybrid; production hosts are pure v2), as root and as
-# an unprivileged user owning a delegated subtree (label guestbed;
-# tests/guest_testbed/integration_pass.sh). A conformance case still running after 300 s
-# makes the suite print the host's process tree and every thread's stack and fail (its hang
-# watchdog), and the guest bed's watchdog lists every process and kernel stack in the guest;
-# a failed test runs once more, so one rare hang cannot hide every other result, while its
-# diagnostics stay in the log.
-echo "==> conformance tiers and the cgroup v2 guest passes" >&2
-ctest --preset "$PRESET" --output-on-failure --parallel "$JOBS" -L 'conformance|guestbed' \
+ctest --preset "$PRESET" --output-on-failure --parallel "$JOBS" -LE 'conformance|consumer'
+# The process backend's integration tests once more, in a QEMU microvm guest whose only
+# cgroup hierarchy is cgroup2 (this host is v1-hybrid; production hosts are pure v2), as root
+# with CI=true: the library's v2 cgroup path runs on every submission (docs/operations.md,
+# "Pure cgroup v2 test bed"). ≈1.5 min each under TCG. Left out: the crun and runsc cases (the
+# container and gvisor levels are not in the guest), the stream-control cases (their scripted
+# sandbox-init is the host's python3, not in the guest) and four cases whose programs cannot
+# meet their own deadlines on TCG's emulated CPU (the two Node runs: start-up within 2 s;
+# 2,000 forks within 8 s; a socket race that needs 50 rounds within 2 s); they run on this
+# host above. So do the data runtime and the CPython comparison ([data], [cpython]: their
+# images are not on the bed's disk, and CPython's tests would take an hour under TCG).
+# Then the same as an unprivileged user owning a delegated subtree (systemd's Delegate=yes on
+# v2: its processes in a leaf), as tools/run-unprivileged.sh does below on this host.
+# Each case's time is printed as it ends (--durations), so a hang names the case after the
+# last one listed; the bed's watchdog then lists every process and kernel stack in the guest
+# before it fails. A failed bed is run once more (as the conformance suite below): one rare
+# hang (seen once in CI, not reproduced) cannot hide the other results, and its diagnostics
+# stay in the log.
+GUEST_TESTS='~[container] ~[gvisor] ~[stream] ~[node] ~[data] ~[cpython] ~"lifetime: thousands of orphans*" ~"network: a lingering socket*"'
+for as in root user; do
+  for try in 1 2; do
+    echo "==> process backend's integration tests in a pure cgroup v2 guest (QEMU, TCG), as $as (try $try)" >&2
+    if TESTBED_AS=$as TESTBED_REQUIRE_CGROUP_PARENT=1 "$ROOT/tools/run-in-cgroup2-guest.sh" \
+      "$BUILD" --use-colour no --durations yes "$GUEST_TESTS"; then
+      break
+    fi
+    [ "$try" = 1 ] || exit 1
+  done
+done
+# The conformance suite's core tier, per level. A case still running after 300 s makes the
+# suite print the host's process tree and every thread's stack and fail (its hang watchdog);
+# such a level is run once more, so one rare hang (under investigation: seen once in CI,
+# never reproduced) cannot hide every other result, while its diagnostics stay in the log.
+# The three host levels one after another, beside the microvm tier (the two lanes, as above).
+ctest --preset "$PRESET" --output-on-failure --parallel "$JOBS" -L conformance \
   --repeat until-pass:2
 
 echo "==> waiting for the background builds (log: $BG_LOG)" >&2
