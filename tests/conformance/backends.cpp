@@ -39,10 +39,10 @@ std::unique_ptr<sandbox::runtime> create_checked(const sandbox::runtime_options&
   return std::make_unique<sandbox::runtime>(std::move(*rt));
 }
 
-// The wall time of `print('ok')` (its `usage.wall`: the interpreter's start-up, one print, its
-// exit) in a VM of `rt` at the microvm level, the slower of two runs (the first also warms the
-// host's page cache). A run that reached the policy's 8 s ceiling counts as that long (a lower
-// bound); 0 when a run failed otherwise.
+// The wall time of `source` (its `usage.wall`: the interpreter's start-up, one print, its
+// exit) in `rt` at `level` (at microvm: in a VM), the slower of two runs (the first also warms
+// the host's page cache). A run that reached the ticket's 8 s ceiling counts as that long (a
+// lower bound); 0 when a run failed otherwise.
 std::chrono::milliseconds start_up_time(sandbox::runtime& rt, sandbox::isolation level,
                                         const std::string& runtime, const std::string& source) {
   const auto t = sandbox::ticket_issuer{}
@@ -246,15 +246,25 @@ time.sleep(3600)
       std::fprintf(stderr, "agent-sandbox: %.*s\n", int(line.size()), line.data());
   };
   auto rt = create_checked(opts, level, why);
-  if (rt && level != sandbox::isolation::microvm) {
-    // The host levels start a program in milliseconds (process) to about a second (gvisor)
-    // on an idle host; on a loaded one (CI runs the microvm tier beside them) several times
-    // that. Every deadline gets five times the start-up measured now on top, as at microvm
-    // below; no allowance when the calibration run failed (the cases then say why).
-    const auto start = start_up_time(*rt, level, "python3", "print('ok')\n");
-    if (start.count() > 0) set_startup_allowance(5 * start);
-    const auto node_start = start_up_time(*rt, level, "node", "console.log('ok')\n");
-    if (node_start.count() > 0) set_node_startup_allowance(5 * node_start);
+  if (!rt) return rt;
+  // The cases' deadlines hold only if start-up takes a small part of them: milliseconds
+  // (process) to about a second (gvisor) on an idle host, several times that on a loaded one
+  // (CI runs the microvm tier beside the others), seconds for real Python under emulation
+  // (microvm, TCG). Measured on this host as it is now, every deadline of a run through the
+  // suite (and the tickets' ceiling) gets five times the start-up on top (startup_allowance).
+  // Node's start-up under TCG is several times Python's (V8 compiles under emulation): its
+  // requests get five times its own (a Node case timed out at 15.9 s with its whole report
+  // printed, on Python's allowance); never less than Python's (startup_allowance("node")).
+  // A failed calibration gives no allowance (the cases then say why), except at microvm: 40 s.
+  const auto start = start_up_time(*rt, level, "python3", "print('ok')\n");
+  const auto node_start = start_up_time(*rt, level, "node", "console.log('ok')\n");
+  if (start.count() > 0) {
+    set_startup_allowance(5 * start);
+  } else if (level == sandbox::isolation::microvm) {
+    set_startup_allowance(std::chrono::milliseconds(40000));
+  }
+  if (node_start.count() > 0) set_node_startup_allowance(5 * node_start);
+  if (level != sandbox::isolation::microvm) {
     std::fprintf(stderr,
                  "conformance: %s calibration: python start-up %lld ms, node %lld ms; start-up "
                  "allowance %lld ms (node: %lld ms)\n",
@@ -262,46 +272,35 @@ time.sleep(3600)
                  static_cast<long long>(start.count()), static_cast<long long>(node_start.count()),
                  static_cast<long long>(startup_allowance().count()),
                  static_cast<long long>(startup_allowance("node").count()));
+    return rt;
   }
-  if (rt && level == sandbox::isolation::microvm) {
-    // The cases' programs are real Python under emulation (TCG) here: their deadlines hold
-    // only if start-up takes a small part of them. Measured on this host as it is now, every
-    // deadline of a run through the suite (and the tickets' ceiling) gets five times the
-    // start-up on top (startup_allowance; 40 s when the calibration failed), and VMs at once
-    // are chosen so that that many starting together (each, at worst, that many times
-    // slower) still start within half of the default deadline so extended; printed.
-    const auto start = start_up_time(*rt, level, "python3", "print('ok')\n");
-    set_startup_allowance(start.count() <= 0 ? std::chrono::milliseconds(40000) : 5 * start);
-    // Node's start-up under TCG is several times Python's (V8 compiles under emulation): its
-    // requests get five times its own (a Node case timed out at 15.9 s with its whole report
-    // printed, on Python's allowance); never less than Python's.
-    const auto node_start = start_up_time(*rt, level, "node", "console.log('ok')\n");
-    set_node_startup_allowance(std::max(startup_allowance(), 5 * node_start));
-    const std::uint32_t before = opts.scheduler.max_running;
-    const std::uint32_t fit =
-        start.count() <= 0
-            ? 1
-            : std::clamp<std::uint32_t>(
-                  static_cast<std::uint32_t>(((default_deadline + startup_allowance()).count()) /
-                                             2 / start.count()),
-                  1, before);
-    std::fprintf(stderr,
-                 "conformance: microvm calibration: python start-up in a VM %lld ms (%s); "
-                 "start-up allowance %lld ms (node: %lld ms, its start-up %lld ms); VMs at "
-                 "once: %u (of %u)\n",
-                 static_cast<long long>(start.count()),
-                 start.count() <= 0      ? "the run failed"
-                 : start.count() >= 8000 ? "at least: it reached the 8 s ceiling"
-                                         : "the slower of 2 runs",
-                 static_cast<long long>(startup_allowance().count()),
-                 static_cast<long long>(startup_allowance("node").count()),
-                 static_cast<long long>(node_start.count()), fit, before);
-    if (fit < before) {
-      rt.reset();  // its VMs gone before the next runtime's self-test boots one
-      opts.scheduler.max_running = fit;
-      opts.scheduler.default_class.max_running = fit;
-      rt = create_checked(opts, level, why);
-    }
+  // At microvm, VMs at once are chosen so that that many starting together (each, at
+  // worst, that many times slower) still start within half of the default deadline so
+  // extended; printed.
+  const std::uint32_t before = opts.scheduler.max_running;
+  const std::uint32_t fit =
+      start.count() <= 0
+          ? 1
+          : std::clamp<std::uint32_t>(
+                static_cast<std::uint32_t>(((default_deadline + startup_allowance()).count()) / 2 /
+                                           start.count()),
+                1, before);
+  std::fprintf(stderr,
+               "conformance: microvm calibration: python start-up in a VM %lld ms (%s); "
+               "start-up allowance %lld ms (node: %lld ms, its start-up %lld ms); VMs at "
+               "once: %u (of %u)\n",
+               static_cast<long long>(start.count()),
+               start.count() <= 0      ? "the run failed"
+               : start.count() >= 8000 ? "at least: it reached the 8 s ceiling"
+                                       : "the slower of 2 runs",
+               static_cast<long long>(startup_allowance().count()),
+               static_cast<long long>(startup_allowance("node").count()),
+               static_cast<long long>(node_start.count()), fit, before);
+  if (fit < before) {
+    rt.reset();  // its VMs gone before the next runtime's self-test boots one
+    opts.scheduler.max_running = fit;
+    opts.scheduler.default_class.max_running = fit;
+    rt = create_checked(opts, level, why);
   }
   return rt;
 }

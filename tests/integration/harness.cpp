@@ -292,10 +292,7 @@ sandbox::runtime_options private_runtime_options(std::string* state_root) {
   const char* made = ::mkdtemp(tmpl);
   REQUIRE(made != nullptr);
   *state_root = made;
-  {
-    std::lock_guard<std::mutex> lock(own_state_roots_mutex);
-    own_state_roots().push_back(*state_root);
-  }
+  adopt_state_root(*state_root);
   opts.state_dir = *state_root + "/state";
   if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
   if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
