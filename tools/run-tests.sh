@@ -8,6 +8,9 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PRESET=${SANDBOX_PRESET:-dev}
 BUILD="$ROOT/build/$PRESET"
+# Each stage's header says when it starts (seconds since this script started), so a log,
+# CI's included, shows where the time went.
+stage() { echo "==> $* (at ${SECONDS} s)" >&2; }
 "$ROOT/tools/setup.sh"
 # Formatting first: a tree that is not clang-formatted fails at once (STYLE.md, "Tooling").
 "$ROOT/tools/check-format.sh"
@@ -18,10 +21,14 @@ export SANDBOX_MUST_WORK=1
 # core idle for minutes): the ThreadSanitizer stage's tests, and the test "consumer:
 # FetchContent" itself (its command, from ctest), whose first run builds the library from
 # source. The consumer tests then run after the conformance suite, incremental (seconds).
-# A failure here fails the run (its log is shown then).
+# A failure here fails the run (its log is shown then). Its exit status goes to BG_STATUS
+# (the stage that needs the builds runs in a subshell, which cannot `wait` for them).
 BG_LOG="$BUILD/background-builds.log"
-export ROOT PRESET
+BG_STATUS="$BUILD/background-builds.status"
+rm -f "$BG_STATUS"
+export ROOT PRESET BG_STATUS
 setsid chrt --idle 0 bash -c '
+  trap "echo \$? >\"\$BG_STATUS\"" EXIT
   set -euo pipefail
   echo "==> ThreadSanitizer build (preset tsan, target sandbox_tsan_tests)"
   cmake --preset tsan -S "$ROOT" >/dev/null
@@ -46,7 +53,7 @@ trap cleanup EXIT
 # earlier run reorder them; a fresh build goes by each test's COST.
 JOBS=$(nproc)
 [ "$JOBS" -le 2 ] || JOBS=2
-echo "==> ctest (as root)" >&2
+stage "ctest (as root)"
 ctest --preset "$PRESET" --output-on-failure --parallel "$JOBS" -LE 'conformance|consumer'
 # The process backend's integration tests once more, in a QEMU microvm guest whose only
 # cgroup hierarchy is cgroup2 (this host is v1-hybrid; production hosts are pure v2), as root
@@ -68,7 +75,7 @@ ctest --preset "$PRESET" --output-on-failure --parallel "$JOBS" -LE 'conformance
 GUEST_TESTS='~[container] ~[gvisor] ~[stream] ~[node] ~[data] ~[cpython] ~"lifetime: thousands of orphans*" ~"network: a lingering socket*"'
 for as in root user; do
   for try in 1 2; do
-    echo "==> process backend's integration tests in a pure cgroup v2 guest (QEMU, TCG), as $as (try $try)" >&2
+    stage "process backend's integration tests in a pure cgroup v2 guest (QEMU, TCG), as $as (try $try)"
     if TESTBED_AS=$as TESTBED_REQUIRE_CGROUP_PARENT=1 "$ROOT/tools/run-in-cgroup2-guest.sh" \
       "$BUILD" --use-colour no --durations yes "$GUEST_TESTS"; then
       break
@@ -76,39 +83,63 @@ for as in root user; do
     [ "$try" = 1 ] || exit 1
   done
 done
-# The conformance suite's core tier, per level. A case still running after 300 s makes the
-# suite print the host's process tree and every thread's stack and fail (its hang watchdog);
-# such a level is run once more, so one rare hang (under investigation: seen once in CI,
-# never reproduced) cannot hide every other result, while its diagnostics stay in the log.
-# The three host levels one after another, beside the microvm tier (the two lanes, as above).
-ctest --preset "$PRESET" --output-on-failure --parallel "$JOBS" -L conformance \
-  --repeat until-pass:2
-
-echo "==> waiting for the background builds (log: $BG_LOG)" >&2
-if ! wait "$bg_pid"; then
-  bg_pid=""
-  tail -n 80 "$BG_LOG" >&2
-  echo "tools/run-tests.sh: a background build failed (whole log: $BG_LOG)" >&2
-  exit 1
-fi
-bg_pid=""
-echo "==> consumer tests (find_package; FetchContent, built above)" >&2
-ctest --preset "$PRESET" --output-on-failure -L consumer
-
-echo "==> scheduler and runtime under ThreadSanitizer (preset tsan)" >&2
-# (sandbox_tsan_tests: the unit test files with cases of these tags; tests/CMakeLists.txt;
-# built in the background above)
-TSAN_OPTIONS="halt_on_error=1 die_after_fork=0" \
-  "$ROOT/build/tsan/tests/sandbox_tsan_tests" "[scheduler],[runtime],[fake],[gc]"
-
-echo "==> integration tests as an unprivileged user" >&2
+# The conformance suite's core tier per level, with the rest of the run beside it. A case
+# still running after 300 s makes the suite print the host's process tree and every thread's
+# stack and fail (its hang watchdog); such a level is run once more, so one rare hang (under
+# investigation: seen once in CI, never reproduced) cannot hide every other result, while its
+# diagnostics stay in the log. Two lanes, as in the root stage: the microvm tier (one emulated
+# core for about 12 minutes) alone in lane [vm]; in lane [host], one after another, the three
+# host tiers, the consumer tests, the ThreadSanitizer cases and the unprivileged stage (about
+# as long together). Each lane's lines carry its tag; the run fails if either lane fails.
 UNPRIV_TMP=$(mktemp -d /tmp/sandbox-unpriv-XXXXXX)
 chmod 0777 "$UNPRIV_TMP"
-# (The CPython comparison, [cpython], ran as root above: its outside run is a chroot.)
-"$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/sandbox_process_tests" "~[cpython]"
-"$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/sandbox_conformance" "[core]"
-"$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/cli/sandbox_cli_tests" --needs-backend "[backend]"
-"$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/service/sandbox_service_tests"
-"$ROOT/tools/run-unprivileged.sh" "$BUILD/bin/freight_quote" --blob-dir "$UNPRIV_TMP/blobs" \
-  --state-dir "$UNPRIV_TMP/state"
-echo "==> all tests passed" >&2
+prefix() { sed -u "s/^/[$1] /"; }
+stage "conformance: the microvm tier in lane [vm]; the host tiers and the rest in lane [host]"
+(
+  set -o pipefail
+  ctest --preset "$PRESET" --output-on-failure -L conformance -R microvm --repeat until-pass:2 \
+    2>&1 | prefix vm
+) &
+vm_lane=$!
+(
+  set -o pipefail
+  (
+    set -e
+    ctest --preset "$PRESET" --output-on-failure -L conformance -E microvm --repeat until-pass:2
+
+    stage "waiting for the background builds (log: $BG_LOG)"
+    while [ ! -s "$BG_STATUS" ] && kill -0 "$bg_pid" 2>/dev/null; do sleep 2; done
+    if [ "$(cat "$BG_STATUS" 2>/dev/null)" != 0 ]; then
+      tail -n 80 "$BG_LOG"
+      echo "tools/run-tests.sh: a background build failed (whole log: $BG_LOG)"
+      exit 1
+    fi
+    stage "consumer tests (find_package; FetchContent, built above)"
+    ctest --preset "$PRESET" --output-on-failure -L consumer
+
+    stage "scheduler and runtime under ThreadSanitizer (preset tsan)"
+    # (sandbox_tsan_tests: the unit test files with cases of these tags; tests/CMakeLists.txt;
+    # built in the background above)
+    TSAN_OPTIONS="halt_on_error=1 die_after_fork=0" \
+      "$ROOT/build/tsan/tests/sandbox_tsan_tests" "[scheduler],[runtime],[fake],[gc]"
+
+    stage "integration tests as an unprivileged user"
+    # (The CPython comparison, [cpython], ran as root above: its outside run is a chroot.)
+    "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/sandbox_process_tests" "~[cpython]"
+    "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/sandbox_conformance" "[core]"
+    "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/cli/sandbox_cli_tests" --needs-backend "[backend]"
+    "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/service/sandbox_service_tests"
+    "$ROOT/tools/run-unprivileged.sh" "$BUILD/bin/freight_quote" --blob-dir "$UNPRIV_TMP/blobs" \
+      --state-dir "$UNPRIV_TMP/state"
+  ) 2>&1 | prefix host
+) &
+host_lane=$!
+vm_rc=0 host_rc=0
+wait "$host_lane" || host_rc=$?
+wait "$vm_lane" || vm_rc=$?
+bg_pid=""  # ended (or failed, and host_rc says so)
+if [ "$host_rc" != 0 ] || [ "$vm_rc" != 0 ]; then
+  echo "tools/run-tests.sh: failed: lane [host] status $host_rc, lane [vm] status $vm_rc" >&2
+  exit 1
+fi
+stage "all tests passed"
