@@ -95,6 +95,15 @@ struct runtime_options {
   /// otherwise boot a VM for a process-level run when microvm is enabled): the run that
   /// triggers a self-test waits for it on the runtime's executor. Default false.
   bool levels_on_demand = false;
+  /// Reuse a level's start-up self-test pass recorded on this boot (in the level's state
+  /// directory, `selftest/<level>.json`) when nothing it depended on has changed: the boot
+  /// id, the host kernel, this library's build, the cgroup layout, the level's options and
+  /// the content of its binaries (the OCI runtime; QEMU, mkfs.erofs, the guest kernel and
+  /// initramfs). A record that is not the effective uid's, is writable by group or others,
+  /// or does not parse is ignored and the test runs. Failures are never recorded.
+  /// `probe_backends` (`sandboxctl doctor`) always tests. False: test at every start
+  /// (docs/operations.md, "Start-up self-test"). Default true.
+  bool reuse_self_test_verdict = true;
   /// The process level's cgroups, uid range, sandbox-init and warm pools; the other
   /// built-in levels use its cgroup parent and root and its uid range too
   /// (sandbox/backend_options.hpp).
@@ -308,8 +317,9 @@ class runtime {
  * reason, as `runtime::backends()` would report them. The process level is listed even when
  * `process_backend` is false ("disabled (runtime_options::process_backend is false)"); the
  * other levels only when enabled. A probe starts no warm pool and uses the default policy.
- * Blocks for the self-tests (a microvm probe boots one VM); never fails (reasons are in the
- * statuses). Thread-safe.
+ * It always runs the self-tests, whatever `reuse_self_test_verdict` says, and records each
+ * pass for later starts to reuse. Blocks for the self-tests (a microvm probe boots one VM);
+ * never fails (reasons are in the statuses). Thread-safe.
  */
 std::vector<backend_status> probe_backends(const runtime_options& options);
 

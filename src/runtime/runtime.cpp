@@ -530,7 +530,9 @@ run_machine_context runtime_impl::backend_context(const runtime_options& o) {
             if (s == nullptr || root.empty()) return std::nullopt;
             return std::make_pair(*s, root);
           },
-          .egress = o.egress};
+          .egress = o.egress,
+          .reuse_self_test_verdict = o.reuse_self_test_verdict,
+          .self_test_deps = {}};
 }
 
 void runtime_impl::register_levels(const runtime_options& o) {
@@ -1575,13 +1577,17 @@ std::vector<backend_status> probe_backends(const runtime_options& options) {
       // A probe runs only the self-test: no policy, no runtimes (so no warm-pool
       // templates), no egress, and no warm pools.
       asio::io_context io(1);
-      detail::level_options lo = detail::level_options_of(options, {.executor = io.get_executor(),
-                                                                    .options = options.process,
-                                                                    .state_dir = state_dir,
-                                                                    .log = log,
-                                                                    .policy = {},
-                                                                    .resolve_runtime = {},
-                                                                    .egress = {}});
+      detail::level_options lo =
+          detail::level_options_of(options, {.executor = io.get_executor(),
+                                             .options = options.process,
+                                             .state_dir = state_dir,
+                                             .log = log,
+                                             .policy = {},
+                                             .resolve_runtime = {},
+                                             .egress = {},
+                                             // always tests (records a pass)
+                                             .reuse_self_test_verdict = false,
+                                             .self_test_deps = {}});
       lo.context.options.warm_pool.clear();
       lo.container.warm_pool.clear();
       lo.gvisor.warm_pool.clear();

@@ -864,6 +864,14 @@ std::variant<std::shared_ptr<backend>, std::string> make_microvm_backend(
   // The level's own pools (the context carries the process level's, which are not VMs).
   run_machine_context c = ctx;
   c.options.warm_pool = o.warm_pool;
+  // A recorded self-test pass holds while the VMM, mkfs.erofs, the guest kernel and its
+  // initramfs (our guest agent and the kernel's modules) and these settings do.
+  c.self_test_deps = {
+      .files = {qemu, s.mkfs_erofs, s.kernel, s.initramfs},
+      .config = fmt::format("accel={} kvm_gid={} vmm={} timer_args={} guest_overhead_mib={} "
+                            "vmm_overhead_mib={}",
+                            s.kvm ? "kvm" : "tcg", s.kvm_gid, s.vmm_version, s.timer_args,
+                            s.guest_overhead_mib, s.vmm_overhead_mib)};
   return make_run_machine(c, std::make_shared<microvm_launcher>(std::move(s)));
 }
 

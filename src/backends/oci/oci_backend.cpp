@@ -668,10 +668,16 @@ std::variant<std::shared_ptr<backend>, std::string> make_oci_backend(
           s.cpuacct_mount = point;
         }
       });
+  const std::filesystem::path binary = s.binary;
+  const std::string version = s.version;
   auto l = std::make_shared<oci_launcher>(std::move(s));
   if (!l->open_binary()) return oci.runtime + ": cannot open the binary";
   run_machine_context c = ctx;
   c.options.warm_pool = oci.warm_pool;
+  // A recorded self-test pass holds while the runtime's binary and these settings do.
+  c.self_test_deps = {.files = {binary},
+                      .config = fmt::format("runtime={} version={} platform={}", oci.runtime,
+                                            version, oci.platform)};
   return make_run_machine(c, l);
 }
 

@@ -983,10 +983,41 @@ std::variant<std::shared_ptr<backend>, std::string> make_run_machine(
                    .log = ctx.log});
 
   auto be = std::make_shared<init_backend>(shared);
-  auto empty_root = ctx.state_dir / "selftest-root";
-  std::filesystem::create_directories(empty_root, ec);
-  std::string reason = be->self_test(empty_root);
-  if (!reason.empty()) return traits.name + " backend self-test failed: " + reason;
+  // The self-test, unless this boot already saw it pass under the same key: the host, our
+  // build, the cgroup layout, the options the run machine uses, the level's configuration
+  // and binaries (self_test_cache.hpp).
+  self_test_key key{.parts = host_key_parts(), .files = ctx.self_test_deps.files};
+  key.parts["level"] = traits.name;
+  key.parts["cgroups"] = fmt::format("{} parent={} root={}", shared->cgroups->describe(), parent,
+                                     ctx.options.cgroup_root.string());
+  key.parts["options"] = fmt::format("uid_base={} uid_count={} userns={} init_path={} state_dir={}",
+                                     ctx.options.uid_base, ctx.options.uid_count, shared->userns,
+                                     ctx.options.init_path.string(), ctx.state_dir.string());
+  key.parts["level_config"] = ctx.self_test_deps.config;
+  if (!ctx.options.init_path.empty()) key.files.push_back(ctx.options.init_path);
+  const self_test_cache verdicts(ctx.state_dir / "selftest", traits.name, ::geteuid());
+  self_test_lookup found{.why_not = "recorded passes not consulted"};
+  if (ctx.reuse_self_test_verdict) found = verdicts.lookup(key);
+  const bool test = !found.reusable;
+  if (ctx.log) {
+    ctx.log(log_level::info,
+            test ? fmt::format("{} self-test: running it ({})", traits.name, found.why_not)
+                 : fmt::format("{} self-test: passed on this boot at {}; not repeated ({})",
+                               traits.name, found.recorded_at, verdicts.path().string()));
+  }
+  if (test) {
+    auto empty_root = ctx.state_dir / "selftest-root";
+    std::filesystem::create_directories(empty_root, ec);
+    std::string reason = be->self_test(empty_root);
+    if (!reason.empty()) return traits.name + " backend self-test failed: " + reason;
+    std::string why;
+    if (!verdicts.record_pass(key, &why) && ctx.log) {
+      ctx.log(log_level::warning,
+              fmt::format("{} self-test: passed, but the pass is not recorded ({}); the next start "
+                          "tests again",
+                          traits.name, why));
+    }
+  }
   be->start_pools();
   if (ctx.log) {
     ctx.log(log_level::info,

@@ -25,6 +25,7 @@
 #include "core/run/cgroup.hpp"
 #include "core/run/init_messages.hpp"
 #include "core/run/launcher.hpp"
+#include "core/run/self_test_cache.hpp"
 #include "core/run/workspace.hpp"
 #include "sandbox/backend.hpp"
 #include "sandbox/backend_options.hpp"
@@ -48,13 +49,22 @@ struct run_machine_context {
   /// The mount table the cgroup layout is read from. Tests point it (with
   /// `options.cgroup_root`) at a fake cgroupfs to see the self-test refuse a weak host.
   std::filesystem::path mountinfo = "/proc/self/mountinfo";
+  /// Reuse a pass of the start-up self-test recorded on this boot under the same key
+  /// (self_test_cache.hpp) instead of testing again. False: always test, and record a pass
+  /// (`probe_backends`, so `sandboxctl doctor`; `runtime_options::reuse_self_test_verdict`).
+  bool reuse_self_test_verdict = true;
+  /// What the level's self-test depends on besides the run machine's own key parts: its
+  /// binaries and configuration. Filled by the level's factory.
+  self_test_dependencies self_test_deps;
 };
 
 /**
  * Opens the state directory (a subdirectory per backend name), the cgroups and the uid
  * pool, reclaims what crashed hosts left behind, runs the start-up self-test through
  * `launcher` (a real sandbox: the probe checks uid, capabilities, no_new_privs, seccomp,
- * and that an egress attempt is recorded) and returns the backend, or a one-line reason.
+ * and that an egress attempt is recorded) — or reuses a pass recorded on this boot under
+ * the same key (`ctx.reuse_self_test_verdict`, self_test_cache.hpp) — and returns the
+ * backend, or a one-line reason.
  */
 std::variant<std::shared_ptr<backend>, std::string> make_run_machine(const run_machine_context& ctx,
                                                                      std::shared_ptr<launcher> l);
