@@ -11,7 +11,11 @@
 # Cases: bare; process only; container and gvisor enabled; microvm enabled (the levels a
 # process-level run does not need: `sandboxctl run` self-tests only the levels its run can
 # use). A case whose level is not available here still runs: the run needs only the process
-# level.
+# level. The untimed first round records each level's self-test pass; the timed rounds reuse
+# it, as every invocation after the first on a host does (docs/operations.md, "Start-up
+# self-test"). Then, when built, `sandbox_bench_cold` gives the library's own cold run (a
+# `runtime::run` call to result in a live process, its p50 over RUNS runs, measured right
+# after) and each case's ratio to it (issue 18's aim: at most 1.5x).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD="$ROOT/build/${SANDBOX_PRESET:-dev}"
@@ -61,3 +65,13 @@ for c in "${cases[@]}"; do
   esac
   printf '%-36s %9s %9s %8.2fx\n' "$label" "$p50" "$p95" "$(awk -v a="$p50" -v b="$bare" 'BEGIN {print a / b}')"
 done
+# The library's own cold run, from its benchmark (not interleaved: a process of its own).
+COLD="$BUILD/bin/sandbox_bench_cold"
+if [ -x "$COLD" ] && lib=$("$COLD" "$RUNS" 2>/dev/null | awk '/^sandboxed: total, call to result/ {print $(NF-1)}') &&
+  [ -n "$lib" ]; then
+  printf '%-36s %9s\n' "library's own cold run (sandbox_bench_cold)" "$lib"
+  for c in process oci microvm; do
+    p50=$(pct "$WORK/$c.us" 0.5)
+    printf "  %-34s %8.2fx the library's cold run\n" "$c" "$(awk -v a="$p50" -v b="$lib" 'BEGIN {print a / b}')"
+  done
+fi
