@@ -8,15 +8,11 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdint>
-#include <ctime>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
-#include "protocol/sha256.hpp"
-#include "sys/io.hpp"
-#include "sys/random.hpp"
+#include "store/store_io.hpp"
 #include "sys/unique_fd.hpp"
 
 namespace sandbox::detail {
@@ -50,16 +46,8 @@ std::optional<file_identity> identity_of(const fs::path& p) {
 std::string digest_of(const fs::path& p) {
   unique_fd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return {};
-  sha256 h;
-  std::string buf(1 << 16, '\0');
-  for (;;) {
-    ssize_t n = ::read(fd.get(), buf.data(), buf.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return {};
-    if (n == 0) break;
-    h.update(buf.data(), static_cast<std::size_t>(n));
-  }
-  return h.hex_digest();
+  auto h = hash_fd(fd.get());
+  return h ? std::move(h->first) : std::string();
 }
 
 json identity_json(const file_identity& id) {
@@ -154,15 +142,6 @@ std::string read_line(const char* path) {
   return s;
 }
 
-std::string utc_now() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  ::gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 }  // namespace
 
 std::map<std::string, std::string> host_key_parts() {
@@ -222,14 +201,8 @@ self_test_lookup self_test_cache::lookup(const self_test_key& key) const {
     return out.why_not = "record not trusted: larger than a record can be", out;
   }
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
-  std::size_t got = 0;
-  while (got < text.size()) {
-    ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  if (got != text.size()) return out.why_not = "record unreadable", out;
+  auto got = read_full(fd.get(), text.data(), text.size());
+  if (!got || *got != text.size()) return out.why_not = "record unreadable", out;
   json r = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!r.is_object() || r.value("v", 0) != 1 || !r.contains("parts") || !r["parts"].is_object() ||
       !r.contains("files") || !r["files"].is_object()) {
@@ -279,11 +252,12 @@ self_test_lookup self_test_cache::lookup(const self_test_key& key) const {
 }
 
 bool self_test_cache::record_pass(const self_test_key& key, std::string* why) const {
-  std::error_code ec;
   if (::mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST) {
     return *why = fmt::format("cannot create {}: errno {}", dir_.string(), errno), false;
   }
   if (auto bad = untrusted_dir(); bad && *bad != "no record") return *why = *bad, false;
+  auto dir = open_dir_at(AT_FDCWD, dir_.string());
+  if (!dir) return *why = "cannot open " + dir_.string() + ": " + dir.error().message(), false;
   json files = json::object();
   for (const auto& f : key.files) {
     auto id = identity_of(f);
@@ -298,18 +272,13 @@ bool self_test_cache::record_pass(const self_test_key& key, std::string* why) co
   const json record = {{"v", 1},
                        {"level", level_},
                        {"verdict", "pass"},
-                       {"recorded_at", utc_now()},
+                       {"recorded_at", rfc3339_now()},
                        {"parts", std::move(parts)},
                        {"files", std::move(files)}};
-  const std::string text = record.dump(2) + "\n";
-  const fs::path tmp = dir_ / ("." + level_ + "." + unique_hex(6) + ".tmp");
-  unique_fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!fd) return *why = fmt::format("cannot write {}: errno {}", tmp.string(), errno), false;
-  const bool written = write_all(fd.get(), text.data(), text.size()) && ::fsync(fd.get()) == 0;
-  fd.reset();
-  if (!written || ::rename(tmp.c_str(), path().c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return *why = "cannot write " + path().string(), false;
+  // A new file renamed over the old one: a reader sees either whole.
+  auto written = replace_file_at(dir->get(), level_ + ".json", record.dump(2) + "\n", 0600);
+  if (!written) {
+    return *why = "cannot write " + path().string() + ": " + written.error().message(), false;
   }
   return true;
 }

@@ -8,8 +8,9 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
-#include <fstream>
 #include <string>
+
+#include "unit/test_files.hpp"
 
 using sandbox::detail::host_key_parts;
 using sandbox::detail::self_test_cache;
@@ -18,26 +19,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct scratch {
-  fs::path dir;
-  scratch() {
-    char tmpl[] = "/tmp/sandbox-selftest-cache-XXXXXX";
-    dir = ::mkdtemp(tmpl);
-  }
-  ~scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-};
-
-void write(const fs::path& p, const std::string& s) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << s;
-}
-
-std::string read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
+using sandbox::test::read_text;
+using sandbox::test::write_text;
 
 bool has(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
@@ -52,6 +35,23 @@ self_test_key key_with(const fs::path& a, const fs::path& b) {
   k.parts["level_config"] = "accel=tcg";
   return k;
 }
+
+/// A level's cache in a temp dir, keyed on two files there (`a`, `b`) holding the given text.
+struct level_cache {
+  sandbox::test::temp_dir tmp;
+  fs::path a, b;
+  self_test_cache cache;
+  self_test_key key;
+  level_cache(const std::string& level, const std::string& a_name, const std::string& a_text,
+              const std::string& b_name, const std::string& b_text)
+      : a(tmp.path / a_name),
+        b(tmp.path / b_name),
+        cache(tmp.path / "selftest", level, ::geteuid()),
+        key(key_with(a, b)) {
+    write_text(a, a_text);
+    write_text(b, b_text);
+  }
+};
 
 }  // namespace
 
@@ -70,12 +70,10 @@ TEST_CASE("self-test cache: the host's key parts are read, never empty", "[selft
 }
 
 TEST_CASE("self-test cache: a pass is reused under the same key, and only then", "[selftest]") {
-  scratch s;
-  const fs::path a = s.dir / "qemu", b = s.dir / "vmlinuz";
-  write(a, "vmm binary v1");
-  write(b, "kernel image");
-  const self_test_cache cache(s.dir / "selftest", "microvm", ::geteuid());
-  const self_test_key key = key_with(a, b);
+  level_cache f("microvm", "qemu", "vmm binary v1", "vmlinuz", "kernel image");
+  const auto &a = f.a, &b = f.b;
+  const auto& cache = f.cache;
+  const auto& key = f.key;
 
   auto none = cache.lookup(key);
   CHECK_FALSE(none.reusable);
@@ -84,7 +82,7 @@ TEST_CASE("self-test cache: a pass is reused under the same key, and only then",
   std::string why;
   REQUIRE(cache.record_pass(key, &why));
   struct stat st {};
-  REQUIRE(::stat((s.dir / "selftest").c_str(), &st) == 0);
+  REQUIRE(::stat((f.tmp.path / "selftest").c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0700);
   REQUIRE(::stat(cache.path().c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0600);
@@ -95,7 +93,7 @@ TEST_CASE("self-test cache: a pass is reused under the same key, and only then",
   CHECK(hit.recorded_at.size() == 20);  // 2026-12-03T08:00:00Z
 
   // Another level's cache in the same directory has no record.
-  CHECK(self_test_cache(s.dir / "selftest", "crun", ::geteuid()).lookup(key).why_not ==
+  CHECK(self_test_cache(f.tmp.path / "selftest", "crun", ::geteuid()).lookup(key).why_not ==
         "no record");
 
   SECTION("each part of the key invalidates it") {
@@ -118,16 +116,16 @@ TEST_CASE("self-test cache: a pass is reused under the same key, and only then",
   }
   SECTION("a file's content invalidates it; a file touched but unchanged does not") {
     // Rewritten with other bytes of the same length: the content decides.
-    write(a, "vmm binary v2");
+    write_text(a, "vmm binary v2");
     auto miss = cache.lookup(key);
     CHECK_FALSE(miss.reusable);
     CHECK(miss.why_not == a.string() + " changed");
     // Back to the recorded bytes (a new inode time): hashed again and found equal.
-    write(a, "vmm binary v1");
+    write_text(a, "vmm binary v1");
     CHECK(cache.lookup(key).reusable);
     // Replaced by a copy (a new inode) with the same bytes: still the same content.
-    write(s.dir / "copy", "kernel image");
-    fs::rename(s.dir / "copy", b);
+    write_text(f.tmp.path / "copy", "kernel image");
+    fs::rename(f.tmp.path / "copy", b);
     CHECK(cache.lookup(key).reusable);
   }
   SECTION("a missing file, or another set of files, invalidates it") {
@@ -139,23 +137,21 @@ TEST_CASE("self-test cache: a pass is reused under the same key, and only then",
     one.files.pop_back();
     CHECK_FALSE(cache.lookup(one).reusable);
     self_test_key swapped = key;
-    swapped.files = {a, s.dir / "elsewhere"};
-    write(s.dir / "elsewhere", "kernel image");
+    swapped.files = {a, f.tmp.path / "elsewhere"};
+    write_text(f.tmp.path / "elsewhere", "kernel image");
     CHECK_FALSE(cache.lookup(swapped).reusable);
   }
 }
 
 TEST_CASE("self-test cache: a record that cannot be trusted is never reused", "[selftest]") {
-  scratch s;
-  const fs::path a = s.dir / "crun", b = s.dir / "init";
-  write(a, "runtime");
-  write(b, "helper");
-  const self_test_cache cache(s.dir / "selftest", "crun", ::geteuid());
-  const self_test_key key = key_with(a, b);
+  level_cache f("crun", "crun", "runtime", "init", "helper");
+  const auto& a = f.a;
+  const auto& cache = f.cache;
+  const auto& key = f.key;
   std::string why;
   REQUIRE(cache.record_pass(key, &why));
   REQUIRE(cache.lookup(key).reusable);
-  const std::string good = read(cache.path());
+  const std::string good = read_text(cache.path());
 
   SECTION("writable by group or others") {
     ::chmod(cache.path().c_str(), 0666);
@@ -164,7 +160,7 @@ TEST_CASE("self-test cache: a record that cannot be trusted is never reused", "[
     CHECK(has(miss.why_not, "writable by group or others"));
   }
   SECTION("a directory writable by others: not read, and not written") {
-    ::chmod((s.dir / "selftest").c_str(), 0777);
+    ::chmod((f.tmp.path / "selftest").c_str(), 0777);
     CHECK(has(cache.lookup(key).why_not, "writable by group or others"));
     CHECK_FALSE(cache.record_pass(key, &why));
     CHECK(has(why, "writable by group or others"));
@@ -173,7 +169,7 @@ TEST_CASE("self-test cache: a record that cannot be trusted is never reused", "[
     if (::geteuid() != 0) {
       // As another user the record is someone else's: build a cache that expects another
       // owner (what a chown by root would make of it).
-      const self_test_cache theirs(s.dir / "selftest", "crun", ::geteuid() + 1);
+      const self_test_cache theirs(f.tmp.path / "selftest", "crun", ::geteuid() + 1);
       CHECK(has(theirs.lookup(key).why_not, "belongs to uid"));
     } else {
       REQUIRE(::chown(cache.path().c_str(), 65534, 65534) == 0);
@@ -183,8 +179,8 @@ TEST_CASE("self-test cache: a record that cannot be trusted is never reused", "[
     }
   }
   SECTION("a symbolic link in its place, even to a good record") {
-    fs::rename(cache.path(), s.dir / "elsewhere.json");
-    fs::create_symlink(s.dir / "elsewhere.json", cache.path());
+    fs::rename(cache.path(), f.tmp.path / "elsewhere.json");
+    fs::create_symlink(f.tmp.path / "elsewhere.json", cache.path());
     auto miss = cache.lookup(key);
     CHECK_FALSE(miss.reusable);
     CHECK(has(miss.why_not, "symbolic link"));
@@ -208,7 +204,7 @@ TEST_CASE("self-test cache: a record that cannot be trusted is never reused", "[
                                good + std::string(300 << 10, ' ')};
     for (const auto& text : bad) {
       INFO(text.substr(0, 60));
-      write(cache.path(), text);
+      write_text(cache.path(), text);
       ::chmod(cache.path().c_str(), 0600);
       auto miss = cache.lookup(key);
       CHECK_FALSE(miss.reusable);
@@ -220,19 +216,19 @@ TEST_CASE("self-test cache: a record that cannot be trusted is never reused", "[
     const auto at = t.find("\"level_config\": \"accel=tcg\"");
     REQUIRE(at != std::string::npos);
     t.replace(at, 27, "\"level_config\": \"accel=kvm\"");
-    write(cache.path(), t);
+    write_text(cache.path(), t);
     CHECK(has(cache.lookup(key).why_not, "(level_config)"));
   }
   SECTION(
       "a file's recorded digest edited (its identity left as recorded) is caught once the "
       "file is touched") {
-    write(a, "runtime");  // same bytes, new times: the digest is compared
+    write_text(a, "runtime");  // same bytes, new times: the digest is compared
     CHECK(cache.lookup(key).reusable);
     std::string t = good;
     const auto at = t.find("\"sha256\": \"");
     REQUIRE(at != std::string::npos);
     t[at + 11] = t[at + 11] == '0' ? '1' : '0';
-    write(cache.path(), t);
+    write_text(cache.path(), t);
     CHECK_FALSE(cache.lookup(key).reusable);
   }
 }
