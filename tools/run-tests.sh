@@ -137,7 +137,8 @@ host_lane=$!
 vm_rc=0 host_rc=0
 wait "$host_lane" || host_rc=$?
 wait "$vm_lane" || vm_rc=$?
-bg_pid=""  # ended (or failed, and host_rc says so)
+# (bg_pid stays set: when lane [host] failed before the background builds ended, the exit
+# trap stops them; a group that already ended is not there to kill.)
 if [ "$host_rc" != 0 ] || [ "$vm_rc" != 0 ]; then
   echo "tools/run-tests.sh: failed: lane [host] status $host_rc, lane [vm] status $vm_rc" >&2
   exit 1
