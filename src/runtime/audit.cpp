@@ -676,7 +676,9 @@ audit_evidence gather_audit_evidence(runtime& rt, const audit_options& o) {
                                     .max_memory_bytes = 512ULL << 20,
                                     .runtime_digest = std::move(pin),
                                     .egress = {},
-                                    .expires_at = std::nullopt});
+                                    .expires_at = std::nullopt,
+                                    .tools = {},
+                                    .profile = {}});
   };
   auto unavailable = [](std::string why) {
     run_result r;

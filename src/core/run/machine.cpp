@@ -996,7 +996,7 @@ std::variant<std::shared_ptr<backend>, std::string> make_run_machine(
   key.parts["level_config"] = ctx.self_test_deps.config;
   if (!ctx.options.init_path.empty()) key.files.push_back(ctx.options.init_path);
   const self_test_cache verdicts(ctx.state_dir / "selftest", traits.name, ::geteuid());
-  self_test_lookup found{.why_not = "recorded passes not consulted"};
+  self_test_lookup found{.why_not = "recorded passes not consulted", .recorded_at = {}};
   if (ctx.reuse_self_test_verdict) found = verdicts.lookup(key);
   const bool test = !found.reusable;
   if (ctx.log) {
