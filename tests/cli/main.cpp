@@ -1,13 +1,12 @@
 // sandboxctl tests. `sandbox_cli_tests --needs-backend [catch args]` first checks that
 // sandboxctl can run python3 on this host, and exits 77 (skipped) when it cannot — unless
 // CI=true or SANDBOX_MUST_WORK=1, where that is a failure.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <csignal>
 #include <cstring>
 #include <iostream>
 #include <vector>
 
+#include "catch2_runner.hpp"
 #include "cli_harness.hpp"
 
 int main(int argc, char** argv) {
@@ -25,5 +24,5 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  return Catch::Session().run(static_cast<int>(args.size()), args.data());
+  return testrun::run_catch_session(static_cast<int>(args.size()), args.data());
 }

@@ -2,12 +2,11 @@
 // disk before any runtime exists, runs the cases, and prints each backend's suite time
 // against its CI budget. Exit 77 (skipped) when no backend can run here — unless CI=true or
 // SANDBOX_MUST_WORK=1.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
+#include "catch2_runner.hpp"
 #include "conformance/suite.hpp"
 
 int main(int argc, char** argv) {
@@ -39,7 +38,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   conformance::start_case_watchdog();
-  int rc = Catch::Session().run(argc, argv);
+  int rc = testrun::run_catch_session(argc, argv);
   for (const auto& [name, secs] : conformance::suite_seconds()) {
     double budget = 0;
     for (const auto& p : conformance::profiles()) {

@@ -1,13 +1,12 @@
 // Integration tests of the process backend. Exit code 77 (skipped) when this host cannot run
 // the backend — unless CI=true or SANDBOX_MUST_WORK=1, where that is a failure.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <thread>
 
+#include "catch2_runner.hpp"
 #include "integration/harness.hpp"
 
 namespace {
@@ -83,5 +82,5 @@ int main(int argc, char** argv) {
     }
     return 77;
   }
-  return Catch::Session().run(argc, argv);
+  return testrun::run_catch_session(argc, argv);
 }

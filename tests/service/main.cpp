@@ -2,11 +2,10 @@
 // its stdin/stdout. They run real Python, so the executable first checks that sandboxctl can
 // run python3 on this host and exits 77 (skipped) when it cannot — unless CI=true or
 // SANDBOX_MUST_WORK=1, where that is a failure.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <csignal>
 #include <iostream>
 
+#include "catch2_runner.hpp"
 #include "cli/cli_harness.hpp"
 
 int main(int argc, char** argv) {
@@ -20,5 +19,5 @@ int main(int argc, char** argv) {
     }
     return 77;
   }
-  return Catch::Session().run(argc, argv);
+  return testrun::run_catch_session(argc, argv);
 }

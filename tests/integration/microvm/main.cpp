@@ -1,10 +1,9 @@
 // Integration tests of the microvm level: real Python in a QEMU microvm guest. Exit code 77
 // (skipped) when this host cannot run the level — unless CI=true or SANDBOX_MUST_WORK=1,
 // where that is a failure.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <iostream>
 
+#include "catch2_runner.hpp"
 #include "integration/microvm/microvm_harness.hpp"
 
 int main(int argc, char** argv) {
@@ -18,5 +17,5 @@ int main(int argc, char** argv) {
   }
   // The deadlines' calibration, on this host as it is now, before any test (printed).
   (void)mvtest::calibrate();
-  return Catch::Session().run(argc, argv);
+  return testrun::run_catch_session(argc, argv);
 }
