@@ -2,6 +2,7 @@
 // hand-out, bound to the tenant at hand-out — and a pooled run indistinguishable from a cold
 // one to the code inside.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -115,9 +117,10 @@ std::vector<int> idle_instance_inits(const std::string& state_dir) {
   return out;
 }
 
+// The probe prints what a program can see of its sandbox. SINCE (prepended by probe_since) is
+// the host's clock just before the run was asked for.
 const char* probe = R"PY(
 import os, sys, json, resource, stat, time
-now = time.time()
 d = os.environ['SANDBOX_INPUT_DIR']
 st = dict(l.split(':\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\t' in l)
 print(json.dumps({
@@ -136,15 +139,24 @@ print(json.dumps({
   'shm': sorted(os.listdir('/dev/shm')), 'out': sorted(os.listdir(os.environ['SANDBOX_OUTPUT_DIR'])),
   'mounts': sorted(l.split()[4] for l in open('/proc/self/mountinfo') if '/sandbox/in-' not in l),
   'hostname': os.uname().nodename,
-  # How long ago what the sandbox made was made: a pooled instance waited seconds before its
-  # run, and that must not show (nor when the pool's previous run was).
-  'fresh': {('IN-DIR' if p == d else p): [round(abs(now - t)) < 2 for t in (s.st_atime, s.st_mtime, s.st_ctime)]
+  # Whether what the sandbox made was made (or its times set) no earlier than the run was
+  # asked for: a pooled instance waited seconds before its run, and that must not show (nor
+  # when the pool's previous run was). Counted from the request, not from this line, so a
+  # slow start (a loaded host, an emulated guest) cannot look like a wait; 1 s for the
+  # coarse timestamps of tmpfs.
+  'fresh': {('IN-DIR' if p == d else p): [t >= SINCE - 1 for t in (s.st_atime, s.st_mtime, s.st_ctime)]
             for p in ('/', '/tmp', '/dev', '/dev/shm', '/dev/stdout', '/home', os.environ['HOME'],
                       '/sandbox', os.environ['SANDBOX_OUTPUT_DIR'], d, __file__, '/bin',
                       '/.sandbox-etc', '/.sandbox-etc/hosts')
             if os.path.lexists(p) for s in [os.lstat(p)]},
 }, sort_keys=True))
 )PY";
+
+std::string probe_since(std::chrono::system_clock::time_point t) {
+  return fmt::format("SINCE = {:.3f}\n",
+                     std::chrono::duration<double>(t.time_since_epoch()).count()) +
+         probe;
+}
 
 }  // namespace
 
@@ -173,7 +185,8 @@ TEST_CASE("pool: fills, hands out one-shot instances, refills", "[pool]") {
 
 TEST_CASE("pool: a pooled run is indistinguishable from a cold one", "[pool]") {
   auto input = itest::put("a,b\n1,2\n");
-  sandbox::run_request req{.runtime = "python3", .source = probe};
+  sandbox::run_request req{.runtime = "python3",
+                           .source = probe_since(std::chrono::system_clock::now())};
   req.files_in = {{.name = "data.csv", .blob = input}};
   auto cold = itest::run(req, itest::ticket());  // the shared runtime has no pool
   pooled_runtime p({{.runtime = "python3", .size = 1}});
@@ -182,6 +195,7 @@ TEST_CASE("pool: a pooled run is indistinguishable from a cold one", "[pool]") {
   auto id = p.rt->blobs()->put("itest", "a,b\n1,2\n");
   REQUIRE(id.has_value());
   req.files_in = {{.name = "data.csv", .blob = *id}};
+  req.source = probe_since(std::chrono::system_clock::now());
   auto warm = p.rt->run(req, itest::ticket());
   REQUIRE(cold.code == code::ok);
   REQUIRE(warm.code == code::ok);
