@@ -251,9 +251,11 @@ host_snapshot take_snapshot();
 /// A snapshot once the host has settled: until two taken 20 ms apart agree (at most 2 s). A
 /// run's v1 cgroup the kernel still reported busy at its result is removed just after it.
 host_snapshot settled_snapshot();
-/// A snapshot once the host is back to `before`, or after 2 s of waiting for it to be.
+/// A snapshot once the host is back to `before` (a process counted then may have ended), or
+/// after 15 s of waiting for it to be.
 host_snapshot snapshot_back_to(const host_snapshot& before);
-/// CHECKs `now` against `before` (everything equal); lists differences in the failure.
+/// CHECKs `now` against `before` (everything equal, but processes counted before may have
+/// ended); lists differences in the failure.
 void check_unchanged(const host_snapshot& before, const host_snapshot& now);
 
 /// Host canary files (a secret in /tmp, one under the state dir's parent, one in /root when
