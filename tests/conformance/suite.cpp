@@ -589,14 +589,20 @@ host_snapshot settled_snapshot() {
 }
 
 namespace {
-// `now` is `before` again: the same, except that a process counted before may have ended since
-// (one of another test's runs on this host, counted while it was outside every run cgroup, is
-// transient). A process counted now that was not before is never back.
+// The processes counted in `now` that were not in `before`: a leak. A process counted before
+// may have ended since (one of another test's runs on this host, counted while it was outside
+// every run cgroup, is transient), which is none.
+std::set<int> new_processes(const host_snapshot& before, const host_snapshot& now) {
+  std::set<int> added;
+  std::set_difference(now.sandbox_processes.begin(), now.sandbox_processes.end(),
+                      before.sandbox_processes.begin(), before.sandbox_processes.end(),
+                      std::inserter(added, added.end()));
+  return added;
+}
+
+// `now` is `before` again: the same but for processes that ended (new_processes).
 bool is_back(const host_snapshot& before, const host_snapshot& now) {
-  if (!std::includes(before.sandbox_processes.begin(), before.sandbox_processes.end(),
-                     now.sandbox_processes.begin(), now.sandbox_processes.end())) {
-    return false;
-  }
+  if (!new_processes(before, now).empty()) return false;
   host_snapshot same = now;
   same.sandbox_processes = before.sandbox_processes;
   return same == before;
@@ -617,11 +623,7 @@ host_snapshot snapshot_back_to(const host_snapshot& before) {
 
 void check_unchanged(const host_snapshot& before, const host_snapshot& now) {
   CHECK(now.run_cgroups == before.run_cgroups);
-  std::set<int> left;  // processes counted now and not before (ended ones are no leak)
-  std::set_difference(now.sandbox_processes.begin(), now.sandbox_processes.end(),
-                      before.sandbox_processes.begin(), before.sandbox_processes.end(),
-                      std::inserter(left, left.end()));
-  CHECK(left.empty());
+  CHECK(new_processes(before, now) == std::set<int>{});  // the expansion lists their pids
   CHECK(now.mounts == before.mounts);
   CHECK(now.work_dirs == before.work_dirs);
   CHECK(now.fds == before.fds);
