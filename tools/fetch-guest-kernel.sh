@@ -6,8 +6,11 @@
 #
 #   tools/fetch-guest-kernel.sh [KERNEL_DIR]   # default /var/lib/agent-sandbox/microvm/kernel
 #
-# Layout: KERNEL_DIR/<release>/{vmlinuz,config,modules/<name>.ko,package.sha256}, and
+# Layout: KERNEL_DIR/<release>/{vmlinuz,vmlinux,config,modules/<name>.ko,package.sha256}, and
 # KERNEL_DIR/current -> <release>. The microVM backend reads `current` (docs/operations.md).
+# `vmlinux` is the kernel uncompressed (tools/extract-vmlinux.py), which QEMU boots directly
+# at its PVH entry: about 0.85 s less per boot under TCG. The backend boots it when present,
+# `vmlinuz` otherwise.
 set -euo pipefail
 KDIR=${1:-${SANDBOX_KERNEL_DIR:-/var/lib/agent-sandbox/microvm/kernel}}
 META=linux-image-cloud-amd64
@@ -28,7 +31,21 @@ if [ -z "$pkg" ]; then
 fi
 [ -n "$pkg" ] || { echo "fetch-guest-kernel: no $META in the apt sources" >&2; exit 1; }
 release=${pkg#linux-image-}
+HERE=$(cd "$(dirname "$0")" && pwd)
+# Writes DIR/vmlinux from DIR/vmlinuz unless the kernel has no PVH entry (then none: the
+# backend boots vmlinuz). Any other failure stops the script.
+extract_vmlinux() {
+  local dir=$1 rc=0
+  "$HERE/extract-vmlinux.py" "$dir/vmlinuz" "$dir/config" "$dir/vmlinux" || rc=$?
+  case $rc in
+    0) ;;
+    3) echo "guest kernel: no PVH entry point; the guest boots from vmlinuz" >&2 ;;
+    *) echo "fetch-guest-kernel: extracting vmlinux from $dir/vmlinuz failed" >&2; exit 1 ;;
+  esac
+}
 if [ -f "$KDIR/$release/vmlinuz" ] && [ -f "$KDIR/$release/modules/virtio_console.ko" ]; then
+  # A store fetched before vmlinux existed gets it now.
+  [ -f "$KDIR/$release/vmlinux" ] || extract_vmlinux "$KDIR/$release"
   ln -sfn "$release" "$KDIR/current"
   echo "guest kernel $release: present" >&2
   exit 0
@@ -43,6 +60,7 @@ rm -rf "$stage"
 mkdir -p "$stage/modules"
 cp "$work/x/boot/vmlinuz-$release" "$stage/vmlinuz"
 cp "$work/x/boot/config-$release" "$stage/config"
+extract_vmlinux "$stage"
 for m in "${MODULES[@]}"; do
   cp "$work/x/lib/modules/$release/kernel/$m" "$stage/modules/"
 done

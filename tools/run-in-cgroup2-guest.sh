@@ -235,14 +235,18 @@ fi
 # from it (2 × TSC MHz), which, unlike "cpu MHz", does not move with frequency scaling.
 TSC_KHZ=${TESTBED_TSC_KHZ:-$(awk -F: '/^bogomips/{printf "%d", $2 * 500; exit}' /proc/cpuinfo)}
 [[ $TSC_KHZ =~ ^[1-9][0-9]{3,8}$ ]] || die "cannot tell the host's TSC rate (set TESTBED_TSC_KHZ)"
+# The uncompressed kernel when the store has it (a direct PVH boot, as the microvm level's:
+# about 0.85 s less under TCG), the bzImage otherwise.
+BOOT_KERNEL=$KERNEL/vmlinuz
+[ -f "$KERNEL/vmlinux" ] && BOOT_KERNEL=$KERNEL/vmlinux
 STATUS=$RUN/status
 : >"$STATUS"
 echo "run-in-cgroup2-guest: booting ($ACCEL, ${MEM} MiB, $CPUS vCPUs, as $AS): $PROGRAM $*" >&2
 qemu-system-x86_64 \
   -M microvm,x-option-roms=off,isa-serial=on -accel "$ACCEL" -cpu "$CPU" \
   -m "$MEM" -smp "$CPUS" -nodefaults -no-user-config -display none -no-reboot \
-  -kernel "$KERNEL/vmlinuz" -initrd "$RUN/initrd.cpio" \
-  -append "console=ttyS0 loglevel=3 panic=-1 reboot=t rdinit=/init edd=off pci=off tsc_early_khz=$TSC_KHZ" \
+  -kernel "$BOOT_KERNEL" -initrd "$RUN/initrd.cpio" \
+  -append "console=ttyS0 loglevel=3 panic=-1 reboot=t rdinit=/init edd=off pci=off cryptomgr.notests tsc_early_khz=$TSC_KHZ" \
   -chardev stdio,id=con,signal=off -serial chardev:con \
   -device virtio-serial-device \
   -chardev file,id=st,path="$STATUS" -device virtserialport,chardev=st,name=testbed.status \

@@ -24,7 +24,8 @@ fi
 #    runtimes of the container and gvisor levels (their backends are tested in CI); python3
 #    and openssl make the egress tests' loopback origins and their certificate on the host;
 #    gdb gives the conformance hang watchdog its backtraces; qemu-system-x86 and erofs-utils
-#    are the microvm level's VMM and its read-only image disks; cpio packs the initramfs of
+#    are the microvm level's VMM and its read-only image disks; lz4 unpacks the guest kernel
+#    for a direct boot (tools/extract-vmlinux.py); cpio packs the initramfs of
 #    the pure cgroup v2 test bed (tools/run-in-cgroup2-guest.sh); clang-format checks the
 #    tree's formatting before the tests (tools/check-format.sh).
 PACKAGES=(
@@ -34,7 +35,7 @@ PACKAGES=(
   debootstrap util-linux iproute2 procps bubblewrap
   crun runc runsc
   python3 openssl gdb
-  qemu-system-x86 erofs-utils
+  qemu-system-x86 erofs-utils lz4
   cpio
   clang-format
 )

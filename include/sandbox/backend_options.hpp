@@ -79,8 +79,9 @@ struct oci_backend_options {
 struct microvm_backend_options {
   /// Register the backend (after its self-test, which boots one VM). Off by default.
   bool enabled = false;
-  /// The kernel store: `vmlinuz`, `modules/order` and the modules it names
-  /// (tools/fetch-guest-kernel.sh fills it).
+  /// The kernel store: `vmlinuz`, `modules/order` and the modules it names, and optionally
+  /// `vmlinux`, the same kernel uncompressed with a PVH entry point, booted instead of
+  /// `vmlinuz` when present (tools/fetch-guest-kernel.sh fills it).
   std::filesystem::path kernel_dir = "/var/lib/agent-sandbox/microvm/kernel/current";
   /// "auto" (KVM when /dev/kvm can make a VM, else TCG), "kvm" (refuse to register without
   /// it) or "tcg".

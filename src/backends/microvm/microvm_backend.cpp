@@ -814,7 +814,11 @@ std::variant<std::shared_ptr<backend>, std::string> make_microvm_backend(
   if (::access(s.mkfs_erofs.c_str(), X_OK) != 0) {
     return "microvm: " + s.mkfs_erofs.string() + " is missing (install erofs-utils)";
   }
-  s.kernel = o.kernel_dir / "vmlinuz";
+  // The uncompressed kernel when the store has it (tools/extract-vmlinux.py): QEMU boots it
+  // at its PVH entry, skipping the guest's self-decompression (about 0.85 s of each boot under
+  // TCG); otherwise the bzImage.
+  s.kernel = o.kernel_dir / "vmlinux";
+  if (::access(s.kernel.c_str(), R_OK) != 0) s.kernel = o.kernel_dir / "vmlinuz";
   if (::access(s.kernel.c_str(), R_OK) != 0) {
     return "microvm: kernel store " + o.kernel_dir.string() +
            " has no vmlinuz (run tools/fetch-guest-kernel.sh, or set backends.microvm.kernel_dir)";
