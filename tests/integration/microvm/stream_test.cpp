@@ -17,7 +17,10 @@ using sandbox::code;
 
 namespace {
 
-constexpr int kRounds = 3;
+// Two rounds of each variant (four runs a case): the lost tail this guards against showed in
+// about one run of six before the counted relay; the conformance soak's floods at microvm
+// sample it too. A third round cost about 40 s of emulation per CI run.
+constexpr int kRounds = 2;
 constexpr std::uint64_t kChunk = 4096;
 
 // A Python function `chunk(i)`: 4096 bytes carrying the index i ("%08d" repeated); with
