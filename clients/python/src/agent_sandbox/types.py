@@ -1,0 +1,636 @@
+"""Typed documents of the protocol (docs/protocol.md): tickets, run requests, run results,
+session requests and results, the daemon's counters.
+
+Each class has `to_json()` (a dict ready for `json.dumps`) and `from_json(doc)`.
+
+Decoding answers (RunResult, SessionResult, ServiceStats and their parts) is
+forward-compatible but never lossy: a field this version does not know is kept in the
+object's `extra` dict and written back by `to_json()`, so a result decoded and re-encoded is
+the document the daemon sent. A missing required field (`code` of a run result, `end` of a
+session result, ...) or a known field of the wrong type raises ProtocolError naming it; an
+omitted optional field takes the protocol's default. Code and reason strings are kept as
+strings, so values appended within version 1 decode too; compare them with `Code`.
+
+Request documents (Ticket, RunRequest, SessionRequest) are what this client sends; decoding
+one refuses unknown fields, as the daemon would. Fields left `None` are not written, so the
+daemon applies the protocol's defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import ProtocolError
+
+__all__ = [
+    "Code", "Ticket", "InputFile", "FilesOut", "RunRequest", "StreamSummary", "OutputFile",
+    "DroppedFile", "Usage", "RuntimeInfo", "EgressAttempt", "QueueInfo", "RunResult",
+    "SessionRequest", "SessionResult", "ServiceStats",
+]
+
+
+class Code(enum.StrEnum):
+    """The stable codes of a run_result (docs/protocol.md, "Codes"). A StrEnum: members
+    compare equal to the wire strings (`result.code == Code.TIMEOUT`)."""
+
+    OK = "ok"
+    INVALID_REQUEST = "invalid_request"
+    SOURCE_TOO_LARGE = "source_too_large"
+    ACTION_DENIED = "action_denied"
+    APPROVAL_REQUIRED = "approval_required"
+    APPROVAL_DENIED = "approval_denied"
+    NETWORK_DISABLED = "network_disabled"
+    TIMEOUT = "timeout"
+    OOM = "oom"
+    SECCOMP_VIOLATION = "seccomp_violation"
+    OUTPUT_LIMIT = "output_limit"
+    BLOB_NOT_FOUND = "blob_not_found"
+    QUEUE_TIMEOUT = "queue_timeout"
+    CAPACITY = "capacity"
+    RUNTIME_UNAVAILABLE = "runtime_unavailable"
+    DIGEST_MISMATCH = "digest_mismatch"
+    INTERNAL = "internal"
+    PIDS_LIMIT = "pids_limit"
+
+
+# --- decoding helpers ----------------------------------------------------------------------
+
+_REQUIRED: Any = object()
+_NAMES = {int: "an integer", str: "a string", bool: "a boolean", list: "an array",
+          dict: "an object", type(None): "null"}
+
+
+def _is(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):
+        return bool in types
+    return isinstance(value, types)
+
+
+def _get(doc: Mapping[str, Any], key: str, types: tuple[type, ...], path: str,
+         default: Any = _REQUIRED) -> Any:
+    """doc[key] checked against `types` (bool is not an int), or `default` when absent."""
+    if key not in doc:
+        if default is _REQUIRED:
+            raise ProtocolError(f"{path}{key}: required field is missing")
+        return default
+    value = doc[key]
+    if not _is(value, types):
+        expected = " or ".join(_NAMES.get(t, t.__name__) for t in types)
+        raise ProtocolError(f"{path}{key}: expected {expected}")
+    return value
+
+
+def _object(doc: Any, path: str) -> Mapping[str, Any]:
+    if not isinstance(doc, Mapping):
+        raise ProtocolError(f"{path.rstrip('.') or 'document'}: expected an object")
+    return doc
+
+
+def _extra(doc: Mapping[str, Any], cls: type) -> dict[str, Any]:
+    known = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in doc.items() if k not in known}
+
+
+def _strict(doc: Mapping[str, Any], cls: type, path: str) -> None:
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in doc:
+        if key not in known:
+            raise ProtocolError(f"{path}unknown field {key!r}")
+
+
+def _strings(doc: Mapping[str, Any], key: str, path: str) -> list[str] | None:
+    values = _get(doc, key, (list,), path, None)
+    if values is not None and not all(isinstance(v, str) for v in values):
+        raise ProtocolError(f"{path}{key}: expected an array of strings")
+    return values
+
+
+def _list(doc: Mapping[str, Any], key: str, path: str, item: Any) -> list[Any]:
+    return [item(_object(v, f"{path}{key}[{i}]."), f"{path}{key}[{i}].")
+            for i, v in enumerate(_get(doc, key, (list,), path, []))]
+
+
+def _sparse(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields of a request dataclass that are set (not None), nested ones encoded."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if value is None or f.name in skip:
+            continue
+        if isinstance(value, list):
+            value = [v.to_json() if hasattr(v, "to_json") else v for v in value]
+        elif hasattr(value, "to_json"):
+            value = value.to_json()
+        out[f.name] = value
+    return out
+
+
+# --- requests -------------------------------------------------------------------------------
+
+@dataclass
+class Ticket:
+    """What the host allows (docs/protocol.md, "ticket"). Sent with every run and session.
+
+    `actions`: `code.execute`, `code.network`, `tool.run`. `isolation`: the minimum level,
+    `process`, `container`, `gvisor` or `microvm`. `max_timeout_ms` (ms) and
+    `max_memory_bytes` (bytes) are the ceilings of a run's limits (for a session, of its
+    lifetime). `egress` is required with `code.network`, `tools` with `tool.run`;
+    `expires_at` is `YYYY-MM-DDTHH:MM:SSZ`. `approval` is the approval request a derived
+    ticket answers (a dict). A daemon with `--trusted-keys` takes signed ticket documents
+    instead: pass those as plain dicts.
+    """
+
+    id: str
+    tenant: str
+    actions: list[str]
+    isolation: str
+    max_timeout_ms: int
+    max_memory_bytes: int
+    v: int = 1
+    runtime_digest: str | None = None
+    egress: list[str] | None = None
+    expires_at: str | None = None
+    derived_from: list[str] | None = None
+    tools: list[str] | None = None
+    profile: str | None = None
+    approval: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ticket document; fields left None are absent."""
+        return _sparse(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> Ticket:
+        """Decodes a ticket; raises ProtocolError on a missing, mistyped or unknown field."""
+        doc = _object(doc, path)
+        _strict(doc, cls, path)
+        return cls(
+            id=_get(doc, "id", (str,), path), tenant=_get(doc, "tenant", (str,), path),
+            actions=_strings(doc, "actions", path) or [],
+            isolation=_get(doc, "isolation", (str,), path),
+            max_timeout_ms=_get(doc, "max_timeout_ms", (int,), path),
+            max_memory_bytes=_get(doc, "max_memory_bytes", (int,), path),
+            v=_get(doc, "v", (int,), path, 1),
+            runtime_digest=_get(doc, "runtime_digest", (str,), path, None),
+            egress=_strings(doc, "egress", path),
+            expires_at=_get(doc, "expires_at", (str,), path, None),
+            derived_from=_strings(doc, "derived_from", path),
+            tools=_strings(doc, "tools", path),
+            profile=_get(doc, "profile", (str,), path, None),
+            approval=_get(doc, "approval", (dict,), path, None))
+
+
+@dataclass
+class InputFile:
+    """An input file of a run: `name` (1-255 bytes, no `/`) and the `blob` id
+    (`sha256:<64 hex>`) of the tenant's blob holding its content (see Client.put_blob). The
+    program finds it in `$SANDBOX_INPUT_DIR`."""
+
+    name: str
+    blob: str
+
+    def to_json(self) -> dict[str, Any]:
+        """`{"name": ..., "blob": ...}`."""
+        return {"name": self.name, "blob": self.blob}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> InputFile:
+        """Decodes one `files_in` entry."""
+        doc = _object(doc, path)
+        _strict(doc, cls, path)
+        return cls(_get(doc, "name", (str,), path), _get(doc, "blob", (str,), path))
+
+
+@dataclass
+class FilesOut:
+    """Caps on the output files a run returns (from `$SANDBOX_OUTPUT_DIR`): `max_files`
+    (default 16) and `max_bytes` (bytes, default 8 MiB); the host clamps them."""
+
+    max_files: int | None = None
+    max_bytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The set caps."""
+        return _sparse(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> FilesOut:
+        """Decodes a `files_out` object."""
+        doc = _object(doc, path)
+        _strict(doc, cls, path)
+        return cls(_get(doc, "max_files", (int,), path, None),
+                   _get(doc, "max_bytes", (int,), path, None))
+
+
+@dataclass
+class RunRequest:
+    """What the model asks to run (docs/protocol.md, "run_request"): `runtime` + `source`, or
+    a registered `tool` with `stdin` (text) or `stdin_blob` (a blob id).
+
+    Unset fields (None) take the protocol's defaults: `timeout_ms` 2000 ms (clamped to the
+    ticket's and host's ceiling), `memory_limit_bytes` 256 MiB, no network, no inputs,
+    `files_out` 16 files / 8 MiB, empty `env`.
+    """
+
+    runtime: str | None = None
+    source: str | None = None
+    timeout_ms: int | None = None
+    network: bool | None = None
+    egress: list[str] | None = None
+    files_in: list[InputFile] | None = None
+    files_out: FilesOut | None = None
+    memory_limit_bytes: int | None = None
+    env: dict[str, str] | None = None
+    runtime_digest: str | None = None
+    tool: str | None = None
+    stdin: str | None = None
+    stdin_blob: str | None = None
+    v: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        """The run_request document; fields left None are absent."""
+        return _sparse(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> RunRequest:
+        """Decodes a run request; raises ProtocolError on a mistyped or unknown field."""
+        doc = _object(doc, path)
+        _strict(doc, cls, path)
+        files_out = _get(doc, "files_out", (dict,), path, None)
+        env = _get(doc, "env", (dict,), path, None)
+        return cls(
+            runtime=_get(doc, "runtime", (str,), path, None),
+            source=_get(doc, "source", (str,), path, None),
+            timeout_ms=_get(doc, "timeout_ms", (int,), path, None),
+            network=_get(doc, "network", (bool,), path, None),
+            egress=_strings(doc, "egress", path),
+            files_in=(_list(doc, "files_in", path, InputFile.from_json)
+                      if "files_in" in doc else None),
+            files_out=(None if files_out is None
+                       else FilesOut.from_json(files_out, f"{path}files_out.")),
+            memory_limit_bytes=_get(doc, "memory_limit_bytes", (int,), path, None),
+            env=None if env is None else dict(env),
+            runtime_digest=_get(doc, "runtime_digest", (str,), path, None),
+            tool=_get(doc, "tool", (str,), path, None),
+            stdin=_get(doc, "stdin", (str,), path, None),
+            stdin_blob=_get(doc, "stdin_blob", (str,), path, None),
+            v=_get(doc, "v", (int,), path, 1))
+
+
+@dataclass
+class SessionRequest:
+    """A session of a registered server (docs/protocol.md, "Sessions over the daemon"): the
+    registry entry `tool`, and optionally `max_lifetime_ms` and `idle_timeout_ms` (ms, > 0,
+    clamped to the host's ceilings and the ticket's `max_timeout_ms`)."""
+
+    tool: str
+    max_lifetime_ms: int | None = None
+    idle_timeout_ms: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The session_request document; fields left None are absent."""
+        return _sparse(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> SessionRequest:
+        """Decodes a session request; raises ProtocolError on a bad or unknown field."""
+        doc = _object(doc, path)
+        known = {"v", "tool", "max_lifetime_ms", "idle_timeout_ms"}
+        for key in doc:
+            if key not in known:
+                raise ProtocolError(f"{path}unknown field {key!r}")
+        return cls(_get(doc, "tool", (str,), path),
+                   _get(doc, "max_lifetime_ms", (int,), path, None),
+                   _get(doc, "idle_timeout_ms", (int,), path, None))
+
+
+# --- answers --------------------------------------------------------------------------------
+
+def _encode(obj: Any) -> dict[str, Any]:
+    """Every field of an answer dataclass (as the daemon writes them), then its extras."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        if f.name == "extra":
+            continue
+        value = getattr(obj, f.name)
+        if isinstance(value, list):
+            value = [v.to_json() if hasattr(v, "to_json") else v for v in value]
+        elif hasattr(value, "to_json"):
+            value = value.to_json()
+        out[f.name] = value
+    out.update(obj.extra)
+    return out
+
+
+@dataclass
+class StreamSummary:
+    """A captured stream (`stdout`, `stderr`): `summary` (head and tail, at most 4 KiB, valid
+    UTF-8), `blob` (blob id of the first `bytes` bytes, byte-exact; empty when nothing was
+    stored), `bytes` (stored), `total_bytes` (written by the program), `truncated`."""
+
+    summary: str = ""
+    blob: str = ""
+    bytes: int = 0
+    total_bytes: int = 0
+    truncated: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stream object, extras included."""
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> StreamSummary:
+        """Decodes a stream object (every field optional)."""
+        doc = _object(doc, path)
+        return cls(_get(doc, "summary", (str,), path, ""), _get(doc, "blob", (str,), path, ""),
+                   _get(doc, "bytes", (int,), path, 0),
+                   _get(doc, "total_bytes", (int,), path, 0),
+                   _get(doc, "truncated", (bool,), path, False), _extra(doc, cls))
+
+
+@dataclass
+class OutputFile:
+    """A returned output file: its `name`, the `blob` id of its content, its size in
+    `bytes`. Fetch the content with Client.get_blob."""
+
+    name: str
+    blob: str
+    bytes: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The `files_out` entry, extras included."""
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> OutputFile:
+        """Decodes a `files_out` entry (all three fields required)."""
+        doc = _object(doc, path)
+        return cls(_get(doc, "name", (str,), path), _get(doc, "blob", (str,), path),
+                   _get(doc, "bytes", (int,), path), _extra(doc, cls))
+
+
+@dataclass
+class DroppedFile:
+    """An output file not returned: `name_display` (escaped when not plain UTF-8) and the
+    `reason`: `count_limit`, `bytes_limit`, `not_regular_file`, `bad_name`,
+    `quota_exceeded`, `store_error`."""
+
+    name_display: str
+    reason: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The `files_dropped` entry, extras included."""
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> DroppedFile:
+        """Decodes a `files_dropped` entry (both fields required)."""
+        doc = _object(doc, path)
+        return cls(_get(doc, "name_display", (str,), path), _get(doc, "reason", (str,), path),
+                   _extra(doc, cls))
+
+
+@dataclass
+class Usage:
+    """What a run used: `setup_ms`, `wall_ms`, `cpu_ms` (ms) and `peak_memory_bytes`."""
+
+    setup_ms: int = 0
+    wall_ms: int = 0
+    cpu_ms: int = 0
+    peak_memory_bytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The usage object, extras included."""
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> Usage:
+        """Decodes a usage object (every field optional, default 0)."""
+        doc = _object(doc, path)
+        return cls(*(_get(doc, k, (int,), path, 0)
+                     for k in ("setup_ms", "wall_ms", "cpu_ms", "peak_memory_bytes")),
+                   extra=_extra(doc, cls))
+
+
+@dataclass
+class RuntimeInfo:
+    """The runtime (or tool) that ran and its image's manifest `digest` (`sha256:...`)."""
+
+    name: str = ""
+    digest: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """`{"name": ..., "digest": ...}`, extras included."""
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> RuntimeInfo:
+        """Decodes a runtime object."""
+        doc = _object(doc, path)
+        return cls(_get(doc, "name", (str,), path, ""), _get(doc, "digest", (str,), path, ""),
+                   _extra(doc, cls))
+
+
+@dataclass
+class EgressAttempt:
+    """A network attempt of the run: `protocol` (`tcp`, `udp`, `dns`, `unix`, `other`,
+    `https`, `http`), `host`, `address`, `port`, whether it was `allowed` and why not
+    (`reason`), and `bytes_up` / `bytes_down` relayed through the egress proxy."""
+
+    protocol: str = ""
+    host: str = ""
+    address: str = ""
+    port: int = 0
+    allowed: bool = False
+    reason: str = ""
+    bytes_up: int = 0
+    bytes_down: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The attempt object, extras included."""
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> EgressAttempt:
+        """Decodes an `egress_attempts` entry (every field optional)."""
+        doc = _object(doc, path)
+        return cls(_get(doc, "protocol", (str,), path, ""), _get(doc, "host", (str,), path, ""),
+                   _get(doc, "address", (str,), path, ""), _get(doc, "port", (int,), path, 0),
+                   _get(doc, "allowed", (bool,), path, False),
+                   _get(doc, "reason", (str,), path, ""),
+                   _get(doc, "bytes_up", (int,), path, 0),
+                   _get(doc, "bytes_down", (int,), path, 0), _extra(doc, cls))
+
+
+@dataclass
+class QueueInfo:
+    """For `capacity` and `queue_timeout`: the run's `position` among its tenant's queued
+    runs (1-based), the host's queue `length`, and `retry_after_ms` (ms, a hint)."""
+
+    position: int = 0
+    length: int = 0
+    retry_after_ms: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The queue object, extras included."""
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> QueueInfo:
+        """Decodes a queue object."""
+        doc = _object(doc, path)
+        return cls(*(_get(doc, k, (int,), path, 0)
+                     for k in ("position", "length", "retry_after_ms")), extra=_extra(doc, cls))
+
+
+@dataclass
+class RunResult:
+    """How a run ended (docs/protocol.md, "run_result"). Every outcome is a result, never an
+    exception: check `code` (a Code string: `ok`, `timeout`, `oom`, `action_denied`, ...)
+    and `message`; `exit_code` / `signal` say how the main process ended (None when it did
+    not). Times in ms, sizes in bytes. `approval` (for `approval_required`) and `receipt`
+    (with `serve --receipt-key`) are kept as dicts.
+    """
+
+    code: str
+    v: int = 1
+    message: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+    stdout: StreamSummary = field(default_factory=StreamSummary)
+    stderr: StreamSummary = field(default_factory=StreamSummary)
+    files_out: list[OutputFile] = field(default_factory=list)
+    files_dropped: list[DroppedFile] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    oom_kills: int = 0
+    timeout_clamped: bool = False
+    memory_clamped: bool = False
+    timeout_ms: int = 0
+    memory_limit_bytes: int = 0
+    isolation: str = "process"
+    runtime: RuntimeInfo = field(default_factory=RuntimeInfo)
+    egress_attempts: list[EgressAttempt] = field(default_factory=list)
+    egress_attempts_dropped: int = 0
+    violation: str | None = None
+    run_id: str = ""
+    backend: str = ""
+    queue: QueueInfo | None = None
+    queue_wait_ms: int = 0
+    approval: dict[str, Any] | None = None
+    receipt: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when `code` is `ok` (the exit code may still be non-zero)."""
+        return self.code == Code.OK
+
+    def to_json(self) -> dict[str, Any]:
+        """The run_result document: every field (as the daemon writes it; `receipt` only
+        when present), then the extras."""
+        out = _encode(self)
+        if self.receipt is None:
+            del out["receipt"]
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> RunResult:
+        """Decodes a run_result; only `code` is required, unknown fields go to `extra`."""
+        doc = _object(doc, path)
+        p = path
+
+        def nested(key: str, kind: Any) -> Any:
+            value = _get(doc, key, (dict,), p, None)
+            return kind() if value is None else kind.from_json(value, f"{p}{key}.")
+
+        queue = _get(doc, "queue", (dict, type(None)), p, None)
+        return cls(
+            code=_get(doc, "code", (str,), p), v=_get(doc, "v", (int,), p, 1),
+            message=_get(doc, "message", (str,), p, ""),
+            exit_code=_get(doc, "exit_code", (int, type(None)), p, None),
+            signal=_get(doc, "signal", (int, type(None)), p, None),
+            stdout=nested("stdout", StreamSummary), stderr=nested("stderr", StreamSummary),
+            files_out=_list(doc, "files_out", p, OutputFile.from_json),
+            files_dropped=_list(doc, "files_dropped", p, DroppedFile.from_json),
+            usage=nested("usage", Usage), oom_kills=_get(doc, "oom_kills", (int,), p, 0),
+            timeout_clamped=_get(doc, "timeout_clamped", (bool,), p, False),
+            memory_clamped=_get(doc, "memory_clamped", (bool,), p, False),
+            timeout_ms=_get(doc, "timeout_ms", (int,), p, 0),
+            memory_limit_bytes=_get(doc, "memory_limit_bytes", (int,), p, 0),
+            isolation=_get(doc, "isolation", (str,), p, "process"),
+            runtime=nested("runtime", RuntimeInfo),
+            egress_attempts=_list(doc, "egress_attempts", p, EgressAttempt.from_json),
+            egress_attempts_dropped=_get(doc, "egress_attempts_dropped", (int,), p, 0),
+            violation=_get(doc, "violation", (str, type(None)), p, None),
+            run_id=_get(doc, "run_id", (str,), p, ""),
+            backend=_get(doc, "backend", (str,), p, ""),
+            queue=None if queue is None else QueueInfo.from_json(queue, f"{p}queue."),
+            queue_wait_ms=_get(doc, "queue_wait_ms", (int,), p, 0),
+            approval=_get(doc, "approval", (dict, type(None)), p, None),
+            receipt=_get(doc, "receipt", (dict,), p, None),
+            extra=_extra(doc, cls))
+
+
+@dataclass
+class SessionResult:
+    """How a session ended (docs/protocol.md, "session_result"): `end` (`closed`,
+    `server_exited`, `idle_timeout`, `max_lifetime`, `ticket_expired`, `oom`,
+    `seccomp_violation`, `killed`, `failed`), the RunResult of its life (`result.usage.wall_ms`
+    is its lifetime in ms; stdout is never stored), and the bytes the server read from its
+    stdin (`bytes_to_server`) and the daemon read from its stdout (`bytes_from_server`)."""
+
+    end: str
+    result: RunResult
+    bytes_to_server: int
+    bytes_from_server: int
+    v: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The session_result document, extras included."""
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> SessionResult:
+        """Decodes a session_result; `end`, `result` and both byte counts are required."""
+        doc = _object(doc, path)
+        return cls(_get(doc, "end", (str,), path),
+                   RunResult.from_json(_get(doc, "result", (dict,), path), f"{path}result."),
+                   _get(doc, "bytes_to_server", (int,), path),
+                   _get(doc, "bytes_from_server", (int,), path),
+                   _get(doc, "v", (int,), path, 1), _extra(doc, cls))
+
+
+@dataclass
+class ServiceStats:
+    """The daemon's counters: `sessions` open or opening (every client), bytes read from
+    every session's stdout since the start (`session_stdout_bytes`), write data waiting in
+    the daemon (`session_write_bytes`), answers not yet written to clients
+    (`unwritten_bytes`)."""
+
+    sessions: int = 0
+    session_stdout_bytes: int = 0
+    session_write_bytes: int = 0
+    unwritten_bytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The counters object, extras included."""
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> ServiceStats:
+        """Decodes the `service_stats` object."""
+        doc = _object(doc, path)
+        keys = ("sessions", "session_stdout_bytes", "session_write_bytes", "unwritten_bytes")
+        return cls(*(_get(doc, k, (int,), path, 0) for k in keys), extra=_extra(doc, cls))

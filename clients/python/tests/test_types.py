@@ -1,0 +1,55 @@
+"""The documents' JSON forms, without a daemon."""
+
+import pytest
+
+from agent_sandbox import (Code, FilesOut, InputFile, ProtocolError, RunRequest, RunResult,
+                           SessionResult, Ticket)
+
+
+def test_request_writes_only_what_is_set():
+    request = RunRequest(runtime="python3", source="print(1)", timeout_ms=500,
+                         files_in=[InputFile("a.txt", "sha256:" + "0" * 64)],
+                         files_out=FilesOut(max_files=1))
+    doc = request.to_json()
+    assert doc == {"v": 1, "runtime": "python3", "source": "print(1)", "timeout_ms": 500,
+                   "files_in": [{"name": "a.txt", "blob": "sha256:" + "0" * 64}],
+                   "files_out": {"max_files": 1}}
+    assert RunRequest.from_json(doc) == request
+
+
+def test_ticket_round_trip_and_unknown_field_refused():
+    t = Ticket(id="t", tenant="acme", actions=["tool.run"], tools=["cat"],
+               isolation="process", max_timeout_ms=1000, max_memory_bytes=1 << 28)
+    assert Ticket.from_json(t.to_json()) == t
+    with pytest.raises(ProtocolError, match="unknown field 'bogus'"):
+        Ticket.from_json({**t.to_json(), "bogus": 1})
+
+
+def test_result_keeps_unknown_fields_and_defaults_omitted_ones():
+    doc = {"code": "pids_limit", "stdout": {"summary": "x", "new_stream_field": 3},
+           "future_field": [1, 2]}
+    r = RunResult.from_json(doc)
+    assert r.code == Code.PIDS_LIMIT and not r.ok
+    assert r.stdout.summary == "x" and r.stdout.extra == {"new_stream_field": 3}
+    assert r.extra == {"future_field": [1, 2]} and r.exit_code is None and r.usage.wall_ms == 0
+    again = r.to_json()
+    assert again["future_field"] == [1, 2] and again["stdout"]["new_stream_field"] == 3
+    assert RunResult.from_json(again) == r
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({}, "code: required field is missing"),
+    ({"code": "ok", "exit_code": "0"}, "exit_code: expected an integer or null"),
+    ({"code": "ok", "usage": {"wall_ms": True}}, "usage.wall_ms: expected an integer"),
+    ({"code": "ok", "files_out": [{"name": "a", "blob": "b"}]},
+     r"files_out\[0\].bytes: required field is missing"),
+])
+def test_result_refuses_missing_or_mistyped_fields(doc, message):
+    with pytest.raises(ProtocolError, match=message):
+        RunResult.from_json(doc)
+
+
+def test_session_result_requires_its_fields():
+    with pytest.raises(ProtocolError, match="bytes_from_server: required"):
+        SessionResult.from_json({"end": "closed", "result": {"code": "ok"},
+                                 "bytes_to_server": 1})
