@@ -27,7 +27,9 @@ fi
 #    are the microvm level's VMM and its read-only image disks; lz4 unpacks the guest kernel
 #    for a direct boot (tools/extract-vmlinux.py); cpio packs the initramfs of
 #    the pure cgroup v2 test bed (tools/run-in-cgroup2-guest.sh); clang-format checks the
-#    tree's formatting before the tests (tools/check-format.sh).
+#    tree's formatting before the tests (tools/check-format.sh); python3-venv, -pip,
+#    -setuptools, -wheel and -pytest install clients/python offline into a venv and run its
+#    tests (tests/clients/run_python_client_tests.sh).
 PACKAGES=(
   g++ cmake make pkg-config git ca-certificates tar gzip xz-utils
   libboost1.81-dev libboost-program-options1.81-dev libfmt-dev nlohmann-json3-dev
@@ -38,6 +40,7 @@ PACKAGES=(
   qemu-system-x86 erofs-utils lz4
   cpio
   clang-format
+  python3-venv python3-pip python3-setuptools python3-wheel python3-pytest
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
