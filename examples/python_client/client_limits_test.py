@@ -1,4 +1,4 @@
-"""Checks that SandboxClient never waits forever on a request the daemon cannot attribute.
+"""Checks that agent_sandbox.Client never waits forever on a request the daemon cannot attribute.
 
 Run against a live daemon (tests/service runs it):
 
@@ -10,10 +10,13 @@ deep) fails with SandboxError under its own id. Exits 0 when all hold, 1 otherwi
 """
 
 import argparse
-import concurrent.futures
+import os
 import sys
 
-from sandbox_client import SandboxClient, SandboxError
+# The package in the source tree, unless it is installed (clients/python).
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "clients", "python", "src"))
+from agent_sandbox import Client, SandboxError  # noqa: E402
 
 TICKET = {"v": 1, "id": "t-1", "tenant": "acme", "actions": ["code.execute"],
           "isolation": "process", "max_timeout_ms": 8000, "max_memory_bytes": 536870912}
@@ -31,7 +34,7 @@ def main():
         if not ok:
             failures.append(what)
 
-    with SandboxClient(args.socket) as sb:
+    with Client(args.socket) as sb:
         def raises_at_once(what, exc_type, call):
             try:
                 call()
@@ -65,12 +68,12 @@ def main():
             # The documented limit of a document (16 levels), the line's own level named apart.
             check(f"20-deep nesting: the message names the documented limit ({e.message})",
                   e.message.startswith("nesting deeper than 16 levels"))
-        except concurrent.futures.TimeoutError:
+        except TimeoutError:
             check("20-deep nesting: no answer (the client would hang)", False)
 
         result = sb.run(TICKET, {"runtime": "python3", "source": "print(6 * 7)"}, timeout=WAIT)
-        check("a run after all that", result["code"] == "ok"
-              and result["stdout"]["summary"] == "42\n")
+        check("a run after all that", result.code == "ok"
+              and result.stdout.summary == "42\n")
         check("no unmatched answers", not sb.unmatched)
 
     return 1 if failures else 0
