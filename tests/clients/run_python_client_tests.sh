@@ -29,10 +29,14 @@ done
 
 # Offline: the system's setuptools and wheel build the package (no build isolation, no
 # index); the venv sees Debian's pytest through --system-site-packages.
-rm -rf "$venv"
+# From a copy: setuptools writes its egg-info beside the sources, and a test never writes
+# into the source tree.
+rm -rf "$venv" "$venv.src"
+cp -r "$root/clients/python" "$venv.src"
+rm -rf "$venv.src"/src/*.egg-info "$venv.src/build"
 "$python" -m venv --system-site-packages "$venv"
 PIP_CONFIG_FILE=/dev/null "$venv/bin/pip" install --quiet --no-index --no-build-isolation \
-  --disable-pip-version-check "$root/clients/python"
+  --disable-pip-version-check "$venv.src"
 
 # Run from outside the source tree, so the installed package is what gets imported.
 cd "$venv"
