@@ -18,20 +18,22 @@ Exit status: 0 when run 1 ended ok with the expected quote and run 2 ended netwo
 """
 
 import argparse
-import concurrent.futures
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sandbox_client import SandboxClient, SandboxError  # noqa: E402
+# The package in the source tree, unless it is installed (clients/python).
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "clients", "python", "src"))
+from agent_sandbox import (Client, FilesOut, InputFile, RunRequest, SandboxError,  # noqa: E402
+                           Ticket)
 
 TENANT = "acme"
 
 # The host decides what runs: code.execute for tenant acme, process isolation, no network.
 # The daemon trusts tickets from whoever can open its socket (mode 0660).
-TICKET = {"v": 1, "id": "freight-quote-1", "tenant": TENANT, "actions": ["code.execute"],
-          "isolation": "process", "max_timeout_ms": 8000, "max_memory_bytes": 536870912}
+TICKET = Ticket(id="freight-quote-1", tenant=TENANT, actions=["code.execute"],
+                isolation="process", max_timeout_ms=8000, max_memory_bytes=536870912)
 
 RATE_TABLE_CSV = (
     "origin,destination,mode,min_kg,max_kg,rate_usd_per_kg,base_fee_usd,volumetric_kg_per_m3,"
@@ -109,15 +111,13 @@ def indent(text, prefix="    "):
 
 def print_head(title, r):
     print(f"\n== {title}")
-    print(f"  code:      {r['code']}" + (f" ({r['message']})" if r.get("message") else ""))
-    if r.get("exit_code") is not None:
-        print(f"  exit code: {r['exit_code']}")
-    runtime = r.get("runtime", {})
-    print(f"  runtime:   {runtime.get('name', '')} {runtime.get('digest', '')} "
-          f"({r.get('isolation', '')} isolation, run {r.get('run_id', '')})")
-    usage = r.get("usage", {})
-    print(f"  usage:     queue {r.get('queue_wait_ms', 0)} ms, setup {usage.get('setup_ms', 0)} ms, "
-          f"wall {usage.get('wall_ms', 0)} ms, cpu {usage.get('cpu_ms', 0)} ms")
+    print(f"  code:      {r.code}" + (f" ({r.message})" if r.message else ""))
+    if r.exit_code is not None:
+        print(f"  exit code: {r.exit_code}")
+    print(f"  runtime:   {r.runtime.name} {r.runtime.digest} "
+          f"({r.isolation} isolation, run {r.run_id})")
+    print(f"  usage:     queue {r.queue_wait_ms} ms, setup {r.usage.setup_ms} ms, "
+          f"wall {r.usage.wall_ms} ms, cpu {r.usage.cpu_ms} ms")
 
 
 def main():
@@ -134,7 +134,7 @@ def main():
             failures.append(what)
 
     try:
-        client = SandboxClient(args.socket)
+        client = Client(args.socket)
     except OSError as e:
         print(f"cannot connect to the sandbox daemon at {args.socket}: {e}")
         return 1
@@ -146,24 +146,24 @@ def main():
             print(f"inputs:  rates.csv {rates}\n         shipment.json {shipment}")
 
             # 2. The quote.
-            quote_request = {"runtime": "python3", "source": QUOTE_SNIPPET, "timeout_ms": 5000,
-                             "files_in": [{"name": "rates.csv", "blob": rates},
-                                          {"name": "shipment.json", "blob": shipment}],
-                             "files_out": {"max_files": 4, "max_bytes": 65536}}
+            quote_request = RunRequest(runtime="python3", source=QUOTE_SNIPPET, timeout_ms=5000,
+                                       files_in=[InputFile("rates.csv", rates),
+                                                 InputFile("shipment.json", shipment)],
+                                       files_out=FilesOut(max_files=4, max_bytes=65536))
             q = sb.run(TICKET, quote_request, timeout=args.timeout)
             print_head("run 1: price the shipment from the rate table", q)
-            print("  stdout:\n" + indent(q["stdout"]["summary"]), end="")
-            if q["stderr"]["summary"]:
-                print("  stderr:\n" + indent(q["stderr"]["summary"]), end="")
+            print("  stdout:\n" + indent(q.stdout.summary), end="")
+            if q.stderr.summary:
+                print("  stderr:\n" + indent(q.stderr.summary), end="")
             quote_doc = None
-            for f in q.get("files_out", []):
-                print(f"  output:    {f['name']} {f['blob']} ({f['bytes']} bytes)")
-                if f["name"] == "quote.json":
-                    data = sb.get_blob(TENANT, f["blob"], timeout=args.timeout)  # by blob id
+            for f in q.files_out:
+                print(f"  output:    {f.name} {f.blob} ({f.bytes} bytes)")
+                if f.name == "quote.json":
+                    data = sb.get_blob(TENANT, f.blob, timeout=args.timeout)  # by blob id
                     print("  quote.json (from the blob store):\n" + indent(data.decode()), end="")
                     quote_doc = json.loads(data)
-            expect(q["code"] == "ok", "run 1 ended ok")
-            expect(q.get("exit_code") == 0, "run 1 exited 0")
+            expect(q.code == "ok", "run 1 ended ok")
+            expect(q.exit_code == 0, "run 1 exited 0")
             expect(isinstance(quote_doc, dict), "run 1 wrote quote.json holding a JSON object")
             if isinstance(quote_doc, dict):
                 selected = quote_doc.get("selected", {})
@@ -172,23 +172,21 @@ def main():
                        f"quote.json totals USD {EXPECTED_TOTAL}")
 
             # 3. Live rates, without network.
-            live = sb.run(TICKET, {"runtime": "python3", "source": LIVE_RATES_SNIPPET,
-                                   "timeout_ms": 5000}, timeout=args.timeout)
+            live = sb.run(TICKET, RunRequest(runtime="python3", source=LIVE_RATES_SNIPPET,
+                                             timeout_ms=5000), timeout=args.timeout)
             print_head("run 2: fetch live rates (the ticket grants no network)", live)
-            err = live["stderr"]["summary"].rstrip("\n")
-            print(f"  stderr (last line of {live['stderr']['total_bytes']} bytes):\n"
+            err = live.stderr.summary.rstrip("\n")
+            print(f"  stderr (last line of {live.stderr.total_bytes} bytes):\n"
                   + indent(err.rsplit("\n", 1)[-1]), end="")
             dns_listed = False
-            for e in live.get("egress_attempts", []):
-                print(f"  egress:    {e.get('protocol')} {e.get('host') or e.get('address')} "
-                      f"port {e.get('port')}, {'allowed' if e.get('allowed') else 'refused'} "
-                      f"({e.get('reason')})")
-                if (e.get("protocol") == "dns" and e.get("host") == "api.freight-rates.example"
-                        and not e.get("allowed")):
+            for e in live.egress_attempts:
+                print(f"  egress:    {e.protocol} {e.host or e.address} "
+                      f"port {e.port}, {'allowed' if e.allowed else 'refused'} ({e.reason})")
+                if e.protocol == "dns" and e.host == "api.freight-rates.example" and not e.allowed:
                     dns_listed = True
-            expect(live["code"] == "network_disabled", "run 2 ended network_disabled")
+            expect(live.code == "network_disabled", "run 2 ended network_disabled")
             expect(dns_listed, "run 2 lists the refused DNS lookup of api.freight-rates.example")
-        except (SandboxError, ConnectionError, concurrent.futures.TimeoutError) as e:
+        except (SandboxError, ConnectionError, TimeoutError) as e:
             print(f"the sandbox daemon failed: {type(e).__name__}: {e}")
             return 1
 

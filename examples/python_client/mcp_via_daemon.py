@@ -9,9 +9,13 @@ one JSON document: the server's name, its tool names and the session_result.
 """
 
 import json
+import os
 import sys
 
-from sandbox_client import SandboxClient
+# The package in the source tree, unless it is installed (clients/python).
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "clients", "python", "src"))
+from agent_sandbox import Client, SessionRequest  # noqa: E402
 
 
 def rpc(session, message, timeout=60):
@@ -30,8 +34,8 @@ def rpc(session, message, timeout=60):
 def main():
     socket_path, ticket = sys.argv[1], json.loads(sys.argv[2])
     tool = sys.argv[3] if len(sys.argv) > 3 else "mcp-everything"
-    with SandboxClient(socket_path) as sb:
-        session = sb.open_session(ticket, {"tool": tool}, timeout=120)
+    with Client(socket_path) as sb:
+        session = sb.open_session(ticket, SessionRequest(tool), timeout=120)
         init = rpc(session, {"jsonrpc": "2.0", "id": 1, "method": "initialize",
                              "params": {"protocolVersion": "2024-11-05", "capabilities": {},
                                         "clientInfo": {"name": "python-client", "version": "1"}}})
@@ -42,7 +46,7 @@ def main():
         "server": init["result"]["serverInfo"]["name"],
         "protocol": init["result"]["protocolVersion"],
         "tools": [t["name"] for t in tools["result"]["tools"]],
-        "session_result": result,
+        "session_result": result.to_json(),
     }))
 
 

@@ -1,4 +1,4 @@
-"""Checks that SandboxClient's sessions leave nothing behind and never wait without bound.
+"""Checks that agent_sandbox.Client's sessions leave nothing behind and never wait without bound.
 
 Run against a live daemon whose registry has `cat` (/bin/cat), `flood` (writes b"x"
 forever, no newline) and `drip` (b"x" every 50 ms, no newline) and that has ONE scheduler slot (`--max-running 1`, a long
@@ -8,7 +8,7 @@ forever, no newline) and `drip` (b"x" every 50 ms, no newline) and that has ONE 
 
 - An open_session that times out (queued behind a session holding the only slot) leaves no
   live session once its answer comes: the client closes it and drops its output.
-- readline(timeout) on output without newlines returns (queue.Empty) instead of waiting
+- readline(timeout) on output without newlines returns (TimeoutError) instead of waiting
   chunk after chunk; readline(max_bytes) refuses an over-long line with ValueError; in both
   cases the bytes read are kept for the next read.
 
@@ -17,12 +17,14 @@ above what it needs, so that a hang fails instead of blocking.
 """
 
 import argparse
-import concurrent.futures
-import queue
+import os
 import sys
 import time
 
-from sandbox_client import SandboxClient
+# The package in the source tree, unless it is installed (clients/python).
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "clients", "python", "src"))
+from agent_sandbox import Client  # noqa: E402
 
 TICKET = {"v": 1, "id": "t-s", "tenant": "sesspy", "actions": ["tool.run"],
           "tools": ["cat", "flood", "drip"], "isolation": "process", "max_timeout_ms": 8000,
@@ -50,18 +52,18 @@ def main():
         if not ok:
             failures.append(what)
 
-    with SandboxClient(args.socket) as sb:
+    with Client(args.socket) as sb:
         # 1. A timed-out open: `flood` waits for the only slot, held by `cat`.
         holder = sb.open_session(TICKET, {"tool": "cat"}, timeout=WAIT)
         try:
             sb.open_session(TICKET, {"tool": "flood"}, timeout=0.5)
             check("timed-out open: expected a TimeoutError (the slot is held)", False)
-        except concurrent.futures.TimeoutError:
+        except TimeoutError:
             check("timed-out open: TimeoutError while queued", True)
         holder.close(timeout=WAIT)  # frees the slot: the flood session opens now
         # The client closes it when its answer comes; the daemon then counts no session.
         check("timed-out open: its session is closed once it opened",
-              eventually(lambda: sb.stats(timeout=WAIT)["sessions"] == 0))
+              eventually(lambda: sb.stats(timeout=WAIT).sessions == 0))
         check("timed-out open: the client holds no session",
               eventually(lambda: not sb._sessions and not sb._pending))
         check("timed-out open: no early-event store", not hasattr(sb, "_early_events"))
@@ -70,9 +72,9 @@ def main():
         with sb.open_session(TICKET, {"tool": "drip"}, timeout=WAIT) as drip:
             try:
                 drip.readline(timeout=1)
-                check("readline(timeout) on a drip without newlines: expected queue.Empty", False)
-            except queue.Empty:
-                check("readline(timeout) on a drip without newlines: queue.Empty", True)
+                check("readline(timeout) on a drip without newlines: expected TimeoutError", False)
+            except TimeoutError:
+                check("readline(timeout) on a drip without newlines: TimeoutError", True)
             kept = drip.read(timeout=WAIT)
             check("readline(timeout): the bytes read are kept for read()",
                   len(kept) > 0 and kept.strip(b"x") == b"")
@@ -86,7 +88,7 @@ def main():
         check("readline(max_bytes): the bytes read are kept for read()",
               len(kept) > 100_000 and kept.strip(b"x") == b"")
         result = flood.close(timeout=WAIT)
-        check("flood closed", result["end"] == "closed")
+        check("flood closed", result.end == "closed")
 
         # 3. A line: readline returns it whole, the rest stays.
         with sb.open_session(TICKET, {"tool": "cat"}, timeout=WAIT) as cat:
@@ -97,12 +99,12 @@ def main():
             try:
                 cat.readline(timeout=0.5)
                 check("readline: a partial line times out", False)
-            except queue.Empty:
+            except TimeoutError:
                 check("readline: a partial line times out", True)
             cat.write(b"\n")
             check("readline: the partial line is kept", cat.readline(timeout=WAIT) == b"three\n")
             cat.close(timeout=WAIT)
-        check("no sessions left", eventually(lambda: sb.stats(timeout=WAIT)["sessions"] == 0))
+        check("no sessions left", eventually(lambda: sb.stats(timeout=WAIT).sessions == 0))
         check("no unmatched answers", not sb.unmatched)
 
     return 1 if failures else 0
