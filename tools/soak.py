@@ -35,8 +35,9 @@ import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "examples", "python_client"))
-from sandbox_client import SandboxClient, SandboxError  # noqa: E402
+# The client package in the source tree (clients/python), unless it is installed.
+sys.path.insert(1, os.path.join(REPO, "clients", "python", "src"))
+from agent_sandbox import Client, SandboxError  # noqa: E402
 
 SANDBOX_UID_MIN = 2_100_000_000  # the uid pool's first uid (src/core/run/uid_pool.cpp)
 CGROUP_PARENT = "agent-sandbox"  # sandboxctl's default --cgroup-parent as root
@@ -97,7 +98,7 @@ def request_for(kind, i):
 
 
 def check_result(level, kind, i, r):
-    """The reason a run_result is wrong for its kind, or None."""
+    """The reason a run_result (its JSON document) is wrong for its kind, or None."""
     c = r.get("code")
     out = r.get("stdout", {})
     if kind == "normal":
@@ -284,7 +285,7 @@ class Daemon:
                 return f"exited {self.proc.returncode}: {self.log_tail()}"
             if os.path.exists(self.sock):
                 try:
-                    SandboxClient(self.sock, connect_timeout=2).close()
+                    Client(self.sock, connect_timeout=2).close()
                     return None
                 except OSError:
                     pass
@@ -379,7 +380,7 @@ def run_batch(clients, level, first, count, codes, bad):
                 nxt[0] += 1
             kind = KINDS[i % len(KINDS)]
             try:
-                r = client.run(ticket(level), request_for(kind, i), timeout=WAIT)
+                r = client.run(ticket(level), request_for(kind, i), timeout=WAIT).to_json()
                 why = check_result(level, kind, i, r)
                 code = r.get("code")
             except Exception as e:  # noqa: BLE001 - any failure of one run is reported
@@ -401,7 +402,7 @@ def soak(args, work, checks):
     why = d.start()
     if not checks.check("daemon starts", why is None, why or ""):
         return
-    clients = [SandboxClient(d.sock) for _ in range(args.clients)]
+    clients = [Client(d.sock) for _ in range(args.clients)]
     codes, bad = {}, []
     try:
         run_batch(clients, args.level, 0, len(KINDS), codes, bad)  # warm-up: one of each
@@ -450,7 +451,7 @@ def fault_sigkill(args, work, checks):
     if not checks.check("(a) daemon starts", why is None, why or ""):
         return
     insts = instances(d.state)
-    c = SandboxClient(d.sock)
+    c = Client(d.sock)
     futures = [c.submit(ticket(args.level), request_for(k, i))
                for i, k in enumerate(["flood", "timeout", "fork_bomb", "files"] * 2)]
     futures += [c.submit(ticket(args.level), {"runtime": "python3", "timeout_ms": 8000,
@@ -480,8 +481,8 @@ def fault_sigkill(args, work, checks):
     checks.check("(a) the restart reclaims everything", not left, json.dumps(left)[:600])
     errors = blob_store_errors(d.blob_dir)
     checks.check("(a) blob store consistent", not errors, "; ".join(errors[:3]))
-    with SandboxClient(d.sock) as c2:
-        r = c2.run(ticket(args.level), request_for("normal", 7), timeout=WAIT)
+    with Client(d.sock) as c2:
+        r = c2.run(ticket(args.level), request_for("normal", 7), timeout=WAIT).to_json()
     checks.check("(a) serves after the restart", check_result(args.level, "normal", 7, r) is None,
                  r.get("code"))
     stop_check(checks, d, "(a) daemon stops cleanly")
@@ -509,10 +510,10 @@ def fault_disk_full(args, work, checks):
             except OSError:
                 pass
         seen = {}
-        with SandboxClient(d.sock) as c:
+        with Client(d.sock) as c:
             for i, kind in enumerate(["flood", "files", "normal", "flood", "files", "normal"]):
                 try:
-                    r = c.run(ticket(args.level), request_for(kind, i), timeout=WAIT)
+                    r = c.run(ticket(args.level), request_for(kind, i), timeout=WAIT).to_json()
                 except SandboxError as e:
                     r = {"code": f"error:{e.code}"}
                 code = r.get("code")
@@ -534,7 +535,7 @@ def fault_disk_full(args, work, checks):
             print(f"     with the disk full: {seen}")
             os.unlink(filler)
             for i, kind in enumerate(["normal", "files", "flood"]):
-                r = c.run(ticket(args.level), request_for(kind, i), timeout=WAIT)
+                r = c.run(ticket(args.level), request_for(kind, i), timeout=WAIT).to_json()
                 checks.check(f"(b) space back, {kind}",
                              check_result(args.level, kind, i, r) is None, r.get("code"))
         left = settled_leftovers(d.state, d.blob_dir, instances(d.state))
@@ -606,10 +607,10 @@ def fault_oci_runtime(args, work, checks):
         want = ({"runtime_unavailable"}, {"runtime_unavailable"}, {"runtime_unavailable"}) \
             if path != failing else ({"ok", "internal"}, {"ok", "internal"}, {"internal"})
         codes = {}
-        with SandboxClient(d.sock) as c:
+        with Client(d.sock) as c:
             for (what, req), w in zip(cases, want):
                 try:
-                    code = c.run(ticket("container"), req, timeout=WAIT)["code"]
+                    code = c.run(ticket("container"), req, timeout=WAIT).code
                 except SandboxError as e:
                     code = f"error:{e.code}"
                 codes[what] = code
@@ -628,10 +629,10 @@ def fault_qemu_killed(args, work, checks):
     if not checks.check("(d) daemon starts", why is None, why or ""):
         return
     insts = instances(d.state)
-    with SandboxClient(d.sock) as c:
+    with Client(d.sock) as c:
         # A whole short run's time bounds the boot: the kill comes after it, in the program.
         t0 = time.monotonic()
-        r = c.run(ticket("microvm"), request_for("normal", 2), timeout=WAIT)
+        r = c.run(ticket("microvm"), request_for("normal", 2), timeout=WAIT).to_json()
         boot = time.monotonic() - t0
         checks.check("(d) a first run ends ok", check_result("microvm", "normal", 2, r) is None,
                      f"{r.get('code')} in {boot:.1f} s")
@@ -658,13 +659,13 @@ def fault_qemu_killed(args, work, checks):
         time.sleep(0.5)
         os.kill(qemu, signal.SIGKILL)
         try:
-            r = future.result(WAIT)
+            r = future.result(WAIT).to_json()
             code = r.get("code")
         except Exception as e:  # noqa: BLE001 - reported as the check's detail
             r, code = {}, repr(e)
         checks.check("(d) QEMU killed: the run ends `internal`", code == "internal" and d.alive(),
                      f"{code} {r.get('message', '')}")
-        r = c.run(ticket("microvm"), request_for("normal", 3), timeout=WAIT)
+        r = c.run(ticket("microvm"), request_for("normal", 3), timeout=WAIT).to_json()
         checks.check("(d) the next run ends ok", check_result("microvm", "normal", 3, r) is None,
                      r.get("code"))
     left = settled_leftovers(d.state, d.blob_dir, insts | instances(d.state))

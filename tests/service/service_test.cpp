@@ -267,23 +267,24 @@ TEST_CASE("two client processes share one daemon's caps", "[service]") {
   const std::string script = R"py(
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
-from sandbox_client import SandboxClient
+from agent_sandbox import Client
 sock, ready, go, ticket = sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
 src = "import time\ns = time.time()\ntime.sleep(1)\nprint(s, time.time())\n"
-with SandboxClient(sock) as sb:
+with Client(sock) as sb:
     open(ready, "w").close()
     while not os.path.exists(go):
         time.sleep(0.002)
-    print(json.dumps(sb.run(ticket, {"runtime": "python3", "source": src}, timeout=120)))
+    result = sb.run(ticket, {"runtime": "python3", "source": src}, timeout=120)
+    print(json.dumps(result.to_json()))
 )py";
   const fs::path go = clitest::scratch() / "go";
   std::vector<svctest::process> procs;
   std::vector<fs::path> ready;
   for (int i = 0; i < 2; ++i) {
     ready.push_back(clitest::scratch() / ("ready-" + std::to_string(i)));
-    procs.push_back(svctest::spawn(
-        {"/usr/bin/python3", "-c", script, SANDBOX_SOURCE_DIR "/examples/python_client",
-         d.socket().string(), ready.back().string(), go.string(), svctest::ticket().dump()}));
+    procs.push_back(svctest::spawn({"/usr/bin/python3", "-c", script,
+                                    SANDBOX_SOURCE_DIR "/clients/python/src", d.socket().string(),
+                                    ready.back().string(), go.string(), svctest::ticket().dump()}));
   }
   REQUIRE(eventually([&] { return fs::exists(ready[0]) && fs::exists(ready[1]); }, 60s));
   clitest::write_scratch("go", "");
@@ -1003,24 +1004,24 @@ TEST_CASE("the Python client checkpoints a run's record and replays it on a new 
   const std::string script = R"py(
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from sandbox_client import SandboxClient
+from agent_sandbox import Client
 sock, ticket, checkpoint = sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 src = "import secrets\nprint(secrets.token_hex(8))\n"
-with SandboxClient(sock) as sb:
+with Client(sock) as sb:
     result, record = sb.run_with_record(ticket, {"runtime": "python3", "source": src}, timeout=120)
 with open(checkpoint, "w") as f:
     json.dump(record, f)
 # "Restart": a new connection, the record read back from the checkpoint file.
 with open(checkpoint) as f:
     record = json.load(f)
-with SandboxClient(sock) as sb:
+with Client(sock) as sb:
     again = sb.replay(ticket, record, timeout=60)
-print(json.dumps({"first": result, "again": again}))
+print(json.dumps({"first": result.to_json(), "again": again.to_json()}))
 )py";
-  auto p = svctest::spawn({"/usr/bin/python3", "-c", script,
-                           SANDBOX_SOURCE_DIR "/examples/python_client", d.socket().string(),
-                           svctest::ticket().dump(),
-                           (clitest::scratch() / "py-checkpoint.json").string()});
+  auto p =
+      svctest::spawn({"/usr/bin/python3", "-c", script, SANDBOX_SOURCE_DIR "/clients/python/src",
+                      d.socket().string(), svctest::ticket().dump(),
+                      (clitest::scratch() / "py-checkpoint.json").string()});
   auto o = svctest::wait(p);
   INFO("stdout: " << o.out << "\nstderr: " << o.err << "\ndaemon: " << d.log());
   REQUIRE(o.status == 0);
