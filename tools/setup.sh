@@ -46,14 +46,26 @@ missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# npm (the MCP image's packages): Debian's, unless the host has one already (a nodejs from
-# elsewhere bundles its own, and Debian's npm would conflict with it).
+# npm (the MCP image's packages, the TypeScript client's npm ci; Debian's npm brings Debian's
+# nodejs, 18): Debian's, unless the host has one already (a nodejs from elsewhere bundles its
+# own, and Debian's npm would conflict with it).
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# The TypeScript client's dev dependencies (typescript, @types/node: the exact versions of its
+# package-lock.json) for its test (tests/clients/typescript.sh): `npm ci` from the registry,
+# install scripts off, again only when the lock file changed since (a stamp in node_modules).
+TS_CLIENT="$ROOT/clients/typescript"
+ts_lock=$(sha256sum "$TS_CLIENT/package-lock.json" | cut -d' ' -f1)
+if [ "$(cat "$TS_CLIENT/node_modules/.setup-lock-sha256" 2>/dev/null)" != "$ts_lock" ]; then
+  log "clients/typescript: npm ci"
+  (cd "$TS_CLIENT" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
+  echo "$ts_lock" >"$TS_CLIENT/node_modules/.setup-lock-sha256"
 fi
 
 # The microvm level's guest kernel (Debian's cloud kernel, unpacked, not installed).
