@@ -491,7 +491,7 @@ export class Session implements AsyncIterable<Buffer> {
     reject: (e: unknown) => void;
   }[] = [];
 
-  /** @internal Sessions are made by {@link SandboxClient.openSession}. */
+  /** Made by {@link SandboxClient.openSession}; not to be called directly. */
   constructor(client: SandboxClient, id: string) {
     this.client = client;
     this.id = id;
