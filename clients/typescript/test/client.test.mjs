@@ -180,6 +180,41 @@ test("session opens refused with their codes; a read stops waiting at its signal
   assert.equal(res.bytes_to_server, 5);
 });
 
+test("a session whose output is not read: the client stops reading, the daemon too", async (t) => {
+  // maxQueuedChunks 2: past two unread chunks this client pauses its socket, so the daemon's
+  // answers pile up to its 1 MiB and it leaves cat's output in cat's pipe.
+  const small = await SandboxClient.connect(daemon.socket, { maxQueuedChunks: 2 });
+  try {
+    const s = await small.openSession(toolTicket(), { tool: "cat" });
+    const before = (await sb.stats()).session_stdout_bytes; // every session since the start
+    const total = 4 << 20;
+    const block = Buffer.alloc(65536);
+    for (let i = 0; i < block.length; i++) block[i] = i % 251;
+    const writes = [];
+    for (let sent = 0; sent < total; sent += block.length) writes.push(s.write(block));
+    await new Promise((r) => setTimeout(r, 1000));
+    const read = (await sb.stats()).session_stdout_bytes - before;
+    t.diagnostic(`the daemon read ${read} of ${total} bytes before the client read any`);
+    // Far from all of it: what the daemon read is bounded by its 1 MiB of unwritten answers
+    // plus the socket buffers between (without the pause this client would take it all).
+    assert.ok(read < total - (1 << 20), `the daemon read ${read} of ${total} bytes of output`);
+    let got = 0;
+    let exact = true;
+    while (got < total) {
+      const chunk = await s.read({ signal: AbortSignal.timeout(10000) });
+      assert.notEqual(chunk, null);
+      for (let i = 0; i < chunk.length; i++) exact &&= chunk[i] === (got + i) % 65536 % 251;
+      got += chunk.length;
+    }
+    assert.equal(got, total);
+    assert.ok(exact, "the echoed bytes differ from those written");
+    assert.deepEqual(await Promise.all(writes), writes.map(() => 65536));
+    assert.equal((await s.close()).bytes_from_server, total);
+  } finally {
+    await small.close();
+  }
+});
+
 test("concurrent runs: answers come in any order and each reaches its own promise", async () => {
   const order = [];
   const runs = [0, 1, 2, 3, 4, 5].map((i) => {
