@@ -421,8 +421,7 @@ const std::vector<backend_profile>& profiles() {
                       .syscall_slowdown = 4,
                       // Through the egress tunnel (no NIC); no Node preload yet.
                       .egress_proxy = true,
-                      .gap_node_proxy_preload = true,
-                      .gap_stdout_lost_on_signal_death = true},
+                      .gap_node_proxy_preload = true},
            .host_config = R"({"v":1,"backends":{"microvm":{}}})",
            // In CI as "conformance: VM-boundary kinds (microvm)" (tests/CMakeLists.txt):
            // the [core] kinds whose evidence crosses the VM boundary; the whole [core]

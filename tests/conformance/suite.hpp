@@ -136,12 +136,6 @@ struct expectations {
   /// https and fetch ignore the proxy variables and reach nothing. The Node egress case then
   /// WARNs instead of running; docs/security.md lists the gap.
   bool gap_node_proxy_preload = false;
-  /// GAP (library bug, open; microvm): a program that flushed a line to stdout and is then
-  /// killed by a signal of its own limits (SIGXCPU) sometimes comes back with that line
-  /// missing (about one run in two in `lying: SIGXCPU…` at microvm under TCG, 2026-12-02; a
-  /// lone `sandboxctl run` of the same program kept it). The case WARNs on the empty stdout
-  /// and asserts the rest; docs/security.md lists the gap.
-  bool gap_stdout_lost_on_signal_death = false;
 };
 
 /// One backend under test.

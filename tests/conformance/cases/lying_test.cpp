@@ -8,7 +8,9 @@
 // real exit status or signal, no violation, no OOM kill, no egress); stdout and stderr come
 // back byte-exact in their blobs; summaries stay valid UTF-8 without control characters other
 // than \n, \r, \t; the result survives its own wire encoding unchanged.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <string>
 
 #include "conformance/suite.hpp"
@@ -121,10 +123,17 @@ TEST_CASE("lying: SIGXCPU and SIGXFSZ from limits the program set itself are not
           "[lying][core]") {
   CONFORMANCE_BACKEND(b);
   auto rs = b.run_all({
-      // Its own CPU limit: SIGXCPU after one CPU second, long before the deadline.
+      // Its own CPU limit: SIGXCPU at least half a CPU second after the line, long before
+      // the deadline. RLIMIT_CPU counts the CPU the process spent before setrlimit too
+      // (setrlimit(2)), and Python's start-up alone took 0.8-0.9 s of CPU under TCG (a
+      // microvm guest): a fixed 1 s limit was reached before the print about one run in
+      // three there. The soft limit goes on stderr, for the check below.
       py(R"PY(
-import resource
-resource.setrlimit(resource.RLIMIT_CPU, (1, 2))
+import math, resource, sys
+ru = resource.getrusage(resource.RUSAGE_SELF)
+soft = math.ceil(ru.ru_utime + ru.ru_stime + 0.5)
+resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
+print(soft, file=sys.stderr, flush=True)
 print('spinning', flush=True)
 while True:
     pass
@@ -147,12 +156,19 @@ with open('/tmp/f', 'wb') as f:
     f.write(b'x' * 8192)
 )PY"),
   });
-  // On a machine loaded past an eighth of a CPU per run, the deadline can come before the
-  // program's CPU second: then our timer rightly says `timeout`, the run never got its SIGXCPU,
-  // and these two variants prove nothing (said so, not failed). A timeout after a CPU second
-  // was spent is a failure.
+  // On a loaded machine the deadline can come before the program's own CPU limit: then our
+  // timer rightly says `timeout`, the run never got its SIGXCPU, and these two variants prove
+  // nothing (said so, not failed). A timeout after the limit's CPU was spent is a failure.
+  // (The limit the first variant set is on its stderr: a figure for this condition only,
+  // never for the code.)
+  const auto own_limit = [](const sandbox::run_result& r, std::size_t i) {
+    if (i == 1) return std::chrono::milliseconds(1000);
+    int soft = 0;
+    std::sscanf(r.std_err.summary.c_str(), "%d", &soft);
+    return std::chrono::milliseconds(1000 * std::clamp(soft, 1, 8));
+  };
   for (std::size_t i : {0u, 1u}) {
-    if (rs[i].code == code::timeout && rs[i].usage.cpu < 1000ms) {
+    if (rs[i].code == code::timeout && rs[i].usage.cpu < own_limit(rs[i], i)) {
       WARN("variant " << i << " never reached its own CPU limit before the deadline (CPU "
                       << rs[i].usage.cpu.count() << " ms): machine too loaded, not checked");
       continue;
@@ -160,11 +176,7 @@ with open('/tmp/f', 'wb') as f:
     check_no_evidence(rs[i]);
     if (i == 0) {
       CHECK(rs[0].signal == 24);  // SIGXCPU
-      if (b.expect().gap_stdout_lost_on_signal_death && rs[0].std_out.summary.empty()) {
-        WARN("GAP (gap_stdout_lost_on_signal_death): the flushed 'spinning' line was lost");
-      } else {
-        CHECK(rs[0].std_out.summary == "spinning\n");
-      }
+      CHECK(rs[0].std_out.summary == "spinning\n");
     } else {
       CHECK(rs[1].exit_code == 0);
       CHECK(rs[1].std_out.summary == "child -24\n");
