@@ -155,6 +155,11 @@ std::uint64_t self_rss_bytes() {
   return 0;
 }
 
+std::uint64_t peak_memory_ceiling(const sandbox::run_result& r, const expectations& expect) {
+  constexpr std::uint64_t memcg_charge_batch_bytes = 64 * 4096;
+  return r.memory_limit_bytes + expect.sandbox_kernel_memory_bytes + memcg_charge_batch_bytes;
+}
+
 bool init_entry_allowed(const expectations& expect, const std::string& what,
                         const std::string& result) {
   const bool refused = result != "read" && result.rfind("readlink", 0) != 0 &&

@@ -185,6 +185,13 @@ class backend {
   sandbox::runtime& rt_;
 };
 
+/// The most `usage.peak_memory_bytes` a run with a memory limit may report: the request's
+/// limit, the sandbox kernel's memory charged beside it (`sandbox_kernel_memory_bytes`), and
+/// 256 KiB (MEMCG_CHARGE_BATCH, 64 pages): the memory controller lets a task that is dying or
+/// being OOM-killed charge past the limit rather than fail ("force" in try_charge,
+/// mm/memcontrol.c); a memory bomb at gvisor peaked one page over the limit so.
+std::uint64_t peak_memory_ceiling(const sandbox::run_result& r, const expectations& expect);
+
 /// Whether the program may learn `result` from /proc/1/<what> (`what`: exe, mem, environ, maps,
 /// fd, root, cwd, status, auxv, comm, or "fd/N" for opening one of PID 1's descriptors;
 /// `result`: "read", "readlink <target>", "listed <fds>", "OK <target>" for an opened fd, or
