@@ -216,11 +216,12 @@ int run_with_signals(sandbox::runtime_options opts, sandbox::run_request req,
 
 /// The ticket of a `run` without `--ticket` (see its comment in cmd_run).
 boost::system::result<sandbox::ticket, sandbox::rejection> local_ticket(const sandbox::policy& p,
-                                                                        const std::string& tool) {
+                                                                        const std::string& tool,
+                                                                        sandbox::isolation level) {
   sandbox::ticket_spec spec{.id = "local",
                             .tenant = "default",
                             .execute = tool.empty(),
-                            .isolation = sandbox::isolation::process,
+                            .isolation = level,
                             .max_timeout = p.max_timeout,
                             .max_memory_bytes = p.max_memory_bytes};
   if (!tool.empty()) spec.tools = {tool};
@@ -237,13 +238,17 @@ int cmd_run(const std::vector<std::string>& args) {
   common_flags c;
   std::string request_path, runtime, out_dir, script, tool, stdin_file;
   std::vector<std::string> files, env, allow_env, egress;
-  std::string timeout_text, memory_text;
+  std::string timeout_text, memory_text, isolation_text;
   bool json = false, force = false, network = false;
   auto d = common_options(c);
   d.add_options()("request", po::value(&request_path), "request JSON file ('-' = stdin)")(
       "ticket", po::value(&c.ticket_path),
       "ticket JSON file (or signed ticket document); without it, a local ticket: tenant "
-      "'default', code.execute at the process level, the policy's ceilings, no network")(
+      "'default', code.execute at the --isolation level, the policy's ceilings, no network "
+      "(printed with -v)")(
+      "isolation", po::value(&isolation_text),
+      "without --ticket: the local ticket's level, process (default), container, gvisor or "
+      "microvm (the weakest registered backend at or above it runs)")(
       "trusted-keys", po::value(&c.trusted_keys),
       "Ed25519 public key file or directory of <kid>.pub.pem: --ticket must be a signed "
       "ticket that verifies against them (repeatable)")("file", po::value(&files),
@@ -269,6 +274,17 @@ int cmd_run(const std::vector<std::string>& args) {
   auto vm = parse(args, d, pos);
   if (c.ticket_path.empty() && !c.trusted_keys.empty()) {
     throw usage_error("run: --trusted-keys needs --ticket (the ticket to verify)");
+  }
+  auto level = sandbox::isolation::process;
+  if (vm.count("isolation") != 0) {
+    if (!c.ticket_path.empty()) {
+      throw usage_error("run: --isolation is for the local ticket; --ticket's level decides");
+    }
+    auto parsed = sandbox::isolation_from_string(isolation_text);
+    if (!parsed) {
+      throw usage_error("run: --isolation must be process, container, gvisor or microvm");
+    }
+    level = *parsed;
   }
   // Numbers are checked here, strictly: "-1" must not wrap to 2^64-1, and 0 is refused as
   // the protocol refuses timeout_ms <= 0 (no silent default).
@@ -296,11 +312,14 @@ int cmd_run(const std::vector<std::string>& args) {
   if (!out_dir.empty()) out_dfd.fd = open_out_dir(out_dir);
   auto opts = options_from(c);
   // Without --ticket, a local one (the CLI acts for the user who runs it): tenant "default",
-  // code.execute (and tool.run for the --tool given) at the process level or stronger, the
-  // policy's ceilings, never the network — a network run needs a ticket that grants it.
-  auto ticket = c.ticket_path.empty() ? local_ticket(opts.policy, tool)
+  // code.execute (and tool.run for the --tool given) at the --isolation level or stronger,
+  // the policy's ceilings, never the network — a network run needs a ticket that grants it.
+  auto ticket = c.ticket_path.empty() ? local_ticket(opts.policy, tool, level)
                                       : load_ticket(c.ticket_path, c.trusted_keys);
   if (!ticket) return print_result(sandbox::rejected_result(ticket.error()), true, nullptr, {});
+  if (c.ticket_path.empty() && c.verbose) {
+    std::cerr << "sandboxctl: local ticket: " << sandbox::encode(*ticket) << "\n";
+  }
 
   for (const auto& name : allow_env) opts.policy.allowed_env.insert(name);
   sandbox::run_request req;

@@ -493,6 +493,33 @@ TEST_CASE("run: without --ticket, a local ticket: code only, no network", "[back
   CHECK(contains(o.err, "code.network"));
 }
 
+TEST_CASE("run: --isolation sets the local ticket's level; -v prints the ticket", "[backend]") {
+  const auto flags = clitest::backend_store_flags();
+  auto script = clitest::write_scratch("level.py", "print(6 * 7)\n");
+  auto o = sandboxctl(with({"run", "-v", "--isolation", "process", script.string()}, flags));
+  INFO("stderr: " << o.err);
+  CHECK(o.status == 0);
+  CHECK(o.out == "42\n");
+  CHECK(contains(o.err, R"(sandboxctl: local ticket: {"v":1,"id":"local","tenant":"default")"));
+  CHECK(contains(o.err, R"("isolation":"process")"));
+  // gvisor is not enabled without a configuration: the level reaches admission, which finds
+  // no backend at or above it (a process-level run would have answered ok).
+  o = sandboxctl(with({"run", "-v", "--isolation", "gvisor", script.string()}, flags));
+  CHECK(o.status == 1);
+  CHECK(contains(o.err, R"("isolation":"gvisor")"));
+  CHECK(contains(o.err, "runtime_unavailable"));
+  CHECK(contains(o.err, "no backend at level 'gvisor' or stronger"));
+  CHECK(o.out.empty());
+  // Bad input: an unknown level, and a level beside a ticket of its own.
+  o = sandboxctl(with({"run", "--isolation", "Process", script.string()}, flags));
+  CHECK(o.status == 2);
+  CHECK(contains(o.err, "--isolation must be process, container, gvisor or microvm"));
+  o = sandboxctl(
+      with({"run", "--isolation", "container", "--ticket", ticket_file(), script.string()}, flags));
+  CHECK(o.status == 2);
+  CHECK(contains(o.err, "--isolation is for the local ticket"));
+}
+
 TEST_CASE("run: a configuration with warm pools still exits after its one run", "[backend]") {
   // `run` prepares no pool (one run has no use for one); it used to wait on the pool forever.
   const auto flags = clitest::backend_store_flags();
