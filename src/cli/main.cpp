@@ -77,6 +77,9 @@ constexpr const char* top_usage =
     "      [--queue-deadline-ms N] [--trusted-keys PATH]...\n"
     "                                                a daemon: the JSON protocol, one line per\n"
     "                                                request, host-wide caps (serve --help)\n"
+    "  mcp --ticket T.json [--config FILE]           an MCP server on stdin/stdout bound to the\n"
+    "                                                ticket: tools run_code, run_tool, put_file,\n"
+    "                                                get_file (docs/mcp.md)\n"
     "\n"
     "store options (every command): --state-dir DIR --image-dir DIR --blob-dir DIR\n"
     "  --cgroup-parent PATH (unprivileged hosts: a delegated cgroup subtree)\n"
@@ -102,7 +105,7 @@ constexpr std::array verbs{
     verb{"blob", sandboxctl::cmd_blob},     verb{"image", sandboxctl::cmd_image},
     verb{"doctor", sandboxctl::cmd_doctor}, verb{"audit", sandboxctl::cmd_audit},
     verb{"ticket", sandboxctl::cmd_ticket}, verb{"receipt", sandboxctl::cmd_receipt},
-    verb{"serve", sandboxctl::cmd_serve},
+    verb{"serve", sandboxctl::cmd_serve},   verb{"mcp", sandboxctl::cmd_mcp},
 };
 
 }  // namespace

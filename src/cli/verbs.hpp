@@ -27,5 +27,7 @@ int cmd_ticket(const std::vector<std::string>& args);
 int cmd_receipt(const std::vector<std::string>& args);
 /// `serve`: the service-mode daemon (serve.cpp; the daemon is src/service).
 int cmd_serve(const std::vector<std::string>& args);
+/// `mcp`: an MCP server over stdio bound to one ticket (mcp.cpp; the server is src/mcp).
+int cmd_mcp(const std::vector<std::string>& args);
 
 }  // namespace sandboxctl

@@ -1,0 +1,454 @@
+// The MCP tools of `sandboxctl mcp` (tools.hpp): schemas from the host's limits, argument
+// decoding, result mapping.
+#include "mcp/tools.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+
+#include "sandbox/json.hpp"
+
+namespace sandbox::mcp {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr std::string_view b64_alphabet =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+// The prefix of `blob_uri`.
+constexpr std::string_view blob_uri_prefix = "urn:agent-sandbox:blob:";
+
+// The smaller of two ceilings, a zero one meaning "none".
+template <class T>
+T ceiling(T a, T b) {
+  if (a == T{}) return b;
+  if (b == T{}) return a;
+  return std::min(a, b);
+}
+
+// The `files` property, shared by run_code and run_tool.
+json files_schema(const sandbox::policy& p) {
+  return {{"type", "object"},
+          {"description",
+           fmt::format("input files by name (at most {}), each given as {{\"text\": UTF-8}}, "
+                       "{{\"base64\": bytes}} or {{\"blob_id\": id from put_file}}",
+                       p.max_input_files)},
+          {"maxProperties", p.max_input_files},
+          {"additionalProperties",
+           {{"type", "object"},
+            {"properties",
+             {{"text", {{"type", "string"}}},
+              {"base64", {{"type", "string"}, {"contentEncoding", "base64"}}},
+              {"blob_id", {{"type", "string"}}}}},
+            {"minProperties", 1},
+            {"maxProperties", 1},
+            {"additionalProperties", false}}}};
+}
+
+// The `timeout_ms` and `memory_bytes` properties.
+void add_limits(json& props, const tool_context& c) {
+  const auto timeout = ceiling(c.policy.max_timeout, c.ticket.max_timeout()).count();
+  const auto memory = ceiling(c.policy.max_memory_bytes, c.ticket.max_memory_bytes());
+  props["timeout_ms"] = {{"type", "integer"},
+                         {"minimum", 1},
+                         {"maximum", timeout},
+                         {"default", std::min<std::int64_t>(2000, timeout)},
+                         {"description", "wall-clock limit of the code, in milliseconds"}};
+  props["memory_bytes"] = {{"type", "integer"},
+                           {"minimum", 1},
+                           {"maximum", memory},
+                           {"description", "memory limit of the whole run, in bytes"}};
+}
+
+// A string argument, or bad_arguments naming it.
+std::optional<bad_arguments> get_string(const json& args, const char* name, std::string& out,
+                                        bool required) {
+  auto it = args.find(name);
+  if (it == args.end()) {
+    if (required) return bad_arguments{fmt::format("{}: required", name)};
+    return std::nullopt;
+  }
+  if (!it->is_string()) return bad_arguments{fmt::format("{}: expected a string", name)};
+  out = it->get<std::string>();
+  return std::nullopt;
+}
+
+// A positive integer argument no larger than `max`.
+std::optional<bad_arguments> get_count(const json& args, const char* name,
+                                       std::optional<std::uint64_t>& out, std::uint64_t max) {
+  auto it = args.find(name);
+  if (it == args.end()) return std::nullopt;
+  if (!it->is_number_unsigned() && !it->is_number_integer()) {
+    return bad_arguments{fmt::format("{}: expected an integer", name)};
+  }
+  if (it->is_number_integer() && it->get<std::int64_t>() < 1) {
+    return bad_arguments{fmt::format("{}: must be at least 1", name)};
+  }
+  auto v = it->get<std::uint64_t>();
+  if (v > max) return bad_arguments{fmt::format("{}: must be at most {}", name, max)};
+  out = v;
+  return std::nullopt;
+}
+
+// The bytes of a {"text"} or {"base64"} object (put_file's arguments, a run's file).
+std::variant<std::string, bad_arguments> bytes_of(const json& v, const std::string& what) {
+  if (auto t = v.find("text"); t != v.end()) {
+    if (!t->is_string()) return bad_arguments{what + ".text: expected a string"};
+    return t->get<std::string>();
+  }
+  if (auto b = v.find("base64"); b != v.end()) {
+    if (!b->is_string()) return bad_arguments{what + ".base64: expected a string"};
+    auto bytes = base64_decode(b->get_ref<const std::string&>());
+    if (!bytes) return bad_arguments{what + ".base64: not valid base64"};
+    return std::move(*bytes);
+  }
+  return bad_arguments{what + ": expected \"text\" or \"base64\""};
+}
+
+// Text of a stream's summary section, or nothing when it is empty.
+std::string stream_text(const char* name, const stream_capture& s) {
+  if (s.total_bytes == 0) return {};
+  return fmt::format("--- {} ({} bytes{}) ---\n{}{}", name, s.total_bytes,
+                     s.truncated ? ", truncated" : "", s.summary,
+                     s.summary.empty() || s.summary.back() == '\n' ? "" : "\n");
+}
+
+}  // namespace
+
+std::string base64_encode(std::string_view bytes) {
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  std::size_t i = 0;
+  for (; i + 3 <= bytes.size(); i += 3) {
+    const auto n = static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[i]) << 16 |
+                                              static_cast<unsigned char>(bytes[i + 1]) << 8 |
+                                              static_cast<unsigned char>(bytes[i + 2]));
+    for (int s = 18; s >= 0; s -= 6) out.push_back(b64_alphabet[(n >> s) & 63]);
+  }
+  if (const auto rest = bytes.size() - i; rest > 0) {
+    std::uint32_t n = static_cast<unsigned char>(bytes[i]) << 16;
+    if (rest == 2) n |= static_cast<unsigned char>(bytes[i + 1]) << 8;
+    out.push_back(b64_alphabet[(n >> 18) & 63]);
+    out.push_back(b64_alphabet[(n >> 12) & 63]);
+    out.push_back(rest == 2 ? b64_alphabet[(n >> 6) & 63] : '=');
+    out.push_back('=');
+  }
+  return out;
+}
+
+std::optional<std::string> base64_decode(std::string_view text) {
+  if (text.size() % 4 != 0) return std::nullopt;
+  std::array<int, 256> value{};
+  value.fill(-1);
+  for (std::size_t k = 0; k < b64_alphabet.size(); ++k) {
+    value[static_cast<unsigned char>(b64_alphabet[k])] = static_cast<int>(k);
+  }
+  std::string out;
+  out.reserve(text.size() / 4 * 3);
+  for (std::size_t i = 0; i < text.size(); i += 4) {
+    const bool last = i + 4 == text.size();
+    int pad = 0;
+    std::uint32_t n = 0;
+    for (std::size_t k = 0; k < 4; ++k) {
+      const auto c = static_cast<unsigned char>(text[i + k]);
+      if (c == '=' && last && k >= 2) {
+        ++pad;
+        n <<= 6;
+        continue;
+      }
+      if (pad > 0 || value[c] < 0) return std::nullopt;  // data after '=', or not base64
+      n = n << 6 | static_cast<std::uint32_t>(value[c]);
+    }
+    out.push_back(static_cast<char>(n >> 16));
+    if (pad < 2) out.push_back(static_cast<char>(n >> 8 & 0xff));
+    if (pad < 1) out.push_back(static_cast<char>(n & 0xff));
+  }
+  return out;
+}
+
+std::string_view image_mime_type(std::string_view bytes) {
+  if (bytes.starts_with(std::string_view("\x89PNG\r\n\x1a\n", 8))) return "image/png";
+  if (bytes.starts_with("\xff\xd8\xff")) return "image/jpeg";
+  return {};
+}
+
+std::string blob_uri(std::string_view blob_id) {
+  return std::string(blob_uri_prefix) + std::string(blob_id);
+}
+
+json list_tools(const tool_context& c) {
+  json tools = json::array();
+  json runtimes = json::array();
+  for (const auto& [name, digest] : c.catalog.runtimes) {
+    if (digest) runtimes.push_back(name);
+  }
+  if (c.ticket.allows(action::code_execute) && !runtimes.empty()) {
+    json props = {
+        {"runtime", {{"type", "string"}, {"enum", runtimes}, {"description", "the language"}}},
+        {"source",
+         {{"type", "string"},
+          {"maxLength", c.policy.max_source_bytes},
+          {"description",
+           fmt::format("the program text (UTF-8, at most {} bytes)", c.policy.max_source_bytes)}}},
+        {"files", files_schema(c.policy)},
+        {"network",
+         {{"type", "boolean"},
+          {"default", false},
+          {"description",
+           "the code needs the network (only the egress hosts); needs a grant the "
+           "server's ticket may lack, and then a human's approval"}}},
+        {"egress",
+         {{"type", "array"},
+          {"items", {{"type", "string"}}},
+          {"description", "host names (or *.suffix) a network run may reach"}}}};
+    add_limits(props, c);
+    tools.push_back(
+        {{"name", "run_code"},
+         {"title", "Run code in a sandbox"},
+         {"description",
+          "Runs a program in a fresh sandbox and returns its exit status, stdout and stderr; "
+          "files it writes to its working directory come back (PNG/JPEG as images, others "
+          "as links for get_file). A non-ok outcome is an error whose text starts with its "
+          "code (timeout, oom, action_denied, approval_required, ...)."},
+         {"inputSchema",
+          {{"type", "object"},
+           {"properties", props},
+           {"required", {"runtime", "source"}},
+           {"additionalProperties", false}}}});
+  }
+  json names = json::array();
+  for (const auto& [name, t] : c.catalog.tools) {
+    if (t.digest && t.unusable.empty() && c.ticket.allows_tool(name)) names.push_back(name);
+  }
+  if (!names.empty()) {
+    json props = {
+        {"tool", {{"type", "string"}, {"enum", names}, {"description", "the registered tool"}}},
+        {"stdin",
+         {{"type", "string"},
+          {"maxLength", c.policy.max_stdin_bytes},
+          {"description", "the tool's standard input (UTF-8)"}}},
+        {"files", files_schema(c.policy)}};
+    add_limits(props, c);
+    tools.push_back({{"name", "run_tool"},
+                     {"title", "Run a registered tool"},
+                     {"description",
+                      "Runs one of the host's registered tools (fixed program and arguments) "
+                      "on the given standard input and files, in a sandbox."},
+                     {"inputSchema",
+                      {{"type", "object"},
+                       {"properties", props},
+                       {"required", {"tool"}},
+                       {"additionalProperties", false}}}});
+  }
+  tools.push_back(
+      {{"name", "put_file"},
+       {"title", "Store a file"},
+       {"description",
+        "Stores bytes as a blob; returns its blob id, for run_code's files ({\"blob_id\"})."},
+       {"inputSchema",
+        {{"type", "object"},
+         {"properties",
+          {{"text", {{"type", "string"}}},
+           {"base64", {{"type", "string"}, {"contentEncoding", "base64"}}}}},
+         {"minProperties", 1},
+         {"maxProperties", 1},
+         {"additionalProperties", false}}}});
+  tools.push_back(
+      {{"name", "get_file"},
+       {"title", "Fetch a file"},
+       {"description",
+        "Returns a blob's bytes (an output file's resource link, or a put_file id): images as "
+        "image content, UTF-8 as text, other bytes as an embedded base64 resource."},
+       {"inputSchema",
+        {{"type", "object"},
+         {"properties",
+          {{"blob_id",
+            {{"type", "string"},
+             {"description", "sha256:<hex>, or the urn:agent-sandbox:blob: URI of a link"}}}}},
+         {"required", {"blob_id"}},
+         {"additionalProperties", false}}}});
+  return tools;
+}
+
+std::variant<run_request, bad_arguments> decode_run_arguments(const json& args,
+                                                              const tool_context& c, bool tool,
+                                                              blob_store& blobs) {
+  run_request req;
+  const std::array<std::string_view, 6> code_keys{"runtime", "source",     "files",
+                                                  "network", "timeout_ms", "memory_bytes"};
+  const std::array<std::string_view, 6> tool_keys{"tool",       "stdin",        "files",
+                                                  "timeout_ms", "memory_bytes", "stdin"};
+  for (const auto& [key, value] : args.items()) {
+    const bool known =
+        tool ? std::find(tool_keys.begin(), tool_keys.end(), key) != tool_keys.end()
+             : std::find(code_keys.begin(), code_keys.end(), key) != code_keys.end() ||
+                   key == "egress";
+    if (!known) return bad_arguments{fmt::format("{}: not an argument of this tool", key)};
+  }
+  if (tool) {
+    if (auto e = get_string(args, "tool", req.tool, true)) return *e;
+    std::string in;
+    if (args.contains("stdin")) {
+      if (auto e = get_string(args, "stdin", in, false)) return *e;
+      req.std_in = std::move(in);
+    }
+  } else {
+    if (auto e = get_string(args, "runtime", req.runtime, true)) return *e;
+    if (auto e = get_string(args, "source", req.source, true)) return *e;
+    if (auto n = args.find("network"); n != args.end()) {
+      if (!n->is_boolean()) return bad_arguments{"network: expected a boolean"};
+      req.network = n->get<bool>();
+    }
+    if (auto eg = args.find("egress"); eg != args.end()) {
+      if (!eg->is_array()) return bad_arguments{"egress: expected an array of strings"};
+      for (const auto& h : *eg) {
+        if (!h.is_string()) return bad_arguments{"egress: expected an array of strings"};
+        req.egress.push_back(h.get<std::string>());
+      }
+    }
+  }
+  std::optional<std::uint64_t> timeout, memory;
+  const auto max_timeout = ceiling(c.policy.max_timeout, c.ticket.max_timeout()).count();
+  if (auto e = get_count(args, "timeout_ms", timeout, static_cast<std::uint64_t>(max_timeout))) {
+    return *e;
+  }
+  if (auto e = get_count(args, "memory_bytes", memory,
+                         ceiling(c.policy.max_memory_bytes, c.ticket.max_memory_bytes()))) {
+    return *e;
+  }
+  if (timeout) req.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(*timeout));
+  if (memory) req.memory_limit_bytes = *memory;
+  if (auto f = args.find("files"); f != args.end()) {
+    if (!f->is_object()) return bad_arguments{"files: expected an object of name to file"};
+    if (f->size() > c.policy.max_input_files) {
+      return bad_arguments{fmt::format("files: at most {} files", c.policy.max_input_files)};
+    }
+    for (const auto& [name, v] : f->items()) {
+      const std::string what = "files." + name;
+      if (!v.is_object() || v.size() != 1) {
+        return bad_arguments{what + ": expected one of \"text\", \"base64\", \"blob_id\""};
+      }
+      if (auto id = v.find("blob_id"); id != v.end()) {
+        if (!id->is_string()) return bad_arguments{what + ".blob_id: expected a string"};
+        auto s = id->get<std::string>();
+        if (s.starts_with(blob_uri_prefix)) s.erase(0, blob_uri_prefix.size());
+        req.files_in.push_back({.name = name, .blob = std::move(s)});
+        continue;
+      }
+      auto bytes = bytes_of(v, what);
+      if (auto* e = std::get_if<bad_arguments>(&bytes)) return *e;
+      auto& b = std::get<std::string>(bytes);
+      if (b.size() > c.policy.max_input_bytes) {
+        return bad_arguments{
+            fmt::format("{}: larger than {} bytes", what, c.policy.max_input_bytes)};
+      }
+      auto id = blobs.put(c.ticket.tenant(), b);
+      if (!id) return bad_arguments{fmt::format("{}: not stored: {}", what, id.error().message())};
+      req.files_in.push_back({.name = name, .blob = *id});
+    }
+  }
+  return req;
+}
+
+json error_result(std::string text) {
+  return {{"content", json::array({{{"type", "text"}, {"text", std::move(text)}}})},
+          {"isError", true}};
+}
+
+json call_result(const run_result& r, const blob_store& blobs, std::string_view tenant) {
+  std::string text(to_string(r.code));
+  if (!r.message.empty()) text += ": " + r.message;
+  text += "\n";
+  if (r.code == code::approval_required && r.approval) {
+    const auto& a = *r.approval;
+    std::string domains;
+    for (const auto& d : a.domains) domains += (domains.empty() ? "" : ", ") + d;
+    text += fmt::format(
+        "A human must approve network access to [{}] for ticket '{}' (tenant '{}', {} ms, "
+        "source sha256 {}). This server never grants it itself: the operator approves it "
+        "(sandboxctl ticket derive --approval) and restarts the server bound to the derived "
+        "ticket; then call again with the same arguments.\n",
+        domains, a.ticket_id, a.tenant, a.timeout.count(), a.source_sha256);
+  }
+  if (r.exit_code) text += fmt::format("exit code: {}\n", *r.exit_code);
+  if (r.signal) text += fmt::format("signal: {}\n", *r.signal);
+  if (!r.backend.empty()) {
+    text += fmt::format("wall {} ms, cpu {} ms, peak memory {} bytes, {} (timeout {} ms{})\n",
+                        r.usage.wall.count(), r.usage.cpu.count(), r.usage.peak_memory_bytes,
+                        to_string(r.isolation), r.timeout.count(),
+                        r.timeout_clamped ? ", clamped" : "");
+  }
+  text += stream_text("stdout", r.std_out);
+  text += stream_text("stderr", r.std_err);
+  for (const auto& d : r.files_dropped) {
+    text += fmt::format("output '{}' dropped: {}\n", d.name_display, to_string(d.reason));
+  }
+  json content = json::array({{{"type", "text"}, {"text", std::move(text)}}});
+  for (const auto& f : r.files_out) {
+    if (f.bytes <= max_inline_image_bytes) {
+      if (auto bytes = blobs.get(tenant, f.blob)) {
+        if (auto mime = image_mime_type(*bytes); !mime.empty()) {
+          content.push_back(
+              {{"type", "image"}, {"data", base64_encode(*bytes)}, {"mimeType", mime}});
+          continue;
+        }
+      }
+    }
+    content.push_back({{"type", "resource_link"},
+                       {"uri", blob_uri(f.blob)},
+                       {"name", f.name},
+                       {"description", fmt::format("output file '{}', {} bytes (get_file {})",
+                                                   f.name, f.bytes, f.blob)},
+                       {"size", f.bytes}});
+  }
+  content.push_back({{"type", "text"}, {"text", encode(r)}});
+  return {{"content", std::move(content)}, {"isError", r.code != code::ok}};
+}
+
+std::variant<json, bad_arguments> put_file(const json& args, blob_store& blobs,
+                                           std::string_view tenant, std::uint64_t max_bytes) {
+  for (const auto& [key, v] : args.items()) {
+    if (key != "text" && key != "base64") {
+      return bad_arguments{fmt::format("{}: not an argument of this tool", key)};
+    }
+  }
+  if (args.size() != 1) return bad_arguments{"give exactly one of \"text\" or \"base64\""};
+  auto bytes = bytes_of(args, "file");
+  if (auto* e = std::get_if<bad_arguments>(&bytes)) return *e;
+  const auto& b = std::get<std::string>(bytes);
+  if (b.size() > max_bytes) return error_result(fmt::format("too_large: over {} bytes", max_bytes));
+  auto id = blobs.put(tenant, b);
+  if (!id) return error_result("blob_store: " + id.error().message());
+  return json{{"content", json::array({{{"type", "text"}, {"text", *id}}})}, {"isError", false}};
+}
+
+std::variant<json, bad_arguments> get_file(const json& args, const blob_store& blobs,
+                                           std::string_view tenant) {
+  for (const auto& [key, v] : args.items()) {
+    if (key != "blob_id")
+      return bad_arguments{fmt::format("{}: not an argument of this tool", key)};
+  }
+  std::string id;
+  if (auto e = get_string(args, "blob_id", id, true)) return *e;
+  if (id.starts_with(blob_uri_prefix)) id.erase(0, blob_uri_prefix.size());
+  auto bytes = blobs.get(tenant, id);
+  if (!bytes)
+    return error_result(fmt::format("blob_not_found: {}: {}", id, bytes.error().message()));
+  json item;
+  if (auto mime = image_mime_type(*bytes); !mime.empty()) {
+    item = {{"type", "image"}, {"data", base64_encode(*bytes)}, {"mimeType", mime}};
+  } else if (is_valid_utf8(*bytes)) {
+    item = {{"type", "text"}, {"text", *bytes}};
+  } else {
+    item = {{"type", "resource"},
+            {"resource",
+             {{"uri", blob_uri(id)},
+              {"mimeType", "application/octet-stream"},
+              {"blob", base64_encode(*bytes)}}}};
+  }
+  return json{{"content", json::array({item})}, {"isError", false}};
+}
+
+}  // namespace sandbox::mcp
