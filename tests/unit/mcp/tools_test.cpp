@@ -1,0 +1,190 @@
+// The MCP tools of `sandboxctl mcp` (src/mcp/tools.hpp): schemas made from the host's
+// limits, strict argument decoding, and results mapped onto MCP content (images by their
+// magic bytes, other files as links, isError with the stable code first).
+#include "mcp/tools.hpp"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+using nlohmann::json;
+namespace mcp = sandbox::mcp;
+
+sandbox::ticket ticket_with(std::chrono::milliseconds max_timeout, bool execute = true) {
+  return sandbox::ticket_issuer{}
+      .issue({.id = "t", .tenant = "acme", .execute = execute, .max_timeout = max_timeout})
+      .value();
+}
+
+sandbox::host_catalog catalog() {
+  sandbox::host_catalog c;
+  c.levels = {sandbox::isolation::process};
+  c.runtimes = {{"python3", "sha256:aa"}, {"node", "sha256:bb"}, {"absent", std::nullopt}};
+  return c;
+}
+
+const json* find_tool(const json& tools, std::string_view name) {
+  for (const auto& t : tools) {
+    if (t["name"] == name) return &t;
+  }
+  return nullptr;
+}
+
+const std::string png_magic("\x89PNG\r\n\x1a\n\0\0\0\rIHDR", 16);
+
+}  // namespace
+
+TEST_CASE("mcp tools: run_code's schema carries the host's limits", "[mcp]") {
+  sandbox::policy p;
+  p.max_source_bytes = 1234;
+  p.max_timeout = std::chrono::milliseconds(8000);
+  const auto t = ticket_with(std::chrono::milliseconds(3000));
+  const auto cat = catalog();
+  auto tools = mcp::list_tools({.policy = p, .catalog = cat, .ticket = t});
+  const json* run = find_tool(tools, "run_code");
+  REQUIRE(run != nullptr);
+  const auto& props = (*run)["inputSchema"]["properties"];
+  CHECK(props["source"]["maxLength"] == 1234);
+  CHECK(props["timeout_ms"]["maximum"] == 3000);               // the ticket's ceiling is lower
+  CHECK(props["runtime"]["enum"] == json{"node", "python3"});  // installed ones only
+  CHECK((*run)["inputSchema"]["required"] == json{"runtime", "source"});
+  CHECK(find_tool(tools, "put_file") != nullptr);
+  CHECK(find_tool(tools, "get_file") != nullptr);
+  CHECK(find_tool(tools, "run_tool") == nullptr);  // no registered tool
+
+  // A ticket without code.execute gets no run_code.
+  const auto no_exec = ticket_with(std::chrono::milliseconds(3000), false);
+  auto fewer = mcp::list_tools({.policy = p, .catalog = cat, .ticket = no_exec});
+  CHECK(find_tool(fewer, "run_code") == nullptr);
+}
+
+TEST_CASE("mcp tools: run_code's arguments are decoded strictly", "[mcp]") {
+  sandbox::policy p;
+  const auto t = ticket_with(std::chrono::milliseconds(3000));
+  const auto cat = catalog();
+  auto blobs = sandbox::make_memory_blob_store();
+  const mcp::tool_context c{.policy = p, .catalog = cat, .ticket = t};
+  auto ok = mcp::decode_run_arguments(
+      {{"runtime", "python3"},
+       {"source", "print(1)"},
+       {"timeout_ms", 500},
+       {"files", {{"a.txt", {{"text", "hi"}}}, {"b.bin", {{"base64", "AAH/"}}}}}},
+      c, false, *blobs);
+  REQUIRE(std::holds_alternative<sandbox::run_request>(ok));
+  const auto& req = std::get<sandbox::run_request>(ok);
+  CHECK(req.runtime == "python3");
+  CHECK(req.timeout == std::chrono::milliseconds(500));
+  REQUIRE(req.files_in.size() == 2);
+  CHECK(blobs->get("acme", req.files_in[0].blob).value() == "hi");
+  CHECK(blobs->get("acme", req.files_in[1].blob).value() == std::string("\0\1\xff", 3));
+
+  auto bad = [&](const json& args) {
+    auto r = mcp::decode_run_arguments(args, c, false, *blobs);
+    REQUIRE(std::holds_alternative<mcp::bad_arguments>(r));
+    return std::get<mcp::bad_arguments>(r).message;
+  };
+  CHECK(bad({{"source", "x"}}) == "runtime: required");
+  CHECK(bad({{"runtime", 3}, {"source", "x"}}) == "runtime: expected a string");
+  CHECK(bad({{"runtime", "python3"}, {"source", "x"}, {"timeout_ms", 0}}) ==
+        "timeout_ms: must be at least 1");
+  CHECK(bad({{"runtime", "python3"}, {"source", "x"}, {"timeout_ms", 3001}}) ==
+        "timeout_ms: must be at most 3000");
+  CHECK(bad({{"runtime", "python3"}, {"source", "x"}, {"timeout_ms", "5"}}) ==
+        "timeout_ms: expected an integer");
+  CHECK(bad({{"runtime", "python3"}, {"source", "x"}, {"ticket", "mine"}}) ==
+        "ticket: not an argument of this tool");
+  CHECK(bad({{"runtime", "python3"}, {"source", "x"}, {"files", {{"a", {{"base64", "!!"}}}}}}) ==
+        "files.a.base64: not valid base64");
+  CHECK(bad({{"runtime", "python3"}, {"source", "x"}, {"files", {{"a", "text"}}}}) ==
+        "files.a: expected one of \"text\", \"base64\", \"blob_id\"");
+}
+
+TEST_CASE("mcp tools: base64 round-trips and refuses what is not base64", "[mcp]") {
+  for (std::string s : {std::string(), std::string("f"), std::string("fo"), std::string("foo"),
+                        std::string("foob"), std::string("\0\xff\x10", 3)}) {
+    CHECK(mcp::base64_decode(mcp::base64_encode(s)) == s);
+  }
+  CHECK(mcp::base64_encode("foobar") == "Zm9vYmFy");
+  CHECK(mcp::base64_encode("fo") == "Zm8=");
+  CHECK_FALSE(mcp::base64_decode("Zm8"));       // no padding
+  CHECK_FALSE(mcp::base64_decode("Z=m8"));      // padding inside
+  CHECK_FALSE(mcp::base64_decode("Zm8=Zm8="));  // padding before the end
+  CHECK_FALSE(mcp::base64_decode("Zm 8"));
+}
+
+TEST_CASE("mcp tools: results map onto MCP content", "[mcp]") {
+  auto blobs = sandbox::make_memory_blob_store();
+  const auto png = png_magic + "rest";
+  const auto png_id = blobs->put("acme", png).value();
+  const auto csv_id = blobs->put("acme", "a,b\n1,2\n").value();
+  const auto jpeg_named_png = blobs->put("acme", std::string("\xff\xd8\xff\xe0rest")).value();
+  sandbox::run_result r;
+  r.code = sandbox::code::ok;
+  r.exit_code = 0;
+  r.std_out = {.summary = "42\n", .bytes = 3, .total_bytes = 3};
+  r.files_out = {{.name = "chart.png", .blob = png_id, .bytes = png.size()},
+                 {.name = "data.csv", .blob = csv_id, .bytes = 8},
+                 {.name = "photo.png", .blob = jpeg_named_png, .bytes = 8}};
+  auto res = mcp::call_result(r, *blobs, "acme");
+  CHECK(res["isError"] == false);
+  const auto& content = res["content"];
+  REQUIRE(content.size() == 5);
+  CHECK(content[0]["type"] == "text");
+  CHECK(content[0]["text"].get<std::string>().starts_with("ok\n"));
+  CHECK(content[0]["text"].get<std::string>().find("42\n") != std::string::npos);
+  CHECK(content[1] ==
+        json{{"type", "image"}, {"data", mcp::base64_encode(png)}, {"mimeType", "image/png"}});
+  CHECK(content[2]["type"] == "resource_link");
+  CHECK(content[2]["uri"] == "urn:agent-sandbox:blob:" + csv_id);
+  CHECK(content[2]["name"] == "data.csv");
+  CHECK(content[3]["mimeType"] == "image/jpeg");  // magic bytes, not the name
+  CHECK(content[4]["type"] == "text");            // the result JSON
+  CHECK(json::parse(content[4]["text"].get<std::string>())["code"] == "ok");
+
+  // Every other code is an error with the stable code first.
+  sandbox::run_result t;
+  t.code = sandbox::code::timeout;
+  t.message = "killed after 100 ms";
+  auto terr = mcp::call_result(t, *blobs, "acme");
+  CHECK(terr["isError"] == true);
+  CHECK(terr["content"][0]["text"].get<std::string>().starts_with("timeout: killed after"));
+
+  sandbox::run_result a;
+  a.code = sandbox::code::approval_required;
+  a.approval =
+      sandbox::approval_request{.ticket_id = "t", .tenant = "acme", .domains = {"example.com"}};
+  auto aerr = mcp::call_result(a, *blobs, "acme");
+  CHECK(aerr["isError"] == true);
+  const auto text = aerr["content"][0]["text"].get<std::string>();
+  CHECK(text.starts_with("approval_required"));
+  CHECK(text.find("[example.com]") != std::string::npos);
+  CHECK(text.find("never grants") != std::string::npos);
+}
+
+TEST_CASE("mcp tools: put_file and get_file keep to the tenant's blobs", "[mcp]") {
+  auto blobs = sandbox::make_memory_blob_store();
+  auto put = mcp::put_file({{"base64", mcp::base64_encode(std::string("\0\xff", 2))}}, *blobs,
+                           "acme", 1024);
+  REQUIRE(std::holds_alternative<json>(put));
+  const auto id = std::get<json>(put)["content"][0]["text"].get<std::string>();
+  CHECK(id.starts_with("sha256:"));
+  auto got = mcp::get_file({{"blob_id", "urn:agent-sandbox:blob:" + id}}, *blobs, "acme");
+  REQUIRE(std::holds_alternative<json>(got));
+  const auto& item = std::get<json>(got)["content"][0];
+  CHECK(item["type"] == "resource");
+  CHECK(mcp::base64_decode(item["resource"]["blob"].get<std::string>()) ==
+        std::string("\0\xff", 2));
+  // Another tenant's id is not found; a bad argument is refused.
+  auto other = mcp::get_file({{"blob_id", id}}, *blobs, "other");
+  REQUIRE(std::holds_alternative<json>(other));
+  CHECK(std::get<json>(other)["isError"] == true);
+  CHECK(
+      std::get<json>(other)["content"][0]["text"].get<std::string>().starts_with("blob_not_found"));
+  CHECK(std::holds_alternative<mcp::bad_arguments>(
+      mcp::put_file({{"text", "a"}, {"base64", "YQ=="}}, *blobs, "acme", 1024)));
+  auto big = mcp::put_file({{"text", std::string(2000, 'x')}}, *blobs, "acme", 1024);
+  REQUIRE(std::holds_alternative<json>(big));
+  CHECK(std::get<json>(big)["isError"] == true);
+}
