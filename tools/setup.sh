@@ -137,4 +137,14 @@ if [ -n "$images_pid" ]; then
   images_pid=""
   grep -a '==> image' "$images_log" >&2 || true
 fi
+# 4. The official MCP TypeScript SDK client for the `sandboxctl mcp` test (tests/mcp), exactly
+#    as its package-lock.json pins it. Skipped when node_modules was installed from this very
+#    lock file (a stamp holds the lock's hash).
+MCP_TEST="$ROOT/tests/mcp"
+mcp_lock_hash=$(sha256sum "$MCP_TEST/package-lock.json" | cut -d' ' -f1)
+if [ "$(cat "$MCP_TEST/node_modules/.agent-sandbox-lock.sha256" 2>/dev/null)" != "$mcp_lock_hash" ]; then
+  log "installing the MCP SDK client for tests/mcp (npm ci)"
+  (cd "$MCP_TEST" && npm ci --no-audit --no-fund --ignore-scripts)
+  echo "$mcp_lock_hash" >"$MCP_TEST/node_modules/.agent-sandbox-lock.sha256"
+fi
 log "set-up done"

@@ -46,6 +46,17 @@ class server {
     // A level is proved only when a run first needs it: the server answers `initialize`
     // at once, and a host whose calls all run at the process level never boots a VM.
     opts.levels_on_demand = true;
+    // A network run whose ticket lacks code.network ends approval_required with what a
+    // human must approve (the tool error names it): the MCP client holds no key and sends no
+    // ticket, so it can never grant itself anything; the operator approves out of band and
+    // binds the server to the derived ticket. A host's own approver is kept.
+    if (!opts.approver) {
+      opts.approver = sandbox::make_callback_approver(
+          [](sandbox::approval_request, sandbox::approval_callback answer) {
+            answer(sandbox::approval_decision::defer(
+                "a human must approve this network access; the MCP client cannot"));
+          });
+    }
     auto rt = sandbox::runtime::create(io_.get_executor(), std::move(opts));
     if (!rt) {
       std::cerr << "sandboxctl: mcp: cannot start the runtime: " << rt.error().message() << "\n";

@@ -208,10 +208,11 @@ json list_tools(const tool_context& c) {
         {{"name", "run_code"},
          {"title", "Run code in a sandbox"},
          {"description",
-          "Runs a program in a fresh sandbox and returns its exit status, stdout and stderr; "
-          "files it writes to its working directory come back (PNG/JPEG as images, others "
-          "as links for get_file). A non-ok outcome is an error whose text starts with its "
-          "code (timeout, oom, action_denied, approval_required, ...)."},
+          "Runs a program in a fresh sandbox and returns its exit status, stdout and stderr. "
+          "Input files are in the directory $SANDBOX_INPUT_DIR; files the program writes to "
+          "$SANDBOX_OUTPUT_DIR come back (PNG/JPEG as images, others as links for get_file). "
+          "A non-ok outcome is an error whose text starts with its code (timeout, oom, "
+          "action_denied, approval_required, ...)."},
          {"inputSchema",
           {{"type", "object"},
            {"properties", props},
@@ -368,8 +369,9 @@ json call_result(const run_result& r, const blob_store& blobs, std::string_view 
     text += fmt::format(
         "A human must approve network access to [{}] for ticket '{}' (tenant '{}', {} ms, "
         "source sha256 {}). This server never grants it itself: the operator approves it "
-        "(sandboxctl ticket derive --approval) and restarts the server bound to the derived "
-        "ticket; then call again with the same arguments.\n",
+        "(the result's \"approval\" object, below, is the request for sandboxctl ticket "
+        "derive --approval) and restarts the server bound to the derived ticket; then call "
+        "again with the same arguments.\n",
         domains, a.ticket_id, a.tenant, a.timeout.count(), a.source_sha256);
   }
   if (r.exit_code) text += fmt::format("exit code: {}\n", *r.exit_code);

@@ -1,0 +1,292 @@
+// `sandboxctl mcp` driven by the official MCP TypeScript SDK client (@modelcontextprotocol/sdk,
+// pinned in package.json / package-lock.json, installed by tools/setup.sh) over its
+// StdioClientTransport: list tools, run code, a chart image, a refusal, a timeout, a
+// malformed call, cancellation, and a client that disconnects mid-run (the run's processes are
+// gone afterwards). Run by CTest ("mcp: sandboxctl mcp with the SDK client (stdio)") as
+//   node tests/mcp/mcp.test.mjs SANDBOXCTL
+// (or `SANDBOXCTL=... node --test tests/mcp/`). Exits 77 (skipped) when the SDK is not
+// installed or the host has no python3 image, unless CI=true or SANDBOX_MUST_WORK=1.
+import assert from "node:assert/strict";
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, before, test } from "node:test";
+
+const sandboxctl = process.argv[2] ?? process.env.SANDBOXCTL;
+const mustWork = process.env.CI === "true" || process.env.SANDBOX_MUST_WORK === "1";
+
+function skip(why) {
+  console.error(`mcp test: ${why}`);
+  process.exit(mustWork ? 1 : 77);
+}
+
+if (!sandboxctl || !existsSync(sandboxctl)) skip("no sandboxctl (argv[1] or SANDBOXCTL)");
+let Client, StdioClientTransport, McpError;
+try {
+  ({ Client } = await import("@modelcontextprotocol/sdk/client/index.js"));
+  ({ StdioClientTransport } = await import("@modelcontextprotocol/sdk/client/stdio.js"));
+  ({ McpError } = await import("@modelcontextprotocol/sdk/types.js"));
+} catch (e) {
+  skip(`the MCP SDK is not installed (tools/setup.sh installs it): ${e.message}`);
+}
+if (spawnSync(sandboxctl, ["image", "current", "python3"]).status !== 0) {
+  skip("no python3 image (tools/setup.sh builds it)");
+}
+
+const scratch = mkdtempSync(join(tmpdir(), "sandbox-mcp-test-"));
+const ticketPath = join(scratch, "ticket.json");
+writeFileSync(
+  ticketPath,
+  JSON.stringify({
+    v: 1,
+    id: "mcp-test",
+    tenant: "acme",
+    actions: ["code.execute"],
+    isolation: "process",
+    max_timeout_ms: 8000,
+    max_memory_bytes: 536870912,
+  }),
+);
+const serverArgs = [
+  "mcp",
+  "--ticket",
+  ticketPath,
+  "--state-dir",
+  join(scratch, "state"),
+  "--blob-dir",
+  join(scratch, "blobs"),
+];
+
+// A connected SDK client on a fresh `sandboxctl mcp`.
+async function connect(extraArgs = []) {
+  const transport = new StdioClientTransport({
+    command: sandboxctl,
+    args: [...serverArgs, ...extraArgs],
+    stderr: "pipe",
+  });
+  const client = new Client({ name: "agent-sandbox-test", version: "1.0.0" });
+  await client.connect(transport);
+  return { client, transport };
+}
+
+// Pids of the processes whose argv holds `marker`.
+function processesWith(marker) {
+  const found = [];
+  for (const pid of readdirSync("/proc").filter((d) => /^\d+$/.test(d))) {
+    try {
+      if (readFileSync(`/proc/${pid}/cmdline`, "latin1").includes(marker)) found.push(pid);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return found;
+}
+
+// Whether `pid` is still a live process (a zombie counts as gone).
+function alive(pid) {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "latin1");
+    return !/^\d+ \(.*\) Z/.test(stat);
+  } catch {
+    return false;
+  }
+}
+
+async function waitFor(what, predicate, ms = 15000) {
+  const end = Date.now() + ms;
+  while (!predicate()) {
+    if (Date.now() > end) assert.fail(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+// Code that replaces itself with a sleeping python3 whose argv carries `marker`.
+const sleeper = (marker) =>
+  `import os, sys\nos.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", "${marker}"])\n`;
+
+// A 2x2 red PNG written with zlib only, into the run's output directory.
+const pngSource = `
+import os, struct, zlib
+def chunk(kind, data):
+    body = kind + data
+    return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xffffffff)
+raw = b"".join(b"\\x00" + b"\\xff\\x00\\x00" * 2 for _ in range(2))
+png = (b"\\x89PNG\\r\\n\\x1a\\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0))
+       + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+out = os.environ["SANDBOX_OUTPUT_DIR"]
+open(os.path.join(out, "chart.png"), "wb").write(png)
+open(os.path.join(out, "data.csv"), "w").write("a,b\\n1,2\\n")
+print("wrote chart")
+`;
+
+let shared;
+before(async () => {
+  shared = await connect();
+});
+after(async () => {
+  await shared?.client.close();
+  rmSync(scratch, { recursive: true, force: true });
+});
+
+test("tools/list: run_code with the host's limits, put_file, get_file", async () => {
+  const { tools } = await shared.client.listTools();
+  const names = tools.map((t) => t.name);
+  assert.ok(names.includes("run_code"));
+  assert.ok(names.includes("put_file"));
+  assert.ok(names.includes("get_file"));
+  const run = tools.find((t) => t.name === "run_code");
+  assert.equal(run.inputSchema.properties.source.maxLength, 32768);
+  assert.equal(run.inputSchema.properties.timeout_ms.maximum, 8000);
+  assert.ok(run.inputSchema.properties.runtime.enum.includes("python3"));
+});
+
+test("run_code: print(6*7) is ok and prints 42", async () => {
+  const r = await shared.client.callTool({
+    name: "run_code",
+    arguments: { runtime: "python3", source: "print(6*7)" },
+  });
+  assert.equal(r.isError, false);
+  assert.match(r.content[0].text, /^ok\n/);
+  assert.match(r.content[0].text, /\n42\n/);
+});
+
+test("run_code: a PNG output comes back as image content, a CSV as a link", async () => {
+  const r = await shared.client.callTool({
+    name: "run_code",
+    arguments: { runtime: "python3", source: pngSource },
+  });
+  assert.equal(r.isError, false, r.content[0].text);
+  const image = r.content.find((c) => c.type === "image");
+  assert.ok(image, JSON.stringify(r.content));
+  assert.equal(image.mimeType, "image/png");
+  assert.deepEqual([...Buffer.from(image.data, "base64").subarray(0, 8)], [137, 80, 78, 71, 13, 10, 26, 10]);
+  const link = r.content.find((c) => c.type === "resource_link");
+  assert.equal(link.name, "data.csv");
+  const got = await shared.client.callTool({ name: "get_file", arguments: { blob_id: link.uri } });
+  assert.equal(got.content[0].text, "a,b\n1,2\n");
+});
+
+test("put_file then run_code reads it as an input file", async () => {
+  const put = await shared.client.callTool({ name: "put_file", arguments: { text: "hello" } });
+  const id = put.content[0].text;
+  const r = await shared.client.callTool({
+    name: "run_code",
+    arguments: {
+      runtime: "python3",
+      source: "import os\nprint(open(os.path.join(os.environ['SANDBOX_INPUT_DIR'], 'in.txt')).read())",
+      files: { "in.txt": { blob_id: id } },
+    },
+  });
+  assert.equal(r.isError, false, r.content[0].text);
+  assert.match(r.content[0].text, /hello/);
+});
+
+test("a refusal: the network at the process level only is refused with its code", async () => {
+  const r = await shared.client.callTool({
+    name: "run_code",
+    arguments: { runtime: "python3", source: "print(1)", network: true, egress: ["example.com"] },
+  });
+  assert.equal(r.isError, true);
+  // No container level configured: the network cannot run here at all.
+  assert.match(r.content[0].text, /^runtime_unavailable: isolation:/);
+});
+
+test("a refusal: the network without a grant is an error naming what to approve", async (t) => {
+  if (spawnSync("crun", ["--version"]).status !== 0) {
+    if (mustWork) assert.fail("crun is missing (tools/setup.sh installs it)");
+    return t.skip("no crun: the container level (needed for the network) is missing");
+  }
+  const config = join(scratch, "container.json");
+  writeFileSync(config, JSON.stringify({ v: 1, backends: { container: { runtime: "crun" } } }));
+  const { client } = await connect(["--config", config]);
+  try {
+    const r = await client.callTool({
+      name: "run_code",
+      arguments: { runtime: "python3", source: "print(1)", network: true, egress: ["example.com"] },
+    });
+    assert.equal(r.isError, true);
+    const text = r.content[0].text;
+    assert.match(text, /^approval_required: /);
+    assert.match(text, /approve network access to \[example\.com\] for ticket 'mcp-test'/);
+    // Never an implicit grant: nothing ran.
+    assert.equal(JSON.parse(r.content.at(-1).text).exit_code, null);
+  } finally {
+    await client.close();
+  }
+});
+
+test("a timeout: isError with the stable code first", async () => {
+  const r = await shared.client.callTool({
+    name: "run_code",
+    arguments: { runtime: "python3", source: "while True: pass", timeout_ms: 300 },
+  });
+  assert.equal(r.isError, true);
+  assert.match(r.content[0].text, /^timeout/);
+});
+
+test("malformed calls: JSON-RPC invalid params", async () => {
+  for (const [name, args] of [
+    ["run_code", { runtime: "python3" }],
+    ["run_code", { runtime: "python3", source: "1", timeout_ms: -5 }],
+    ["run_code", { runtime: "python3", source: "1", ticket: "mine" }],
+    ["no_such_tool", {}],
+  ]) {
+    await assert.rejects(shared.client.callTool({ name, arguments: args }), (e) => {
+      assert.ok(e instanceof McpError, String(e));
+      assert.equal(e.code, -32602);
+      return true;
+    });
+  }
+});
+
+test("a call in flight does not block ping; cancelling it kills the run", async () => {
+  const marker = `mcp-cancel-${process.pid}-${Date.now()}`;
+  const abort = new AbortController();
+  const call = shared.client.callTool(
+    { name: "run_code", arguments: { runtime: "python3", source: sleeper(marker), timeout_ms: 8000 } },
+    undefined,
+    { signal: abort.signal },
+  );
+  await waitFor("the run to start", () => processesWith(marker).length > 0);
+  await shared.client.ping();
+  abort.abort("test cancels");
+  await assert.rejects(call);
+  await waitFor("the cancelled run to be gone", () => processesWith(marker).length === 0);
+});
+
+test("a client that disconnects mid-run: the run is killed and gone", async () => {
+  const { client, transport } = await connect();
+  const marker = `mcp-disconnect-${process.pid}-${Date.now()}`;
+  // Aborted only after the disconnect, so that the SDK clears its request timer (which would
+  // keep node alive for a minute) without telling the server anything.
+  const abort = new AbortController();
+  const call = client
+    .callTool(
+      { name: "run_code", arguments: { runtime: "python3", source: sleeper(marker), timeout_ms: 8000 } },
+      undefined,
+      { signal: abort.signal },
+    )
+    .catch(() => {});
+  await waitFor("the run to start", () => processesWith(marker).length > 0);
+  const pid = transport.pid;
+  await client.close();
+  abort.abort("disconnected");
+  await call;
+  await waitFor("sandboxctl mcp to exit", () => !alive(pid));
+  assert.deepEqual(processesWith(marker), []);
+});
+
+test("EOF on stdin: every run in flight is killed before sandboxctl mcp exits", async () => {
+  const marker = `mcp-eof-${process.pid}-${Date.now()}`;
+  const child = spawn(sandboxctl, serverArgs, { stdio: ["pipe", "pipe", "inherit"] });
+  const exited = new Promise((resolve) => child.on("exit", (code) => resolve(code)));
+  const send = (m) => child.stdin.write(JSON.stringify({ jsonrpc: "2.0", ...m }) + "\n");
+  send({ id: 1, method: "initialize", params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "raw", version: "1" } } });
+  send({ method: "notifications/initialized" });
+  send({ id: 2, method: "tools/call", params: { name: "run_code", arguments: { runtime: "python3", source: sleeper(marker), timeout_ms: 8000 } } });
+  await waitFor("the run to start", () => processesWith(marker).length > 0);
+  child.stdin.end();
+  assert.equal(await exited, 0);
+  assert.deepEqual(processesWith(marker), []);
+});
