@@ -290,3 +290,41 @@ test("EOF on stdin: every run in flight is killed before sandboxctl mcp exits", 
   assert.equal(await exited, 0);
   assert.deepEqual(processesWith(marker), []);
 });
+
+test("hostile framing: each bad line gets its JSON-RPC error and the server goes on", async () => {
+  const child = spawn(sandboxctl, serverArgs, { stdio: ["pipe", "pipe", "inherit"] });
+  const exited = new Promise((resolve) => child.on("exit", (code) => resolve(code)));
+  let buffered = "";
+  const replies = [];
+  child.stdout.on("data", (d) => {
+    buffered += d;
+    let nl;
+    while ((nl = buffered.indexOf("\n")) >= 0) {
+      replies.push(JSON.parse(buffered.slice(0, nl)));
+      buffered = buffered.slice(nl + 1);
+    }
+  });
+  const write = (line) => child.stdin.write(line + "\n");
+  write(JSON.stringify({ jsonrpc: "2.0", id: 1, method: "tools/list" }));  // before initialize
+  write(JSON.stringify({ jsonrpc: "2.0", id: 2, method: "initialize", params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "raw", version: "1" } } }));
+  write("not json");
+  write("[" + JSON.stringify({ jsonrpc: "2.0", id: 3, method: "ping" }) + "]");
+  write("x".repeat(9 * 1024 * 1024));  // over the 8 MiB line cap
+  write(JSON.stringify({ jsonrpc: "2.0", id: 4, method: "no/such/method" }));
+  write(JSON.stringify({ jsonrpc: "2.0", id: 5, method: "tools/call", params: { name: "run_code", arguments: "x" } }));
+  write(JSON.stringify({ jsonrpc: "2.0", id: 6, method: "ping" }));
+  await waitFor("every reply", () => replies.length >= 8);
+  child.stdin.end();
+  assert.equal(await exited, 0);
+  const codes = replies.map((r) => [r.id, r.error?.code ?? "ok"]);
+  assert.deepEqual(codes, [
+    [1, -32600],
+    [2, "ok"],
+    [null, -32700],
+    [null, -32600],
+    [null, -32700],
+    [4, -32601],
+    [5, -32602],
+    [6, "ok"],
+  ]);
+});
