@@ -1,12 +1,39 @@
 // The JSON-RPC 2.0 framing of `sandboxctl mcp` (jsonrpc.hpp).
 #include "mcp/jsonrpc.hpp"
 
+#include <fmt/format.h>
+
 namespace sandbox::mcp {
 namespace {
 
 // JSON text of `j`; invalid UTF-8 in any string becomes U+FFFD rather than an exception.
 std::string dump(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// Whether `line` nests arrays and objects deeper than `max_depth`, counted outside strings.
+// Checked before parsing: the parser would build every level first (a line of millions of
+// '[' takes hundreds of MiB and seconds before it is refused).
+bool nests_deeper_than(std::string_view line, std::size_t max_depth) {
+  std::size_t depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character cannot end the string
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return true;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return false;
 }
 
 bool is_valid_id(const nlohmann::json& id) {
@@ -16,6 +43,10 @@ bool is_valid_id(const nlohmann::json& id) {
 }  // namespace
 
 std::variant<message, refusal> parse_line(std::string_view line) {
+  if (nests_deeper_than(line, max_depth)) {
+    return refusal{error_line(nullptr, rpc_error::parse_error,
+                              fmt::format("parse error: nested deeper than {}", max_depth))};
+  }
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(line.begin(), line.end());

@@ -25,6 +25,11 @@ enum class rpc_error : int {
 /// and answered with `parse_error` and id null.
 constexpr std::size_t max_line_bytes = 8ULL << 20;
 
+/// Deepest nesting of arrays and objects a line may have: MCP messages and every tool's
+/// arguments are far shallower. A deeper line is refused with `parse_error` and id null
+/// before it is parsed.
+constexpr std::size_t max_depth = 64;
+
 /// One message the client sent, checked for shape.
 struct message {
   /// The request id (a string or an integer); null for a notification.
@@ -42,11 +47,11 @@ struct refusal {
 
 /**
  * Parses one line of stdin. Returns the message, or the error response to write: a line
- * that is not JSON → `parse_error`; an array (a batch: removed from MCP in 2025-06-18), a
- * non-object, "jsonrpc" other than "2.0", an id that is neither a string nor an integer, a
- * missing or non-string "method", "params" that is not an object → `invalid_request`, with
- * the request's id when it could be read and null otherwise. A notification that is
- * malformed is answered too (with id null): the client learns its line was dropped.
+ * that is not JSON, or nests deeper than `max_depth` → `parse_error`; an array (a batch: removed
+ * from MCP in 2025-06-18), a non-object, "jsonrpc" other than "2.0", an id that is neither a string
+ * nor an integer, a missing or non-string "method", "params" that is not an object →
+ * `invalid_request`, with the request's id when it could be read and null otherwise. A notification
+ * that is malformed is answered too (with id null): the client learns its line was dropped.
  */
 std::variant<message, refusal> parse_line(std::string_view line);
 

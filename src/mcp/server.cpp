@@ -16,14 +16,17 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "mcp/jsonrpc.hpp"
 #include "mcp/tools.hpp"
@@ -78,6 +81,12 @@ class server {
     // Every run was confirmed gone (close() waits for their completions); the runtime's
     // destruction ends what it still keeps (pools, timers).
     rt_.reset();
+    {
+      // Wakes the reader wherever it waits: in poll (the pipe) or for room (the flag).
+      std::lock_guard lock(pending_mutex_);
+      stopped_ = true;
+    }
+    pending_cv_.notify_all();
     char c = 0;
     (void)!::write(wake_[1], &c, 1);
     reader.join();
@@ -135,8 +144,23 @@ class server {
     });
   }
 
+  // Posts one line to the io thread. Backpressure: the reader waits while the lines posted
+  // but not yet handled hold more than max_pending_bytes, so a client that floods stdin
+  // faster than the server answers holds the host's memory to a bound.
   void post_line(std::string line, bool too_long) {
-    boost::asio::post(io_, [this, line = std::move(line), too_long] {
+    const std::size_t size = line.size() + 1;
+    {
+      std::unique_lock lock(pending_mutex_);
+      pending_cv_.wait(lock, [&] { return stopped_ || pending_bytes_ < max_pending_bytes; });
+      if (stopped_) return;
+      pending_bytes_ += size;
+    }
+    boost::asio::post(io_, [this, line = std::move(line), too_long, size] {
+      {
+        std::lock_guard lock(pending_mutex_);
+        pending_bytes_ -= size;
+      }
+      pending_cv_.notify_all();
       if (closing_) return;
       if (too_long) {
         write(error_line(nullptr, rpc_error::parse_error,
@@ -152,9 +176,10 @@ class server {
     if (closing_) return;
     closing_ = true;
     signals_.cancel();
-    for (auto& [key, signal] : in_flight_) {
-      signal->emit(boost::asio::cancellation_type::terminal);
-    }
+    // A copy: a completion may erase its entry while the others are being cancelled.
+    std::vector<std::shared_ptr<boost::asio::cancellation_signal>> signals;
+    for (auto& [key, signal] : in_flight_) signals.push_back(signal);
+    for (auto& signal : signals) signal->emit(boost::asio::cancellation_type::terminal);
     finish_if_done();
   }
 
@@ -338,6 +363,12 @@ class server {
   std::map<std::string, std::shared_ptr<boost::asio::cancellation_signal>> in_flight_;
   std::set<std::string> cancelled_;  ///< keys the client cancelled, not answered
   int wake_[2] = {-1, -1};
+  /// Bytes of lines posted to the io thread and not yet handled (reader backpressure).
+  static constexpr std::size_t max_pending_bytes = 2 * max_line_bytes;
+  std::mutex pending_mutex_;
+  std::condition_variable pending_cv_;
+  std::size_t pending_bytes_ = 0;  ///< guarded by pending_mutex_
+  bool stopped_ = false;           ///< guarded by pending_mutex_: the io thread is done
   bool initialized_ = false;
   bool closing_ = false;
   bool out_broken_ = false;

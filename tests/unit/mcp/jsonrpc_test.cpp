@@ -88,6 +88,15 @@ TEST_CASE("mcp jsonrpc: deep nesting and invalid UTF-8 never crash the framing",
   std::string deep(100000, '[');
   auto e = refused(deep);
   CHECK(e["id"].is_null());
+  CHECK(e["error"]["code"] == -32700);
+  CHECK(e["error"]["message"] == "parse error: nested deeper than 64");
+  // 64 levels are fine; brackets inside strings (escaped quotes too) do not count.
+  std::string ok = R"({"jsonrpc":"2.0","id":1,"method":"ping","params":{"a":)" +
+                   std::string(62, '[') + std::string(62, ']') + "}}";
+  CHECK(std::holds_alternative<message>(parse_line(ok)));
+  std::string quoted = R"({"jsonrpc":"2.0","id":1,"method":"ping","params":{"a":"\")" +
+                       std::string(1000, '[') + R"(\""}})";
+  CHECK(std::holds_alternative<message>(parse_line(quoted)));
   // Invalid UTF-8 inside a string: nlohmann refuses it as a parse error.
   auto u = refused("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\xff\"}");
   CHECK(u["error"]["code"] == -32700);
