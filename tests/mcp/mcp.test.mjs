@@ -48,21 +48,23 @@ writeFileSync(
     max_memory_bytes: 536870912,
   }),
 );
-const serverArgs = [
+// The server's arguments, bound to `ticket`.
+const argsFor = (ticket) => [
   "mcp",
   "--ticket",
-  ticketPath,
+  ticket,
   "--state-dir",
   join(scratch, "state"),
   "--blob-dir",
   join(scratch, "blobs"),
 ];
+const serverArgs = argsFor(ticketPath);
 
 // A connected SDK client on a fresh `sandboxctl mcp`.
-async function connect(extraArgs = []) {
+async function connect(extraArgs = [], ticket = ticketPath) {
   const transport = new StdioClientTransport({
     command: sandboxctl,
-    args: [...serverArgs, ...extraArgs],
+    args: [...argsFor(ticket), ...extraArgs],
     stderr: "pipe",
   });
   const client = new Client({ name: "agent-sandbox-test", version: "1.0.0" });
@@ -211,6 +213,45 @@ test("a refusal: the network without a grant is an error naming what to approve"
     assert.match(text, /approve network access to \[example\.com\] for ticket 'mcp-test'/);
     // Never an implicit grant: nothing ran.
     assert.equal(JSON.parse(r.content.at(-1).text).exit_code, null);
+  } finally {
+    await client.close();
+  }
+});
+
+test("run_tool: a registered tool listed by name and run on stdin", async (t) => {
+  if (spawnSync(sandboxctl, ["image", "current", "tools"]).status !== 0) {
+    if (mustWork) assert.fail("no tools image (tools/setup.sh builds it)");
+    return t.skip("no tools image");
+  }
+  const config = join(scratch, "tools.json");
+  writeFileSync(
+    config,
+    JSON.stringify({ v: 1, tools: [{ name: "markdown", image: "tools", binary: "/usr/bin/cmark" }] }),
+  );
+  const toolTicket = join(scratch, "tool-ticket.json");
+  writeFileSync(
+    toolTicket,
+    JSON.stringify({
+      v: 1,
+      id: "mcp-tool",
+      tenant: "acme",
+      actions: ["tool.run"],
+      tools: ["markdown"],
+      isolation: "process",
+      max_timeout_ms: 8000,
+      max_memory_bytes: 536870912,
+    }),
+  );
+  const { client } = await connect(["--config", config], toolTicket);
+  try {
+    const { tools } = await client.listTools();
+    // No code.execute on this ticket: no run_code; run_tool names the granted tool.
+    assert.deepEqual(tools.map((x) => x.name).sort(), ["get_file", "put_file", "run_tool"]);
+    const runTool = tools.find((x) => x.name === "run_tool");
+    assert.deepEqual(runTool.inputSchema.properties.tool.enum, ["markdown"]);
+    const r = await client.callTool({ name: "run_tool", arguments: { tool: "markdown", stdin: "# Hi\n" } });
+    assert.equal(r.isError, false, r.content[0].text);
+    assert.match(r.content[0].text, /<h1>Hi<\/h1>/);
   } finally {
     await client.close();
   }
