@@ -388,10 +388,12 @@ json call_result(const run_result& r, const blob_store& blobs, std::string_view 
     text += fmt::format("output '{}' dropped: {}\n", d.name_display, to_string(d.reason));
   }
   json content = json::array({{{"type", "text"}, {"text", std::move(text)}}});
+  std::uint64_t inlined = 0;
   for (const auto& f : r.files_out) {
-    if (f.bytes <= max_inline_image_bytes) {
+    if (f.bytes <= max_inline_image_bytes && inlined + f.bytes <= max_inline_images_total) {
       if (auto bytes = blobs.get(tenant, f.blob)) {
         if (auto mime = image_mime_type(*bytes); !mime.empty()) {
+          inlined += bytes->size();
           content.push_back(
               {{"type", "image"}, {"data", base64_encode(*bytes)}, {"mimeType", mime}});
           continue;

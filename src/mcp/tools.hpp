@@ -66,14 +66,18 @@ std::variant<run_request, bad_arguments> decode_run_arguments(const nlohmann::js
  * `ok`). The first content item is text that starts with the stable code ("ok", "timeout",
  * "approval_required: ..."), then the exit status, usage, stdout and stderr summaries; an
  * `approval_required` result names what a human must approve. Output files that are PNG or
- * JPEG (by their magic bytes) of at most `max_inline_image_bytes` become image content; all
- * other output files resource links to their blob. The last item is the result's JSON.
+ * JPEG (by their magic bytes) of at most `max_inline_image_bytes` (and
+ * `max_inline_images_total` in all) become image content; all other output files resource
+ * links to their blob. The last item is the result's JSON.
  */
 nlohmann::json call_result(const run_result& r, const blob_store& blobs, std::string_view tenant);
 
 /// Largest output image inlined as image content (base64), in bytes: 4 MiB. A larger one
 /// is a resource link.
 constexpr std::uint64_t max_inline_image_bytes = 4ULL << 20;
+/// Most bytes of images one result inlines, in all: 16 MiB (keeps a response line within
+/// what clients read comfortably). Images past it are resource links.
+constexpr std::uint64_t max_inline_images_total = 16ULL << 20;
 
 /// A tool error result (`isError` true) whose text is `text`.
 nlohmann::json error_result(std::string text);

@@ -188,3 +188,25 @@ TEST_CASE("mcp tools: put_file and get_file keep to the tenant's blobs", "[mcp]"
   REQUIRE(std::holds_alternative<json>(big));
   CHECK(std::get<json>(big)["isError"] == true);
 }
+
+TEST_CASE("mcp tools: images past the inline caps become links", "[mcp]") {
+  auto blobs = sandbox::make_memory_blob_store(1ULL << 30);
+  sandbox::run_result r;
+  r.code = sandbox::code::ok;
+  // One image over the per-image cap, then five of 4 MiB: four fit in the 16 MiB total.
+  const auto big = png_magic + std::string(mcp::max_inline_image_bytes, 'x');
+  r.files_out.push_back(
+      {.name = "big.png", .blob = blobs->put("acme", big).value(), .bytes = big.size()});
+  for (int i = 0; i < 5; ++i) {
+    const auto img = png_magic + std::string(mcp::max_inline_image_bytes - png_magic.size() - 8,
+                                             static_cast<char>('a' + i));
+    r.files_out.push_back({.name = std::to_string(i) + ".png",
+                           .blob = blobs->put("acme", img).value(),
+                           .bytes = img.size()});
+  }
+  auto res = mcp::call_result(r, *blobs, "acme");
+  std::vector<std::string> kinds;
+  for (const auto& c : res["content"]) kinds.push_back(c["type"].get<std::string>());
+  CHECK(kinds == std::vector<std::string>{"text", "resource_link", "image", "image", "image",
+                                          "image", "resource_link", "text"});
+}
