@@ -169,6 +169,49 @@ test("run_code: a PNG output comes back as image content, a CSV as a link", asyn
   assert.equal(got.content[0].text, "a,b\n1,2\n");
 });
 
+test("run_code: a matplotlib chart (python3-data) comes back as a PNG image", async (t) => {
+  if (spawnSync(sandboxctl, ["image", "current", "python3-data"]).status !== 0) {
+    if (mustWork) assert.fail("no python3-data image (tools/setup.sh builds it)");
+    return t.skip("no python3-data image");
+  }
+  const config = join(scratch, "data.json");
+  writeFileSync(
+    config,
+    JSON.stringify({
+      v: 1,
+      runtimes: [
+        { name: "python3-data", image: "python3-data", argv: ["/usr/bin/python3", "-I", "{source}"], source_name: "main.py" },
+      ],
+    }),
+  );
+  const { client } = await connect(["--config", config]);
+  try {
+    const { tools } = await client.listTools();
+    const run = tools.find((x) => x.name === "run_code");
+    assert.ok(run.inputSchema.properties.runtime.enum.includes("python3-data"));
+    const r = await client.callTool({
+      name: "run_code",
+      arguments: {
+        runtime: "python3-data",
+        timeout_ms: 8000,
+        source: [
+          "import os, matplotlib",
+          'matplotlib.use("Agg")',
+          "import matplotlib.pyplot as plt",
+          "plt.bar(['a', 'b'], [3, 5])",
+          'plt.savefig(os.path.join(os.environ["SANDBOX_OUTPUT_DIR"], "chart.png"))',
+        ].join("\n"),
+      },
+    });
+    assert.equal(r.isError, false, r.content[0].text);
+    const image = r.content.find((c) => c.type === "image");
+    assert.equal(image?.mimeType, "image/png");
+    assert.ok(Buffer.from(image.data, "base64").length > 1000);
+  } finally {
+    await client.close();
+  }
+});
+
 test("put_file then run_code reads it as an input file", async () => {
   const put = await shared.client.callTool({ name: "put_file", arguments: { text: "hello" } });
   const id = put.content[0].text;
