@@ -131,6 +131,9 @@ vm_lane=$!
     "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/sandbox_conformance" "[core]"
     "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/cli/sandbox_cli_tests" --needs-backend "[backend]"
     "$ROOT/tools/run-unprivileged.sh" "$BUILD/tests/service/sandbox_service_tests"
+    # sandboxctl mcp with the SDK client (its approval case, which needs the container level,
+    # ran as root above).
+    "$ROOT/tools/run-unprivileged.sh" node "$ROOT/tests/mcp/mcp.test.mjs" "$BUILD/bin/sandboxctl"
     "$ROOT/tools/run-unprivileged.sh" "$BUILD/bin/freight_quote" --blob-dir "$UNPRIV_TMP/blobs" \
       --state-dir "$UNPRIV_TMP/state"
   ) 2>&1 | prefix host
