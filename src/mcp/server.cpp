@@ -13,11 +13,14 @@
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/write.hpp>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -30,7 +33,6 @@
 
 #include "mcp/jsonrpc.hpp"
 #include "mcp/tools.hpp"
-#include "sys/io.hpp"
 
 namespace sandbox::mcp {
 namespace {
@@ -42,7 +44,8 @@ constexpr std::array<std::string_view, 3> known_revisions{"2025-06-18", "2025-03
 
 class server {
  public:
-  explicit server(server_options o) : o_(std::move(o)), signals_(io_, SIGINT, SIGTERM, SIGHUP) {}
+  explicit server(server_options o)
+      : o_(std::move(o)), signals_(io_, SIGINT, SIGTERM, SIGHUP), out_(io_) {}
 
   int run() {
     auto opts = o_.runtime;
@@ -66,6 +69,14 @@ class server {
       return 1;
     }
     rt_.emplace(std::move(*rt));
+    // A descriptor of its own for stdout (the asio object closes it, not fd 1).
+    const int out = ::fcntl(o_.out_fd, F_DUPFD_CLOEXEC, 3);
+    if (out < 0) {
+      std::cerr << "sandboxctl: mcp: fcntl(F_DUPFD_CLOEXEC, stdout): " << std::strerror(errno)
+                << "\n";
+      return 1;
+    }
+    out_.assign(out);
     if (::pipe2(wake_, O_CLOEXEC) < 0) {
       std::cerr << "sandboxctl: mcp: pipe2: " << std::strerror(errno) << "\n";
       return 1;
@@ -187,15 +198,38 @@ class server {
     if (closing_ && in_flight_.empty()) io_.stop();
   }
 
+  // Queues one line for stdout. Writes are asynchronous, so that a client that stops
+  // reading never blocks the io thread (timers, kills, signals go on); one that leaves more
+  // than max_unsent_bytes unread is treated as gone.
   void write(const std::string& line) {
     if (out_broken_) return;
-    std::string framed = line + "\n";
-    if (!sandbox::detail::write_all(o_.out_fd, framed.data(), framed.size())) {
-      // The client stopped reading: as good as gone.
+    if (unsent_bytes_ + line.size() + 1 > max_unsent_bytes) {
       out_broken_ = true;
-      std::cerr << "sandboxctl: mcp: write to stdout failed: " << std::strerror(errno) << "\n";
+      std::cerr << "sandboxctl: mcp: the client does not read stdout; ending\n";
       close();
+      return;
     }
+    unsent_bytes_ += line.size() + 1;
+    out_queue_.push_back(line + "\n");
+    if (out_queue_.size() == 1) write_front();
+  }
+
+  void write_front() {
+    boost::asio::async_write(
+        out_, boost::asio::buffer(out_queue_.front()),
+        [this](boost::system::error_code ec, std::size_t) {
+          if (ec) {
+            // EPIPE: the client closed its end. As good as gone.
+            out_broken_ = true;
+            out_queue_.clear();
+            std::cerr << "sandboxctl: mcp: write to stdout failed: " << ec.message() << "\n";
+            close();
+            return;
+          }
+          unsent_bytes_ -= out_queue_.front().size();
+          out_queue_.pop_front();
+          if (!out_queue_.empty()) write_front();
+        });
   }
 
   void handle_line(std::string_view line) {
@@ -359,6 +393,11 @@ class server {
   server_options o_;
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;
+  boost::asio::posix::stream_descriptor out_;  ///< stdout, written asynchronously
+  std::deque<std::string> out_queue_;          ///< lines not yet written, front first
+  std::size_t unsent_bytes_ = 0;               ///< bytes in out_queue_
+  /// Unread output after which the client counts as gone: 64 MiB.
+  static constexpr std::size_t max_unsent_bytes = 64ULL << 20;
   std::optional<sandbox::runtime> rt_;
   std::map<std::string, std::shared_ptr<boost::asio::cancellation_signal>> in_flight_;
   std::set<std::string> cancelled_;  ///< keys the client cancelled, not answered
