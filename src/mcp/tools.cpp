@@ -115,6 +115,13 @@ std::string stream_text(const char* name, const stream_capture& s) {
                      s.summary.empty() || s.summary.back() == '\n' ? "" : "\n");
 }
 
+// Whether `name` is a registered tool that run_tool's enum lists: installed, usable, granted.
+bool is_listed_tool(const tool_context& c, const std::string& name) {
+  auto it = c.catalog.tools.find(name);
+  return it != c.catalog.tools.end() && it->second.digest && it->second.unusable.empty() &&
+         c.ticket.allows_tool(name);
+}
+
 }  // namespace
 
 std::string base64_encode(std::string_view bytes) {
@@ -221,7 +228,7 @@ json list_tools(const tool_context& c) {
   }
   json names = json::array();
   for (const auto& [name, t] : c.catalog.tools) {
-    if (t.digest && t.unusable.empty() && c.ticket.allows_tool(name)) names.push_back(name);
+    if (is_listed_tool(c, name)) names.push_back(name);
   }
   if (!names.empty()) {
     json props = {
@@ -290,6 +297,11 @@ std::variant<run_request, bad_arguments> decode_run_arguments(const json& args,
   }
   if (tool) {
     if (auto e = get_string(args, "tool", req.tool, true)) return *e;
+    if (!is_listed_tool(c, req.tool)) {
+      return bad_arguments{
+          fmt::format("tool: not one of the tools listed ({})",
+                      json(req.tool).dump(-1, ' ', false, json::error_handler_t::replace))};
+    }
     std::string in;
     if (args.contains("stdin")) {
       if (auto e = get_string(args, "stdin", in, false)) return *e;
@@ -297,6 +309,12 @@ std::variant<run_request, bad_arguments> decode_run_arguments(const json& args,
     }
   } else {
     if (auto e = get_string(args, "runtime", req.runtime, true)) return *e;
+    if (auto it = c.catalog.runtimes.find(req.runtime);
+        it == c.catalog.runtimes.end() || !it->second) {
+      return bad_arguments{
+          fmt::format("runtime: not one of the runtimes listed ({})",
+                      json(req.runtime).dump(-1, ' ', false, json::error_handler_t::replace))};
+    }
     if (auto e = get_string(args, "source", req.source, true)) return *e;
     if (auto n = args.find("network"); n != args.end()) {
       if (!n->is_boolean()) return bad_arguments{"network: expected a boolean"};

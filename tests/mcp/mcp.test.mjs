@@ -322,6 +322,8 @@ test("malformed calls: JSON-RPC invalid params", async () => {
     ["run_code", { runtime: "python3" }],
     ["run_code", { runtime: "python3", source: "1", timeout_ms: -5 }],
     ["run_code", { runtime: "python3", source: "1", ticket: "mine" }],
+    ["run_code", { runtime: "ruby", source: "1" }],
+    ["run_code", { runtime: "python3", source: "1", files: { "a.txt": "not an object" } }],
     ["no_such_tool", {}],
   ]) {
     await assert.rejects(shared.client.callTool({ name, arguments: args }), (e) => {

@@ -86,6 +86,11 @@ TEST_CASE("mcp tools: run_code's arguments are decoded strictly", "[mcp]") {
     return std::get<mcp::bad_arguments>(r).message;
   };
   CHECK(bad({{"source", "x"}}) == "runtime: required");
+  // Outside the enum the schema states: refused here, not left to admission.
+  CHECK(bad({{"runtime", "absent"}, {"source", "x"}}) ==
+        "runtime: not one of the runtimes listed (\"absent\")");
+  CHECK(bad({{"runtime", "ruby"}, {"source", "x"}}) ==
+        "runtime: not one of the runtimes listed (\"ruby\")");
   CHECK(bad({{"runtime", 3}, {"source", "x"}}) == "runtime: expected a string");
   CHECK(bad({{"runtime", "python3"}, {"source", "x"}, {"timeout_ms", 0}}) ==
         "timeout_ms: must be at least 1");
