@@ -57,16 +57,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# The TypeScript client's dev dependencies (typescript, @types/node: the exact versions of its
-# package-lock.json) for its test (tests/clients/typescript.sh): `npm ci` from the registry,
-# install scripts off, again only when the lock file changed since (a stamp in node_modules).
-TS_CLIENT="$ROOT/clients/typescript"
-ts_lock=$(sha256sum "$TS_CLIENT/package-lock.json" | cut -d' ' -f1)
-if [ "$(cat "$TS_CLIENT/node_modules/.setup-lock-sha256" 2>/dev/null)" != "$ts_lock" ]; then
-  log "clients/typescript: npm ci"
-  (cd "$TS_CLIENT" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
-  echo "$ts_lock" >"$TS_CLIENT/node_modules/.setup-lock-sha256"
-fi
+# `npm ci` in DIR from the registry, exactly as its package-lock.json pins, install scripts
+# off; skipped when node_modules was installed from this very lock file (a stamp holds the
+# lock's hash).
+npm_ci_pinned() {
+  local dir=$1 lock
+  lock=$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)
+  [ "$(cat "$dir/node_modules/.setup-lock-sha256" 2>/dev/null)" = "$lock" ] && return 0
+  log "npm ci in ${dir#"$ROOT"/}"
+  (cd "$dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
+  echo "$lock" >"$dir/node_modules/.setup-lock-sha256"
+}
+# The TypeScript client's dev dependencies (typescript, @types/node) for its test
+# (tests/clients/typescript.sh).
+npm_ci_pinned "$ROOT/clients/typescript"
 
 # The microvm level's guest kernel (Debian's cloud kernel, unpacked, not installed).
 "$ROOT/tools/fetch-guest-kernel.sh"
@@ -137,14 +141,6 @@ if [ -n "$images_pid" ]; then
   images_pid=""
   grep -a '==> image' "$images_log" >&2 || true
 fi
-# 4. The official MCP TypeScript SDK client for the `sandboxctl mcp` test (tests/mcp), exactly
-#    as its package-lock.json pins it. Skipped when node_modules was installed from this very
-#    lock file (a stamp holds the lock's hash).
-MCP_TEST="$ROOT/tests/mcp"
-mcp_lock_hash=$(sha256sum "$MCP_TEST/package-lock.json" | cut -d' ' -f1)
-if [ "$(cat "$MCP_TEST/node_modules/.agent-sandbox-lock.sha256" 2>/dev/null)" != "$mcp_lock_hash" ]; then
-  log "installing the MCP SDK client for tests/mcp (npm ci)"
-  (cd "$MCP_TEST" && npm ci --no-audit --no-fund --ignore-scripts)
-  echo "$mcp_lock_hash" >"$MCP_TEST/node_modules/.agent-sandbox-lock.sha256"
-fi
+# 4. The official MCP TypeScript SDK client for the `sandboxctl mcp` test (tests/mcp).
+npm_ci_pinned "$ROOT/tests/mcp"
 log "set-up done"
