@@ -295,13 +295,13 @@ class server {
     const bool known =
         std::find(known_revisions.begin(), known_revisions.end(), asked) != known_revisions.end();
     initialized_ = true;
-    write(result_line(m.id,
-                      {{"protocolVersion", known ? asked : std::string(protocol_revision)},
-                       {"capabilities", {{"tools", {{"listChanged", false}}}}},
-                       {"serverInfo", {{"name", "agent-sandbox"}, {"version", "0.1.0"}}},
-                       {"instructions",
-                        "Runs code in a sandbox under the host's ticket. Non-ok outcomes are tool "
-                        "errors whose text starts with the stable code."}}));
+    write(result_line(
+        m.id, {{"protocolVersion", known ? asked : std::string(protocol_revision)},
+               {"capabilities", {{"tools", {{"listChanged", false}}}}},
+               {"serverInfo", {{"name", "agent-sandbox"}, {"version", SANDBOX_PROJECT_VERSION}}},
+               {"instructions",
+                "Runs code in a sandbox under the host's ticket. Non-ok outcomes are tool "
+                "errors whose text starts with the stable code."}}));
   }
 
   tool_context context(const host_catalog& catalog) const {
