@@ -16,8 +16,10 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -45,7 +47,7 @@ constexpr std::array<std::string_view, 3> known_revisions{"2025-06-18", "2025-03
 class server {
  public:
   explicit server(server_options o)
-      : o_(std::move(o)), signals_(io_, SIGINT, SIGTERM, SIGHUP), out_(io_) {}
+      : o_(std::move(o)), signals_(io_, SIGINT, SIGTERM, SIGHUP), out_(io_), drain_timer_(io_) {}
 
   int run() {
     auto opts = o_.runtime;
@@ -194,8 +196,23 @@ class server {
     finish_if_done();
   }
 
+  // Once closing and no run is in flight: the io_context stops when every answer already
+  // queued (to requests read before EOF, the killed runs' results) is written, or after
+  // drain_timeout when the client no longer reads them.
   void finish_if_done() {
-    if (closing_ && in_flight_.empty()) io_.stop();
+    if (!closing_ || !in_flight_.empty()) return;
+    if (out_queue_.empty() || out_broken_) {
+      io_.stop();
+      return;
+    }
+    if (draining_) return;
+    draining_ = true;
+    drain_timer_.expires_after(drain_timeout);
+    drain_timer_.async_wait([this](boost::system::error_code ec) {
+      if (ec) return;
+      std::cerr << "sandboxctl: mcp: answers left unread at exit\n";
+      io_.stop();
+    });
   }
 
   // Queues one line for stdout. Writes are asynchronous, so that a client that stops
@@ -228,7 +245,11 @@ class server {
           }
           unsent_bytes_ -= out_queue_.front().size();
           out_queue_.pop_front();
-          if (!out_queue_.empty()) write_front();
+          if (!out_queue_.empty()) {
+            write_front();
+          } else {
+            finish_if_done();
+          }
         });
   }
 
@@ -398,6 +419,10 @@ class server {
   std::size_t unsent_bytes_ = 0;               ///< bytes in out_queue_
   /// Unread output after which the client counts as gone: 64 MiB.
   static constexpr std::size_t max_unsent_bytes = 64ULL << 20;
+  /// How long, once closing, the server waits for the client to read what is queued.
+  static constexpr std::chrono::seconds drain_timeout{5};
+  boost::asio::steady_timer drain_timer_;
+  bool draining_ = false;
   std::optional<sandbox::runtime> rt_;
   std::map<std::string, std::shared_ptr<boost::asio::cancellation_signal>> in_flight_;
   std::set<std::string> cancelled_;  ///< keys the client cancelled, not answered

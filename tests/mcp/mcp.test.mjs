@@ -385,6 +385,28 @@ test("EOF on stdin: every run in flight is killed before sandboxctl mcp exits", 
   assert.deepEqual(processesWith(marker), []);
 });
 
+test("EOF right after the requests: every request read before it is answered", async () => {
+  // A piped client (printf '...' | sandboxctl mcp) writes its lines and closes stdin at once:
+  // the answers already queued are written before the server exits (they were lost).
+  const child = spawn(sandboxctl, serverArgs, { stdio: ["pipe", "pipe", "inherit"] });
+  const exited = new Promise((resolve) => child.on("exit", (code) => resolve(code)));
+  let out = "";
+  child.stdout.on("data", (d) => (out += d));
+  const lines = [
+    { id: 1, method: "initialize", params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "raw", version: "1" } } },
+    { method: "notifications/initialized" },
+    { id: 2, method: "ping" },
+    { id: 3, method: "tools/list" },
+    { id: 4, method: "tools/call", params: { name: "put_file", arguments: { text: "kept" } } },
+  ];
+  child.stdin.end(lines.map((m) => JSON.stringify({ jsonrpc: "2.0", ...m }) + "\n").join(""));
+  assert.equal(await exited, 0);
+  await new Promise((resolve) => (child.stdout.readableEnded ? resolve() : child.stdout.on("end", resolve)));
+  const replies = out.split("\n").filter((l) => l).map((l) => JSON.parse(l));
+  assert.deepEqual(replies.map((r) => r.id).sort(), [1, 2, 3, 4]);
+  for (const r of replies) assert.equal(r.error, undefined, JSON.stringify(r));
+});
+
 test("hostile framing: each bad line gets its JSON-RPC error and the server goes on", async () => {
   const child = spawn(sandboxctl, serverArgs, { stdio: ["pipe", "pipe", "inherit"] });
   const exited = new Promise((resolve) => child.on("exit", (code) => resolve(code)));
