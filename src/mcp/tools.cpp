@@ -7,15 +7,13 @@
 #include <algorithm>
 #include <array>
 
+#include "protocol/base64url.hpp"
 #include "sandbox/json.hpp"
 
 namespace sandbox::mcp {
 namespace {
 
 using json = nlohmann::json;
-
-constexpr std::string_view b64_alphabet =
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 // The prefix of `blob_uri`.
 constexpr std::string_view blob_uri_prefix = "urn:agent-sandbox:blob:";
@@ -100,7 +98,7 @@ std::variant<std::string, bad_arguments> bytes_of(const json& v, const std::stri
   }
   if (auto b = v.find("base64"); b != v.end()) {
     if (!b->is_string()) return bad_arguments{what + ".base64: expected a string"};
-    auto bytes = base64_decode(b->get_ref<const std::string&>());
+    auto bytes = sandbox::detail::base64_decode(b->get_ref<const std::string&>());
     if (!bytes) return bad_arguments{what + ".base64: not valid base64"};
     return std::move(*bytes);
   }
@@ -123,57 +121,6 @@ bool is_listed_tool(const tool_context& c, const std::string& name) {
 }
 
 }  // namespace
-
-std::string base64_encode(std::string_view bytes) {
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  std::size_t i = 0;
-  for (; i + 3 <= bytes.size(); i += 3) {
-    const auto n = static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[i]) << 16 |
-                                              static_cast<unsigned char>(bytes[i + 1]) << 8 |
-                                              static_cast<unsigned char>(bytes[i + 2]));
-    for (int s = 18; s >= 0; s -= 6) out.push_back(b64_alphabet[(n >> s) & 63]);
-  }
-  if (const auto rest = bytes.size() - i; rest > 0) {
-    std::uint32_t n = static_cast<unsigned char>(bytes[i]) << 16;
-    if (rest == 2) n |= static_cast<unsigned char>(bytes[i + 1]) << 8;
-    out.push_back(b64_alphabet[(n >> 18) & 63]);
-    out.push_back(b64_alphabet[(n >> 12) & 63]);
-    out.push_back(rest == 2 ? b64_alphabet[(n >> 6) & 63] : '=');
-    out.push_back('=');
-  }
-  return out;
-}
-
-std::optional<std::string> base64_decode(std::string_view text) {
-  if (text.size() % 4 != 0) return std::nullopt;
-  std::array<int, 256> value{};
-  value.fill(-1);
-  for (std::size_t k = 0; k < b64_alphabet.size(); ++k) {
-    value[static_cast<unsigned char>(b64_alphabet[k])] = static_cast<int>(k);
-  }
-  std::string out;
-  out.reserve(text.size() / 4 * 3);
-  for (std::size_t i = 0; i < text.size(); i += 4) {
-    const bool last = i + 4 == text.size();
-    int pad = 0;
-    std::uint32_t n = 0;
-    for (std::size_t k = 0; k < 4; ++k) {
-      const auto c = static_cast<unsigned char>(text[i + k]);
-      if (c == '=' && last && k >= 2) {
-        ++pad;
-        n <<= 6;
-        continue;
-      }
-      if (pad > 0 || value[c] < 0) return std::nullopt;  // data after '=', or not base64
-      n = n << 6 | static_cast<std::uint32_t>(value[c]);
-    }
-    out.push_back(static_cast<char>(n >> 16));
-    if (pad < 2) out.push_back(static_cast<char>(n >> 8 & 0xff));
-    if (pad < 1) out.push_back(static_cast<char>(n & 0xff));
-  }
-  return out;
-}
 
 std::string_view image_mime_type(std::string_view bytes) {
   if (bytes.starts_with(std::string_view("\x89PNG\r\n\x1a\n", 8))) return "image/png";
@@ -412,8 +359,9 @@ json call_result(const run_result& r, const blob_store& blobs, std::string_view 
       if (auto bytes = blobs.get(tenant, f.blob)) {
         if (auto mime = image_mime_type(*bytes); !mime.empty()) {
           inlined += bytes->size();
-          content.push_back(
-              {{"type", "image"}, {"data", base64_encode(*bytes)}, {"mimeType", mime}});
+          content.push_back({{"type", "image"},
+                             {"data", sandbox::detail::base64_encode(*bytes)},
+                             {"mimeType", mime}});
           continue;
         }
       }
@@ -460,7 +408,8 @@ std::variant<json, bad_arguments> get_file(const json& args, const blob_store& b
     return error_result(fmt::format("blob_not_found: {}: {}", id, bytes.error().message()));
   json item;
   if (auto mime = image_mime_type(*bytes); !mime.empty()) {
-    item = {{"type", "image"}, {"data", base64_encode(*bytes)}, {"mimeType", mime}};
+    item = {
+        {"type", "image"}, {"data", sandbox::detail::base64_encode(*bytes)}, {"mimeType", mime}};
   } else if (is_valid_utf8(*bytes)) {
     item = {{"type", "text"}, {"text", *bytes}};
   } else {
@@ -468,7 +417,7 @@ std::variant<json, bad_arguments> get_file(const json& args, const blob_store& b
             {"resource",
              {{"uri", blob_uri(id)},
               {"mimeType", "application/octet-stream"},
-              {"blob", base64_encode(*bytes)}}}};
+              {"blob", sandbox::detail::base64_encode(*bytes)}}}};
   }
   return json{{"content", json::array({item})}, {"isError", false}};
 }

@@ -19,12 +19,6 @@
 
 namespace sandbox::mcp {
 
-/// Standard base64 (RFC 4648 section 4, with padding), as MCP's image content and
-/// embedded resources carry bytes.
-std::string base64_encode(std::string_view bytes);
-/// Strict decoding of standard base64 (padding required, no whitespace); nullopt otherwise.
-std::optional<std::string> base64_decode(std::string_view text);
-
 /// "image/png" or "image/jpeg" when `bytes` start with that format's magic bytes (never the
 /// file's name), else "".
 std::string_view image_mime_type(std::string_view bytes);

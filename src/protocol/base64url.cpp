@@ -1,4 +1,4 @@
-// Base64url without padding (core/base64url.hpp).
+// Base64url without padding and standard base64 (protocol/base64url.hpp).
 #include "protocol/base64url.hpp"
 
 #include <cstdint>
@@ -56,6 +56,42 @@ std::optional<std::string> base64url_decode(std::string_view in) {
   // Leftover bits (2 or 4) must be zero: one canonical encoding per byte string.
   if (bits > 0 && (acc & ((1U << bits) - 1)) != 0) return std::nullopt;
   return out;
+}
+
+// --- standard base64 ------------------------------------------------------------------------
+//
+// The standard alphabet differs from base64url only in two characters and the padding, so
+// both go through the one strict codec above.
+
+std::string base64_encode(std::string_view in) {
+  std::string out = base64url_encode(in);
+  for (char& c : out) {
+    if (c == '-') {
+      c = '+';
+    } else if (c == '_') {
+      c = '/';
+    }
+  }
+  out.append((4 - out.size() % 4) % 4, '=');
+  return out;
+}
+
+std::optional<std::string> base64_decode(std::string_view in) {
+  if (in.size() % 4 != 0) return std::nullopt;
+  std::size_t pad = 0;
+  while (pad < 2 && pad < in.size() && in[in.size() - 1 - pad] == '=') ++pad;
+  std::string url(in.substr(0, in.size() - pad));
+  for (char& c : url) {
+    if (c == '-' || c == '_') return std::nullopt;  // base64url's, not this alphabet's
+    if (c == '+') {
+      c = '-';
+    } else if (c == '/') {
+      c = '_';
+    }
+  }
+  // Any '=' left is padding out of place: base64url_decode refuses it, as it refuses
+  // unused bits that are not zero.
+  return base64url_decode(url);
 }
 
 }  // namespace sandbox::detail

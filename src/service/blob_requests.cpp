@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "protocol/base64url.hpp"
 #include "sandbox/error.hpp"
 #include "sandbox/record.hpp"
 
@@ -70,7 +71,7 @@ std::string answer_blob_get(const sandbox::blob_store* blobs, const std::string&
     if (bytes->size() > cap) {  // replaced between size() and get()
       return error_line(id, "too_large", fmt::format("blob_get returns at most {} bytes", cap));
     }
-    return answer_line(id, "data_b64", "\"" + base64_encode(*bytes) + "\"");
+    return answer_line(id, "data_b64", "\"" + detail::base64_encode(*bytes) + "\"");
   } catch (const std::exception&) {
     return error_line(id, "internal", "internal error");
   }

@@ -238,7 +238,7 @@ std::variant<blob_put_line, answer> read_blob_put(const request_line& line,
     const auto& b64 = d.get_ref<const std::string&>();
     // Judged before decoding: an oversized line is never decoded.
     if (b64.size() / 4 * 3 > limits.max_blob_put_bytes + 2) return too_large();
-    auto decoded = base64_decode(b64);
+    auto decoded = detail::base64_decode(b64);
     if (!decoded) detail::fail("blob_put.data_b64", "not valid base64 (RFC 4648, padded)");
     r.data = std::move(*decoded);
   } catch (const detail::decode_error& e) {
@@ -318,7 +318,7 @@ std::variant<session_write_line, answer> read_session_write(const request_line& 
       r.data = detail::as_string(*text, "session_write.text");
     } else {
       if (!b64->is_string()) detail::fail("session_write.data_b64", "expected a string");
-      auto decoded = base64_decode(b64->get_ref<const std::string&>());
+      auto decoded = detail::base64_decode(b64->get_ref<const std::string&>());
       if (!decoded) detail::fail("session_write.data_b64", "not valid base64 (RFC 4648, padded)");
       r.data = std::move(*decoded);
     }
@@ -399,7 +399,7 @@ std::string line_too_long_line(const std::optional<std::string>& id, std::size_t
 }
 
 std::string session_stdout_event(std::string_view session, std::string_view bytes) {
-  return R"({"session":)" + json_string(session) + R"(,"stdout":")" + base64_encode(bytes) +
+  return R"({"session":)" + json_string(session) + R"(,"stdout":")" + detail::base64_encode(bytes) +
          "\"}\n";
 }
 
@@ -409,42 +409,6 @@ std::string session_eof_event(std::string_view session) {
 
 std::string quote_id(std::string_view id) {
   return detail::escape_format_chars(detail::quote_for_message(id, 64));
-}
-
-// --- base64 ----------------------------------------------------------------------------------
-//
-// The standard alphabet differs from base64url (protocol/base64url.hpp) only in two
-// characters and the padding, so both go through the one strict codec there.
-
-std::string base64_encode(std::string_view in) {
-  std::string out = detail::base64url_encode(in);
-  for (char& c : out) {
-    if (c == '-') {
-      c = '+';
-    } else if (c == '_') {
-      c = '/';
-    }
-  }
-  out.append((4 - out.size() % 4) % 4, '=');
-  return out;
-}
-
-std::optional<std::string> base64_decode(std::string_view in) {
-  if (in.size() % 4 != 0) return std::nullopt;
-  std::size_t pad = 0;
-  while (pad < 2 && pad < in.size() && in[in.size() - 1 - pad] == '=') ++pad;
-  std::string url(in.substr(0, in.size() - pad));
-  for (char& c : url) {
-    if (c == '-' || c == '_') return std::nullopt;  // base64url's, not this alphabet's
-    if (c == '+') {
-      c = '-';
-    } else if (c == '/') {
-      c = '_';
-    }
-  }
-  // Any '=' left is padding out of place: base64url_decode refuses it, as it refuses
-  // unused bits that are not zero.
-  return detail::base64url_decode(url);
 }
 
 }  // namespace sandbox::service

@@ -188,14 +188,4 @@ std::string session_eof_event(std::string_view session);
 /// `'id'` for a message about a request id (quoted, cut to 64 bytes, display-safe).
 std::string quote_id(std::string_view id);
 
-// --- base64 (RFC 4648 §4: standard alphabet, padded) -----------------------------------------
-
-/// `in` in base64 with the standard alphabet and `=` padding.
-std::string base64_encode(std::string_view in);
-
-/// Decodes strictly: a length that is a multiple of 4, padding only at the end, no
-/// whitespace, and the unused bits of the last group zero (so every byte string has exactly
-/// one accepted form). `std::nullopt` otherwise.
-std::optional<std::string> base64_decode(std::string_view in);
-
 }  // namespace sandbox::service

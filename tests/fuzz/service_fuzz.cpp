@@ -28,6 +28,7 @@
 #include <variant>
 #include <vector>
 
+#include "protocol/base64url.hpp"
 #include "sandbox/code.hpp"
 #include "sandbox/json.hpp"
 #include "sandbox/signed_ticket.hpp"
@@ -98,8 +99,8 @@ void check_answer(const svc::answer& a, const std::set<std::string>& in_flight) 
 }
 
 void check_base64(std::string_view text) {
-  if (auto decoded = svc::base64_decode(text)) {
-    if (svc::base64_encode(*decoded) != text) fail("base64 is not canonical", text);
+  if (auto decoded = sandbox::detail::base64_decode(text)) {
+    if (sandbox::detail::base64_encode(*decoded) != text) fail("base64 is not canonical", text);
   }
 }
 

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "protocol/base64url.hpp"
+
 namespace {
 
 using nlohmann::json;
@@ -109,14 +111,14 @@ TEST_CASE("mcp tools: run_code's arguments are decoded strictly", "[mcp]") {
 TEST_CASE("mcp tools: base64 round-trips and refuses what is not base64", "[mcp]") {
   for (std::string s : {std::string(), std::string("f"), std::string("fo"), std::string("foo"),
                         std::string("foob"), std::string("\0\xff\x10", 3)}) {
-    CHECK(mcp::base64_decode(mcp::base64_encode(s)) == s);
+    CHECK(sandbox::detail::base64_decode(sandbox::detail::base64_encode(s)) == s);
   }
-  CHECK(mcp::base64_encode("foobar") == "Zm9vYmFy");
-  CHECK(mcp::base64_encode("fo") == "Zm8=");
-  CHECK_FALSE(mcp::base64_decode("Zm8"));       // no padding
-  CHECK_FALSE(mcp::base64_decode("Z=m8"));      // padding inside
-  CHECK_FALSE(mcp::base64_decode("Zm8=Zm8="));  // padding before the end
-  CHECK_FALSE(mcp::base64_decode("Zm 8"));
+  CHECK(sandbox::detail::base64_encode("foobar") == "Zm9vYmFy");
+  CHECK(sandbox::detail::base64_encode("fo") == "Zm8=");
+  CHECK_FALSE(sandbox::detail::base64_decode("Zm8"));       // no padding
+  CHECK_FALSE(sandbox::detail::base64_decode("Z=m8"));      // padding inside
+  CHECK_FALSE(sandbox::detail::base64_decode("Zm8=Zm8="));  // padding before the end
+  CHECK_FALSE(sandbox::detail::base64_decode("Zm 8"));
 }
 
 TEST_CASE("mcp tools: results map onto MCP content", "[mcp]") {
@@ -139,8 +141,9 @@ TEST_CASE("mcp tools: results map onto MCP content", "[mcp]") {
   CHECK(content[0]["type"] == "text");
   CHECK(content[0]["text"].get<std::string>().starts_with("ok\n"));
   CHECK(content[0]["text"].get<std::string>().find("42\n") != std::string::npos);
-  CHECK(content[1] ==
-        json{{"type", "image"}, {"data", mcp::base64_encode(png)}, {"mimeType", "image/png"}});
+  CHECK(content[1] == json{{"type", "image"},
+                           {"data", sandbox::detail::base64_encode(png)},
+                           {"mimeType", "image/png"}});
   CHECK(content[2]["type"] == "resource_link");
   CHECK(content[2]["uri"] == "urn:agent-sandbox:blob:" + csv_id);
   CHECK(content[2]["name"] == "data.csv");
@@ -170,8 +173,8 @@ TEST_CASE("mcp tools: results map onto MCP content", "[mcp]") {
 
 TEST_CASE("mcp tools: put_file and get_file keep to the tenant's blobs", "[mcp]") {
   auto blobs = sandbox::make_memory_blob_store();
-  auto put = mcp::put_file({{"base64", mcp::base64_encode(std::string("\0\xff", 2))}}, *blobs,
-                           "acme", 1024);
+  auto put = mcp::put_file({{"base64", sandbox::detail::base64_encode(std::string("\0\xff", 2))}},
+                           *blobs, "acme", 1024);
   REQUIRE(std::holds_alternative<json>(put));
   const auto id = std::get<json>(put)["content"][0]["text"].get<std::string>();
   CHECK(id.starts_with("sha256:"));
@@ -179,7 +182,7 @@ TEST_CASE("mcp tools: put_file and get_file keep to the tenant's blobs", "[mcp]"
   REQUIRE(std::holds_alternative<json>(got));
   const auto& item = std::get<json>(got)["content"][0];
   CHECK(item["type"] == "resource");
-  CHECK(mcp::base64_decode(item["resource"]["blob"].get<std::string>()) ==
+  CHECK(sandbox::detail::base64_decode(item["resource"]["blob"].get<std::string>()) ==
         std::string("\0\xff", 2));
   // Another tenant's id is not found; a bad argument is refused.
   auto other = mcp::get_file({{"blob_id", id}}, *blobs, "other");

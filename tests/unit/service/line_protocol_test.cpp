@@ -9,6 +9,7 @@
 #include <string>
 #include <variant>
 
+#include "protocol/base64url.hpp"
 #include "sandbox/json.hpp"
 #include "sandbox/signed_ticket.hpp"
 #include "sandbox/ticket.hpp"
@@ -357,21 +358,21 @@ TEST_CASE("line protocol: base64 is RFC 4648's, padded, and strict", "[service][
       {"foobar", "Zm9vYmFy"},
   };
   for (const auto& [plain, encoded] : vectors) {
-    CHECK(svc::base64_encode(plain) == encoded);
-    CHECK(svc::base64_decode(encoded) == std::string(plain));
+    CHECK(sandbox::detail::base64_encode(plain) == encoded);
+    CHECK(sandbox::detail::base64_decode(encoded) == std::string(plain));
   }
   const std::string all = [] {
     std::string s;
     for (int i = 0; i < 256; ++i) s += static_cast<char>(i);
     return s;
   }();
-  const auto encoded = svc::base64_encode(all);
+  const auto encoded = sandbox::detail::base64_encode(all);
   CHECK(encoded.find_first_of("-_") == std::string::npos);
   CHECK(encoded.find_first_of("+/") != std::string::npos);
-  CHECK(svc::base64_decode(encoded) == all);
+  CHECK(sandbox::detail::base64_decode(encoded) == all);
   for (const char* bad : {"Zg", "Zg=", "Zh==", "Zm9=", "Z===", "====", "Zg==Zg==", "Zm 9v",
                           "Zm9v\n", "Zm-v", "Zm_v", "=Zm9"}) {
     INFO(bad);
-    CHECK_FALSE(svc::base64_decode(bad));
+    CHECK_FALSE(sandbox::detail::base64_decode(bad));
   }
 }
