@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Self
 
 from .errors import ProtocolError
 
@@ -325,8 +325,34 @@ def _encode(obj: Any) -> dict[str, Any]:
     return out
 
 
+_FIELD_TYPES = {"str": (str,), "int": (int,), "bool": (bool,)}
+
+
+class _FlatAnswer:
+    """An answer object whose fields are all strings, integers or booleans: `from_json`
+    decodes each field as its dataclass declaration says (its type; its default, or required
+    when it has none), so the declaration is the one place that says what a field is.
+    Unknown fields go to `extra`; `to_json` writes every field, then the extras."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The object as the daemon writes it, extras included."""
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> Self:
+        """Decodes the object; ProtocolError names a missing required or mistyped field."""
+        doc = _object(doc, path)
+        values = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name == "extra":
+                continue
+            default = _REQUIRED if f.default is dataclasses.MISSING else f.default
+            values[f.name] = _get(doc, f.name, _FIELD_TYPES[f.type], path, default)
+        return cls(**values, extra=_extra(doc, cls))
+
+
 @dataclass
-class StreamSummary:
+class StreamSummary(_FlatAnswer):
     """A captured stream (`stdout`, `stderr`): `summary` (head and tail, at most 4 KiB, valid
     UTF-8), `blob` (blob id of the first `bytes` bytes, byte-exact; empty when nothing was
     stored), `bytes` (stored), `total_bytes` (written by the program), `truncated`."""
@@ -338,22 +364,10 @@ class StreamSummary:
     truncated: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        """The stream object, extras included."""
-        return _encode(self)
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> StreamSummary:
-        """Decodes a stream object (every field optional)."""
-        doc = _object(doc, path)
-        return cls(_get(doc, "summary", (str,), path, ""), _get(doc, "blob", (str,), path, ""),
-                   _get(doc, "bytes", (int,), path, 0),
-                   _get(doc, "total_bytes", (int,), path, 0),
-                   _get(doc, "truncated", (bool,), path, False), _extra(doc, cls))
 
 
 @dataclass
-class OutputFile:
+class OutputFile(_FlatAnswer):
     """A returned output file: its `name`, the `blob` id of its content, its size in
     `bytes`. Fetch the content with Client.get_blob."""
 
@@ -362,20 +376,10 @@ class OutputFile:
     bytes: int
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        """The `files_out` entry, extras included."""
-        return _encode(self)
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> OutputFile:
-        """Decodes a `files_out` entry (all three fields required)."""
-        doc = _object(doc, path)
-        return cls(_get(doc, "name", (str,), path), _get(doc, "blob", (str,), path),
-                   _get(doc, "bytes", (int,), path), _extra(doc, cls))
 
 
 @dataclass
-class DroppedFile:
+class DroppedFile(_FlatAnswer):
     """An output file not returned: `name_display` (escaped when not plain UTF-8) and the
     `reason`: `count_limit`, `bytes_limit`, `not_regular_file`, `bad_name`,
     `quota_exceeded`, `store_error`."""
@@ -384,20 +388,10 @@ class DroppedFile:
     reason: str
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        """The `files_dropped` entry, extras included."""
-        return _encode(self)
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> DroppedFile:
-        """Decodes a `files_dropped` entry (both fields required)."""
-        doc = _object(doc, path)
-        return cls(_get(doc, "name_display", (str,), path), _get(doc, "reason", (str,), path),
-                   _extra(doc, cls))
 
 
 @dataclass
-class Usage:
+class Usage(_FlatAnswer):
     """What a run used: `setup_ms`, `wall_ms`, `cpu_ms` (ms) and `peak_memory_bytes`."""
 
     setup_ms: int = 0
@@ -406,41 +400,20 @@ class Usage:
     peak_memory_bytes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        """The usage object, extras included."""
-        return _encode(self)
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> Usage:
-        """Decodes a usage object (every field optional, default 0)."""
-        doc = _object(doc, path)
-        return cls(*(_get(doc, k, (int,), path, 0)
-                     for k in ("setup_ms", "wall_ms", "cpu_ms", "peak_memory_bytes")),
-                   extra=_extra(doc, cls))
 
 
 @dataclass
-class RuntimeInfo:
+class RuntimeInfo(_FlatAnswer):
     """The runtime (or tool) that ran and its image's manifest `digest` (`sha256:...`)."""
 
     name: str = ""
     digest: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        """`{"name": ..., "digest": ...}`, extras included."""
-        return _encode(self)
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> RuntimeInfo:
-        """Decodes a runtime object."""
-        doc = _object(doc, path)
-        return cls(_get(doc, "name", (str,), path, ""), _get(doc, "digest", (str,), path, ""),
-                   _extra(doc, cls))
 
 
 @dataclass
-class EgressAttempt:
+class EgressAttempt(_FlatAnswer):
     """A network attempt of the run: `protocol` (`tcp`, `udp`, `dns`, `unix`, `other`,
     `https`, `http`), `host`, `address`, `port`, whether it was `allowed` and why not
     (`reason`), and `bytes_up` / `bytes_down` relayed through the egress proxy."""
@@ -455,24 +428,10 @@ class EgressAttempt:
     bytes_down: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        """The attempt object, extras included."""
-        return _encode(self)
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> EgressAttempt:
-        """Decodes an `egress_attempts` entry (every field optional)."""
-        doc = _object(doc, path)
-        return cls(_get(doc, "protocol", (str,), path, ""), _get(doc, "host", (str,), path, ""),
-                   _get(doc, "address", (str,), path, ""), _get(doc, "port", (int,), path, 0),
-                   _get(doc, "allowed", (bool,), path, False),
-                   _get(doc, "reason", (str,), path, ""),
-                   _get(doc, "bytes_up", (int,), path, 0),
-                   _get(doc, "bytes_down", (int,), path, 0), _extra(doc, cls))
 
 
 @dataclass
-class QueueInfo:
+class QueueInfo(_FlatAnswer):
     """For `capacity` and `queue_timeout`: the run's `position` among its tenant's queued
     runs (1-based), the host's queue `length`, and `retry_after_ms` (ms, a hint)."""
 
@@ -481,16 +440,6 @@ class QueueInfo:
     retry_after_ms: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        """The queue object, extras included."""
-        return _encode(self)
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> QueueInfo:
-        """Decodes a queue object."""
-        doc = _object(doc, path)
-        return cls(*(_get(doc, k, (int,), path, 0)
-                     for k in ("position", "length", "retry_after_ms")), extra=_extra(doc, cls))
 
 
 @dataclass
@@ -612,7 +561,7 @@ class SessionResult:
 
 
 @dataclass
-class ServiceStats:
+class ServiceStats(_FlatAnswer):
     """The daemon's counters: `sessions` open or opening (every client), bytes read from
     every session's stdout since the start (`session_stdout_bytes`), write data waiting in
     the daemon (`session_write_bytes`), answers not yet written to clients
@@ -624,13 +573,3 @@ class ServiceStats:
     unwritten_bytes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        """The counters object, extras included."""
-        return _encode(self)
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> ServiceStats:
-        """Decodes the `service_stats` object."""
-        doc = _object(doc, path)
-        keys = ("sessions", "session_stdout_bytes", "session_write_bytes", "unwritten_bytes")
-        return cls(*(_get(doc, k, (int,), path, 0) for k in keys), extra=_extra(doc, cls))
