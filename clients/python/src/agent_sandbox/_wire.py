@@ -21,6 +21,23 @@ SessionRequestLike = SessionRequest | Mapping[str, Any]
 Unwrap = Callable[[Mapping[str, Any]], Any]
 
 
+#: Session output chunks a session holds unread before its connection stops reading.
+SESSION_MAX_QUEUED = 256
+#: readline's default bound on a line's length in bytes (its newline not counted).
+SESSION_MAX_LINE_BYTES = 4 << 20
+
+
+def line_end(buf: bytearray, scanned: int, limit: int, session: str) -> int:
+    """Where the first line in `buf` ends (just past its b"\n"; the search starts at
+    `scanned`, where the last one stopped), or 0 when no newline came yet. ValueError when
+    the line is longer than `limit` bytes (its newline not counted)."""
+    nl = buf.find(b"\n", scanned)
+    if nl > limit or (nl < 0 and len(buf) > limit):
+        raise ValueError(f"session {session}: the server's line is longer than {limit} bytes "
+                         f"(readline's max_bytes)")
+    return nl + 1
+
+
 def document(value: Any) -> Any:
     """A typed document's JSON form; a mapping (e.g. a signed ticket) as it is."""
     return value.to_json() if hasattr(value, "to_json") else value

@@ -224,9 +224,9 @@ class AsyncSession:
     (and the daemon from the server) until one is read.
     """
 
-    MAX_QUEUED = 256
+    MAX_QUEUED = w.SESSION_MAX_QUEUED
     #: readline's default bound on a line's length in bytes (its newline not counted).
-    MAX_LINE_BYTES = 4 << 20
+    MAX_LINE_BYTES = w.SESSION_MAX_LINE_BYTES
 
     def __init__(self, client: AsyncClient, session_id: str) -> None:
         self._client = client
@@ -279,13 +279,10 @@ class AsyncSession:
         scanned = 0
         try:
             while True:
-                nl = buf.find(b"\n", scanned)
-                if nl > limit or (nl < 0 and len(buf) > limit):
-                    raise ValueError(f"session {self.id}: the server's line is longer than "
-                                     f"{limit} bytes (readline's max_bytes)")
-                if nl >= 0:
-                    self._buffer = bytes(buf[nl + 1:]) + self._buffer
-                    return bytes(buf[:nl + 1])
+                end = w.line_end(buf, scanned, limit, self.id)
+                if end:
+                    self._buffer = bytes(buf[end:]) + self._buffer
+                    return bytes(buf[:end])
                 scanned = len(buf)
                 chunk = await self.read()
                 if not chunk:

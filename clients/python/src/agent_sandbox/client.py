@@ -263,9 +263,9 @@ class Session:
     requests on the connection wait meanwhile, so read what you asked for.
     """
 
-    MAX_QUEUED = 256
+    MAX_QUEUED = w.SESSION_MAX_QUEUED
     #: readline's default bound on a line's length in bytes (its newline not counted).
-    MAX_LINE_BYTES = 4 << 20
+    MAX_LINE_BYTES = w.SESSION_MAX_LINE_BYTES
 
     def __init__(self, client: Client, session_id: str) -> None:
         self._client = client
@@ -323,13 +323,10 @@ class Session:
         scanned = 0  # the newline search resumes here: linear in the line's length
         try:
             while True:
-                nl = buf.find(b"\n", scanned)
-                if nl > limit or (nl < 0 and len(buf) > limit):
-                    raise ValueError(f"session {self.id}: the server's line is longer than "
-                                     f"{limit} bytes (readline's max_bytes)")
-                if nl >= 0:
-                    self._pending = bytes(buf[nl + 1:]) + self._pending
-                    return bytes(buf[:nl + 1])
+                end = w.line_end(buf, scanned, limit, self.id)
+                if end:
+                    self._pending = bytes(buf[end:]) + self._pending
+                    return bytes(buf[:end])
                 scanned = len(buf)
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
