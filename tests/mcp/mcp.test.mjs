@@ -21,6 +21,13 @@ function skip(why) {
   process.exit(mustWork ? 1 : 77);
 }
 
+// One case's missing prerequisite: a failure in CI (CI=true or SANDBOX_MUST_WORK=1), else the
+// case is skipped.
+function missing(t, why) {
+  if (mustWork) assert.fail(why);
+  return t.skip(why);
+}
+
 if (!sandboxctl || !existsSync(sandboxctl)) skip("no sandboxctl (argv[1] or SANDBOXCTL)");
 let Client, StdioClientTransport, McpError;
 try {
@@ -176,10 +183,7 @@ test("run_code: a PNG output comes back as image content, a CSV as a link", asyn
 });
 
 test("run_code: a matplotlib chart (python3-data) comes back as a PNG image", async (t) => {
-  if (!hasImage("python3-data")) {
-    if (mustWork) assert.fail("no python3-data image (tools/setup.sh builds it)");
-    return t.skip("no python3-data image");
-  }
+  if (!hasImage("python3-data")) return missing(t, "no python3-data image (tools/setup.sh builds it)");
   const config = join(scratch, "data.json");
   writeFileSync(
     config,
@@ -247,8 +251,7 @@ test("a refusal: the network without a grant is an error naming what to approve"
   // The container level (which the network needs) runs here as root, with crun.
   if (process.getuid() !== 0) return t.skip("not root: no container level");
   if (spawnSync("crun", ["--version"]).status !== 0) {
-    if (mustWork) assert.fail("crun is missing (tools/setup.sh installs it)");
-    return t.skip("no crun: the container level (needed for the network) is missing");
+    return missing(t, "no crun for the container level the network needs (tools/setup.sh installs it)");
   }
   const config = join(scratch, "container.json");
   writeFileSync(config, JSON.stringify({ v: 1, backends: { container: { runtime: "crun" } } }));
@@ -270,10 +273,7 @@ test("a refusal: the network without a grant is an error naming what to approve"
 });
 
 test("run_tool: a registered tool listed by name and run on stdin", async (t) => {
-  if (!hasImage("tools")) {
-    if (mustWork) assert.fail("no tools image (tools/setup.sh builds it)");
-    return t.skip("no tools image");
-  }
+  if (!hasImage("tools")) return missing(t, "no tools image (tools/setup.sh builds it)");
   const config = join(scratch, "tools.json");
   writeFileSync(
     config,
