@@ -18,12 +18,13 @@ using json = nlohmann::json;
 // The prefix of `blob_uri`.
 constexpr std::string_view blob_uri_prefix = "urn:agent-sandbox:blob:";
 
-// The smaller of two ceilings, a zero one meaning "none".
-template <class T>
-T ceiling(T a, T b) {
-  if (a == T{}) return b;
-  if (b == T{}) return a;
-  return std::min(a, b);
+// The longest timeout (ms) and largest memory limit (bytes) a call may ask for: the smaller
+// of the ticket's and the policy's, exactly as admission clamps (protocol/admission.cpp).
+std::int64_t timeout_ceiling_ms(const tool_context& c) {
+  return std::min(c.ticket.max_timeout(), c.policy.max_timeout).count();
+}
+std::uint64_t memory_ceiling_bytes(const tool_context& c) {
+  return std::min(c.ticket.max_memory_bytes(), c.policy.max_memory_bytes);
 }
 
 // The `files` property, shared by run_code and run_tool.
@@ -47,8 +48,8 @@ json files_schema(const sandbox::policy& p) {
 
 // The `timeout_ms` and `memory_bytes` properties.
 void add_limits(json& props, const tool_context& c) {
-  const auto timeout = ceiling(c.policy.max_timeout, c.ticket.max_timeout()).count();
-  const auto memory = ceiling(c.policy.max_memory_bytes, c.ticket.max_memory_bytes());
+  const auto timeout = timeout_ceiling_ms(c);
+  const auto memory = memory_ceiling_bytes(c);
   props["timeout_ms"] = {{"type", "integer"},
                          {"minimum", 1},
                          {"maximum", timeout},
@@ -276,14 +277,11 @@ std::variant<run_request, bad_arguments> decode_run_arguments(const json& args,
     }
   }
   std::optional<std::uint64_t> timeout, memory;
-  const auto max_timeout = ceiling(c.policy.max_timeout, c.ticket.max_timeout()).count();
-  if (auto e = get_count(args, "timeout_ms", timeout, static_cast<std::uint64_t>(max_timeout))) {
+  if (auto e = get_count(args, "timeout_ms", timeout,
+                         static_cast<std::uint64_t>(timeout_ceiling_ms(c)))) {
     return *e;
   }
-  if (auto e = get_count(args, "memory_bytes", memory,
-                         ceiling(c.policy.max_memory_bytes, c.ticket.max_memory_bytes()))) {
-    return *e;
-  }
+  if (auto e = get_count(args, "memory_bytes", memory, memory_ceiling_bytes(c))) return *e;
   if (timeout) req.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(*timeout));
   if (memory) req.memory_limit_bytes = *memory;
   if (auto f = args.find("files"); f != args.end()) {
