@@ -11,8 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <memory>
+#include <optional>
 
 #include "sys/pidfd.hpp"
 
@@ -88,9 +90,23 @@ result<child_process> child_process::spawn(const spawn_spec& spec) noexcept {
   }
 }
 
-result<int> child_process::wait(std::chrono::milliseconds timeout) noexcept {
+result<int> child_process::wait(std::chrono::milliseconds timeout,
+                                const std::function<void()>& tick,
+                                std::chrono::milliseconds tick_every) noexcept {
   if (pid_ <= 0) return sys_error(ECHILD);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto next_tick = std::chrono::steady_clock::now() + tick_every;
+  // Calls `tick` when it is due; false when it threw (then no more ticks: waiting goes on).
+  bool ticking = static_cast<bool>(tick);
+  auto maybe_tick = [&] {
+    if (!ticking || std::chrono::steady_clock::now() < next_tick) return;
+    next_tick = std::chrono::steady_clock::now() + tick_every;
+    try {
+      tick();
+    } catch (...) {
+      ticking = false;
+    }
+  };
   // Raw syscall: glibc 2.36's <sys/pidfd.h> lacks extern "C" and does not link from C++.
   int pidfd = pidfd_open(pid_);
   bool exited = false;
@@ -100,6 +116,7 @@ result<int> child_process::wait(std::chrono::milliseconds timeout) noexcept {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) break;
+      if (ticking) left = std::min(left, tick_every);
       pollfd p{pidfd, POLLIN, 0};
       int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
       if (r > 0) {
@@ -107,6 +124,7 @@ result<int> child_process::wait(std::chrono::milliseconds timeout) noexcept {
         break;
       }
       if (r < 0 && errno != EINTR) break;
+      maybe_tick();
     }
   } else {
     // No pidfd (old kernel): look every 10 ms without reaping.
@@ -120,6 +138,7 @@ result<int> child_process::wait(std::chrono::milliseconds timeout) noexcept {
       if (std::chrono::steady_clock::now() >= deadline) break;
       timespec ts{0, 10 * 1000 * 1000};
       ::nanosleep(&ts, nullptr);
+      maybe_tick();
     }
   }
   if (!exited) {
@@ -175,9 +194,60 @@ std::string read_tail(int fd, std::size_t max) {
   return out;
 }
 
+namespace {
+
+// Splits what a tool appended to its output file into lines for a tool_line_sink.
+class line_follower {
+ public:
+  line_follower(int fd, const tool_line_sink& sink) : fd_(fd), sink_(sink) {}
+
+  // Reads what was written since the last call and hands on each complete line; `last`
+  // also hands on an unterminated rest.
+  void poll(bool last) {
+    char buf[16 * 1024];
+    for (;;) {
+      ssize_t n = ::pread(fd_, buf, sizeof buf, offset_);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      offset_ += n;
+      for (ssize_t i = 0; i < n; ++i) {
+        if (buf[i] == '\n') {
+          emit();
+        } else if (line_.size() < max_line) {
+          line_.push_back(buf[i]);
+        }
+      }
+    }
+    if (last && !line_.empty()) emit();
+  }
+
+ private:
+  static constexpr std::size_t max_line = 4096;
+  // Hands on the line; a sink that throws is not called again (the tool runs on).
+  void emit() {
+    if (!line_.empty() && line_.back() == '\r') line_.pop_back();
+    if (!broken_) {
+      try {
+        sink_(line_);
+      } catch (...) {
+        broken_ = true;
+      }
+    }
+    line_.clear();
+  }
+  int fd_;
+  const tool_line_sink& sink_;
+  off_t offset_ = 0;
+  std::string line_;
+  bool broken_ = false;
+};
+
+}  // namespace
+
 result<tool_result> run_tool(const std::vector<std::string>& argv,
                              const std::vector<std::string>& env, std::chrono::milliseconds timeout,
-                             int stdout_fd, std::size_t max_output) noexcept {
+                             int stdout_fd, std::size_t max_output,
+                             const tool_line_sink& on_line) noexcept {
   try {
     int mfd = ::memfd_create("agent-sandbox-tool-output", MFD_CLOEXEC);
     if (mfd < 0) return sys_error(errno);
@@ -189,8 +259,13 @@ result<tool_result> run_tool(const std::vector<std::string>& argv,
                     .stderr_fd = mfd};
     auto child = child_process::spawn(spec);
     if (!child) return child.error();
-    auto status = child->wait(timeout);
+    std::optional<line_follower> lines;
+    if (on_line) lines.emplace(mfd, on_line);
+    std::function<void()> tick;
+    if (lines) tick = [&] { lines->poll(false); };
+    auto status = child->wait(timeout, tick);
     if (!status) return status.error();
+    if (lines) lines->poll(true);
     tool_result res;
     res.status = *status;
     res.output = read_tail(mfd, max_output);

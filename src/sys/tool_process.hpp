@@ -11,7 +11,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sandbox/error.hpp"
@@ -44,8 +46,10 @@ class child_process {
   static result<child_process> spawn(const spawn_spec& spec) noexcept;
 
   /// Waits up to `timeout` for the tool to exit and returns its wait status. On timeout the
-  /// whole process group is killed (SIGKILL), reaped, and ETIMEDOUT returned.
-  result<int> wait(std::chrono::milliseconds timeout) noexcept;
+  /// whole process group is killed (SIGKILL), reaped, and ETIMEDOUT returned. A non-empty
+  /// `tick` is called about every `tick_every` while the tool runs (from this thread).
+  result<int> wait(std::chrono::milliseconds timeout, const std::function<void()>& tick = {},
+                   std::chrono::milliseconds tick_every = std::chrono::milliseconds(200)) noexcept;
 
   /// Kills the process group (SIGKILL) and reaps the tool; no-op once reaped.
   void kill_and_reap() noexcept;
@@ -66,15 +70,22 @@ struct tool_result {
   std::string describe() const;
 };
 
+/// Receives each line a tool writes (without its newline; a last unterminated line too), in
+/// order, while the tool runs. Lines longer than 4 KiB are cut there.
+using tool_line_sink = std::function<void(std::string_view line)>;
+
 /**
  * Runs a tool to completion: stdin from /dev/null, stdout and stderr captured together in
  * a memfd (no pipe a chatty tool could fill and block on), keeping the last `max_output`
- * bytes. `stdout_fd` ≥ 0 sends stdout there instead. Errors: system codes from spawning,
- * ETIMEDOUT when `timeout` passed (the tool and its group are killed).
+ * bytes. `stdout_fd` ≥ 0 sends stdout there instead. A non-empty `on_line` sees the
+ * captured output line by line as it is written (read back about every 200 ms; progress
+ * reporting). Errors: system codes from spawning, ETIMEDOUT when `timeout` passed (the tool
+ * and its group are killed).
  */
 result<tool_result> run_tool(const std::vector<std::string>& argv,
                              const std::vector<std::string>& env, std::chrono::milliseconds timeout,
-                             int stdout_fd = -1, std::size_t max_output = 64 * 1024) noexcept;
+                             int stdout_fd = -1, std::size_t max_output = 64 * 1024,
+                             const tool_line_sink& on_line = {}) noexcept;
 
 /// The minimal environment tools get: PATH=/usr/sbin:/usr/bin:/sbin:/bin, LC_ALL=C.UTF-8.
 std::vector<std::string> minimal_tool_env();

@@ -77,3 +77,46 @@ TEST_CASE("tool process: a timeout kills the tool and what it started", "[tool_p
   for (int i = 0; i < 100 && !is_dead(bg); ++i) std::this_thread::sleep_for(20ms);
   CHECK(is_dead(bg));
 }
+
+TEST_CASE("tool process: output lines reach the sink while the tool runs, in order",
+          "[tool_process]") {
+  // The first line must arrive before the tool ends: the tool waits until the sink saw it
+  // (the sink creates the file the tool polls for), so a sink fed only at exit times out.
+  temp_dir tmp;
+  const auto seen = tmp / "seen";
+  std::vector<std::string> lines;
+  auto r = run_tool(
+      {"/bin/sh", "-c",
+       "printf 'first\\r\\n'; i=0; while [ ! -e \"$1\" ] && [ $i -lt 200 ]; do sleep 0.05; "
+       "i=$((i+1)); done; [ -e \"$1\" ] || exit 9; echo second >&2; printf 'no newline'",
+       "sh", seen.string()},
+      sandbox::detail::minimal_tool_env(), 30s, -1, 64 * 1024, [&](std::string_view line) {
+        lines.emplace_back(line);
+        if (line == "first") store_test::write_file(seen, "");
+      });
+  REQUIRE(r.has_value());
+  CHECK(r->ok());
+  CHECK(lines == std::vector<std::string>{"first", "second", "no newline"});
+  CHECK(r->output == "first\r\nsecond\nno newline");
+}
+
+TEST_CASE("tool process: long lines are cut and a throwing sink does not fail the tool",
+          "[tool_process]") {
+  std::vector<std::size_t> sizes;
+  auto r = run_tool({"/bin/sh", "-c", "head -c 10000 /dev/zero | tr '\\0' x; echo; echo ok"},
+                    sandbox::detail::minimal_tool_env(), 30s, -1, 64 * 1024,
+                    [&](std::string_view line) { sizes.push_back(line.size()); });
+  REQUIRE(r.has_value());
+  CHECK(sizes == std::vector<std::size_t>{4096, 2});
+
+  int calls = 0;
+  auto t = run_tool({"/bin/sh", "-c", "echo a; echo b; exit 4"},
+                    sandbox::detail::minimal_tool_env(), 30s, -1, 64 * 1024, [&](std::string_view) {
+                      ++calls;
+                      throw std::runtime_error("display failed");
+                    });
+  REQUIRE(t.has_value());
+  CHECK(t->describe() == "exit status 4");
+  CHECK(t->output == "a\nb\n");
+  CHECK(calls == 1);
+}
