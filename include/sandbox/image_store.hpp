@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -99,6 +100,17 @@ struct image_store_options {
 /// `permission_denied`, `not_found` (read-only and the root does not exist).
 result<std::shared_ptr<image_store>> open_image_store(const image_store_options& options);
 
+/// Where a running `build_debian_image` is, for a progress display.
+struct image_build_progress {
+  /// The step: "debootstrap: retrieving", "debootstrap: validating", "debootstrap:
+  /// extracting", "debootstrap: unpacking", "debootstrap: configuring", "apt-get: downloading",
+  /// "apt-get: unpacking", "apt-get: setting up", "npm install", "packing", "storing".
+  std::string_view phase;
+  std::size_t done = 0;   ///< packages this step has handled so far (0: not counted)
+  std::size_t total = 0;  ///< packages the step will handle, when known; else 0
+  std::string_view item;  ///< the package in hand, or ""
+};
+
 /// What to build with `build_debian_image`.
 struct debian_image_spec {
   std::string name;                   ///< runtime name, e.g. "python3"
@@ -112,6 +124,10 @@ struct debian_image_spec {
   std::string mirror;              ///< empty: the first Debian mirror in the host's apt sources
   std::filesystem::path work_dir;  ///< scratch space; empty: a temp dir beside the store
   log_sink log;  ///< debootstrap/tar output and failures; empty: warnings and errors to stderr
+  /// Called (on the building thread) as the build moves on: each package debootstrap and
+  /// apt-get report, each step. Read from the tools' own output, so only for display. Empty:
+  /// none. An exception from it stops the progress reports, not the build.
+  std::function<void(const image_build_progress&)> progress;
 };
 
 /**

@@ -1,8 +1,10 @@
 // `sandboxctl image`: the image store (build, import, ls, current, use, verify, rm).
 #include <filesystem>
+#include <functional>
 #include <iostream>
 
 #include "cli/cli_util.hpp"
+#include "cli/progress.hpp"
 #include "cli/verbs.hpp"
 #include "store/image_build.hpp"
 
@@ -45,13 +47,27 @@ int cmd_image(const std::vector<std::string>& args) {
       }
     }
     auto store = open_images(c);
-    // Each step on stderr as it starts (a first build takes minutes): the info lines.
+    // Each step on stderr as it starts (a first build takes minutes): the info lines; on a
+    // terminal also a status line with the package in hand and the counts.
+    tty_progress status;
+    std::function<void(const sandbox::image_build_progress&)> progress;
+    if (status.active()) {
+      progress = [&status, name = a1](const sandbox::image_build_progress& p) {
+        std::string line = fmt::format("image {}: {}", name, p.phase);
+        if (p.done > 0)
+          line += p.total > 0 ? fmt::format(" {}/{}", p.done, p.total) : fmt::format(" {}", p.done);
+        if (!p.item.empty()) line += fmt::format(" ({})", p.item);
+        status.show(line);
+      };
+    }
     auto digest = sandbox::build_debian_image(
         *store, {.name = a1,
                  .packages = packages,
                  .npm_packages = npm_packages,
-                 .log = sandbox::make_stderr_log_sink(c.verbose ? sandbox::log_level::debug
-                                                                : sandbox::log_level::info)});
+                 .log = status.wrap(sandbox::make_stderr_log_sink(
+                     c.verbose ? sandbox::log_level::debug : sandbox::log_level::info)),
+                 .progress = progress});
+    status.clear();
     if (!digest) return fail("build", digest.error());
     std::cout << *digest << "\n";
     return exit_ok;

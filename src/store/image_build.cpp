@@ -284,7 +284,7 @@ std::string host_architecture() {
 class builder {
  public:
   builder(image_store& store, const debian_image_spec& spec)
-      : store_(store), spec_(spec), log_(spec.log) {}
+      : store_(store), spec_(spec), log_(spec.log), progress_(spec.progress) {}
 
   ~builder() { cleanup(); }
 
@@ -330,7 +330,8 @@ class builder {
       if (const char* v = std::getenv(var)) env.push_back(std::string(var) + "=" + v);
     }
     log_(log_level::info, "image build: debootstrap " + spec_.suite + " from " + mirror);
-    auto boot = detail::run_tool(argv, env, debootstrap_timeout, -1, 16 * 1024);
+    auto boot = detail::run_tool(argv, env, debootstrap_timeout, -1, 16 * 1024,
+                                 line_sink(&detail::image_build_progress_parser::debootstrap_line));
     detach_mounts_below(target, log_);
     if (!boot) return fail("run debootstrap", boot.error());
     if (!boot->ok()) {
@@ -357,7 +358,11 @@ class builder {
            {std::vector<std::string>{chroot, target, "/usr/bin/apt-get", "update", "--quiet"},
             install}) {
         log_(log_level::info, "image build: apt-get " + step[3] + " in the new tree");
-        auto apt = detail::run_tool(step, env, debootstrap_timeout, -1, 16 * 1024);
+        // Progress from the install's lines only (update's are index downloads).
+        auto apt = detail::run_tool(
+            step, env, debootstrap_timeout, -1, 16 * 1024,
+            step[3] == "install" ? line_sink(&detail::image_build_progress_parser::apt_line)
+                                 : detail::tool_line_sink{});
         detach_mounts_below(target, log_);
         if (!apt) return fail("run apt-get", apt.error());
         if (!apt->ok()) {
@@ -381,6 +386,7 @@ class builder {
 
     // 5. Pack.
     log_(log_level::info, "image build: packing the tree into one layer");
+    step("packing");
     auto layout = make_layout_dirs();
     if (!layout) return layout.error();
     const std::string layer_tmp = work_path_ + "/layer.tar";
@@ -447,6 +453,7 @@ class builder {
         !r) {
       return fail("write oci-layout", r.error());
     }
+    step("storing");
     auto digest = store_.import_layout(work_path_ + "/layout", spec_.name);
     if (!digest) return digest.error();
     const auto secs =
@@ -459,6 +466,23 @@ class builder {
   }
 
  private:
+  // A tool_line_sink feeding `parse` of the progress parser (none without a progress sink).
+  detail::tool_line_sink line_sink(
+      void (detail::image_build_progress_parser::*parse)(std::string_view)) {
+    if (!spec_.progress) return {};
+    return [this, parse](std::string_view line) { (progress_.*parse)(line); };
+  }
+
+  // Reports a step that is not counted.
+  void step(std::string_view phase) {
+    if (!spec_.progress) return;
+    try {
+      spec_.progress(image_build_progress{.phase = phase});
+    } catch (...) {
+      // Display only: the build goes on.
+    }
+  }
+
   struct layout_dirs {
     unique_fd dir;
     unique_fd blobs;  // layout/blobs/sha256
@@ -509,6 +533,7 @@ class builder {
       if (const char* v = std::getenv(var)) env.push_back(std::string(var) + "=" + v);
     }
     log_(log_level::info, "image build: npm install (scripts ignored)");
+    step("npm install");
     auto inst = detail::run_tool(argv, env, debootstrap_timeout, -1, 16 * 1024);
     if (!inst) return fail("run npm", inst.error());
     if (!inst->ok()) {
@@ -726,6 +751,7 @@ class builder {
   image_store& store_;
   const debian_image_spec& spec_;
   detail::store_logger log_;
+  detail::image_build_progress_parser progress_;
   unique_fd parent_fd_;
   unique_fd work_fd_;
   std::string work_name_;
@@ -735,6 +761,83 @@ class builder {
 }  // namespace
 
 namespace detail {
+
+namespace {
+
+// The words of `line` split at spaces.
+std::vector<std::string_view> split_words(std::string_view line) {
+  std::vector<std::string_view> w;
+  std::size_t i = 0;
+  while (i < line.size()) {
+    while (i < line.size() && line[i] == ' ') ++i;
+    std::size_t j = i;
+    while (j < line.size() && line[j] != ' ') ++j;
+    if (j > i) w.push_back(line.substr(i, j - i));
+    i = j;
+  }
+  return w;
+}
+
+// "NAME..." → "NAME"; "" when `w` does not end with "...".
+std::string_view strip_ellipsis(std::string_view w) {
+  if (w.size() <= 3 || w.substr(w.size() - 3) != "...") return {};
+  return w.substr(0, w.size() - 3);
+}
+
+}  // namespace
+
+void image_build_progress_parser::report(std::string_view phase, std::size_t& done,
+                                         std::size_t total, std::string_view item) {
+  ++done;
+  if (!sink_) return;
+  try {
+    sink_(image_build_progress{
+        .phase = phase, .done = done, .total = total >= done ? total : 0, .item = item});
+  } catch (...) {
+    sink_ = nullptr;  // a display that fails stops being fed; the build goes on
+  }
+}
+
+void image_build_progress_parser::debootstrap_line(std::string_view line) {
+  auto w = split_words(line);
+  if (w.size() < 3 || w[0] != "I:") return;
+  if (w.size() == 4 && w[1] == "Retrieving") {
+    report("debootstrap: retrieving", retrieved_, 0, w[2]);
+  } else if (w.size() == 4 && w[1] == "Validating") {
+    report("debootstrap: validating", validated_, retrieved_, w[2]);
+  } else if (w.size() == 3 && w[1] == "Extracting" && !strip_ellipsis(w[2]).empty()) {
+    report("debootstrap: extracting", extracted_, 0, strip_ellipsis(w[2]));
+  } else if (w.size() == 3 && w[1] == "Unpacking" && !strip_ellipsis(w[2]).empty()) {
+    report("debootstrap: unpacking", unpacked_, retrieved_, strip_ellipsis(w[2]));
+  } else if (w.size() == 3 && w[1] == "Configuring" && !strip_ellipsis(w[2]).empty()) {
+    report("debootstrap: configuring", configured_, retrieved_, strip_ellipsis(w[2]));
+  }
+}
+
+void image_build_progress_parser::apt_line(std::string_view line) {
+  auto w = split_words(line);
+  // "0 upgraded, 12 newly installed, 0 to remove and 0 not upgraded."
+  if (w.size() >= 5 && w[1] == "upgraded," && w[3] == "newly" && w[4].rfind("installed", 0) == 0) {
+    std::size_t n = 0;
+    for (char c : w[2]) {
+      if (c < '0' || c > '9' || n > 1'000'000) return;
+      n = n * 10 + static_cast<std::size_t>(c - '0');
+    }
+    apt_total_ = n;
+    return;
+  }
+  // "Get:3 http://deb.debian.org/debian bookworm/main amd64 libexpat1 amd64 2.5.0-1 [99.3 kB]"
+  // (an index of `apt-get update`, "Get:2 URL bookworm/main amd64 Packages [8787 kB]", has
+  // fewer words and no version).
+  if (w.size() >= 8 && w[0].rfind("Get:", 0) == 0 && w[2].find('/') != std::string_view::npos &&
+      w[4].rfind("[", 0) != 0 && w[6].rfind("[", 0) != 0) {
+    report("apt-get: downloading", apt_got_, apt_total_, w[4]);
+  } else if (w.size() >= 3 && w[0] == "Unpacking" && w[2].rfind("(", 0) == 0) {
+    report("apt-get: unpacking", apt_unpacked_, apt_total_, w[1]);
+  } else if (w.size() >= 4 && w[0] == "Setting" && w[1] == "up" && w[3].rfind("(", 0) == 0) {
+    report("apt-get: setting up", apt_set_up_, apt_total_, w[2]);
+  }
+}
 
 std::string find_debian_mirror(std::string_view suite, const std::filesystem::path& apt_dir) {
   try {

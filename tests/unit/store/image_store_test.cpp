@@ -750,3 +750,79 @@ TEST_CASE("image build: debootstrap a python3 image (SANDBOX_TEST_DEBOOTSTRAP=1)
   // The work dir is gone.
   for (const auto& e : store_test::entries(tmp / "store")) CHECK(e.rfind(".build-", 0) != 0);
 }
+
+TEST_CASE("image build: progress from debootstrap's and apt-get's own lines",
+          "[image_store][image_build]") {
+  struct seen {
+    std::string phase;
+    std::size_t done, total;
+    std::string item;
+    bool operator==(const seen&) const = default;
+  };
+  std::vector<seen> got;
+  sandbox::detail::image_build_progress_parser parser([&](const sandbox::image_build_progress& p) {
+    got.push_back({std::string(p.phase), p.done, p.total, std::string(p.item)});
+  });
+  for (std::string_view line : {
+           "I: Retrieving InRelease",  // the index, not a package
+           "I: Checking Release signature",
+           "I: Retrieving adduser 3.134",
+           "I: Validating adduser 3.134",
+           "I: Retrieving apt 2.6.1",
+           "I: Validating apt 2.6.1",
+           "I: Extracting adduser...",
+           "I: Installing core packages...",
+           "I: Unpacking required packages...",  // a step, not a package
+           "I: Unpacking adduser...",
+           "I: Configuring required packages...",
+           "I: Configuring apt...",
+           "I: Base system installed successfully.",
+           "W: Unpacking x...",
+       }) {
+    parser.debootstrap_line(line);
+  }
+  CHECK(got == std::vector<seen>{{"debootstrap: retrieving", 1, 0, "adduser"},
+                                 {"debootstrap: validating", 1, 1, "adduser"},
+                                 {"debootstrap: retrieving", 2, 0, "apt"},
+                                 {"debootstrap: validating", 2, 2, "apt"},
+                                 {"debootstrap: extracting", 1, 0, "adduser"},
+                                 {"debootstrap: unpacking", 1, 2, "adduser"},
+                                 {"debootstrap: configuring", 1, 2, "apt"}});
+  got.clear();
+  for (std::string_view line : {
+           "Reading package lists...",
+           "0 upgraded, 2 newly installed, 0 to remove and 0 not upgraded.",
+           "Need to get 5,000 kB of archives.",
+           "Get:1 http://deb.debian.org/debian bookworm/main amd64 libexpat1 amd64 2.5.0-1 [99.3 "
+           "kB]",
+           "Get:2 http://deb.debian.org/debian bookworm/main amd64 python3 amd64 3.11.2-1 [26 kB]",
+           "Selecting previously unselected package libexpat1:amd64.",
+           "Unpacking libexpat1:amd64 (2.5.0-1) ...",
+           "Unpacking python3 (3.11.2-1) ...",
+           "Setting up libexpat1:amd64 (2.5.0-1) ...",
+           "Setting up python3 (3.11.2-1) ...",
+           "Setting up extra (1) ...",  // more than announced: the total is dropped, not wrong
+           "Get:3 not-a-url",
+           "Get:4 http://deb.debian.org/debian bookworm/main Translation-en [6107 kB]",
+           "Get:5 http://deb.debian.org/debian bookworm/main amd64 Packages [8787 kB]",
+       }) {
+    parser.apt_line(line);
+  }
+  CHECK(got == std::vector<seen>{{"apt-get: downloading", 1, 2, "libexpat1"},
+                                 {"apt-get: downloading", 2, 2, "python3"},
+                                 {"apt-get: unpacking", 1, 2, "libexpat1:amd64"},
+                                 {"apt-get: unpacking", 2, 2, "python3"},
+                                 {"apt-get: setting up", 1, 2, "libexpat1:amd64"},
+                                 {"apt-get: setting up", 2, 2, "python3"},
+                                 {"apt-get: setting up", 3, 0, "extra"}});
+
+  // A display that throws is not called again; parsing goes on without failing.
+  int calls = 0;
+  sandbox::detail::image_build_progress_parser failing([&](const sandbox::image_build_progress&) {
+    ++calls;
+    throw std::runtime_error("terminal gone");
+  });
+  failing.debootstrap_line("I: Retrieving a 1");
+  failing.debootstrap_line("I: Retrieving b 1");
+  CHECK(calls == 1);
+}
