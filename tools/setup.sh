@@ -4,9 +4,28 @@
 # node, tools, chromium, mcp, python3-data, python3-test; below) into the image store when
 # they are missing. Safe to run again at any time.
 #
-#   tools/setup.sh            # everything
+#   tools/setup.sh                      # everything (what tools/run-tests.sh needs)
+#   tools/setup.sh --example [LEVEL]    # only what the freight walkthrough needs at LEVEL
+#                                       # (process, container, gvisor or microvm; default
+#                                       # process): tools/run-example.sh
 #   SANDBOX_SKIP_IMAGES=1 tools/setup.sh   # packages and build only
 set -euo pipefail
+
+# The scope: "all", or "example" with the walkthrough's isolation level.
+SCOPE=all
+LEVEL=process
+case "${1:-}" in
+  "") ;;
+  --example)
+    SCOPE=example
+    LEVEL=${2:-process}
+    case "$LEVEL" in
+      process|container|gvisor|microvm) ;;
+      *) echo "tools/setup.sh: --example: unknown isolation level '$LEVEL' (process, container, gvisor or microvm)" >&2; exit 2 ;;
+    esac
+    ;;
+  *) echo "usage: tools/setup.sh [--example [process|container|gvisor|microvm]]" >&2; exit 2 ;;
+esac
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PRESET=${SANDBOX_PRESET:-dev}
@@ -30,11 +49,16 @@ fi
 #    tree's formatting before the tests (tools/check-format.sh); python3-venv, -pip,
 #    -setuptools, -wheel and -pytest install clients/python offline into a venv and run its
 #    tests (tests/clients/run_python_client_tests.sh).
-PACKAGES=(
+#    The walkthrough (--example) needs only the build's packages, debootstrap, and its level's
+#    runtime (crun, runsc, or QEMU with erofs-utils and lz4); everything else is the tests'.
+BUILD_PACKAGES=(
   g++ cmake make pkg-config git ca-certificates tar gzip xz-utils
   libboost1.81-dev libboost-program-options1.81-dev libfmt-dev nlohmann-json3-dev
   libseccomp-dev libssl-dev catch2 libbenchmark-dev
-  debootstrap util-linux iproute2 procps bubblewrap
+  debootstrap util-linux iproute2 procps
+)
+TEST_PACKAGES=(
+  bubblewrap
   crun runc runsc
   python3 openssl gdb
   qemu-system-x86 erofs-utils lz4
@@ -42,6 +66,16 @@ PACKAGES=(
   clang-format
   python3-venv python3-pip python3-setuptools python3-wheel python3-pytest
 )
+if [ "$SCOPE" = all ]; then
+  PACKAGES=("${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}")
+else
+  PACKAGES=("${BUILD_PACKAGES[@]}")
+  case "$LEVEL" in
+    container) PACKAGES+=(crun runc) ;;
+    gvisor) PACKAGES+=(runsc) ;;
+    microvm) PACKAGES+=(qemu-system-x86 erofs-utils lz4) ;;
+  esac
+fi
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -49,7 +83,7 @@ done
 # npm (the MCP image's packages, the TypeScript client's npm ci; Debian's npm brings Debian's
 # nodejs, 18): Debian's, unless the host has one already (a nodejs from elsewhere bundles its
 # own, and Debian's npm would conflict with it).
-command -v npm >/dev/null 2>&1 || missing+=(npm)
+[ "$SCOPE" = example ] || command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -70,10 +104,12 @@ npm_ci_pinned() {
 }
 # The TypeScript client's dev dependencies (typescript, @types/node) for its test
 # (tests/clients/typescript.sh).
-npm_ci_pinned "$ROOT/clients/typescript"
+[ "$SCOPE" = example ] || npm_ci_pinned "$ROOT/clients/typescript"
 
 # The microvm level's guest kernel (Debian's cloud kernel, unpacked, not installed).
-"$ROOT/tools/fetch-guest-kernel.sh"
+if [ "$SCOPE" = all ] || [ "$LEVEL" = microvm ]; then
+  "$ROOT/tools/fetch-guest-kernel.sh"
+fi
 
 # 2. Build, with the images (3.) made alongside: sandboxctl first (it builds them), then the
 #    rest of the tree while debootstrap and dpkg (one process at a time, so one core) run in
@@ -99,8 +135,13 @@ cmake --build --preset "$PRESET" --target sandboxctl
 #    - mcp: Debian's node plus the reference "everything" stdio MCP server from npm (pinned;
 #      its dependencies accept the image's node 18), installed by the host's npm with scripts
 #      disabled, for the session tests (tests/integration/process/session_test.cpp).
+if [ "$SCOPE" = example ]; then
+  DEFAULT_IMAGES="python3"
+else
+  DEFAULT_IMAGES="python3 node tools chromium mcp python3-data python3-test"
+fi
 build_images() {
-  for runtime in ${SANDBOX_IMAGES:-python3 node tools chromium mcp python3-data python3-test}; do
+  for runtime in ${SANDBOX_IMAGES:-$DEFAULT_IMAGES}; do
     if "$BUILD/bin/sandboxctl" image current "$runtime" --image-dir "$IMAGE_DIR" >/dev/null 2>&1; then
       log "image $runtime: present"
     else
@@ -129,9 +170,18 @@ if [ "${SANDBOX_SKIP_IMAGES:-0}" != 1 ]; then
   # Stop the image builds if the build below fails (set -e leaves through here).
   trap '[ -z "$images_pid" ] || kill "$images_pid" 2>/dev/null || true' EXIT
 fi
-cmake --build --preset "$PRESET"
+if [ "$SCOPE" = example ]; then
+  cmake --build --preset "$PRESET" --target freight_quote
+else
+  cmake --build --preset "$PRESET"
+fi
 if [ -n "$images_pid" ]; then
   log "waiting for the images (log: $images_log)"
+  # On a terminal, each image's steps as they happen (quiet otherwise).
+  if [ -t 2 ]; then
+    tail -n +1 -f --pid="$images_pid" "$images_log" 2>/dev/null |
+      grep -a --line-buffered -e '==> image' -e 'info: image build' >&2 || true
+  fi
   if ! wait "$images_pid"; then
     images_pid=""
     tail -n 60 "$images_log" >&2
@@ -139,8 +189,8 @@ if [ -n "$images_pid" ]; then
     exit 1
   fi
   images_pid=""
-  grep -a '==> image' "$images_log" >&2 || true
+  [ -t 2 ] || grep -a '==> image' "$images_log" >&2 || true
 fi
 # 4. The official MCP TypeScript SDK client for the `sandboxctl mcp` test (tests/mcp).
-npm_ci_pinned "$ROOT/tests/mcp"
+[ "$SCOPE" = example ] || npm_ci_pinned "$ROOT/tests/mcp"
 log "set-up done"
