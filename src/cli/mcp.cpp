@@ -8,6 +8,7 @@
 #include "cli/cli_util.hpp"
 #include "cli/verbs.hpp"
 #include "mcp/server.hpp"
+#include "mcp/stdio_transport.hpp"
 
 namespace sandboxctl {
 
@@ -32,8 +33,10 @@ int cmd_mcp(const std::vector<std::string>& args) {
               << ticket.error().message << "\n";
     return exit_fail;
   }
-  return sandbox::mcp::serve_stdio(
-      {.runtime = std::move(opts), .ticket = std::move(*ticket), .in_fd = 0, .out_fd = 1});
+  return sandbox::mcp::serve({.runtime = std::move(opts), .ticket = std::move(*ticket)},
+                             [](const sandbox::mcp::server_context& context) {
+                               return sandbox::mcp::make_stdio_transport(context);
+                             });
 }
 
 }  // namespace sandboxctl
