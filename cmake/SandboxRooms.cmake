@@ -19,7 +19,7 @@ set(SANDBOX_ROOM_RULES
   "levels:backends/levels.hpp,backends/levels.cpp:backend_process,backend_oci,backend_microvm,core,store,protocol,wire,sys"
   "runtime:runtime:levels,core,store,protocol,wire,sys"
   "service:service:runtime,levels,core,store,protocol,wire,sys"
-  "mcp:mcp:runtime,levels,core,store,protocol,wire,sys"
+  "mcp:mcp:service,runtime,levels,core,store,protocol,wire,sys"
   "cli:cli:service,mcp,runtime,levels,core,store,protocol,wire,sys"
   "testing:testing:protocol,wire,sys"
   "helpers:helpers:wire,sys"

@@ -18,6 +18,7 @@ enum class rpc_error : int {
   method_not_found = -32601,  ///< a method the server does not implement
   invalid_params = -32602,    ///< unknown tool, arguments that do not fit its input schema
   internal_error = -32603,    ///< the server failed (store error): never the run's outcome
+  server_error = -32000,      ///< refused by the HTTP transport (origin, session, capacity)
 };
 
 /// Longest line read from stdin, newline excluded, in bytes: 8 MiB (a request file's cap,
