@@ -1,19 +1,24 @@
 // `sandboxctl mcp` driven by the official MCP TypeScript SDK client (@modelcontextprotocol/sdk,
 // pinned in package.json / package-lock.json, installed by tools/setup.sh) over its
-// StdioClientTransport: list tools, run code, a chart image, a refusal, a timeout, a
-// malformed call, cancellation, and a client that disconnects mid-run (the run's processes are
-// gone afterwards). Run by CTest ("mcp: sandboxctl mcp with the SDK client (stdio)") as
-//   node tests/mcp/mcp.test.mjs SANDBOXCTL
-// (or `SANDBOXCTL=... node --test tests/mcp/`). Exits 77 (skipped) when the SDK is not
-// installed or the host has no python3 image, unless CI=true or SANDBOX_MUST_WORK=1.
+// StdioClientTransport, or its StreamableHTTPClientTransport against `--http 127.0.0.1:0`:
+// the same cases either way (list tools, run code, a chart image, a refusal, a timeout, a
+// malformed call, cancellation, a client that disconnects mid-run after which the run's
+// processes are gone), plus what only one transport has (EOF and framing on stdio; DELETE,
+// SIGTERM, HTTP refusals and the unix socket over HTTP). Run by CTest ("mcp: sandboxctl mcp
+// with the SDK client (stdio)" and "(Streamable HTTP)") as
+//   node tests/mcp/mcp.test.mjs SANDBOXCTL [stdio|http]
+// Exits 77 (skipped) when the SDK is not installed or the host has no python3 image, unless
+// CI=true or SANDBOX_MUST_WORK=1.
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { request as httpRequest } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 
 const sandboxctl = process.argv[2] ?? process.env.SANDBOXCTL;
+const overHttp = (process.argv[3] ?? "stdio") === "http";
 const mustWork = process.env.CI === "true" || process.env.SANDBOX_MUST_WORK === "1";
 
 function skip(why) {
@@ -29,10 +34,11 @@ function missing(t, why) {
 }
 
 if (!sandboxctl || !existsSync(sandboxctl)) skip("no sandboxctl (argv[1] or SANDBOXCTL)");
-let Client, StdioClientTransport, McpError;
+let Client, StdioClientTransport, StreamableHTTPClientTransport, McpError;
 try {
   ({ Client } = await import("@modelcontextprotocol/sdk/client/index.js"));
   ({ StdioClientTransport } = await import("@modelcontextprotocol/sdk/client/stdio.js"));
+  ({ StreamableHTTPClientTransport } = await import("@modelcontextprotocol/sdk/client/streamableHttp.js"));
   ({ McpError } = await import("@modelcontextprotocol/sdk/types.js"));
 } catch (e) {
   skip(`the MCP SDK is not installed (tools/setup.sh installs it): ${e.message}`);
@@ -73,16 +79,51 @@ const argsFor = (ticket) => [
 ];
 const serverArgs = argsFor(ticketPath);
 
-// A connected SDK client on a fresh `sandboxctl mcp`.
-async function connect(extraArgs = [], ticket = ticketPath) {
-  const transport = new StdioClientTransport({
-    command: sandboxctl,
-    args: [...argsFor(ticket), ...extraArgs],
-    stderr: "pipe",
+// A fresh `sandboxctl mcp` serving Streamable HTTP (`--http 127.0.0.1:0`, or `--http-socket
+// PATH`), once it printed its address: the child, the address and a promise of its exit code.
+async function startHttpServer(args, listen = ["--http", "127.0.0.1:0"]) {
+  const child = spawn(sandboxctl, [...args, ...listen], { stdio: ["ignore", "ignore", "pipe"] });
+  const exited = new Promise((resolve) => child.on("exit", (code) => resolve(code)));
+  let err = "";
+  const address = await new Promise((resolve, reject) => {
+    child.stderr.on("data", (d) => {
+      err += d;
+      const m = /listening on (\S+)/.exec(err);
+      if (m) resolve(m[1]);
+    });
+    child.on("exit", (code) => reject(new Error(`sandboxctl mcp exited ${code}: ${err}`)));
   });
+  child.stderr.resume();
+  return { child, address, exited };
+}
+
+// A connected SDK client on a fresh `sandboxctl mcp` over the transport under test. `close()`
+// closes the client and (HTTP) stops the server with SIGTERM, which must exit 0.
+async function connect(extraArgs = [], ticket = ticketPath) {
   const client = new Client({ name: "agent-sandbox-test", version: "1.0.0" });
+  if (!overHttp) {
+    const transport = new StdioClientTransport({
+      command: sandboxctl,
+      args: [...argsFor(ticket), ...extraArgs],
+      stderr: "pipe",
+    });
+    await client.connect(transport);
+    return { client, transport, pid: () => transport.pid, close: () => client.close() };
+  }
+  const server = await startHttpServer([...argsFor(ticket), ...extraArgs]);
+  const transport = new StreamableHTTPClientTransport(new URL(server.address));
   await client.connect(transport);
-  return { client, transport };
+  return {
+    client,
+    transport,
+    server,
+    pid: () => server.child.pid,
+    close: async () => {
+      await client.close();
+      server.child.kill("SIGTERM");
+      assert.equal(await server.exited, 0);
+    },
+  };
 }
 
 // Pids of the processes whose argv holds `marker`.
@@ -140,7 +181,7 @@ before(async () => {
   shared = await connect();
 });
 after(async () => {
-  await shared?.client.close();
+  await shared?.close();
   rmSync(scratch, { recursive: true, force: true });
 });
 
@@ -194,7 +235,8 @@ test("run_code: a matplotlib chart (python3-data) comes back as a PNG image", as
       ],
     }),
   );
-  const { client } = await connect(["--config", config]);
+  const conn = await connect(["--config", config]);
+  const { client } = conn;
   try {
     const { tools } = await client.listTools();
     const run = tools.find((x) => x.name === "run_code");
@@ -218,7 +260,7 @@ test("run_code: a matplotlib chart (python3-data) comes back as a PNG image", as
     assert.equal(image?.mimeType, "image/png");
     assert.ok(Buffer.from(image.data, "base64").length > 1000);
   } finally {
-    await client.close();
+    await conn.close();
   }
 });
 
@@ -255,7 +297,8 @@ test("a refusal: the network without a grant is an error naming what to approve"
   }
   const config = join(scratch, "container.json");
   writeFileSync(config, JSON.stringify({ v: 1, backends: { container: { runtime: "crun" } } }));
-  const { client } = await connect(["--config", config]);
+  const conn = await connect(["--config", config]);
+  const { client } = conn;
   try {
     const r = await client.callTool({
       name: "run_code",
@@ -268,7 +311,7 @@ test("a refusal: the network without a grant is an error naming what to approve"
     // Never an implicit grant: nothing ran.
     assert.equal(JSON.parse(r.content.at(-1).text).exit_code, null);
   } finally {
-    await client.close();
+    await conn.close();
   }
 });
 
@@ -293,7 +336,8 @@ test("run_tool: a registered tool listed by name and run on stdin", async (t) =>
       max_memory_bytes: 536870912,
     }),
   );
-  const { client } = await connect(["--config", config], toolTicket);
+  const conn = await connect(["--config", config], toolTicket);
+  const { client } = conn;
   try {
     const { tools } = await client.listTools();
     // No code.execute on this ticket: no run_code; run_tool names the granted tool.
@@ -304,7 +348,7 @@ test("run_tool: a registered tool listed by name and run on stdin", async (t) =>
     assert.equal(r.isError, false, r.content[0].text);
     assert.match(r.content[0].text, /<h1>Hi<\/h1>/);
   } finally {
-    await client.close();
+    await conn.close();
   }
 });
 
@@ -349,11 +393,13 @@ test("a call in flight does not block ping; cancelling it kills the run", async 
   await waitFor("the cancelled run to be gone", () => processesWith(marker).length === 0);
 });
 
-test("a client that disconnects mid-run: the run is killed and gone", async () => {
-  const { client, transport } = await connect();
-  const marker = `mcp-disconnect-${process.pid}-${Date.now()}`;
-  // Aborted only after the disconnect, so that the SDK clears its request timer (which would
-  // keep node alive for a minute) without telling the server anything.
+// Cases of one transport only.
+const stdioOnly = overHttp ? () => {} : test;
+const httpOnly = overHttp ? test : () => {};
+
+// A call of `sleeper(marker)` on `client`, aborted by the returned AbortController (after a
+// disconnect, so that the SDK clears its request timer without telling the server anything).
+function sleepingCall(client, marker) {
   const abort = new AbortController();
   const call = client
     .callTool(
@@ -361,17 +407,148 @@ test("a client that disconnects mid-run: the run is killed and gone", async () =
       undefined,
       { signal: abort.signal },
     )
-    .catch(() => {});
+    .catch((e) => e);
+  return { abort, call };
+}
+
+stdioOnly("a client that disconnects mid-run: the run is killed and gone", async () => {
+  const conn = await connect();
+  const marker = `mcp-disconnect-${process.pid}-${Date.now()}`;
+  const { abort, call } = sleepingCall(conn.client, marker);
   await waitFor("the run to start", () => processesWith(marker).length > 0);
-  const pid = transport.pid;
-  await client.close();
+  const pid = conn.pid();
+  await conn.client.close();
   abort.abort("disconnected");
   await call;
   await waitFor("sandboxctl mcp to exit", () => !alive(pid));
   assert.deepEqual(processesWith(marker), []);
 });
 
-test("EOF on stdin: every run in flight is killed before sandboxctl mcp exits", async () => {
+httpOnly("a client that disconnects mid-run: the run is killed and gone, the server goes on", async () => {
+  const conn = await connect();
+  const marker = `mcp-disconnect-${process.pid}-${Date.now()}`;
+  const { abort, call } = sleepingCall(conn.client, marker);
+  await waitFor("the run to start", () => processesWith(marker).length > 0);
+  // Closing the SDK transport aborts its fetch: the connection closes under the call.
+  await conn.transport.close();
+  abort.abort("disconnected");
+  await call;
+  // Well before the run's own 8 s timeout: only the disconnect can have ended it.
+  await waitFor("the run to be gone", () => processesWith(marker).length === 0, 4000);
+  assert.ok(alive(conn.pid()), "the server keeps serving other clients");
+  const other = new Client({ name: "second", version: "1" });
+  await other.connect(new StreamableHTTPClientTransport(new URL(conn.server.address)));
+  const r = await other.callTool({ name: "run_code", arguments: { runtime: "python3", source: "print(1)" } });
+  assert.equal(r.isError, false);
+  await other.close();
+  conn.server.child.kill("SIGTERM");
+  assert.equal(await conn.server.exited, 0);
+});
+
+httpOnly("DELETE of the session mid-run: the run is killed and gone, the session is over", async () => {
+  const conn = await connect();
+  const marker = `mcp-delete-${process.pid}-${Date.now()}`;
+  const { abort, call } = sleepingCall(conn.client, marker);
+  await waitFor("the run to start", () => processesWith(marker).length > 0);
+  const sessionId = conn.transport.sessionId;
+  await conn.transport.terminateSession();  // answered once the run is confirmed gone
+  assert.deepEqual(processesWith(marker), []);
+  abort.abort("session ended");
+  await call;
+  const res = await fetch(conn.server.address, {
+    method: "POST",
+    headers: { "content-type": "application/json", accept: "application/json, text/event-stream", "mcp-session-id": sessionId },
+    body: JSON.stringify({ jsonrpc: "2.0", id: 1, method: "ping" }),
+  });
+  assert.equal(res.status, 404);
+  await conn.close();
+});
+
+httpOnly("SIGTERM mid-run: the run is killed and gone, then the server exits 0", async () => {
+  const conn = await connect();
+  const marker = `mcp-term-${process.pid}-${Date.now()}`;
+  const { abort, call } = sleepingCall(conn.client, marker);
+  await waitFor("the run to start", () => processesWith(marker).length > 0);
+  conn.server.child.kill("SIGTERM");
+  assert.equal(await conn.server.exited, 0);
+  assert.deepEqual(processesWith(marker), []);
+  abort.abort("server gone");
+  await call;
+  await conn.client.close();
+});
+
+httpOnly("HTTP refusals: each gets its status and a JSON-RPC error", async () => {
+  const url = shared.server.address;
+  const headers = { "content-type": "application/json", accept: "application/json, text/event-stream" };
+  const init = { jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "raw", version: "1" } } };
+  const first = await fetch(url, { method: "POST", headers, body: JSON.stringify(init) });
+  assert.equal(first.status, 200);
+  const sid = first.headers.get("mcp-session-id");
+  assert.match(sid, /^[0-9a-f]{64}$/);
+  const ping = JSON.stringify({ jsonrpc: "2.0", id: 2, method: "ping" });
+  for (const [what, init2, status, code] of [
+    ["GET", { method: "GET", headers: { accept: "text/event-stream", "mcp-session-id": sid } }, 405, -32000],
+    ["a foreign Origin", { method: "POST", headers: { ...headers, "mcp-session-id": sid, origin: "http://evil.example" }, body: ping }, 403, -32000],
+    ["no Accept for SSE", { method: "POST", headers: { ...headers, accept: "application/json", "mcp-session-id": sid }, body: ping }, 406, -32600],
+    ["an unknown protocol version", { method: "POST", headers: { ...headers, "mcp-session-id": sid, "mcp-protocol-version": "1999-01-01" }, body: ping }, 400, -32600],
+    ["no session id", { method: "POST", headers, body: ping }, 400, -32600],
+    ["an unknown session id", { method: "POST", headers: { ...headers, "mcp-session-id": "f".repeat(64) }, body: ping }, 404, -32000],
+    ["a batch", { method: "POST", headers: { ...headers, "mcp-session-id": sid }, body: `[${ping}]` }, 400, -32600],
+    ["not JSON", { method: "POST", headers: { ...headers, "mcp-session-id": sid }, body: "nope" }, 400, -32700],
+    ["an oversized body", { method: "POST", headers: { ...headers, "mcp-session-id": sid }, body: "x".repeat(9 * 1024 * 1024) }, 413, -32700],
+  ]) {
+    const res = await fetch(url, init2);
+    assert.equal(res.status, status, what);
+    assert.equal((await res.json()).error.code, code, what);
+  }
+  const ok = await fetch(url, { method: "POST", headers: { ...headers, "mcp-session-id": sid, origin: "http://localhost:6274" }, body: ping });
+  assert.equal(ok.status, 200);
+  assert.equal((await fetch(url, { method: "DELETE", headers: { "mcp-session-id": sid } })).status, 204);
+});
+
+httpOnly("--http refuses a non-loopback address with a usage error", () => {
+  const r = spawnSync(sandboxctl, [...serverArgs, "--http", "0.0.0.0:0"], { encoding: "utf8" });
+  assert.equal(r.status, 2);
+  assert.match(r.stderr, /not a loopback address/);
+});
+
+httpOnly("--http-socket: raw HTTP over the unix socket, mode 0660", async () => {
+  const path = join(scratch, "mcp.sock");
+  const server = await startHttpServer(serverArgs, ["--http-socket", path]);
+  assert.equal(server.address, `unix:${path}`);
+  assert.equal(statSync(path).mode & 0o777, 0o660);
+  const request = (method, body, headers = {}) =>
+    new Promise((resolve, reject) => {
+      const req = httpRequest(
+        { socketPath: path, path: "/mcp", method, headers: { "content-type": "application/json", accept: "application/json, text/event-stream", ...headers } },
+        (res) => {
+          let data = "";
+          res.on("data", (d) => (data += d));
+          res.on("end", () => resolve({ status: res.statusCode, headers: res.headers, body: data }));
+        },
+      );
+      req.on("error", reject);
+      req.end(body);
+    });
+  const init = await request("POST", JSON.stringify({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "raw", version: "1" } } }));
+  assert.equal(init.status, 200);
+  const sid = init.headers["mcp-session-id"];
+  assert.equal((await request("POST", JSON.stringify({ jsonrpc: "2.0", method: "notifications/initialized" }), { "mcp-session-id": sid })).status, 202);
+  const call = await request(
+    "POST",
+    JSON.stringify({ jsonrpc: "2.0", id: 2, method: "tools/call", params: { name: "run_code", arguments: { runtime: "python3", source: "print(6*7)" } } }),
+    { "mcp-session-id": sid },
+  );
+  assert.equal(call.status, 200);
+  assert.match(JSON.parse(call.body).result.content[0].text, /\n42\n/);
+  assert.equal((await request("POST", "{}", {})).status, 400);
+  assert.equal((await request("DELETE", undefined, { "mcp-session-id": sid })).status, 204);
+  server.child.kill("SIGTERM");
+  assert.equal(await server.exited, 0);
+  assert.equal(existsSync(path), false, "the socket is removed at exit");
+});
+
+stdioOnly("EOF on stdin: every run in flight is killed before sandboxctl mcp exits", async () => {
   const marker = `mcp-eof-${process.pid}-${Date.now()}`;
   const child = spawn(sandboxctl, serverArgs, { stdio: ["pipe", "pipe", "inherit"] });
   const exited = new Promise((resolve) => child.on("exit", (code) => resolve(code)));
@@ -385,7 +562,7 @@ test("EOF on stdin: every run in flight is killed before sandboxctl mcp exits", 
   assert.deepEqual(processesWith(marker), []);
 });
 
-test("EOF right after the requests: every request read before it is answered", async () => {
+stdioOnly("EOF right after the requests: every request read before it is answered", async () => {
   // A piped client (printf '...' | sandboxctl mcp) writes its lines and closes stdin at once:
   // the answers already queued are written before the server exits (they were lost).
   const child = spawn(sandboxctl, serverArgs, { stdio: ["pipe", "pipe", "inherit"] });
@@ -407,7 +584,7 @@ test("EOF right after the requests: every request read before it is answered", a
   for (const r of replies) assert.equal(r.error, undefined, JSON.stringify(r));
 });
 
-test("hostile framing: each bad line gets its JSON-RPC error and the server goes on", async () => {
+stdioOnly("hostile framing: each bad line gets its JSON-RPC error and the server goes on", async () => {
   const child = spawn(sandboxctl, serverArgs, { stdio: ["pipe", "pipe", "inherit"] });
   const exited = new Promise((resolve) => child.on("exit", (code) => resolve(code)));
   let buffered = "";
