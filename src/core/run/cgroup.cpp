@@ -1138,4 +1138,123 @@ result<void> cgroup_host::destroy(std::string_view name) const {
   return make_error_code(errc::busy);
 }
 
+// --- a delegated cgroup (systemd Delegate=yes) --------------------------------------------
+
+result<delegated_cgroup> enter_delegated_cgroup(const fs::path& root, const fs::path& mountinfo,
+                                                const fs::path& proc_cgroup, std::string* why,
+                                                log_sink log) {
+  auto fail = [&](errc e, const std::string& reason) -> result<delegated_cgroup> {
+    emit(log, log_level::warning, "cgroup: " + reason);
+    if (why != nullptr) *why = reason;
+    return make_error_code(e);
+  };
+  // 1. Pure cgroup v2: one cgroup2 mount at `root`, no v1 hierarchy beside it. On v1 and
+  //    hybrid hosts the controllers live in per-controller trees, and a service manager hands
+  //    over no single subtree there.
+  std::string text;
+  if (int e = read_file(mountinfo, text, mountinfo_max); e != 0) {
+    return fail(errc::io_error, fmt::format("read(\"{}\"): {}", mountinfo.string(), errno_text(e)));
+  }
+  const std::string root_s = normalize(root);
+  bool v2_at_root = false;
+  std::vector<std::string> v1;
+  for (const auto& m : parse_mountinfo(text)) {
+    if (!is_under(m.mountpoint, root_s)) continue;
+    if (m.fstype == "cgroup2" && m.mountpoint == root_s) v2_at_root = true;
+    if (m.fstype == "cgroup") v1.push_back(m.mountpoint);
+  }
+  if (!v2_at_root || !v1.empty()) {
+    return fail(errc::unsupported,
+                fmt::format("a delegated cgroup needs pure cgroup v2 (one cgroup2 mount at {}); "
+                            "this host is {}: start the daemon with --cgroup-parent naming a "
+                            "subtree delegated in every hierarchy instead "
+                            "(docs/deployment.md, \"cgroup v1 and hybrid hosts\")",
+                            root_s, v1.empty() ? "not cgroup v2" : "cgroup v1 or hybrid"));
+  }
+  // 2. Our own cgroup: the "0::<path>" line of /proc/self/cgroup (cgroups(7)).
+  if (int e = read_file(proc_cgroup, text, small_file_max); e != 0) {
+    return fail(errc::io_error,
+                fmt::format("read(\"{}\"): {}", proc_cgroup.string(), errno_text(e)));
+  }
+  std::optional<std::string> own;
+  for (std::string_view rest = text; !rest.empty();) {
+    std::size_t nl = rest.find('\n');
+    std::string_view line = rest.substr(0, nl);
+    rest = nl == std::string_view::npos ? std::string_view() : rest.substr(nl + 1);
+    if (line.substr(0, 3) == "0::") own = std::string(line.substr(3));
+  }
+  if (!own) {
+    return fail(errc::unsupported, fmt::format("{} has no cgroup2 line (\"0::\"): not a cgroup "
+                                               "v2 host",
+                                               proc_cgroup.string()));
+  }
+  if (own->empty() || own->front() != '/' || own->find("/..") != std::string::npos ||
+      own->find("/./") != std::string::npos) {
+    return fail(errc::invalid_argument,
+                fmt::format("{}: unusable cgroup2 path \"{}\"", proc_cgroup.string(), *own));
+  }
+  const std::string own_path = normalize(*own);
+  // "/" is either the host's root cgroup (nothing delegated) or the root of a cgroup
+  // namespace, e.g. a container's own cgroup under Kubernetes or Nomad, which is ours:
+  // only non-root cgroups have cgroup.type (cgroup-v2.rst, "Core Interface Files").
+  if (own_path == "/" && !path_exists(fs::path(root_s) / "cgroup.type")) {
+    return fail(errc::unsupported,
+                "this process is in the root cgroup, not in one delegated to it: start it from "
+                "a service manager with Delegate=yes (deploy/systemd/agent-sandbox.service), "
+                "or use --cgroup-parent");
+  }
+  const fs::path dir = own_path == "/" ? fs::path(root_s) : fs::path(root_s) / own_path.substr(1);
+  const std::string base = own_path == "/" ? std::string() : own_path;
+  // 3. Delegated means ours to write: the directory (for children), cgroup.procs (to move
+  //    into one) and cgroup.subtree_control (to enable controllers for them).
+  for (const fs::path& p : {dir, dir / "cgroup.procs", dir / "cgroup.subtree_control"}) {
+    if (sys::get().faccessat(AT_FDCWD, p.c_str(), W_OK, AT_EACCESS) != 0) {
+      int e = errno;
+      return fail(errc_of(e) == errc::permission_denied ? errc::permission_denied : errc::io_error,
+                  fmt::format("access(\"{}\", W_OK): {}: the cgroup {} is not delegated to this "
+                              "process; set Delegate=yes in its systemd unit (or chown the "
+                              "directory and these files to its user)",
+                              p.string(), errno_text(e), own_path));
+    }
+  }
+  // 4. The controllers runs need must be offered to it (enabled in its parent's
+  //    subtree_control: what Delegate=yes does).
+  if (int e = read_file(dir / "cgroup.controllers", text, small_file_max); e != 0) {
+    return fail(errc::io_error, fmt::format("read(\"{}\"): {}",
+                                            (dir / "cgroup.controllers").string(), errno_text(e)));
+  }
+  auto offered = words(text);
+  for (const char* c : {memory_ctrl, pids_ctrl}) {
+    if (offered.count(c) == 0) {
+      return fail(errc::unsupported,
+                  fmt::format("the {} controller is not offered to the delegated cgroup {} "
+                              "(its cgroup.controllers: \"{}\"): set Delegate=yes, or at least "
+                              "Delegate=memory pids cpu, in the unit",
+                              c, own_path, std::string(trim(text))));
+    }
+  }
+  // 5. Into the leaf: "0" is the writing process, and cgroup.procs moves every thread of it.
+  delegated_cgroup d{.own = own_path, .leaf = base + "/daemon", .parent = base + "/runs"};
+  const fs::path leaf = dir / "daemon";
+  if (sys::retry_eintr([&] { return sys::get().mkdir(leaf.c_str(), 0755); }) != 0 &&
+      errno != EEXIST) {
+    int e = errno;
+    return fail(errc_of(e), fmt::format("mkdir(\"{}\"): {}", leaf.string(), errno_text(e)));
+  }
+  if (int e = write_file(leaf / "cgroup.procs", "0"); e != 0) {
+    return fail(errc_of(e), fmt::format("write(\"{}\", \"0\"): {}",
+                                        (leaf / "cgroup.procs").string(), errno_text(e)));
+  }
+  emit(log, log_level::info, fmt::format("cgroup: moved into the delegated leaf {}", d.leaf));
+  // 6. The runs' parent, set up by the same code as every run parent: it enables the
+  //    controllers in <own>/cgroup.subtree_control (EBUSY there: another process is still
+  //    in <own>, e.g. a wrapper script that did not exec).
+  std::string open_why;
+  if (auto host = cgroup_host::open(root, mountinfo, d.parent, &open_why, log); !host) {
+    return fail(errc_of_code(host.error()),
+                fmt::format("cannot set up the runs' cgroup {}: {}", d.parent, open_why));
+  }
+  return d;
+}
+
 }  // namespace sandbox::detail

@@ -55,6 +55,38 @@ struct cgroup_stats {
 
 class cgroup_host;
 
+/// Where a daemon started with a delegated cgroup (systemd `Delegate=yes`) lives and puts its
+/// runs: three cgroup2 paths, relative to the cgroup2 mount (e.g. "/system.slice/x.service").
+struct delegated_cgroup {
+  std::string own;     ///< the cgroup the process was started in (/proc/self/cgroup "0::")
+  std::string leaf;    ///< `own`/daemon: the leaf the process moved itself into
+  std::string parent;  ///< `own`/runs: the runs' parent (`process_backend_options::cgroup_parent`)
+};
+
+/**
+ * Takes over the cgroup this process was started in, as a service manager delegates one
+ * (systemd `Delegate=yes`; cgroup-v2.rst, "Delegation" and "No Internal Process
+ * Constraint"): moves the whole process (every thread: it writes cgroup.procs) into the leaf
+ * `<own>/daemon`, then opens `<own>/runs` as a `cgroup_host` would, which enables memory,
+ * pids (and cpu when offered) in `<own>/cgroup.subtree_control` — possible only now that
+ * `<own>` holds no process of ours. Call it before threads start, before anything else
+ * creates cgroups. Pure cgroup v2 only: v1 and hybrid hosts have no single subtree to hand
+ * over. "0::/" counts as delegated only at the root of a cgroup namespace (a container's own
+ * cgroup: `root`/cgroup.type exists), never in the host's root cgroup.
+ *
+ * `root` is the cgroup2 mount (normally /sys/fs/cgroup), `mountinfo` and `proc_cgroup`
+ * normally /proc/self/mountinfo and /proc/self/cgroup (tests use a fake tree). Errors, each
+ * with an actionable one-line reason in `*why` when `why` is not null:
+ * `unsupported` (v1 or hybrid layout, no cgroup2 "0::" line, the host's root cgroup, or memory /
+ * pids not offered to `<own>`), `permission_denied` (`<own>` not writable by us: not
+ * delegated), `invalid_argument` (a malformed /proc/self/cgroup), `io_error`; and those of
+ * `cgroup_host::open` (e.g. another process still in `<own>`: `unsupported`, EBUSY).
+ */
+result<delegated_cgroup> enter_delegated_cgroup(const std::filesystem::path& root,
+                                                const std::filesystem::path& mountinfo,
+                                                const std::filesystem::path& proc_cgroup,
+                                                std::string* why = nullptr, log_sink log = {});
+
 /**
  * One run's cgroup (a directory in each relevant hierarchy). Movable, not copyable. The
  * directories are removed by `remove()` (explicitly: removal can fail and must be reported);
