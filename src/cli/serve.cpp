@@ -1,8 +1,11 @@
 // `sandboxctl serve`: parses the daemon's flags and runs it (the daemon itself is the
 // service room, src/service; docs/protocol.md, "Service mode").
 //
-// Exit status: 0 after a clean shutdown, 1 when the daemon cannot start, 2 for usage errors
-// (including a bad --config or --trusted-keys, reported without the pointer to --help).
+// Exit status: 0 after a clean shutdown, 1 when the daemon cannot start (an unusable
+// inherited socket or delegated cgroup included), 2 for usage errors (including a bad
+// --config or --trusted-keys, reported without the pointer to --help).
+#include <unistd.h>
+
 #include <filesystem>
 #include <iostream>
 #include <limits>
@@ -12,6 +15,7 @@
 #include "cli/verbs.hpp"
 #include "sandbox/receipt.hpp"
 #include "service/service.hpp"
+#include "service/systemd.hpp"
 
 namespace sandboxctl {
 
@@ -20,7 +24,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   std::string socket;
   std::vector<std::string> trusted_keys;
   std::string receipt_key;
-  bool stdio = false, help = false;
+  bool stdio = false, help = false, systemd_socket = false, cgroup_delegated = false;
   // Numbers are read as text and checked strictly below: "-1" must not wrap to 2^32-1.
   std::string max_running, max_queued, tenant_max_running, tenant_max_queued, queue_deadline_ms;
   std::string max_sessions, client_max_sessions;
@@ -28,6 +32,12 @@ int cmd_serve(const std::vector<std::string>& args) {
   po::options_description d("serve options");
   d.add_options()("socket", po::value(&socket), "listen on this unix socket (mode 0660)")(
       "stdio", po::bool_switch(&stdio), "serve one client on stdin/stdout")(
+      "systemd-socket", po::bool_switch(&systemd_socket),
+      "serve the listening unix socket systemd passed (socket activation: $LISTEN_FDS=1, "
+      "descriptor 3; deploy/systemd/agent-sandbox.socket)")(
+      "cgroup-delegated", po::bool_switch(&cgroup_delegated),
+      "take over the cgroup the daemon was started in (systemd Delegate=yes, cgroup v2): the "
+      "daemon moves into <it>/daemon, runs go under <it>/runs; excludes --cgroup-parent")(
       "state-dir", po::value(&c.state_dir), "per-host state directory")(
       "image-dir", po::value(&c.image_dir), "image store directory")(
       "blob-dir", po::value(&c.blob_dir), "blob store directory")(
@@ -63,8 +73,12 @@ int cmd_serve(const std::vector<std::string>& args) {
     std::cerr << "sandboxctl: serve: " << e.what() << "\n(see sandboxctl serve --help)\n";
     return exit_usage;
   }
+  // Socket-activation variables are for this process only: unset at once, whatever the
+  // flags, so nothing the daemon starts ever inherits them (sd_listen_fds(3)).
+  const auto listen_env = sandbox::service::take_listen_env();
   if (help) {
-    std::cout << "usage: sandboxctl serve (--socket PATH | --stdio) [options]\n\n"
+    std::cout << "usage: sandboxctl serve (--socket PATH | --stdio | --systemd-socket) "
+                 "[options]\n\n"
                  "Serves the JSON protocol, one request per line (docs/protocol.md,\n"
                  "\"Service mode\"). Without --trusted-keys, clients' tickets are trusted: the\n"
                  "socket's permissions (0660) are the access control; with it, only signed\n"
@@ -83,7 +97,12 @@ int cmd_serve(const std::vector<std::string>& args) {
     std::cerr << "sandboxctl: serve: " << m << "\n";
     return exit_usage;
   };
-  if (stdio == !socket.empty()) return usage("give either --socket PATH or --stdio");
+  if (int(stdio) + int(!socket.empty()) + int(systemd_socket) != 1) {
+    return usage("give one of --socket PATH, --stdio or --systemd-socket");
+  }
+  if (cgroup_delegated && !c.cgroup_parent.empty()) {
+    return usage("--cgroup-delegated chooses the runs' cgroup itself: drop --cgroup-parent");
+  }
   constexpr std::uint32_t u32_max = std::numeric_limits<std::uint32_t>::max();
   // The same ranges as the configuration file's fields (docs/operations.md).
   auto u32 = [&](const char* option, const std::string& text, std::uint32_t min) {
@@ -115,7 +134,24 @@ int cmd_serve(const std::vector<std::string>& args) {
 
   sandbox::service::serve_options o;
   o.stdio = stdio;
+  o.cgroup_delegated = cgroup_delegated;
   if (!socket.empty()) o.socket_path = std::filesystem::absolute(socket);
+  if (systemd_socket) {
+    auto taken = sandbox::service::take_activated_socket(listen_env, ::getpid());
+    if (auto* why = std::get_if<std::string>(&taken)) {
+      // Not a usage error: the daemon cannot start with what it was given (exit 1).
+      std::cerr << "sandboxctl: serve: " << *why << "\n";
+      return exit_fail;
+    }
+    auto& s = std::get<sandbox::service::activated_socket>(taken);
+    o.listen_fd = s.fd;
+    o.listen_description = s.address.empty() ? "descriptor 3" : display_name(s.address);
+    if (!s.name.empty()) o.listen_description += " (" + s.name + ")";
+  } else if (listen_env.listen_fds && listen_env.listen_pid &&
+             *listen_env.listen_pid == std::to_string(::getpid())) {
+    std::cerr << "sandboxctl: serve: socket-activated ($LISTEN_FDS) but --systemd-socket was "
+                 "not given: the passed socket is not served\n";
+  }
   o.runtime = store_options_of(c, sandbox::log_level::warning);
   if (!receipt_key.empty()) {
     auto signer = sandbox::receipt_signer::load(std::filesystem::absolute(receipt_key));
@@ -145,7 +181,10 @@ int cmd_serve(const std::vector<std::string>& args) {
   }
   if (!stdio) {
     o.on_ready = [&o] {
-      std::cerr << "sandboxctl: serving on " << display_name(o.socket_path.string()) << "\n";
+      std::cerr << "sandboxctl: serving on "
+                << (o.listen_fd >= 0 ? o.listen_description + " (socket activation)"
+                                     : display_name(o.socket_path.string()))
+                << "\n";
     };
   }
   auto end = sandbox::service::run_service(o);

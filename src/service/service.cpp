@@ -25,11 +25,13 @@
 #include <thread>
 #include <vector>
 
+#include "core/run/cgroup.hpp"
 #include "sandbox/approval.hpp"
 #include "service/context.hpp"
 #include "service/server.hpp"
 #include "service/socket_path.hpp"
 #include "service/stdio_pumps.hpp"
+#include "service/systemd.hpp"
 
 namespace sandbox::service {
 namespace {
@@ -114,10 +116,17 @@ void run_io(asio::io_context& io, unsigned threads, const sandbox::log_sink& log
 service_exit run_service(const serve_options& options) {
   auto log = options.runtime.log ? options.runtime.log
                                  : sandbox::make_stderr_log_sink(sandbox::log_level::warning);
-  ::signal(SIGPIPE, SIG_IGN);  // a client gone while we write: EPIPE, not death
+  ::signal(SIGPIPE, SIG_IGN);       // a client gone while we write: EPIPE, not death
+  const systemd_notifier notifier;  // takes $NOTIFY_SOCKET now, while single-threaded
+  auto notify = [&](const std::string& state) {
+    if (auto why = notifier.notify(state); !why.empty()) {
+      log(sandbox::log_level::warning, "serve: sd_notify " + state + ": " + why);
+    }
+  };
 
   const auto& socket_path = options.socket_path;
-  if (!options.stdio) {
+  const bool activated = options.listen_fd >= 0;
+  if (!options.stdio && !activated) {
     if (socket_path.empty()) return {exit_usage, "give --socket PATH or --stdio"};
     if (socket_path.string().size() >= sizeof(sockaddr_un{}.sun_path)) {
       return {exit_usage, fmt::format("socket path is longer than {} bytes",
@@ -133,9 +142,26 @@ service_exit run_service(const serve_options& options) {
   std::optional<sandbox::runtime> rt;
   std::optional<service_context> ctx;
   std::optional<server> srv;
+  auto rt_options = runtime_options_of(options);
+  if (options.cgroup_delegated) {
+    // First, while single-threaded: the move takes the whole process, and the runs' parent
+    // can get its controllers only once the service's cgroup holds no process of ours.
+    std::string why;
+    auto d = sandbox::detail::enter_delegated_cgroup(
+        rt_options.process.cgroup_root, "/proc/self/mountinfo", "/proc/self/cgroup", &why);
+    if (!d) {
+      if (activated) ::close(options.listen_fd);
+      return {exit_fail, "--cgroup-delegated: " + why};
+    }
+    log(sandbox::log_level::info,
+        fmt::format("serve: delegated cgroup {}: daemon in {}, runs under {}", d->own, d->leaf,
+                    d->parent));
+    rt_options.process.cgroup_parent = d->parent;
+  }
   {
-    auto created = sandbox::runtime::create(io.get_executor(), runtime_options_of(options));
+    auto created = sandbox::runtime::create(io.get_executor(), rt_options);
     if (!created) {
+      if (activated) ::close(options.listen_fd);
       return {exit_fail, "cannot start the runtime: " + created.error().message()};
     }
     rt.emplace(std::move(*created));
@@ -151,6 +177,8 @@ service_exit run_service(const serve_options& options) {
   struct stat sock_st {};
   if (options.stdio) {
     if (auto why = start_stdio_pumps(stdio); !why.empty()) return {exit_fail, why};
+  } else if (activated) {
+    if (auto w = srv->listen(options.listen_fd); !w.empty()) return {exit_fail, w};
   } else {
     std::string why;
     int fd = bind_listening_socket(socket_path, sock_st, why);
@@ -161,19 +189,23 @@ service_exit run_service(const serve_options& options) {
     }
   }
 
+  const bool own_socket_file = !options.stdio && !activated;
   try {
     srv->start(stdio.in, stdio.out);
   } catch (const std::exception& e) {
-    if (!options.stdio) ::unlink(socket_path.c_str());
+    if (own_socket_file) ::unlink(socket_path.c_str());
     return {exit_fail, std::string("cannot start: ") + e.what()};
   }
   if (options.stdio) log(sandbox::log_level::info, "serve: serving on stdin/stdout");
   if (options.on_ready) options.on_ready();
+  notify("READY=1");
 
   run_io(io, options.threads, log);
+  notify("STOPPING=1");
 
-  // Cleanup. The socket file goes first (it is ours only if it is still the one we bound).
-  if (!options.stdio) {
+  // Cleanup. The socket file goes first (it is ours only if it is still the one we bound;
+  // an inherited one belongs to the socket unit).
+  if (own_socket_file) {
     struct stat now {};
     if (::lstat(socket_path.c_str(), &now) == 0 && now.st_ino == sock_st.st_ino &&
         now.st_dev == sock_st.st_dev) {

@@ -66,6 +66,21 @@ struct serve_options {
   /// Serve one client on stdin/stdout instead of a socket. End of stdin means "no more
   /// requests": the daemon finishes the runs in flight, writes their answers and exits.
   bool stdio = false;
+  /// A listening unix stream socket inherited from the service manager (socket activation:
+  /// `take_activated_socket`, service/systemd.hpp), served instead of `socket_path` (which
+  /// stays empty). Taken over, and never unlinked: the socket unit owns its file, and the
+  /// socket outlives the daemon (connections made while it restarts wait in the backlog).
+  int listen_fd = -1;
+  /// The inherited socket's address or name, for the log line (e.g. "/run/x.sock").
+  std::string listen_description;
+  /**
+   * Take over the cgroup the daemon was started in, delegated by its service manager
+   * (systemd `Delegate=yes`): before anything else, move into the leaf `<own>/daemon` and put
+   * runs under `<own>/runs` (overriding `runtime.process.cgroup_parent`);
+   * `detail::enter_delegated_cgroup`. Pure cgroup v2 only; anything else stops the daemon
+   * with the reason (exit 1).
+   */
+  bool cgroup_delegated = false;
   sandbox::runtime_options runtime;  ///< stores, scheduler caps, policy, log sink
   service_limits limits;
   unsigned threads = 2;  ///< threads running the daemon's io_context (≥ 1)
@@ -85,7 +100,8 @@ struct serve_options {
 /// How `run_service` ended.
 struct service_exit {
   /// 0 after a clean shutdown; 1 when the daemon could not start (socket path in use or not
-  /// a socket, runtime failure); 2 for unusable options (no socket path, a path too long).
+  /// a socket, runtime failure, a delegated cgroup that cannot be used); 2 for unusable
+  /// options (no socket path, a path too long).
   int status = 0;
   /// Why it could not start, for the operator ("cannot bind '/run/x.sock': ..."); empty
   /// after a clean shutdown.
@@ -102,7 +118,10 @@ struct service_exit {
  * Must be called at most once per process, from the main thread while it is still
  * single-threaded (the runtime's start-up self-test starts a sandbox before any thread of
  * the daemon exists); it installs signal handling (SIGPIPE ignored; SIGINT/SIGTERM/SIGHUP
- * caught while it runs) and, with `stdio`, points descriptors 0 and 1 at /dev/null.
+ * caught while it runs) and, with `stdio`, points descriptors 0 and 1 at /dev/null. Under a
+ * service manager ($NOTIFY_SOCKET, sd_notify(3)) it reports READY=1 once it serves and
+ * STOPPING=1 once it no longer does (before the runtime's clean-up), and unsets the variable
+ * so no run inherits it.
  */
 service_exit run_service(const serve_options& options);
 
