@@ -48,7 +48,9 @@ fi
 #    the pure cgroup v2 test bed (tools/run-in-cgroup2-guest.sh); clang-format checks the
 #    tree's formatting before the tests (tools/check-format.sh); python3-venv, -pip,
 #    -setuptools, -wheel and -pytest install clients/python offline into a venv and run its
-#    tests (tests/clients/run_python_client_tests.sh).
+#    tests (tests/clients/run_python_client_tests.sh); python3-yaml parses the Kubernetes
+#    manifests and systemd brings systemd-analyze, which verifies the unit files offline
+#    (tests/deploy/: a fresh Debian 12 container has neither).
 #    The walkthrough (--example) needs only the build's packages, debootstrap, and its level's
 #    runtime (crun, runsc, or QEMU with erofs-utils and lz4); everything else is the tests'.
 BUILD_PACKAGES=(
@@ -65,6 +67,7 @@ TEST_PACKAGES=(
   cpio
   clang-format
   python3-venv python3-pip python3-setuptools python3-wheel python3-pytest
+  python3-yaml systemd
 )
 if [ "$SCOPE" = all ]; then
   PACKAGES=("${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}")
