@@ -40,9 +40,12 @@ enum class code : std::uint8_t {
   /// run cgroup's pids.events counted the refusals). Never at the levels whose program gets
   /// EAGAIN from the limit and goes on. After `timeout` and `oom` in precedence.
   pids_limit,
+  /// An interpreter cell (sandbox/interpreter.hpp) raised an exception: its traceback summary
+  /// is in `cell_result::error`; the interpreter lives on. Never a run's code.
+  error,
 };
 
-inline constexpr std::array<std::string_view, 18> code_names{
+inline constexpr std::array<std::string_view, 19> code_names{
     "ok",
     "invalid_request",
     "source_too_large",
@@ -61,6 +64,7 @@ inline constexpr std::array<std::string_view, 18> code_names{
     "digest_mismatch",
     "internal",
     "pids_limit",
+    "error",
 };
 
 /// Wire string of `c`, e.g. `"network_disabled"`.

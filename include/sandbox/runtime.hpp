@@ -42,6 +42,7 @@
 #include "sandbox/blob_store.hpp"
 #include "sandbox/error.hpp"
 #include "sandbox/image_store.hpp"
+#include "sandbox/interpreter.hpp"
 #include "sandbox/policy.hpp"
 #include "sandbox/protocol.hpp"
 #include "sandbox/receipt.hpp"
@@ -126,6 +127,9 @@ struct runtime_options {
   /// Long-lived sessions (sandbox/session.hpp): their lifetime, idle and buffer limits. The
   /// servers a session may start are the registry's entries (`tools`).
   session_options sessions;
+  /// Interpreter sessions (sandbox/interpreter.hpp): interrupt grace and per-cell caps. Their
+  /// lifetimes and idle timeouts are `sessions`'.
+  interpreter_options interpreters;
   /// Asked when a network request's ticket lacks `code.network` (sandbox/approval.hpp).
   /// Null (the default): such requests are `action_denied`.
   std::shared_ptr<sandbox::approver> approver;
@@ -248,6 +252,25 @@ class runtime {
         token, std::move(request), std::move(ticket));
   }
 
+  /**
+   * Opens an interpreter session (sandbox/interpreter.hpp) of the language runtime
+   * `request.runtime` under `ticket`: admitted like a run of that runtime (`code.execute`,
+   * the ticket's level, its image and pins), then started like a session (a scheduler slot of
+   * the tenant held for its whole life, the host's and tenant's session caps, one
+   * `sandbox.session` span at its end, lifetime and idle timeout from
+   * `runtime_options::sessions`). Completes once with `(error_code, interpreter_start)` on
+   * the handler's associated executor, never inside this call. Thread-safe.
+   */
+  template <class CompletionToken>
+  auto async_open_interpreter(interpreter_request request, ticket ticket, CompletionToken&& token) {
+    return boost::asio::async_initiate<CompletionToken,
+                                       void(boost::system::error_code, interpreter_start)>(
+        [this](auto handler, interpreter_request r, sandbox::ticket t) {
+          do_open_interpreter(std::move(r), std::move(t), std::move(handler));
+        },
+        token, std::move(request), std::move(ticket));
+  }
+
   /// Blocking form of `async_run`; returns the result even when the run was aborted. Must
   /// not be called from a thread that is the only one running the runtime's executor (it
   /// would wait for itself): on the private thread of a runtime made by `create(options)`
@@ -307,6 +330,10 @@ class runtime {
   void do_open_session(
       session_request request, ticket ticket,
       boost::asio::any_completion_handler<void(boost::system::error_code, session_start)> handler);
+  void do_open_interpreter(
+      interpreter_request request, ticket ticket,
+      boost::asio::any_completion_handler<void(boost::system::error_code, interpreter_start)>
+          handler);
   std::shared_ptr<detail::runtime_impl> impl_;
 };
 

@@ -267,6 +267,7 @@ error_code runtime_impl::init(runtime_options o) noexcept {
     approver_ = o.approver;
     receipt_signer_ = o.receipt_signer;
     sessions_ = o.sessions;
+    interpreters_ = o.interpreters;
     scheduler_ = scheduler::create(executor_, o.scheduler);
     if (o.state_dir.empty()) o.state_dir = default_state_dir();
     if (auto ec = open_stores(o)) return ec;

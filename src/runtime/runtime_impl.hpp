@@ -113,6 +113,8 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   const std::shared_ptr<scheduler>& sched() const noexcept { return scheduler_; }
   /// Sessions' registry and limits (sandbox/session.hpp). Immutable after init().
   const session_options& sessions() const noexcept { return sessions_; }
+  /// Interpreter sessions' limits (sandbox/interpreter.hpp). Immutable after init().
+  const interpreter_options& interpreters() const noexcept { return interpreters_; }
   /// The host's approver (null: none). Immutable after init().
   const std::shared_ptr<sandbox::approver>& approver() const noexcept { return approver_; }
   /// Signs each run's receipt; null when receipts are off.
@@ -170,6 +172,7 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   std::shared_ptr<sandbox::approver> approver_;
   std::shared_ptr<const sandbox::receipt_signer> receipt_signer_;
   session_options sessions_;
+  interpreter_options interpreters_;
   log_sink log_;
 
   // Levels enabled but not yet tried (`levels_on_demand`), weakest first, guarded by
@@ -289,5 +292,17 @@ class run_op : public std::enable_shared_from_this<run_op> {
 
 /// 16 random lowercase hex characters (getrandom).
 std::string new_run_id();
+
+/**
+ * Starts an admitted session (src/runtime/session.cpp): its tracker (span, receipt), a
+ * session place and a scheduler slot of the ticket's tenant held for its whole life, then the
+ * backend's `open_session` with `job` (its argv used as is, its timeout the lifetime, cut to
+ * the ticket's expiry). `handler` completes once, as `runtime::async_open_session` says.
+ * Shared by registered-server sessions and interpreter sessions (sandbox/interpreter.hpp).
+ */
+void start_session(
+    const std::shared_ptr<runtime_impl>& impl, const ticket& t, std::shared_ptr<backend> chosen,
+    run_job job, std::chrono::milliseconds idle, std::uint32_t stdin_buffer_bytes,
+    boost::asio::any_completion_handler<void(boost::system::error_code, session_start)> handler);
 
 }  // namespace sandbox::detail

@@ -319,6 +319,15 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
               .blobs = impl->blobs(),
               .policy = pol,
               .executor = ex};
+  detail::start_session(impl, t, std::move(chosen), std::move(job), idle,
+                        std::max<std::uint32_t>(opts.stdin_buffer_bytes, 1), std::move(handler));
+}
+
+void detail::start_session(const std::shared_ptr<runtime_impl>& impl, const ticket& t,
+                           std::shared_ptr<backend> chosen, run_job job,
+                           std::chrono::milliseconds idle, std::uint32_t stdin_buffer_bytes,
+                           open_handler handler) {
+  const auto& ex = impl->executor();
   // 6. A scheduler slot, held for the session's whole life (a session is a live sandbox like
   //    a run's, so it counts against the same caps: the host's and its tenant's class),
   //    released when it ends (session_job::on_end). No slot in time: `queue_timeout`; a full
@@ -326,7 +335,7 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
   //    recorded at its end, or here when it never starts.
   auto tracker = std::make_shared<session_tracker>(impl, job.admitted, job.run_id, t);
   session_job sj{.idle_timeout = idle,
-                 .stdin_buffer_bytes = std::max<std::uint32_t>(opts.stdin_buffer_bytes, 1),
+                 .stdin_buffer_bytes = stdin_buffer_bytes,
                  .on_end = [tracker](session_result& r) { tracker->end(r); }};
   // The open's outcome: a session that never started ends here, before its handler runs
   // (no-op when the backend reported its end already). The caller's executor stays the

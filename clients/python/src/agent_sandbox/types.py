@@ -54,6 +54,7 @@ class Code(enum.StrEnum):
     DIGEST_MISMATCH = "digest_mismatch"
     INTERNAL = "internal"
     PIDS_LIMIT = "pids_limit"
+    ERROR = "error"
 
 
 # --- decoding helpers ----------------------------------------------------------------------

@@ -1,0 +1,616 @@
+// Interpreter sessions (sandbox/interpreter.hpp): admission like a run of the runtime, a
+// session sandbox running the host's driver (src/helpers/interp/driver.py), and the host's
+// side of each cell — its nonce, its timer, the interrupt and the kill, the frames read under
+// caps, and the code and state taken from the host's own evidence.
+#include "sandbox/interpreter.hpp"
+
+#include <sys/random.h>
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/run/capture.hpp"
+#include "embedded/interp_driver.hpp"
+#include "protocol/text_util.hpp"
+#include "runtime/interp_frames.hpp"
+#include "runtime/runtime_impl.hpp"
+#include "sandbox/runtime.hpp"
+
+namespace sandbox {
+
+std::string_view to_string(interpreter_state s) noexcept {
+  return s == interpreter_state::kept ? "kept" : "lost";
+}
+
+namespace {
+
+using cell_handler =
+    boost::asio::any_completion_handler<void(boost::system::error_code, cell_result)>;
+using close_handler =
+    boost::asio::any_completion_handler<void(boost::system::error_code, session_result)>;
+using open_handler =
+    boost::asio::any_completion_handler<void(boost::system::error_code, interpreter_start)>;
+
+/// 32 random lowercase hex characters.
+std::string new_nonce() {
+  unsigned char b[16] = {};
+  std::size_t got = 0;
+  while (got < sizeof b) {
+    const ssize_t n = ::getrandom(b + got, sizeof b - got, 0);
+    if (n > 0) got += static_cast<std::size_t>(n);
+  }
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : b) {
+    s.push_back(hex[c >> 4]);
+    s.push_back(hex[c & 15]);
+  }
+  return s;
+}
+
+/// Valid UTF-8 text of at most `cap` bytes from untrusted bytes (head and tail when longer).
+std::string text_of(std::string_view bytes, std::uint32_t cap) {
+  detail::stream_capture_buffer b(0, cap);
+  b.append(std::span<const char>(bytes.data(), bytes.size()));
+  return b.summary();
+}
+
+/**
+ * One interpreter session. Everything runs on `strand_`. The read loop drains the session's
+ * stdout for its whole life (frames of no running cell are dropped), so a driver or a cell's
+ * child writing without end never blocks on the pipe nor grows host memory.
+ */
+class interp_session final : public interpreter,
+                             public std::enable_shared_from_this<interp_session> {
+ public:
+  interp_session(std::shared_ptr<session> s, std::shared_ptr<blob_store> blobs, std::string tenant,
+                 const policy& pol, interpreter_options opts, std::chrono::milliseconds idle,
+                 std::chrono::milliseconds lifetime, std::chrono::milliseconds ceiling,
+                 const boost::asio::any_io_executor& ex)
+      : s_(std::move(s)),
+        blobs_(std::move(blobs)),
+        tenant_(std::move(tenant)),
+        pol_(pol),
+        opts_(opts),
+        idle_(idle),
+        ceiling_(ceiling),
+        ends_at_(std::chrono::steady_clock::now() + lifetime),
+        strand_(boost::asio::make_strand(ex)),
+        cell_timer_(strand_),
+        idle_timer_(strand_),
+        gone_timer_(strand_),
+        buf_(16 * 1024) {}
+
+  ~interp_session() override = default;
+
+  void start() {
+    boost::asio::post(strand_, [self = shared_from_this()] {
+      self->read();
+      self->arm_idle();
+    });
+  }
+
+  const std::string& id() const noexcept override { return s_->id(); }
+  bool ended() const noexcept override { return ended_flag_.load(); }
+
+ private:
+  struct cell {
+    std::string nonce;
+    /// (Emplaced, never assigned: Boost 1.81's move assignment copies from an lvalue.)
+    std::optional<cell_handler> handler;
+    cell_result r;
+    std::chrono::steady_clock::time_point start;
+    std::unique_ptr<detail::stream_capture_buffer> out, err;
+    std::uint64_t out_claim = 0, err_claim = 0;
+    std::string value, error;
+    char open_kind = 0;  ///< 'f' or 'p': the item `d` frames append to
+    std::string open_name;
+    std::string open_data;
+    bool open_over = false;
+    std::uint64_t item_bytes = 0;
+    bool timer_fired = false;
+    bool killing = false;
+    std::string status;  ///< the driver's "z" (ok, error, interrupted)
+  };
+
+  void do_execute(cell_request c, cell_handler h) override {
+    // (Held by a unique_ptr: Boost 1.81's any_completion_handler has an unconstrained
+    // converting constructor, which makes a lambda holding one look copyable.)
+    auto held = std::make_unique<cell_handler>(std::move(h));
+    boost::asio::post(
+        strand_, [self = shared_from_this(), c = std::move(c), held = std::move(held)]() mutable {
+          self->execute(std::move(c), std::move(*held));
+        });
+  }
+
+  void do_close(close_handler h) override {
+    boost::asio::post(strand_, [self = shared_from_this(), h = std::move(h)]() mutable {
+      auto held = std::make_shared<close_handler>(std::move(h));
+      self->end_session([self, held](const session_result& r) {
+        complete(self->strand_, std::move(*held), boost::system::error_code{}, r);
+      });
+    });
+  }
+
+  /// Completes `h(ec, r)` never inline: posted to `ex`, then dispatched to the handler's
+  /// associated executor. The handler travels in a unique_ptr: Boost 1.81's
+  /// any_completion_handler has an unconstrained converting constructor, which makes a
+  /// lambda holding one look copyable, and a strand copies what looks copyable.
+  template <class Handler, class Result>
+  static void complete(const boost::asio::strand<boost::asio::any_io_executor>& ex, Handler h,
+                       boost::system::error_code ec, Result r) {
+    auto held = std::make_unique<Handler>(std::move(h));
+    boost::asio::post(ex, [held = std::move(held), ex, ec, r = std::move(r)]() mutable {
+      auto to = boost::asio::get_associated_executor(*held, ex);
+      boost::asio::dispatch(to, [held = std::move(held), ec, r = std::move(r)]() mutable {
+        std::move (*held)(ec, std::move(r));
+      });
+    });
+  }
+
+  void execute(cell_request c, cell_handler h) {
+    cell_result r;
+    if (ended_ || closing_) {
+      r.code = code::internal;
+      r.state = interpreter_state::lost;
+      r.session_ended = true;
+      r.message = "the interpreter session is over";
+      return complete(strand_, std::move(h), boost::asio::error::operation_aborted, std::move(r));
+    }
+    r.state = interpreter_state::kept;
+    if (cur_) {
+      r.code = code::invalid_request;
+      r.message = "a cell is running";
+      return complete(strand_, std::move(h), boost::asio::error::in_progress, std::move(r));
+    }
+    if (c.code.size() > pol_.max_source_bytes) {
+      r.code = code::source_too_large;
+      r.message = "code: over " + std::to_string(pol_.max_source_bytes) + " bytes";
+      return complete(strand_, std::move(h), {}, std::move(r));
+    }
+    if (c.timeout && c.timeout->count() <= 0) {
+      r.code = code::invalid_request;
+      r.message = "timeout: must be > 0";
+      return complete(strand_, std::move(h), {}, std::move(r));
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        ends_at_ - std::chrono::steady_clock::now());
+    const auto timeout =
+        std::max(std::chrono::milliseconds(1),
+                 std::min({c.timeout.value_or(run_request{}.timeout), ceiling_, left}));
+    idle_timer_.cancel();
+    cur_ = std::make_unique<cell>();
+    cur_->nonce = new_nonce();
+    cur_->handler.emplace(std::move(h));
+    cur_->r.usage = {};
+    cur_->start = std::chrono::steady_clock::now();
+    cur_->out = std::make_unique<detail::stream_capture_buffer>(pol_.stream_capture_bytes,
+                                                                pol_.summary_bytes);
+    cur_->err = std::make_unique<detail::stream_capture_buffer>(pol_.stream_capture_bytes,
+                                                                pol_.summary_bytes);
+    frames_.expect(cur_->nonce);
+    dropped_at_start_ = frames_.dropped();
+    nlohmann::json msg{{"op", "exec"},
+                       {"n", cur_->nonce},
+                       {"code", c.code},
+                       {"out_cap", pol_.stream_capture_bytes}};
+    send(msg.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    cell_timer_.expires_after(timeout);
+    cell_timer_.async_wait(
+        [self = shared_from_this(), n = cur_->nonce](boost::system::error_code ec) {
+          if (!ec) self->timer_fired(n);
+        });
+  }
+
+  /// Queues `line` towards the driver's stdin (in order; one write in flight).
+  void send(std::string line) {
+    out_q_.push_back(std::move(line));
+    if (!writing_) write_next();
+  }
+  void write_next() {
+    if (out_q_.empty() || ended_) {
+      writing_ = false;
+      return;
+    }
+    writing_ = true;
+    auto line = std::make_shared<std::string>(std::move(out_q_.front()));
+    out_q_.erase(out_q_.begin());
+    s_->async_write(boost::asio::buffer(*line),
+                    boost::asio::bind_executor(strand_, [self = shared_from_this(), line](
+                                                            boost::system::error_code,
+                                                            std::size_t) { self->write_next(); }));
+  }
+
+  void timer_fired(const std::string& nonce) {
+    if (!cur_ || cur_->nonce != nonce) return;
+    if (!cur_->timer_fired) {
+      // 1. Our timer fired: interrupt the cell (SIGINT to the interpreter's main thread).
+      cur_->timer_fired = true;
+      send(nlohmann::json{{"op", "int"}, {"n", nonce}}.dump() + "\n");
+      cell_timer_.expires_after(opts_.interrupt_grace);
+      cell_timer_.async_wait([self = shared_from_this(), nonce](boost::system::error_code ec) {
+        if (!ec) self->timer_fired(nonce);
+      });
+      return;
+    }
+    // 2. It did not yield within the grace: the whole sandbox goes, and the state with it.
+    cur_->killing = true;
+    end_session([](const session_result&) {});
+  }
+
+  void read() {
+    s_->async_read_some(
+        boost::asio::buffer(buf_),
+        boost::asio::bind_executor(
+            strand_, [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+              if (n) {
+                self->frames_.feed(std::string_view(self->buf_.data(), n),
+                                   [&](char k, std::string_view p) { self->on_frame(k, p); });
+              }
+              if (ec) return self->channel_gone();
+              self->read();
+            }));
+  }
+
+  /// The driver's channel closed (it exited, was killed, or a cell closed it): the session
+  /// ends; a running cell gets its code from the session's own end.
+  void channel_gone() {
+    // The evidence of an exit is the session's own end: give it a moment to show; a sandbox
+    // still alive then has had its channel taken from the driver.
+    gone_timer_.expires_after(std::chrono::milliseconds(300));
+    gone_timer_.async_wait([self = shared_from_this()](boost::system::error_code) {
+      if (!self->s_->stats().ended) self->channel_taken_ = true;
+      self->end_session([](const session_result&) {});
+    });
+  }
+
+  void arm_idle() {
+    if (ended_ || closing_) return;
+    idle_timer_.expires_after(idle_);
+    idle_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (!ec && !self->cur_) {
+        self->idle_end_ = true;
+        self->end_session([](const session_result&) {});
+      }
+    });
+  }
+
+  void on_frame(char kind, std::string_view p) {
+    if (!cur_) return;
+    cell& c = *cur_;
+    switch (kind) {
+      case 'o':
+        c.out->append(std::span<const char>(p.data(), p.size()));
+        break;
+      case 'e':
+        c.err->append(std::span<const char>(p.data(), p.size()));
+        break;
+      case 'O':
+      case 'E': {
+        std::uint64_t v = 0;
+        for (char d : p.substr(0, 19)) {
+          if (d < '0' || d > '9') break;
+          v = v * 10 + static_cast<std::uint64_t>(d - '0');
+        }
+        (kind == 'O' ? c.out_claim : c.err_claim) = v;
+        break;
+      }
+      case 'v':
+        if (c.value.size() <= opts_.max_value_bytes) {
+          c.value.append(p.substr(0, opts_.max_value_bytes + 1 - c.value.size()));
+        }
+        break;
+      case 'x':
+        if (c.error.size() <= 4096) c.error.append(p.substr(0, 4097 - c.error.size()));
+        break;
+      case 'f':
+      case 'p':
+        close_item();
+        c.open_kind = kind;
+        c.open_name = text_of(p, 1024);
+        c.open_data.clear();
+        c.open_over = false;
+        break;
+      case 'd':
+        if (!c.open_kind || c.open_over) break;
+        if (c.item_bytes + c.open_data.size() + p.size() > opts_.max_cell_file_bytes) {
+          c.open_over = true;
+          c.open_data.clear();
+          c.r.outputs_truncated = true;
+          break;
+        }
+        c.open_data.append(p);
+        break;
+      case 'z':
+        close_item();
+        c.status = text_of(p, 32);
+        finish_alive();
+        break;
+      default:
+        break;
+    }
+  }
+
+  /// Stores the item the `d` frames were filling (a file or a rich output), within the caps.
+  void close_item() {
+    cell& c = *cur_;
+    if (!c.open_kind) return;
+    const char kind = c.open_kind;
+    c.open_kind = 0;
+    if (c.open_over) return;
+    const bool file = kind == 'f';
+    const std::size_t n = file ? c.r.files_out.size() : c.r.outputs.size();
+    if (n >= (file ? pol_.max_output_files : opts_.max_outputs)) {
+      c.r.outputs_truncated = true;
+      return;
+    }
+    auto id = blobs_->put(tenant_, c.open_data);
+    if (!id) {
+      c.r.outputs_truncated = true;
+      return;
+    }
+    c.item_bytes += c.open_data.size();
+    if (file) {
+      c.r.files_out.push_back({.name = c.open_name, .blob = *id, .bytes = c.open_data.size()});
+    } else {
+      c.r.outputs.push_back({.mime_type = c.open_name, .blob = *id, .bytes = c.open_data.size()});
+    }
+    c.open_data.clear();
+  }
+
+  stream_capture capture_of(const detail::stream_capture_buffer& b, std::uint64_t claim) {
+    stream_capture s;
+    s.summary = b.summary();
+    s.bytes = b.stored().size();
+    s.total_bytes = std::max<std::uint64_t>(claim, b.total_bytes());
+    s.truncated = s.total_bytes > s.bytes;
+    if (!b.stored().empty()) {
+      if (auto id = blobs_->put(tenant_, b.stored())) s.blob = *id;
+    }
+    return s;
+  }
+
+  /// The common part of a cell's result: what the driver sent, under the caps.
+  cell_result take_cell() {
+    cell& c = *cur_;
+    cell_result r = std::move(c.r);
+    r.std_out = capture_of(*c.out, c.out_claim);
+    r.std_err = capture_of(*c.err, c.err_claim);
+    r.value_truncated = c.value.size() > opts_.max_value_bytes;
+    r.value = text_of(c.value, opts_.max_value_bytes);
+    r.error = text_of(c.error, 4096);
+    r.frames_dropped = frames_.dropped() - dropped_at_start_;
+    r.usage.wall = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - c.start);
+    return r;
+  }
+
+  /// The driver answered for this cell, and the sandbox is alive: state kept.
+  void finish_alive() {
+    cell_timer_.cancel();
+    const bool timed_out = cur_->timer_fired;
+    const std::string status = cur_->status;
+    cell_result r = take_cell();
+    r.state = interpreter_state::kept;
+    if (timed_out) {
+      r.code = code::timeout;
+      r.message = "the cell was interrupted at its timeout; the interpreter lives on";
+    } else if (status == "error") {
+      r.code = code::error;
+      r.message = "the cell raised an exception";
+    } else {
+      r.code = code::ok;
+    }
+    auto h = std::move(*cur_->handler);
+    cur_.reset();
+    frames_.expect({});
+    complete(strand_, std::move(h), {}, std::move(r));
+    arm_idle();
+  }
+
+  /// Ends the session (idempotent): `then` gets its closing record; a running cell
+  /// completes with state lost and its code from the evidence.
+  void end_session(std::function<void(const session_result&)> then) {
+    if (closed_) {
+      then(*closed_);
+      return;
+    }
+    waiting_close_.push_back(std::move(then));
+    if (closing_) return;
+    closing_ = true;
+    idle_timer_.cancel();
+    s_->async_close(boost::asio::bind_executor(
+        strand_, [self = shared_from_this()](boost::system::error_code, session_result r) {
+          self->closed(std::move(r));
+        }));
+  }
+
+  void closed(session_result r) {
+    ended_ = true;
+    ended_flag_ = true;
+    cell_timer_.cancel();
+    if (idle_end_ && r.end == session_end::closed) {
+      r.end = session_end::idle_timeout;
+      r.result.code = code::timeout;
+    }
+    closed_ = r;
+    if (cur_) {
+      const bool killed = cur_->killing;
+      close_item();
+      cell_result c = take_cell();
+      c.state = interpreter_state::lost;
+      c.session_ended = true;
+      c.exit_code = r.result.exit_code;
+      c.signal = r.result.signal;
+      if (killed) {
+        c.code = code::timeout;
+        c.message = "the cell did not yield to the interrupt; the sandbox was killed";
+      } else if (!channel_taken_ && (r.end == session_end::server_exited ||
+                                     (r.end == session_end::closed && r.result.exit_code))) {
+        // It exited by itself (its channel closed first, then our close found it gone).
+        c.code = code::ok;
+        c.message = "the interpreter exited; its state is lost";
+      } else if (r.end == session_end::closed) {
+        c.code = code::internal;
+        c.message = "the interpreter closed its channel; the sandbox was killed";
+      } else {
+        c.code = r.result.code == code::ok ? code::internal : r.result.code;
+        c.message = "the sandbox ended (" + std::string(to_string(r.end)) + ")";
+      }
+      auto h = std::move(*cur_->handler);
+      cur_.reset();
+      complete(strand_, std::move(h), {}, std::move(c));
+    }
+    auto waiting = std::move(waiting_close_);
+    for (auto& w : waiting) w(r);
+  }
+
+  std::shared_ptr<session> s_;
+  std::shared_ptr<blob_store> blobs_;
+  std::string tenant_;
+  policy pol_;
+  interpreter_options opts_;
+  std::chrono::milliseconds idle_;
+  std::chrono::milliseconds ceiling_;
+  std::chrono::steady_clock::time_point ends_at_;
+  boost::asio::strand<boost::asio::any_io_executor> strand_;
+  boost::asio::steady_timer cell_timer_;
+  boost::asio::steady_timer idle_timer_;
+  boost::asio::steady_timer gone_timer_;
+  bool channel_taken_ = false;  ///< the channel closed while the sandbox lived on
+  std::vector<char> buf_;
+  detail::interp_frame_reader frames_;
+  std::uint64_t dropped_at_start_ = 0;
+  std::unique_ptr<cell> cur_;
+  std::vector<std::string> out_q_;
+  bool writing_ = false;
+  bool closing_ = false;
+  bool ended_ = false;
+  bool idle_end_ = false;
+  std::atomic<bool> ended_flag_{false};
+  std::optional<session_result> closed_;
+  std::vector<std::function<void(const session_result&)>> waiting_close_;
+};
+
+void refuse(open_handler h, const boost::asio::any_io_executor& ex, code c, std::string message) {
+  detail::post_completion(
+      ex, std::move(h), boost::system::error_code{},
+      interpreter_start{.interpreter = nullptr, .code = c, .message = std::move(message)});
+}
+
+}  // namespace
+
+void runtime::do_open_interpreter(interpreter_request request, ticket t, open_handler handler) {
+  if (!impl_) {
+    std::move(handler)(boost::asio::error::operation_aborted,
+                       interpreter_start{.interpreter = nullptr,
+                                         .code = code::internal,
+                                         .message = "the runtime was moved from"});
+    return;
+  }
+  auto impl = impl_;
+  const auto& ex = impl->executor();
+  const auto& opts = impl->sessions();
+
+  // 1. The runtime: a configured one whose interpreter is Python (the driver is Python).
+  const host_catalog catalog = impl->catalog();
+  const auto found = catalog.runtimes.find(request.runtime);
+  const runtime_spec* spec = impl->spec(request.runtime);
+  if (found == catalog.runtimes.end() || !spec || spec->argv.empty()) {
+    return refuse(std::move(handler), ex, code::invalid_request,
+                  "runtime: unknown runtime " + detail::quote_for_message(request.runtime));
+  }
+  const std::string& binary = spec->argv.front();
+  const auto slash = binary.rfind('/');
+  if (binary.compare(slash == std::string::npos ? 0 : slash + 1, 6, "python") != 0) {
+    return refuse(
+        std::move(handler), ex, code::invalid_request,
+        "runtime: " + detail::quote_for_message(request.runtime) + " is not a Python runtime");
+  }
+  if (request.max_lifetime && request.max_lifetime->count() <= 0) {
+    return refuse(std::move(handler), ex, code::invalid_request, "max_lifetime: must be > 0");
+  }
+  if (request.idle_timeout && request.idle_timeout->count() <= 0) {
+    return refuse(std::move(handler), ex, code::invalid_request, "idle_timeout: must be > 0");
+  }
+  // 2. The ticket: unexpired, `code.execute` (a cell is code the model wrote, as a run is).
+  if (t.is_expired(std::chrono::system_clock::now())) {
+    return refuse(std::move(handler), ex, code::action_denied, "ticket expired");
+  }
+  if (!t.allows(action::code_execute)) {
+    return refuse(std::move(handler), ex, code::action_denied, "ticket: code.execute not granted");
+  }
+  // 3. The level: the ticket's, as for a run of the runtime.
+  const isolation need = required_level(run_request{.runtime = request.runtime}, t, catalog);
+  impl->ensure_level(need);
+  std::shared_ptr<backend> chosen = impl->backend_at_least(need);
+  if (!chosen) {
+    return refuse(std::move(handler), ex, code::runtime_unavailable,
+                  "isolation: no backend at level '" + std::string(to_string(need)) +
+                      "' or stronger on this host");
+  }
+  // 4. The image and its pin.
+  if (!found->second) {
+    return refuse(std::move(handler), ex, code::runtime_unavailable,
+                  "runtime: the image of " + detail::quote_for_message(request.runtime) +
+                      " is not installed");
+  }
+  if (t.runtime_digest() && *t.runtime_digest() != *found->second) {
+    return refuse(std::move(handler), ex, code::digest_mismatch,
+                  "ticket.runtime_digest: the image is not the pinned one");
+  }
+  // 5. The job: the driver on the interpreter's command line (-I: no user site, no
+  //    PYTHON* variables, no script directory on the path; -u: unbuffered).
+  const sandbox::policy& pol = impl->policy();
+  const auto lifetime = std::min(
+      {request.max_lifetime.value_or(opts.default_lifetime), opts.max_lifetime, t.max_timeout()});
+  const auto idle = std::min(request.idle_timeout.value_or(opts.idle_timeout), opts.idle_timeout);
+  runtime_spec launch = *spec;
+  launch.argv = {binary, "-I", "-u", "-c", std::string(detail::embedded::interp_driver())};
+  admitted adm;
+  adm.request.runtime = request.runtime;
+  adm.request.timeout = lifetime;
+  adm.request.memory_limit_bytes =
+      std::min({adm.request.memory_limit_bytes, pol.max_memory_bytes, t.max_memory_bytes()});
+  adm.tenant = t.tenant();
+  adm.ticket_id = t.id();
+  adm.isolation = chosen->isolation();
+  adm.runtime = runtime_info{.name = request.runtime, .digest = *found->second};
+  adm.timeout_clamped = request.max_lifetime && *request.max_lifetime > lifetime;
+  run_job job{.run_id = detail::new_run_id(),
+              .admitted = std::move(adm),
+              .runtime = std::move(launch),
+              .rootfs = impl->rootfs_of(request.runtime),
+              .blobs = impl->blobs(),
+              .policy = pol,
+              .executor = ex};
+  // 6. Started like any session (scheduler slot, caps, span). The session's own idle timer
+  //    is off (a cell may run silently for long): the interpreter keeps its own, between
+  //    cells.
+  auto caller_ex = boost::asio::get_associated_executor(handler, ex);
+  const std::string tenant = t.tenant();
+  const auto ceiling = std::min(t.max_timeout(), pol.max_timeout);
+  const auto iopts = impl->interpreters();
+  detail::start_session(
+      impl, t, std::move(chosen), std::move(job), lifetime, 64 * 1024,
+      [impl, h = std::make_shared<open_handler>(std::move(handler)), caller_ex, tenant, pol, iopts,
+       idle, lifetime, ceiling](boost::system::error_code ec, session_start st) mutable {
+        interpreter_start out{.interpreter = nullptr, .code = st.code, .message = st.message};
+        if (st.session) {
+          auto i =
+              std::make_shared<interp_session>(std::move(st.session), impl->blobs(), tenant, pol,
+                                               iopts, idle, lifetime, ceiling, impl->executor());
+          i->start();
+          out.interpreter = std::move(i);
+        }
+        boost::asio::dispatch(caller_ex, [h, ec, out = std::move(out)]() mutable {
+          std::move (*h)(ec, std::move(out));
+        });
+      });
+}
+
+}  // namespace sandbox
