@@ -162,7 +162,8 @@ export type ResultCode =
   | "runtime_unavailable"
   | "digest_mismatch"
   | "internal"
-  | "pids_limit";
+  | "pids_limit"
+  | "error";
 
 /** A captured stream (stdout or stderr) of a run. */
 export interface StreamSummary {
