@@ -264,6 +264,23 @@ void connection::dispatch(request_line line) {
       }
       return;
     }
+    case request_kind::interp_open: {
+      auto read = read_interp_open(line, ctx_.trusted_keys);
+      if (!refused(read)) sessions_.interp_open(id, std::get<interp_open_line>(std::move(read)));
+      return;
+    }
+    case request_kind::interp_execute: {
+      auto read = read_interp_execute(line);
+      if (!refused(read)) {
+        sessions_.interp_execute(id, std::get<interp_execute_line>(std::move(read)));
+      }
+      return;
+    }
+    case request_kind::interp_close: {
+      auto read = read_interp_close(line);
+      if (!refused(read)) sessions_.interp_close(id, std::get<std::string>(read));
+      return;
+    }
     case request_kind::service_stats:
       if (auto a = read_service_stats(line)) {
         queue_answer(std::move(a->line));

@@ -27,22 +27,27 @@ void connection_sessions::release_write_bytes(std::size_t n) {
   ctx_.session_write_bytes -= n;
 }
 
-void connection_sessions::open(std::string id, session_open_line request) {
+bool connection_sessions::reserve_slot(const std::string& id) {
   const auto& limits = ctx_.limits;
-  if (sessions_.size() + opening_ >= limits.max_sessions_per_client) {
-    host_.send(
-        error_line(id, "capacity",
-                   fmt::format("this connection has {} sessions open (at most {})",
-                               sessions_.size() + opening_, limits.max_sessions_per_client)));
-    return;
+  const std::size_t open = sessions_.size() + interps_.size() + opening_;
+  if (open >= limits.max_sessions_per_client) {
+    host_.send(error_line(id, "capacity",
+                          fmt::format("this connection has {} sessions open (at most {})", open,
+                                      limits.max_sessions_per_client)));
+    return false;
   }
   if (ctx_.sessions.fetch_add(1) >= limits.max_sessions) {
     ctx_.sessions -= 1;
     host_.send(error_line(id, "capacity",
                           fmt::format("the daemon has {} sessions open (at most {})",
                                       limits.max_sessions, limits.max_sessions)));
-    return;
+    return false;
   }
+  return true;
+}
+
+void connection_sessions::open(std::string id, session_open_line request) {
+  if (!reserve_slot(id)) return;
   ++opening_;
   host_.hold_id(id);
   try {
@@ -296,8 +301,147 @@ void connection_sessions::close_all() {
     ++n;
     close_entry(sid, e);
   }
+  for (auto& [sid, e] : interps_) {
+    if (e.closing) continue;
+    ++n;
+    close_interp(sid, e);
+  }
   if (n > 0)
     log(sandbox::log_level::info, fmt::format("serve: {}: closing {} session(s)", name_, n));
+}
+
+// --- interpreters ----------------------------------------------------------------------------
+
+void connection_sessions::interp_open(std::string id, interp_open_line request) {
+  if (!reserve_slot(id)) return;
+  ++opening_;
+  host_.hold_id(id);
+  try {
+    ctx_.rt.async_open_interpreter(
+        std::move(request.request), std::move(request.ticket),
+        asio::bind_executor(executor_, [keep = host_.keep_alive(), this, id](
+                                           error_code ec, sandbox::interpreter_start start) {
+          on_interp_opened(id, ec, std::move(start));
+        }));
+  } catch (...) {
+    --opening_;
+    host_.release_id(id);
+    ctx_.sessions -= 1;
+    throw;
+  }
+}
+
+void connection_sessions::on_interp_opened(const std::string& id, error_code ec,
+                                           sandbox::interpreter_start start) {
+  --opening_;
+  host_.release_id(id);
+  if (ec || !start.interpreter) {
+    ctx_.sessions -= 1;
+    const auto c = ec && start.code == sandbox::code::ok ? sandbox::code::internal : start.code;
+    std::string message =
+        start.message.empty() ? std::string("the interpreter could not be started") : start.message;
+    if (c == sandbox::code::invalid_request) message = "interp_open: " + message;
+    host_.send(error_line(id, sandbox::to_string(c), message));
+    host_.resume();
+    return;
+  }
+  const std::string sid = start.interpreter->id();
+  auto& e = interps_[sid];
+  e.in = std::move(start.interpreter);
+  if (host_.is_leaving() || host_.has_input_ended()) {
+    // No interp_close can come any more (close_all() already ran): closed at once.
+    log(sandbox::log_level::info,
+        fmt::format("serve: {}: interpreter {} opened after the client left; closing it", name_,
+                    sid));
+    if (!host_.is_leaving()) host_.send(answer_line(id, "interpreter", json_string(sid)));
+    close_interp(sid, e);
+    host_.resume();
+    return;
+  }
+  log(sandbox::log_level::info, fmt::format("serve: {}: interpreter {} opened", name_, sid));
+  host_.send(answer_line(id, "interpreter", json_string(sid)));
+  host_.resume();
+}
+
+connection_sessions::interp_entry* connection_sessions::find_interp(const std::string& id,
+                                                                    const std::string& sid,
+                                                                    const std::string& op_name) {
+  auto it = interps_.find(sid);
+  if (it == interps_.end()) {
+    // Also another connection's interpreter: they belong to the connection that opened them.
+    host_.send(error_line(
+        id, "session_not_found",
+        fmt::format("{}.session: no interpreter {} on this connection", op_name, quote_id(sid))));
+    return nullptr;
+  }
+  if (it->second.closing) {
+    host_.send(error_line(id, "session_ended",
+                          fmt::format("{}.session: the interpreter is closing", op_name)));
+    return nullptr;
+  }
+  return &it->second;
+}
+
+void connection_sessions::interp_execute(std::string id, interp_execute_line request) {
+  interp_entry* e = find_interp(id, request.session, "interp_execute");
+  if (e == nullptr) return;
+  host_.hold_id(id);
+  ++e->executing;
+  // The interpreter answers a second cell while one runs with in_progress, and a cell after
+  // its end with operation_aborted (the result then says so): both are answered as results.
+  e->in->async_execute(
+      std::move(request.cell),
+      asio::bind_executor(executor_, [keep = host_.keep_alive(), this, id, sid = request.session](
+                                         error_code ec, sandbox::cell_result r) {
+        host_.release_id(id);
+        if (ec == asio::error::in_progress) {
+          host_.send(error_line(id, "capacity", "interp_execute: a cell is already running"));
+        } else {
+          host_.send(answer_line(id, "cell_result", encode_cell_result(r)));
+        }
+        auto it = interps_.find(sid);
+        if (it != interps_.end()) {
+          --it->second.executing;
+          maybe_erase_interp(sid);
+        }
+        host_.resume();
+      }));
+}
+
+void connection_sessions::interp_close(std::string id, const std::string& sid) {
+  interp_entry* e = find_interp(id, sid, "interp_close");
+  if (e == nullptr) return;
+  host_.hold_id(id);
+  e->close_id = std::move(id);
+  close_interp(sid, *e);
+}
+
+void connection_sessions::close_interp(const std::string& sid, interp_entry& e) {
+  if (e.closing) return;
+  e.closing = true;
+  e.in->async_close(asio::bind_executor(
+      executor_, [keep = host_.keep_alive(), this, sid](error_code, sandbox::session_result r) {
+        auto it = interps_.find(sid);
+        if (it == interps_.end()) return;
+        auto& en = it->second;
+        en.ended = true;
+        ctx_.sessions -= 1;
+        log(sandbox::log_level::info, fmt::format("serve: {}: interpreter {} closed ({})", name_,
+                                                  sid, sandbox::to_string(r.end)));
+        if (en.close_id) {
+          host_.release_id(*en.close_id);
+          host_.send(answer_line(*en.close_id, "session_result", sandbox::encode(r)));
+          en.close_id.reset();
+        }
+        maybe_erase_interp(sid);
+        host_.resume();
+      }));
+}
+
+void connection_sessions::maybe_erase_interp(const std::string& sid) {
+  auto it = interps_.find(sid);
+  if (it == interps_.end()) return;
+  if (it->second.ended && it->second.executing == 0) interps_.erase(it);
 }
 
 }  // namespace sandbox::service

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "sandbox/interpreter.hpp"
 #include "sandbox/session.hpp"
 #include "service/context.hpp"
 #include "service/line_protocol.hpp"
@@ -80,11 +81,21 @@ class connection_sessions {
   void close(std::string id, const std::string& sid);
   /// Starts a stdout read on every session that has none, while the answers have room.
   void pump_reads();
-  /// Closes every session not closing yet (the client left, or its input ended).
+  /// Closes every session and interpreter not closing yet (the client left, or its input
+  /// ended).
   void close_all();
 
-  /// True when no session is open, opening or closing.
-  bool empty() const noexcept { return sessions_.empty() && opening_ == 0; }
+  /// `interp_open`: counted as a session against the same limits; answered
+  /// `{"interpreter":S}` or the runtime's error.
+  void interp_open(std::string id, interp_open_line request);
+  /// `interp_execute`: `session_not_found` (also another connection's interpreter),
+  /// `session_ended` (closing), else answered `{"cell_result":{…}}` when the cell is done.
+  void interp_execute(std::string id, interp_execute_line request);
+  /// `interp_close`: answered with the interpreter's `session_result` once it ended.
+  void interp_close(std::string id, const std::string& sid);
+
+  /// True when no session or interpreter is open, opening or closing.
+  bool empty() const noexcept { return sessions_.empty() && interps_.empty() && opening_ == 0; }
   /// Bytes of `session_write` data waiting for the sessions' stdin buffers.
   std::size_t write_bytes() const noexcept { return write_bytes_; }
 
@@ -107,6 +118,22 @@ class connection_sessions {
     std::optional<std::string> close_id;  ///< the `session_close` line's id
   };
 
+  struct interp_entry {
+    std::shared_ptr<sandbox::interpreter> in;
+    std::uint32_t executing = 0;          ///< cells answered by the interpreter not yet
+    bool closing = false;                 ///< async_close started: no more requests
+    bool ended = false;                   ///< async_close completed
+    std::optional<std::string> close_id;  ///< the `interp_close` line's id
+  };
+  void on_interp_opened(const std::string& id, boost::system::error_code ec,
+                        sandbox::interpreter_start start);
+  interp_entry* find_interp(const std::string& id, const std::string& sid,
+                            const std::string& op_name);
+  void close_interp(const std::string& sid, interp_entry& e);
+  void maybe_erase_interp(const std::string& sid);
+  /// Whether a session or interpreter may open (else the `capacity` answer is sent).
+  bool reserve_slot(const std::string& id);
+
   void on_opened(const std::string& id, boost::system::error_code ec, sandbox::session_start start);
   /// The entry `sid` (`op_name.session` in messages); sends the error answer and returns
   /// null when there is none, or it is closing.
@@ -126,6 +153,7 @@ class connection_sessions {
   boost::asio::any_io_executor executor_;
   const std::string& name_;
   std::map<std::string, entry> sessions_;
+  std::map<std::string, interp_entry> interps_;
   std::uint32_t opening_ = 0;    ///< session_open lines not completed yet
   std::size_t write_bytes_ = 0;  ///< bytes in the entries' `writes` queues
 };

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <chrono>
+#include <limits>
 
 #include "protocol/base64url.hpp"
 #include "protocol/display_text.hpp"
@@ -53,7 +54,7 @@ struct op_name {
   std::string_view name;
   request_kind kind;
 };
-constexpr std::array<op_name, 8> named_ops{{
+constexpr std::array<op_name, 11> named_ops{{
     {"session_open", request_kind::session_open},
     {"session_write", request_kind::session_write},
     {"session_close_stdin", request_kind::session_close_stdin},
@@ -62,7 +63,18 @@ constexpr std::array<op_name, 8> named_ops{{
     {"blob_put", request_kind::blob_put},
     {"blob_get", request_kind::blob_get},
     {"replay", request_kind::replay},
+    {"interp_open", request_kind::interp_open},
+    {"interp_execute", request_kind::interp_execute},
+    {"interp_close", request_kind::interp_close},
 }};
+
+/// A member in milliseconds, > 0.
+std::chrono::milliseconds positive_ms(const json& v, const std::string& path) {
+  const std::int64_t ms = detail::as_signed(v, path, std::numeric_limits<std::int64_t>::min(),
+                                            std::numeric_limits<std::int64_t>::max());
+  if (ms <= 0) detail::fail(path, "must be > 0");
+  return std::chrono::milliseconds(ms);
+}
 
 /// The envelope's id: present, a string of 1..max_id_bytes bytes; else the refusal.
 std::variant<std::string, answer> read_id(const json& doc, const service_limits& limits) {
@@ -342,6 +354,64 @@ std::variant<std::string, answer> read_session_ref(const request_line& line) {
   }
 }
 
+std::variant<interp_open_line, answer> read_interp_open(
+    const request_line& line, const sandbox::ticket_verifier& trusted_keys) {
+  const json& op = line.body;
+  sandbox::interpreter_request request;
+  try {
+    detail::as_object(op, "interp_open");
+    detail::check_known_fields(op, "interp_open",
+                               {"ticket", "runtime", "max_lifetime_ms", "idle_timeout_ms"});
+    detail::require_member(op, "interp_open", "ticket");
+    request.runtime = detail::as_string(detail::require_member(op, "interp_open", "runtime"),
+                                        "interp_open.runtime");
+    if (const json* v = detail::find_member(op, "max_lifetime_ms")) {
+      request.max_lifetime = positive_ms(*v, "interp_open.max_lifetime_ms");
+    }
+    if (const json* v = detail::find_member(op, "idle_timeout_ms")) {
+      request.idle_timeout = positive_ms(*v, "interp_open.idle_timeout_ms");
+    }
+  } catch (const detail::decode_error& e) {
+    return invalid(line.id, e.what());
+  }
+  auto ticket = read_ticket(op.at("ticket"), trusted_keys);
+  if (!ticket) {
+    return answer{error_line(line.id, sandbox::to_string(ticket.error().code),
+                             "interp_open." + ticket.error().message)};
+  }
+  return interp_open_line{.ticket = std::move(*ticket), .request = std::move(request)};
+}
+
+std::variant<interp_execute_line, answer> read_interp_execute(const request_line& line) {
+  const json& op = line.body;
+  interp_execute_line r;
+  try {
+    detail::as_object(op, "interp_execute");
+    detail::check_known_fields(op, "interp_execute", {"session", "code", "timeout_ms"});
+    r.session = detail::as_string(detail::require_member(op, "interp_execute", "session"),
+                                  "interp_execute.session");
+    r.cell.code = detail::as_string(detail::require_member(op, "interp_execute", "code"),
+                                    "interp_execute.code");
+    if (const json* v = detail::find_member(op, "timeout_ms")) {
+      r.cell.timeout = positive_ms(*v, "interp_execute.timeout_ms");
+    }
+  } catch (const detail::decode_error& e) {
+    return invalid(line.id, e.what());
+  }
+  return r;
+}
+
+std::variant<std::string, answer> read_interp_close(const request_line& line) {
+  try {
+    detail::as_object(line.body, "interp_close");
+    detail::check_known_fields(line.body, "interp_close", {"session"});
+    return detail::as_string(detail::require_member(line.body, "interp_close", "session"),
+                             "interp_close.session");
+  } catch (const detail::decode_error& e) {
+    return invalid(line.id, e.what());
+  }
+}
+
 std::optional<answer> read_service_stats(const request_line& line) {
   try {
     detail::as_object(line.body, "service_stats");
@@ -391,6 +461,53 @@ std::string result_with_record_line(const std::string& id, const sandbox::run_re
   line += sandbox::encode(sandbox::make_run_record(request, ticket, r));
   line += "}\n";
   return line;
+}
+
+std::string encode_cell_result(const sandbox::cell_result& r) {
+  nlohmann::ordered_json j;
+  auto stream = [](const sandbox::stream_capture& c) {
+    nlohmann::ordered_json s;
+    s["summary"] = c.summary;
+    s["blob"] = c.blob;
+    s["bytes"] = c.bytes;
+    s["total_bytes"] = c.total_bytes;
+    s["truncated"] = c.truncated;
+    return s;
+  };
+  auto opt_int = [](const std::optional<int>& v) {
+    return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+  };
+  j["code"] = std::string(sandbox::to_string(r.code));
+  j["state"] = std::string(sandbox::to_string(r.state));
+  j["session_ended"] = r.session_ended;
+  j["message"] = r.message;
+  j["error"] = r.error;
+  j["value"] = r.value;
+  j["value_truncated"] = r.value_truncated;
+  j["stdout"] = stream(r.std_out);
+  j["stderr"] = stream(r.std_err);
+  j["files_out"] = nlohmann::ordered_json::array();
+  for (const auto& f : r.files_out) {
+    nlohmann::ordered_json e;
+    e["name"] = f.name;
+    e["blob"] = f.blob;
+    e["bytes"] = f.bytes;
+    j["files_out"].push_back(std::move(e));
+  }
+  j["outputs"] = nlohmann::ordered_json::array();
+  for (const auto& o : r.outputs) {
+    nlohmann::ordered_json e;
+    e["mime_type"] = o.mime_type;
+    e["blob"] = o.blob;
+    e["bytes"] = o.bytes;
+    j["outputs"].push_back(std::move(e));
+  }
+  j["outputs_truncated"] = r.outputs_truncated;
+  j["frames_dropped"] = r.frames_dropped;
+  j["exit_code"] = opt_int(r.exit_code);
+  j["signal"] = opt_int(r.signal);
+  j["wall_ms"] = static_cast<std::int64_t>(r.usage.wall.count());
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string line_too_long_line(const std::optional<std::string>& id, std::size_t max_line_bytes) {

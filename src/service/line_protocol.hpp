@@ -22,6 +22,7 @@
 #include <string_view>
 #include <variant>
 
+#include "sandbox/interpreter.hpp"
 #include "sandbox/protocol.hpp"
 #include "sandbox/record.hpp"
 #include "sandbox/session.hpp"
@@ -55,6 +56,9 @@ enum class request_kind {
   session_close_stdin,  ///< `{"id","session_close_stdin":{"session"}}`
   session_close,        ///< `{"id","session_close":{"session"}}`
   service_stats,        ///< `{"id","service_stats":{}}`
+  interp_open,  ///< `{"id","interp_open":{"ticket","runtime"[,"max_lifetime_ms","idle_timeout_ms"]}}`
+  interp_execute,  ///< `{"id","interp_execute":{"session","code"[,"timeout_ms"]}}`
+  interp_close,    ///< `{"id","interp_close":{"session"}}`
 };
 
 /// A request line whose envelope is well-formed (step 1).
@@ -151,6 +155,28 @@ std::variant<session_write_line, answer> read_session_write(const request_line& 
 
 /// `session_close_stdin` and `session_close`: the session named. Refused: `invalid_request`.
 std::variant<std::string, answer> read_session_ref(const request_line& line);
+
+/// `interp_open`: the ticket and the interpreter request. Refused: `invalid_request` for the
+/// shape ("interp_open.runtime: ..."), the ticket's rejection code for the ticket.
+struct interp_open_line {
+  sandbox::ticket ticket;
+  sandbox::interpreter_request request;
+};
+std::variant<interp_open_line, answer> read_interp_open(
+    const request_line& line, const sandbox::ticket_verifier& trusted_keys);
+
+/// `interp_execute`: the interpreter named and one cell. Refused: `invalid_request`.
+struct interp_execute_line {
+  std::string session;
+  sandbox::cell_request cell;
+};
+std::variant<interp_execute_line, answer> read_interp_execute(const request_line& line);
+
+/// `interp_close`: the interpreter named. Refused: `invalid_request`.
+std::variant<std::string, answer> read_interp_close(const request_line& line);
+
+/// A cell's result as the `cell_result` answer's JSON object (docs/protocol.md).
+std::string encode_cell_result(const sandbox::cell_result& r);
 
 /// `service_stats`: an empty object. Refused: `invalid_request`.
 std::optional<answer> read_service_stats(const request_line& line);
