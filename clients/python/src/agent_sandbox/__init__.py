@@ -14,16 +14,17 @@ only. The protocol is docs/protocol.md ("Service mode").
 `error` answer, DaemonConnectionError a lost connection.
 """
 
-from .aio import AsyncClient, AsyncSession
-from .client import Client, Session
+from .aio import AsyncClient, AsyncInterpreter, AsyncSession
+from .client import Client, Interpreter, Session
 from .errors import DaemonConnectionError, LineTooLongError, ProtocolError, SandboxError
-from .types import (Code, DroppedFile, EgressAttempt, FilesOut, InputFile, OutputFile,
-                    QueueInfo, RunRequest, RunResult, RuntimeInfo, ServiceStats,
+from .types import (CellResult, Code, DroppedFile, EgressAttempt, FilesOut, InputFile, OutputFile,
+                    QueueInfo, RichOutput, RunRequest, RunResult, RuntimeInfo, ServiceStats,
                     SessionRequest, SessionResult, StreamSummary, Ticket, Usage)
 from ._wire import MAX_BLOB_PUT_BYTES, MAX_LINE_BYTES
 
 __all__ = [
-    "AsyncClient", "AsyncSession", "Client", "Session", "DaemonConnectionError",
+    "AsyncClient", "AsyncInterpreter", "AsyncSession", "Client", "Interpreter", "Session",
+    "CellResult", "RichOutput", "DaemonConnectionError",
     "LineTooLongError", "ProtocolError", "SandboxError", "Code", "DroppedFile",
     "EgressAttempt", "FilesOut", "InputFile", "OutputFile", "QueueInfo", "RunRequest",
     "RunResult", "RuntimeInfo", "ServiceStats", "SessionRequest", "SessionResult",

@@ -8,7 +8,8 @@ import json
 from typing import Any, Callable, Mapping
 
 from .errors import LineTooLongError, ProtocolError, SandboxError
-from .types import RunRequest, RunResult, ServiceStats, SessionRequest, SessionResult, Ticket
+from .types import (CellResult, RunRequest, RunResult, ServiceStats, SessionRequest,
+                    SessionResult, Ticket)
 
 #: The daemon's longest request line in bytes, without its newline (1 MiB + 64 KiB).
 MAX_LINE_BYTES = (1 << 20) + (64 << 10)
@@ -155,3 +156,31 @@ def event_chunk(event: Mapping[str, Any]) -> bytes | None:
     if event.get("eof"):
         return None
     return b64decode(event.get("stdout"), f"session {event.get('session')}: stdout")
+
+
+def interp_open_body(ticket: TicketLike, runtime: str, max_lifetime_ms: int | None,
+                     idle_timeout_ms: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"ticket": document(ticket), "runtime": runtime}
+    if max_lifetime_ms is not None:
+        body["max_lifetime_ms"] = max_lifetime_ms
+    if idle_timeout_ms is not None:
+        body["idle_timeout_ms"] = idle_timeout_ms
+    return {"interp_open": body}
+
+
+def interp_execute_body(session: str, code: str, timeout_ms: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"session": session, "code": code}
+    if timeout_ms is not None:
+        body["timeout_ms"] = timeout_ms
+    return {"interp_execute": body}
+
+
+def unwrap_interpreter(a: Mapping[str, Any]) -> str:
+    sid = member(a, "interpreter")
+    if not isinstance(sid, str):
+        raise ProtocolError("interpreter: expected a string")
+    return sid
+
+
+def unwrap_cell_result(a: Mapping[str, Any]) -> CellResult:
+    return CellResult.from_json(member(a, "cell_result"), "cell_result.")

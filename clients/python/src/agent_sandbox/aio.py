@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from . import _wire as w
 from .errors import DaemonConnectionError
-from .types import RunResult, ServiceStats, SessionResult
+from .types import CellResult, RunResult, ServiceStats, SessionResult
 
 __all__ = ["AsyncClient", "AsyncSession"]
 
@@ -108,6 +108,15 @@ class AsyncClient:
         open later) is closed as soon as its answer comes."""
         return await self._call(w.session_open_body(ticket, request),
                                 lambda a: self._register_session(w.member(a, "session")))
+
+    async def open_interpreter(self, ticket: w.TicketLike, runtime: str = "python3",
+                               max_lifetime_ms: int | None = None,
+                               idle_timeout_ms: int | None = None) -> AsyncInterpreter:
+        """Starts a live Python interpreter; as Client.open_interpreter."""
+        sid = await self._call(
+            w.interp_open_body(ticket, runtime, max_lifetime_ms, idle_timeout_ms),
+            w.unwrap_interpreter)
+        return AsyncInterpreter(self, sid)
 
     async def stats(self) -> ServiceStats:
         """The daemon's counters (`service_stats`)."""
@@ -330,3 +339,30 @@ class AsyncSession:
                 await asyncio.sleep(0.05)
                 if self._closed:
                     return
+
+
+class AsyncInterpreter:
+    """A live interpreter opened by AsyncClient.open_interpreter (see Interpreter)."""
+
+    def __init__(self, client: AsyncClient, session_id: str) -> None:
+        self._client = client
+        self.id = session_id
+        self._closed = False
+
+    async def execute(self, code: str, timeout_ms: int | None = None) -> CellResult:
+        """Runs one cell and returns its CellResult."""
+        return await self._client._call(w.interp_execute_body(self.id, code, timeout_ms),
+                                        w.unwrap_cell_result)
+
+    async def close(self) -> SessionResult:
+        """Kills the interpreter (confirmed gone) and returns its SessionResult."""
+        self._closed = True
+        return await self._client._call({"interp_close": {"session": self.id}},
+                                        w.unwrap_session_result)
+
+    async def __aenter__(self) -> AsyncInterpreter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not self._closed:
+            await self.close()

@@ -18,9 +18,9 @@ from typing import Any, Mapping
 
 from . import _wire as w
 from .errors import DaemonConnectionError
-from .types import RunResult, ServiceStats, SessionResult
+from .types import CellResult, RunResult, ServiceStats, SessionResult
 
-__all__ = ["Client", "Session"]
+__all__ = ["Client", "Session", "Interpreter"]
 
 
 class Client:
@@ -133,6 +133,17 @@ class Client:
             # comes (the session is registered first, so none of its output is kept).
             future.add_done_callback(self._abandon_open)
             raise
+
+    def open_interpreter(self, ticket: w.TicketLike, runtime: str = "python3",
+                         max_lifetime_ms: int | None = None,
+                         idle_timeout_ms: int | None = None,
+                         timeout: float | None = None) -> Interpreter:
+        """Starts a live Python interpreter (`interp_open`); the ticket must grant
+        `code.execute`. Raises SandboxError when the daemon refuses it. It belongs to this
+        connection and is closed (killed) when the connection closes."""
+        sid = self._send(w.interp_open_body(ticket, runtime, max_lifetime_ms, idle_timeout_ms),
+                         None, w.unwrap_interpreter).result(timeout)
+        return Interpreter(self, sid)
 
     def stats(self, timeout: float | None = None) -> ServiceStats:
         """The daemon's counters (`service_stats`)."""
@@ -379,3 +390,33 @@ class Session:
                 return
             except queue.Full:
                 continue
+
+
+class Interpreter:
+    """A live interpreter opened by Client.open_interpreter: cells run one at a time and
+    share their state. A context manager: leaving it closes the interpreter."""
+
+    def __init__(self, client: Client, session_id: str) -> None:
+        self._client = client
+        self.id = session_id
+        self._closed = False
+
+    def execute(self, code: str, timeout_ms: int | None = None,
+                timeout: float | None = None) -> CellResult:
+        """Runs one cell; every outcome of the cell (error, timeout, lost state) is in the
+        CellResult. SandboxError `session_not_found` once the interpreter is closed."""
+        return self._client._send(w.interp_execute_body(self.id, code, timeout_ms), None,
+                                  w.unwrap_cell_result).result(timeout)
+
+    def close(self, timeout: float | None = None) -> SessionResult:
+        """Kills the interpreter (confirmed gone) and returns its SessionResult."""
+        self._closed = True
+        return self._client._send({"interp_close": {"session": self.id}}, None,
+                                  w.unwrap_session_result).result(timeout)
+
+    def __enter__(self) -> Interpreter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._closed:
+            self.close()

@@ -28,7 +28,7 @@ from .errors import ProtocolError
 __all__ = [
     "Code", "Ticket", "InputFile", "FilesOut", "RunRequest", "StreamSummary", "OutputFile",
     "DroppedFile", "Usage", "RuntimeInfo", "EgressAttempt", "QueueInfo", "RunResult",
-    "SessionRequest", "SessionResult", "ServiceStats",
+    "SessionRequest", "SessionResult", "ServiceStats", "RichOutput", "CellResult",
 ]
 
 
@@ -574,3 +574,74 @@ class ServiceStats(_FlatAnswer):
     unwritten_bytes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
+
+
+@dataclass
+class RichOutput(_FlatAnswer):
+    """A rich output of a cell: its `mime_type` (`image/png` for a figure), the `blob` id of
+    its bytes and their size in `bytes`. Fetch the bytes with Client.get_blob."""
+
+    mime_type: str
+    blob: str
+    bytes: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CellResult:
+    """What one interpreter cell gave (docs/protocol.md, "Interpreters over the daemon").
+    `code` (`ok`, `error`, `timeout`, ...), `state` (`kept` or `lost`, from the host's
+    evidence), `session_ended`, `value` (repr of the last expression), `error` (the
+    exception's summary), the streams, files and rich outputs as blobs."""
+
+    code: str
+    state: str
+    session_ended: bool
+    message: str
+    error: str
+    value: str
+    value_truncated: bool
+    stdout: StreamSummary
+    stderr: StreamSummary
+    files_out: list[OutputFile]
+    outputs: list[RichOutput]
+    outputs_truncated: bool
+    frames_dropped: int
+    exit_code: int | None
+    signal: int | None
+    wall_ms: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when `code` is `ok`."""
+        return self.code == Code.OK
+
+    def to_json(self) -> dict[str, Any]:
+        """The cell_result object, extras included."""
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> CellResult:
+        """Decodes a cell_result; every member is required, unknown ones go to `extra`."""
+        doc = _object(doc, path)
+        p = path
+        return cls(
+            code=_get(doc, "code", (str,), p), state=_get(doc, "state", (str,), p),
+            session_ended=_get(doc, "session_ended", (bool,), p),
+            message=_get(doc, "message", (str,), p), error=_get(doc, "error", (str,), p),
+            value=_get(doc, "value", (str,), p),
+            value_truncated=_get(doc, "value_truncated", (bool,), p),
+            stdout=StreamSummary.from_json(_get(doc, "stdout", (dict,), p), f"{p}stdout."),
+            stderr=StreamSummary.from_json(_get(doc, "stderr", (dict,), p), f"{p}stderr."),
+            files_out=[OutputFile.from_json(_object(v, f"{p}files_out[{i}]."),
+                                            f"{p}files_out[{i}].")
+                       for i, v in enumerate(_get(doc, "files_out", (list,), p))],
+            outputs=[RichOutput.from_json(_object(v, f"{p}outputs[{i}]."), f"{p}outputs[{i}].")
+                     for i, v in enumerate(_get(doc, "outputs", (list,), p))],
+            outputs_truncated=_get(doc, "outputs_truncated", (bool,), p),
+            frames_dropped=_get(doc, "frames_dropped", (int,), p),
+            exit_code=_get(doc, "exit_code", (int, type(None)), p),
+            signal=_get(doc, "signal", (int, type(None)), p),
+            wall_ms=_get(doc, "wall_ms", (int,), p),
+            extra=_extra(doc, cls))
