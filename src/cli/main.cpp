@@ -80,6 +80,9 @@ constexpr const char* top_usage =
     "  mcp --ticket T.json [--config FILE]           an MCP server on stdin/stdout bound to the\n"
     "                                                ticket: tools run_code, run_tool, put_file,\n"
     "                                                get_file (docs/mcp.md)\n"
+    "  interp --ticket T.json [--runtime R]          one Python interpreter fed cells from stdin\n"
+    "                                                (separated by a line `# %%`); one JSON\n"
+    "                                                cell_result line per cell\n"
     "\n"
     "store options (every command): --state-dir DIR --image-dir DIR --blob-dir DIR\n"
     "  --cgroup-parent PATH (unprivileged hosts: a delegated cgroup subtree)\n"
@@ -106,6 +109,7 @@ constexpr std::array verbs{
     verb{"doctor", sandboxctl::cmd_doctor}, verb{"audit", sandboxctl::cmd_audit},
     verb{"ticket", sandboxctl::cmd_ticket}, verb{"receipt", sandboxctl::cmd_receipt},
     verb{"serve", sandboxctl::cmd_serve},   verb{"mcp", sandboxctl::cmd_mcp},
+    verb{"interp", sandboxctl::cmd_interp},
 };
 
 }  // namespace

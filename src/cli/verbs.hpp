@@ -27,6 +27,8 @@ int cmd_ticket(const std::vector<std::string>& args);
 int cmd_receipt(const std::vector<std::string>& args);
 /// `serve`: the service-mode daemon (serve.cpp; the daemon is src/service).
 int cmd_serve(const std::vector<std::string>& args);
+/// `interp`: one interpreter session fed cells from stdin (interp.cpp).
+int cmd_interp(const std::vector<std::string>& args);
 /// `mcp`: an MCP server over stdio bound to one ticket (mcp.cpp; the server is src/mcp).
 int cmd_mcp(const std::vector<std::string>& args);
 
