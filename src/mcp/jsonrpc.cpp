@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include "protocol/json_strict.hpp"
+
 namespace sandbox::mcp {
 namespace {
 
@@ -47,11 +49,12 @@ std::variant<message, refusal> parse_line(std::string_view line) {
     return refusal{error_line(nullptr, rpc_error::parse_error,
                               fmt::format("parse error: nested deeper than {}", max_depth))};
   }
+  // The daemon's strict reader: a duplicate key, invalid UTF-8, a byte order mark or a
+  // comment is refused, never read one way here and another way by a proxy in front.
   nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(line.begin(), line.end());
-  } catch (const nlohmann::json::exception&) {
-    return refusal{error_line(nullptr, rpc_error::parse_error, "parse error: not a JSON value")};
+  if (auto why = sandbox::detail::parse_strict(
+          line, {.max_document_bytes = max_line_bytes, .max_depth = max_depth}, j)) {
+    return refusal{error_line(nullptr, rpc_error::parse_error, "parse error: " + *why)};
   }
   if (j.is_array()) {
     return refusal{error_line(nullptr, rpc_error::invalid_request,

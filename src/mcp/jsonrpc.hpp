@@ -48,11 +48,13 @@ struct refusal {
 
 /**
  * Parses one line of stdin. Returns the message, or the error response to write: a line
- * that is not JSON, or nests deeper than `max_depth` → `parse_error`; an array (a batch: removed
- * from MCP in 2025-06-18), a non-object, "jsonrpc" other than "2.0", an id that is neither a string
- * nor an integer, a missing or non-string "method", "params" that is not an object →
- * `invalid_request`, with the request's id when it could be read and null otherwise. A notification
- * that is malformed is answered too (with id null): the client learns its line was dropped.
+ * that is not strict JSON (a duplicate key, invalid UTF-8, a byte order mark, a comment,
+ * trailing content: the daemon's reader), or nests deeper than `max_depth` → `parse_error`; an
+ * array (a batch: removed from MCP in 2025-06-18), a non-object, "jsonrpc" other than "2.0", an id
+ * that is neither a string nor an integer, a missing or non-string "method", "params" that is not
+ * an object → `invalid_request`, with the request's id when it could be read and null otherwise. A
+ * notification that is malformed is answered too (with id null): the client learns its line was
+ * dropped.
  */
 std::variant<message, refusal> parse_line(std::string_view line);
 

@@ -97,9 +97,28 @@ TEST_CASE("mcp jsonrpc: deep nesting and invalid UTF-8 never crash the framing",
   std::string quoted = R"({"jsonrpc":"2.0","id":1,"method":"ping","params":{"a":"\")" +
                        std::string(1000, '[') + R"(\""}})";
   CHECK(std::holds_alternative<message>(parse_line(quoted)));
-  // Invalid UTF-8 inside a string: nlohmann refuses it as a parse error.
+  // Invalid UTF-8 inside a string: a parse error.
   auto u = refused("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\xff\"}");
   CHECK(u["error"]["code"] == -32700);
+  // What the daemon's strict reader refuses, MCP refuses too (no parser differential with
+  // a proxy that reads the first key and not the last): duplicate keys at any depth, a byte
+  // order mark, comments, trailing content.
+  for (std::string_view dup : {
+           R"({"jsonrpc":"2.0","id":1,"method":"ping","method":"tools/call"})",
+           R"({"jsonrpc":"2.0","id":1,"id":2,"method":"ping"})",
+           R"({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"run_code",)"
+           R"("arguments":{"source":"1","source":"2"}}})",
+           "\xef\xbb\xbf{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}",
+           R"({"jsonrpc":"2.0","id":1,"method":"ping"} /* c */)",
+           R"({"jsonrpc":"2.0","id":1,"method":"ping"} {})",
+       }) {
+    auto d = refused(dup);
+    CHECK(d["id"].is_null());
+    CHECK(d["error"]["code"] == -32700);
+  }
+  CHECK(refused(R"({"jsonrpc":"2.0","id":1,"method":"ping","method":"x"})")["error"]["message"]
+            .get<std::string>()
+            .find("duplicate") != std::string::npos);
   // A method name with invalid bytes echoed in an error stays valid JSON.
   auto line = sandbox::mcp::error_line(1, sandbox::mcp::rpc_error::method_not_found,
                                        "method not found: \xff\xfe");
