@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include "protocol/base64url.hpp"
+
 namespace sandbox::detail {
 
 class interp_frame_reader {
@@ -56,47 +58,13 @@ class interp_frame_reader {
       ++dropped_;
       return;
     }
-    std::string payload;
-    if (!decode(l.substr(nonce_.size() + 3), payload)) {
+    // Standard base64, strictly (the protocol room's one codec).
+    auto payload = base64_decode(l.substr(nonce_.size() + 3));
+    if (!payload) {
       ++dropped_;
       return;
     }
-    f(l[nonce_.size() + 1], payload);
-  }
-
-  static int value(char c) noexcept {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-  }
-
-  /// Standard base64 with padding; false for anything else.
-  static bool decode(std::string_view in, std::string& out) {
-    if (in.size() % 4 != 0) return false;
-    out.reserve(in.size() / 4 * 3);
-    for (std::size_t i = 0; i < in.size(); i += 4) {
-      int v[4];
-      int pad = 0;
-      for (int k = 0; k < 4; ++k) {
-        const char c = in[i + k];
-        if (c == '=' && i + 4 == in.size() && k >= 2) {
-          v[k] = 0;
-          ++pad;
-          continue;
-        }
-        if (pad) return false;
-        v[k] = value(c);
-        if (v[k] < 0) return false;
-      }
-      const std::uint32_t n = (v[0] << 18) | (v[1] << 12) | (v[2] << 6) | v[3];
-      out.push_back(static_cast<char>(n >> 16));
-      if (pad < 2) out.push_back(static_cast<char>((n >> 8) & 0xff));
-      if (pad < 1) out.push_back(static_cast<char>(n & 0xff));
-    }
-    return true;
+    f(l[nonce_.size() + 1], *payload);
   }
 
   std::size_t max_line_;
