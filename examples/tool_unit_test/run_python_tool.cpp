@@ -136,6 +136,7 @@ std::string run_python_tool::format_reply(const sandbox::run_result& r) {
     case code::runtime_unavailable:
     case code::digest_mismatch:
     case code::internal:
+    case code::error:  // an interpreter cell's code; never a run's
       break;
   }
   return "Error: the sandbox is unavailable (" + std::string(sandbox::to_string(r.code)) + ").\n";
