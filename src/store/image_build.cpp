@@ -359,10 +359,10 @@ class builder {
             install}) {
         log_(log_level::info, "image build: apt-get " + step[3] + " in the new tree");
         // Progress from the install's lines only (update's are index downloads).
-        auto apt = detail::run_tool(
-            step, env, debootstrap_timeout, -1, 16 * 1024,
-            step[3] == "install" ? line_sink(&detail::image_build_progress_parser::apt_line)
-                                 : detail::tool_line_sink{});
+        auto apt = detail::run_tool(step, env, debootstrap_timeout, -1, 16 * 1024,
+                                    step[3] == "install"
+                                        ? line_sink(&detail::image_build_progress_parser::apt_line)
+                                        : detail::tool_line_sink{});
         detach_mounts_below(target, log_);
         if (!apt) return fail("run apt-get", apt.error());
         if (!apt->ok()) {
