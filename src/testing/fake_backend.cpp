@@ -363,6 +363,10 @@ scripted_run result_with(sandbox::code c, scripted_run base) {
       base.exit_code.reset();
       if (!base.signal) base.signal = SIGKILL;
       break;
+    case code::error:  // an interpreter cell's code; a scripted run may still use it
+      default_message("the cell raised an exception");
+      base.exit_code.reset();
+      break;
   }
   return base;
 }
