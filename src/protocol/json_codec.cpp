@@ -377,20 +377,6 @@ run_result decode_result_body(const json& doc) {
   return r;
 }
 
-ordered_json encode_stream(const stream_capture& s) {
-  ordered_json j;
-  j["summary"] = s.summary;
-  j["blob"] = s.blob;
-  j["bytes"] = s.bytes;
-  j["total_bytes"] = s.total_bytes;
-  j["truncated"] = s.truncated;
-  return j;
-}
-
-ordered_json optional_int(const std::optional<int>& v) {
-  return v ? ordered_json(*v) : ordered_json(nullptr);
-}
-
 }  // namespace
 
 boost::system::result<run_request, rejection> decode_run_request(std::string_view json_text,
@@ -436,18 +422,11 @@ std::string encode(const run_result& r) {
   j["v"] = r.v;
   j["code"] = std::string(to_string(r.code));
   j["message"] = r.message;
-  j["exit_code"] = optional_int(r.exit_code);
-  j["signal"] = optional_int(r.signal);
-  j["stdout"] = encode_stream(r.std_out);
-  j["stderr"] = encode_stream(r.std_err);
-  j["files_out"] = ordered_json::array();
-  for (const auto& f : r.files_out) {
-    ordered_json e;
-    e["name"] = f.name;
-    e["blob"] = f.blob;
-    e["bytes"] = f.bytes;
-    j["files_out"].push_back(std::move(e));
-  }
+  j["exit_code"] = detail::optional_int(r.exit_code);
+  j["signal"] = detail::optional_int(r.signal);
+  j["stdout"] = detail::encode_stream(r.std_out);
+  j["stderr"] = detail::encode_stream(r.std_err);
+  j["files_out"] = detail::encode_files_out(r.files_out);
   j["files_dropped"] = ordered_json::array();
   for (const auto& d : r.files_dropped) {
     ordered_json e;
@@ -508,6 +487,32 @@ std::string encode(const approval_request& a) {
 }
 
 namespace detail {
+
+nlohmann::ordered_json encode_stream(const stream_capture& s) {
+  ordered_json j;
+  j["summary"] = s.summary;
+  j["blob"] = s.blob;
+  j["bytes"] = s.bytes;
+  j["total_bytes"] = s.total_bytes;
+  j["truncated"] = s.truncated;
+  return j;
+}
+
+nlohmann::ordered_json encode_files_out(const std::vector<output_file>& files) {
+  auto out = ordered_json::array();
+  for (const auto& f : files) {
+    ordered_json e;
+    e["name"] = f.name;
+    e["blob"] = f.blob;
+    e["bytes"] = f.bytes;
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+nlohmann::ordered_json optional_int(const std::optional<int>& v) {
+  return v ? ordered_json(*v) : ordered_json(nullptr);
+}
 
 nlohmann::ordered_json encode_usage(const run_usage& u) {
   nlohmann::ordered_json usage;

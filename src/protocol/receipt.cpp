@@ -23,10 +23,6 @@ using nlohmann::json;
 using nlohmann::ordered_json;
 using namespace detail;
 
-ordered_json optional_int(const std::optional<int>& v) {
-  return v ? ordered_json(*v) : ordered_json(nullptr);
-}
-
 ordered_json stream_json(const receipt_stream& s) {
   ordered_json j;
   j["blob"] = s.blob;

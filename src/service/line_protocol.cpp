@@ -10,6 +10,7 @@
 #include "protocol/base64url.hpp"
 #include "protocol/display_text.hpp"
 #include "protocol/json_strict.hpp"
+#include "protocol/result_json.hpp"
 #include "protocol/text_util.hpp"
 #include "sandbox/json.hpp"
 
@@ -465,18 +466,6 @@ std::string result_with_record_line(const std::string& id, const sandbox::run_re
 
 std::string encode_cell_result(const sandbox::cell_result& r) {
   nlohmann::ordered_json j;
-  auto stream = [](const sandbox::stream_capture& c) {
-    nlohmann::ordered_json s;
-    s["summary"] = c.summary;
-    s["blob"] = c.blob;
-    s["bytes"] = c.bytes;
-    s["total_bytes"] = c.total_bytes;
-    s["truncated"] = c.truncated;
-    return s;
-  };
-  auto opt_int = [](const std::optional<int>& v) {
-    return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
-  };
   j["code"] = std::string(sandbox::to_string(r.code));
   j["state"] = std::string(sandbox::to_string(r.state));
   j["session_ended"] = r.session_ended;
@@ -484,16 +473,9 @@ std::string encode_cell_result(const sandbox::cell_result& r) {
   j["error"] = r.error;
   j["value"] = r.value;
   j["value_truncated"] = r.value_truncated;
-  j["stdout"] = stream(r.std_out);
-  j["stderr"] = stream(r.std_err);
-  j["files_out"] = nlohmann::ordered_json::array();
-  for (const auto& f : r.files_out) {
-    nlohmann::ordered_json e;
-    e["name"] = f.name;
-    e["blob"] = f.blob;
-    e["bytes"] = f.bytes;
-    j["files_out"].push_back(std::move(e));
-  }
+  j["stdout"] = detail::encode_stream(r.std_out);
+  j["stderr"] = detail::encode_stream(r.std_err);
+  j["files_out"] = detail::encode_files_out(r.files_out);
   j["outputs"] = nlohmann::ordered_json::array();
   for (const auto& o : r.outputs) {
     nlohmann::ordered_json e;
@@ -504,8 +486,8 @@ std::string encode_cell_result(const sandbox::cell_result& r) {
   }
   j["outputs_truncated"] = r.outputs_truncated;
   j["frames_dropped"] = r.frames_dropped;
-  j["exit_code"] = opt_int(r.exit_code);
-  j["signal"] = opt_int(r.signal);
+  j["exit_code"] = detail::optional_int(r.exit_code);
+  j["signal"] = detail::optional_int(r.signal);
   j["wall_ms"] = static_cast<std::int64_t>(r.usage.wall.count());
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
