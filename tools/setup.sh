@@ -114,12 +114,15 @@ if [ "$SCOPE" = all ] || [ "$LEVEL" = microvm ]; then
   "$ROOT/tools/fetch-guest-kernel.sh"
 fi
 
-# 2. Build, with the images (3.) made alongside: sandboxctl first (it builds them), then the
-#    rest of the tree while debootstrap and dpkg (one process at a time, so one core) run in
-#    the background. Their output goes to $BUILD/setup-images.log, shown when one fails.
+# 2. Build, with the images (3.) made alongside: the image builder first
+#    (bin/sandbox-image-build: `sandboxctl image build` alone, which needs only the image
+#    store's part of the library, about a third of it), then the rest of the tree while
+#    debootstrap and dpkg (one process at a time, so one core) run in the background. Their
+#    output goes to $BUILD/setup-images.log, shown when one fails.
 log "building ($PRESET)"
 cmake --preset "$PRESET" -S "$ROOT" >/dev/null
-cmake --build --preset "$PRESET" --target sandboxctl
+cmake --build --preset "$PRESET" --target sandbox-image-build
+BUILDER="$BUILD/bin/sandbox-image-build"
 
 # 3. Runtime images, built from Debian packages with debootstrap when absent (about a minute
 #    each on a first run, several for chromium and python3-data). SANDBOX_IMAGES picks which
@@ -145,7 +148,7 @@ else
 fi
 build_images() {
   for runtime in ${SANDBOX_IMAGES:-$DEFAULT_IMAGES}; do
-    if "$BUILD/bin/sandboxctl" image current "$runtime" --image-dir "$IMAGE_DIR" >/dev/null 2>&1; then
+    if "$BUILDER" --current "$runtime" --image-dir "$IMAGE_DIR" >/dev/null 2>&1; then
       log "image $runtime: present"
     else
       log "image $runtime: building with debootstrap"
@@ -160,7 +163,7 @@ build_images() {
         python3-test) packages=(--package python3 --package libpython3.11-testsuite) ;;
         *) echo "tools/setup.sh: unknown image $runtime in SANDBOX_IMAGES" >&2; return 2 ;;
       esac
-      "$BUILD/bin/sandboxctl" image build "$runtime" "${packages[@]}" --image-dir "$IMAGE_DIR"
+      "$BUILDER" "$runtime" "${packages[@]}" --image-dir "$IMAGE_DIR"
       log "image $runtime: built"
     fi
   done

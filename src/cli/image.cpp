@@ -1,12 +1,10 @@
 // `sandboxctl image`: the image store (build, import, ls, current, use, verify, rm).
 #include <filesystem>
-#include <functional>
 #include <iostream>
 
 #include "cli/cli_util.hpp"
-#include "cli/progress.hpp"
+#include "cli/image_build_verb.hpp"
 #include "cli/verbs.hpp"
-#include "store/image_build.hpp"
 
 namespace sandboxctl {
 
@@ -29,48 +27,10 @@ int cmd_image(const std::vector<std::string>& args) {
     return exit_fail;
   };
   if (verb == "build") {
-    if (a1.empty()) throw usage_error("image build: NAME missing");
-    if (packages.empty()) {
-      if (a1 == "python3")
-        packages = {"python3"};
-      else if (a1 == "node")
-        packages = {"nodejs"};
-      else
-        throw usage_error("image build: give --package for a runtime other than python3/node");
-    }
-    for (const auto& n : npm_packages) {
-      if (!sandbox::detail::is_pinned_npm_package(n)) {
-        throw usage_error(
-            fmt::format("image build: --npm {}: not an npm package pinned to one exact version "
-                        "(NAME@X.Y.Z or @SCOPE/NAME@X.Y.Z)",
-                        quote_name(n)));
-      }
-    }
-    auto store = open_images(c);
-    // Each step on stderr as it starts (a first build takes minutes): the info lines; on a
-    // terminal also a status line with the package in hand and the counts.
-    tty_progress status;
-    std::function<void(const sandbox::image_build_progress&)> progress;
-    if (status.active()) {
-      progress = [&status, name = a1](const sandbox::image_build_progress& p) {
-        std::string line = fmt::format("image {}: {}", name, p.phase);
-        if (p.done > 0)
-          line += p.total > 0 ? fmt::format(" {}/{}", p.done, p.total) : fmt::format(" {}", p.done);
-        if (!p.item.empty()) line += fmt::format(" ({})", p.item);
-        status.show(line);
-      };
-    }
-    auto digest = sandbox::build_debian_image(
-        *store, {.name = a1,
-                 .packages = packages,
-                 .npm_packages = npm_packages,
-                 .log = status.wrap(sandbox::make_stderr_log_sink(
-                     c.verbose ? sandbox::log_level::debug : sandbox::log_level::info)),
-                 .progress = progress});
-    status.clear();
-    if (!digest) return fail("build", digest.error());
-    std::cout << *digest << "\n";
-    return exit_ok;
+    image_build_args b{
+        .name = a1, .packages = packages, .npm_packages = npm_packages, .verbose = c.verbose};
+    check_image_build(b);
+    return build_image(*open_images(c), b);
   }
   if (verb == "import") {
     if (a1.empty() || a2.empty()) throw usage_error("image import: LAYOUT_DIR and NAME needed");

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "protocol/text_util.hpp"
+#include "sandbox/session.hpp"
 
 namespace sandbox {
 namespace detail {
@@ -194,6 +195,32 @@ std::string check_file_name(std::string_view name) {
     }
   }
   return detail::check_nfc(name);
+}
+
+// The wire names of session_end (sandbox/session.hpp): here, with the codec that writes them
+// (json_codec.cpp), not in the runtime room that ends sessions.
+std::string_view to_string(session_end e) noexcept {
+  switch (e) {
+    case session_end::closed:
+      return "closed";
+    case session_end::server_exited:
+      return "server_exited";
+    case session_end::idle_timeout:
+      return "idle_timeout";
+    case session_end::max_lifetime:
+      return "max_lifetime";
+    case session_end::oom:
+      return "oom";
+    case session_end::seccomp_violation:
+      return "seccomp_violation";
+    case session_end::killed:
+      return "killed";
+    case session_end::failed:
+      return "failed";
+    case session_end::ticket_expired:
+      return "ticket_expired";
+  }
+  return "failed";
 }
 
 std::string_view to_string(drop_reason r) noexcept {

@@ -18,30 +18,6 @@
 
 namespace sandbox {
 
-std::string_view to_string(session_end e) noexcept {
-  switch (e) {
-    case session_end::closed:
-      return "closed";
-    case session_end::server_exited:
-      return "server_exited";
-    case session_end::idle_timeout:
-      return "idle_timeout";
-    case session_end::max_lifetime:
-      return "max_lifetime";
-    case session_end::oom:
-      return "oom";
-    case session_end::seccomp_violation:
-      return "seccomp_violation";
-    case session_end::killed:
-      return "killed";
-    case session_end::failed:
-      return "failed";
-    case session_end::ticket_expired:
-      return "ticket_expired";
-  }
-  return "failed";
-}
-
 namespace {
 
 using open_handler =

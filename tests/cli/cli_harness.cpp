@@ -56,7 +56,12 @@ const fs::path& scratch() {
 
 outcome sandboxctl(const std::vector<std::string>& args, const std::string& input,
                    std::chrono::seconds limit) {
-  std::vector<std::string> argv_s{SANDBOXCTL_PATH};
+  return run_program(SANDBOXCTL_PATH, args, input, limit);
+}
+
+outcome run_program(const std::string& program, const std::vector<std::string>& args,
+                    const std::string& input, std::chrono::seconds limit) {
+  std::vector<std::string> argv_s{program};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
@@ -92,7 +97,7 @@ outcome sandboxctl(const std::vector<std::string>& args, const std::string& inpu
     ::close(out[0]);
     ::close(err[0]);
     errno = rc;
-    throw_errno("posix_spawn sandboxctl");
+    throw_errno("posix_spawn");
   }
 
   outcome o;

@@ -17,6 +17,12 @@ struct outcome {
   std::string err;  ///< everything written to stderr
 };
 
+/// Runs the executable `program` (an absolute path) with `args`, feeding `input` on stdin;
+/// killed after `limit`.
+outcome run_program(const std::string& program, const std::vector<std::string>& args,
+                    const std::string& input = {},
+                    std::chrono::seconds limit = std::chrono::seconds(120));
+
 /// Runs sandboxctl with `args`, feeding `input` on stdin; killed after `limit`.
 outcome sandboxctl(const std::vector<std::string>& args, const std::string& input = {},
                    std::chrono::seconds limit = std::chrono::seconds(120));

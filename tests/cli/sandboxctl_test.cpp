@@ -444,6 +444,55 @@ TEST_CASE("image: import, ls, current, verify, use, rm", "[input][image]") {
   usage_error(sandboxctl(with({"image", "frob"}, flags)), "image: expected");
 }
 
+// The set-up's image builder (sandbox-image-build, tools/setup.sh) is `image build` and
+// `image current` alone: the same store, the same answers, the same usage errors.
+TEST_CASE("sandbox-image-build: current image, usage errors", "[input][image]") {
+  const std::string store = (clitest::scratch() / "builder-store").string();
+  auto builder = [](const std::vector<std::string>& args) {
+    return clitest::run_program(SANDBOX_IMAGE_BUILD_PATH, args);
+  };
+  store_test::layout_builder layout(clitest::scratch() / "builder-layout");
+  const std::string digest =
+      layout.single({{.tar = store_test::tar_builder().file("etc/version", "1\n").finish()}});
+  REQUIRE(
+      sandboxctl({"image", "import", layout.dir().string(), "tool", "--image-dir", store}).status ==
+      0);
+
+  auto cur = builder({"--current", "tool", "--image-dir", store});
+  INFO("stderr: " << cur.err);
+  CHECK(cur.status == 0);
+  CHECK(cur.out == digest + "\n");
+  auto missing = builder({"--current", "python9", "--image-dir", store});
+  CHECK(missing.status == 1);
+  CHECK(contains(missing.err, "'python9': not found"));
+  check_no_host_path(missing.err);
+
+  // Usage errors (2), each naming what is wrong, before the store is touched.
+  const std::string untouched = (clitest::scratch() / "builder-untouched").string();
+  struct bad_case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  for (const auto& [args, says] : std::vector<bad_case>{
+           {{"python3"}, "--image-dir is required"},
+           {{"--image-dir", untouched}, "NAME missing"},
+           {{"--current", "--image-dir", untouched}, "NAME missing"},
+           {{"tools", "--image-dir", untouched}, "give --package"},
+           {{"mcp", "--package", "nodejs", "--npm", "left-pad@^1", "--image-dir", untouched},
+            "--npm 'left-pad@^1'"},
+           {{"python3", "--frob", "--image-dir", untouched}, "frob"},
+       }) {
+    auto o = builder(args);
+    std::string shown;
+    for (const auto& a : args) shown += a + " ";
+    INFO("args: " << shown << "; stderr: " << o.err);
+    CHECK(o.status == 2);
+    CHECK(contains(o.err, says));
+    CHECK(contains(o.err, "--help"));
+  }
+  CHECK_FALSE(std::filesystem::exists(untouched));
+}
+
 // --- run: real runs ([backend]) ----------------------------------------------------------
 
 TEST_CASE("run: a script with an input file and an output file", "[backend]") {
