@@ -101,7 +101,8 @@ struct runtime_options {
   /// id, the host kernel, this library's build, the cgroup layout, the level's options and
   /// the content of its binaries (the OCI runtime; QEMU, mkfs.erofs, the guest kernel and
   /// initramfs). A record that is not the effective uid's, is writable by group or others,
-  /// or does not parse is ignored and the test runs. Failures are never recorded.
+  /// or does not parse, or lies in a directory that is not the uid's and 0700 (or whose
+  /// parent others may write) is ignored and the test runs. Failures are never recorded.
   /// `probe_backends` (`sandboxctl doctor`) always tests. False: test at every start
   /// (docs/operations.md, "Start-up self-test"). Default true.
   bool reuse_self_test_verdict = true;

@@ -160,25 +160,61 @@ std::map<std::string, std::string> host_key_parts() {
 self_test_cache::self_test_cache(fs::path dir, std::string level, uid_t owner)
     : dir_(std::move(dir)), level_(std::move(level)), owner_(owner) {}
 
-std::optional<std::string> self_test_cache::untrusted_dir() const {
+std::optional<std::string> self_test_cache::open_trusted_dir(bool create, unique_fd* out) const {
+  // The directory holding it (the level's state directory): ours or root's, and writable by
+  // nobody else, or whoever may write there could put another directory in place of ours.
+  const fs::path parent = dir_.has_parent_path() ? dir_.parent_path() : fs::path(".");
+  unique_fd pfd(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!pfd) {
+    return errno == ENOENT ? std::string("no record")
+                           : fmt::format("record unreadable: {}: errno {}", parent.string(), errno);
+  }
   struct stat st {};
-  if (::lstat(dir_.c_str(), &st) != 0) return "no record";
-  if (!S_ISDIR(st.st_mode)) return "record not trusted: " + dir_.string() + " is not a directory";
+  if (::fstat(pfd.get(), &st) != 0) {
+    return fmt::format("record unreadable: fstat {}: errno {}", parent.string(), errno);
+  }
+  if (st.st_uid != owner_ && st.st_uid != 0) {
+    return fmt::format("record not trusted: {} belongs to uid {}, not {} or root", parent.string(),
+                       st.st_uid, owner_);
+  }
+  if ((st.st_mode & 022) != 0) {
+    return fmt::format("record not trusted: {} is writable by group or others (mode {:04o})",
+                       parent.string(), st.st_mode & 07777);
+  }
+  // The records' own directory: ours, and private (0700), never through a symbolic link.
+  const std::string name = dir_.filename().string();
+  if (create && ::mkdirat(pfd.get(), name.c_str(), 0700) != 0 && errno != EEXIST) {
+    return fmt::format("cannot create {}: errno {}", dir_.string(), errno);
+  }
+  unique_fd dfd(::openat(pfd.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dfd) {
+    if (errno == ENOENT) return std::string("no record");
+    if (errno == ELOOP || errno == ENOTDIR) {
+      return "record not trusted: " + dir_.string() + " is not a directory";
+    }
+    return fmt::format("record unreadable: {}: errno {}", dir_.string(), errno);
+  }
+  if (::fstat(dfd.get(), &st) != 0) {
+    return fmt::format("record unreadable: fstat {}: errno {}", dir_.string(), errno);
+  }
   if (st.st_uid != owner_) {
     return fmt::format("record not trusted: {} belongs to uid {}, not {}", dir_.string(), st.st_uid,
                        owner_);
   }
-  if ((st.st_mode & 022) != 0) {
-    return "record not trusted: " + dir_.string() + " is writable by group or others";
+  if ((st.st_mode & 077) != 0) {
+    return fmt::format("record not trusted: {} is open to group or others (mode {:04o}, not 0700)",
+                       dir_.string(), st.st_mode & 07777);
   }
+  *out = std::move(dfd);
   return std::nullopt;
 }
 
 self_test_lookup self_test_cache::lookup(const self_test_key& key) const {
   self_test_lookup out;
-  if (auto bad = untrusted_dir()) return out.why_not = *bad, out;
-  const fs::path p = path();
-  unique_fd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  unique_fd dfd;
+  if (auto bad = open_trusted_dir(/*create=*/false, &dfd)) return out.why_not = *bad, out;
+  const std::string file = level_ + ".json";
+  unique_fd fd(::openat(dfd.get(), file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (!fd) {
     out.why_not = errno == ENOENT  ? "no record"
                   : errno == ELOOP ? "record not trusted: a symbolic link"
@@ -252,12 +288,8 @@ self_test_lookup self_test_cache::lookup(const self_test_key& key) const {
 }
 
 bool self_test_cache::record_pass(const self_test_key& key, std::string* why) const {
-  if (::mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST) {
-    return *why = fmt::format("cannot create {}: errno {}", dir_.string(), errno), false;
-  }
-  if (auto bad = untrusted_dir(); bad && *bad != "no record") return *why = *bad, false;
-  auto dir = open_dir_at(AT_FDCWD, dir_.string());
-  if (!dir) return *why = "cannot open " + dir_.string() + ": " + dir.error().message(), false;
+  unique_fd dir;
+  if (auto bad = open_trusted_dir(/*create=*/true, &dir)) return *why = *bad, false;
   json files = json::object();
   for (const auto& f : key.files) {
     auto id = identity_of(f);
@@ -276,7 +308,7 @@ bool self_test_cache::record_pass(const self_test_key& key, std::string* why) co
                        {"parts", std::move(parts)},
                        {"files", std::move(files)}};
   // A new file renamed over the old one: a reader sees either whole.
-  auto written = replace_file_at(dir->get(), level_ + ".json", record.dump(2) + "\n", 0600);
+  auto written = replace_file_at(dir.get(), level_ + ".json", record.dump(2) + "\n", 0600);
   if (!written) {
     return *why = "cannot write " + path().string() + ": " + written.error().message(), false;
   }

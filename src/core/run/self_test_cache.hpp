@@ -5,8 +5,9 @@
 // its kernel, this library's build, the cgroup layout, the run machine's options, the level's
 // configuration and the files it runs (its binaries, the guest kernel) by content — and a
 // later start that computes the same key reuses it. Any difference, a record that cannot be
-// trusted (not a regular file of ours, writable by others, unreadable, malformed) or a failed
-// test means the test runs again; failures are never recorded. `sandboxctl doctor` always
+// trusted (not a regular file of ours, writable by others, unreadable, malformed; in a
+// directory that is not ours and 0700, or whose parent others may write) or a failed test
+// means the test runs again; failures are never recorded. `sandboxctl doctor` always
 // tests (docs/operations.md, "Start-up self-test").
 #pragma once
 
@@ -17,6 +18,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "sys/unique_fd.hpp"
 
 namespace sandbox::detail {
 
@@ -57,7 +60,9 @@ struct self_test_lookup {
   std::string recorded_at;  ///< when the reused pass was recorded (UTC, ISO 8601)
 };
 
-/// The records of one level, in `dir` (`<state dir>/selftest`, created 0700 on first record).
+/// The records of one level, in `dir` (`<state dir>/selftest`, created 0700 on first record;
+/// trusted only while it is the owner's, 0700, and in a directory of the owner's or root's
+/// that no one else may write).
 /// One record per level, `<level>.json`; each process reads it at start and writes it after
 /// a pass (a new file renamed over it: a reader sees the old or the new one whole).
 class self_test_cache {
@@ -66,7 +71,9 @@ class self_test_cache {
   /// the directory and the record must belong to (the effective uid).
   self_test_cache(std::filesystem::path dir, std::string level, uid_t owner);
 
-  /// Whether a trusted record of a pass under exactly `key` exists. Files whose size, inode
+  /// Whether a trusted record of a pass under exactly `key` exists (`why_not` says why not:
+  /// "no record", "record not trusted: ...", "record unreadable", "record malformed", or
+  /// the key part or file that differs). Files whose size, inode
   /// and times are as recorded are not read again; others are hashed and compared by
   /// content. Never throws but `std::bad_alloc`.
   self_test_lookup lookup(const self_test_key& key) const;
@@ -80,7 +87,10 @@ class self_test_cache {
   std::filesystem::path path() const { return dir_ / (level_ + ".json"); }
 
  private:
-  std::optional<std::string> untrusted_dir() const;
+  /// Opens `dir_` (made 0700 first when `create`) into `*out`, or says why it cannot be
+  /// trusted: its parent must belong to the owner or root and be writable by no one else,
+  /// and `dir_` itself must be a directory (not a link) of the owner's, mode 0700.
+  std::optional<std::string> open_trusted_dir(bool create, unique_fd* out) const;
   std::filesystem::path dir_;
   std::string level_;
   uid_t owner_;

@@ -159,11 +159,57 @@ TEST_CASE("self-test cache: a record that cannot be trusted is never reused", "[
     CHECK_FALSE(miss.reusable);
     CHECK(has(miss.why_not, "writable by group or others"));
   }
-  SECTION("a directory writable by others: not read, and not written") {
-    ::chmod((f.tmp.path / "selftest").c_str(), 0777);
-    CHECK(has(cache.lookup(key).why_not, "writable by group or others"));
+  SECTION("a directory that is not 0700: not read, and not written") {
+    for (mode_t mode : {0777, 0750, 0701}) {
+      INFO(mode);
+      ::chmod((f.tmp.path / "selftest").c_str(), mode);
+      auto miss = cache.lookup(key);
+      CHECK_FALSE(miss.reusable);
+      CHECK(has(miss.why_not, "is open to group or others"));
+      CHECK_FALSE(cache.record_pass(key, &why));
+      CHECK(has(why, "is open to group or others"));
+    }
+    ::chmod((f.tmp.path / "selftest").c_str(), 0700);
+    CHECK(cache.lookup(key).reusable);  // the record itself was never the problem
+  }
+  SECTION("a directory of another owner") {
+    if (::geteuid() != 0) {
+      const self_test_cache theirs(f.tmp.path / "selftest", "crun", ::geteuid() + 1);
+      CHECK(has(theirs.lookup(key).why_not, "belongs to uid"));
+    } else {
+      REQUIRE(::chown((f.tmp.path / "selftest").c_str(), 65534, 65534) == 0);
+      auto miss = cache.lookup(key);
+      CHECK_FALSE(miss.reusable);
+      CHECK(has(miss.why_not, "selftest belongs to uid 65534"));
+      CHECK_FALSE(cache.record_pass(key, &why));
+    }
+  }
+  SECTION("a directory in a parent that others may write, or that is another user's") {
+    // Whoever may write the state directory could swap in a directory of their making.
+    ::chmod(f.tmp.path.c_str(), 0777);
+    auto miss = cache.lookup(key);
+    CHECK_FALSE(miss.reusable);
+    CHECK(has(miss.why_not, f.tmp.path.string() + " is writable by group or others"));
     CHECK_FALSE(cache.record_pass(key, &why));
-    CHECK(has(why, "writable by group or others"));
+    CHECK(has(why, "is writable by group or others"));
+    ::chmod(f.tmp.path.c_str(), 0770);
+    CHECK_FALSE(cache.lookup(key).reusable);
+    ::chmod(f.tmp.path.c_str(), 0700);
+    CHECK(cache.lookup(key).reusable);
+    if (::geteuid() == 0) {
+      REQUIRE(::chown(f.tmp.path.c_str(), 65534, 65534) == 0);
+      CHECK(has(cache.lookup(key).why_not, "belongs to uid 65534, not 0 or root"));
+      REQUIRE(::chown(f.tmp.path.c_str(), 0, 0) == 0);
+      CHECK(cache.lookup(key).reusable);
+    }
+  }
+  SECTION("a symbolic link in place of the directory, even to a good one") {
+    fs::rename(f.tmp.path / "selftest", f.tmp.path / "real");
+    fs::create_symlink(f.tmp.path / "real", f.tmp.path / "selftest");
+    auto miss = cache.lookup(key);
+    CHECK_FALSE(miss.reusable);
+    CHECK(has(miss.why_not, "is not a directory"));
+    CHECK_FALSE(cache.record_pass(key, &why));
   }
   SECTION("another owner") {
     if (::geteuid() != 0) {
