@@ -3,11 +3,17 @@
 // shared and noisy: only ratios within one run mean anything).
 //
 //   build/dev/bin/sandbox_bench_cold [runs=40]
+//   build/dev/bin/sandbox_bench_cold --serve   # one run per line read on stdin
 //
 // Prints p50/p95 of: bare `/usr/bin/python3 -I -S -c 'print(1)'` (the baseline),
 // bare `/usr/bin/python3 -I <file>` (the flags the sandbox uses), and the sandboxed run split
 // into setup (before the interpreter starts), user code (wall), and host-side total
 // (call to result: includes teardown, output collection and blob storage).
+//
+// `--serve` lets another program interleave the library's cold run with its own series
+// (bench/cli_cold.sh): after the warm-up it prints "ready", then for each line on stdin runs
+// `print(1)` once and prints that run's call-to-result time in ms on a line of its own; it
+// ends at the end of stdin (status 1 after printing "error <code>" for a failed run).
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -17,6 +23,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -28,7 +35,8 @@ using bench::ms_since;
 using bench::spawn_ms;
 
 int main(int argc, char** argv) {
-  int runs = argc > 1 ? std::atoi(argv[1]) : 40;
+  const bool serve = argc > 1 && std::strcmp(argv[1], "--serve") == 0;
+  int runs = argc > 1 && !serve ? std::atoi(argv[1]) : 40;
   auto opts = sandbox::default_runtime_options();
   opts.blobs = sandbox::make_memory_blob_store();
   auto rt = sandbox::runtime::create(opts);
@@ -52,6 +60,25 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 3; ++i) {  // warm-up: page cache, reactor, cgroup parent
     rt->run(req, ticket);
     spawn_ms({"/usr/bin/python3", "-I", "-S", "-c", "print(1)"});
+  }
+  if (serve) {
+    std::printf("ready\n");
+    std::fflush(stdout);
+    char line[64];
+    while (std::fgets(line, sizeof line, stdin) != nullptr) {
+      auto t0 = clock_type::now();
+      auto r = rt->run(req, ticket);
+      const double ms = ms_since(t0);
+      if (r.code != sandbox::code::ok || r.std_out.summary != "1\n") {
+        std::printf("error %s\n", std::string(to_string(r.code)).c_str());
+        unlink(script);
+        return 1;
+      }
+      std::printf("%.3f\n", ms);
+      std::fflush(stdout);
+    }
+    unlink(script);
+    return 0;
   }
   std::vector<double> bare_s, bare_i, total, setup, wall;
   for (int i = 0; i < runs; ++i) {  // interleaved so drift hits all series alike
