@@ -618,6 +618,43 @@ TEST_CASE("run: only the levels the run can use are self-tested", "[backend]") {
   CHECK(o.err.find("container backend not registered") < o.err.find("gvisor backend"));
 }
 
+TEST_CASE("run: a process-level run with microvm enabled starts no VM", "[backend]") {
+  // The microvm level's QEMU is a script that notes every call and fails: starting the level
+  // at all (its factory asks `qemu --version` before its self-test boots a VM) leaves a line.
+  // A process-level run must leave none, and log nothing of the level.
+  const auto flags = clitest::backend_store_flags();
+  const auto calls = clitest::scratch() / "qemu-calls";
+  const auto qemu = clitest::write_scratch(
+      "fake-qemu", "#!/bin/sh\necho \"$*\" >>'" + calls.string() + "'\nexit 1\n");
+  REQUIRE(::chmod(qemu.c_str(), 0755) == 0);
+  auto config = clitest::write_scratch(
+      "microvm-enabled.json",
+      R"({"v":1,"backends":{"microvm":{"qemu_path":")" + qemu.string() + R"("}}})");
+  auto script = clitest::write_scratch("no-vm.py", "print('no vm')\n");
+  auto o =
+      sandboxctl(with({"run", "--verbose", "--config", config.string(), script.string()}, flags));
+  INFO("stderr: " << o.err);
+  CHECK(o.status == 0);
+  CHECK(o.out == "no vm\n");
+  CHECK_FALSE(std::filesystem::exists(calls));
+  CHECK_FALSE(contains(o.err, "microvm backend"));
+  CHECK_FALSE(contains(o.err, "microvm self-test"));
+  // The control: a microvm-level run with the same configuration does start the level, and
+  // is refused with the reason (as root the script was asked its version; unprivileged, the
+  // level refuses before it looks at QEMU).
+  o = sandboxctl(with(
+      {"run", "--verbose", "--config", config.string(), "--isolation", "microvm", script.string()},
+      flags));
+  INFO("stderr (microvm run): " << o.err);
+  CHECK(o.status == 1);
+  CHECK(o.out.empty());
+  CHECK(contains(o.err, "microvm backend not registered"));
+  CHECK(contains(o.err, "runtime_unavailable"));
+  if (::geteuid() == 0) {
+    CHECK(clitest::read_file(calls) == "--version\n");
+  }
+}
+
 TEST_CASE("run: the result JSON of real runs", "[backend]") {
   const auto flags = clitest::backend_store_flags();
   SECTION("a non-zero exit is still code ok, and exit status 0") {
