@@ -489,6 +489,26 @@ void run_cgroup::sample_memory() const {
   }
 }
 
+bool run_cgroup::reset_memory_peak() const {
+  if (!s_) return false;
+  const auto* m = s_->with(memory_ctrl);
+  if (m == nullptr) return false;
+  if (!m->is_v2) {
+    const int e = write_file(m->dir / "memory.max_usage_in_bytes", "0");
+    if (e != 0)
+      s_->warn(fmt::format("write(\"{}/memory.max_usage_in_bytes\", \"0\"): {}", m->dir.string(),
+                           errno_text(e)));
+    return e == 0;
+  }
+  if (s_->has_memory_peak) return false;
+  std::string text;
+  if (read_file(m->dir / "memory.current", text, small_file_max) != 0) return false;
+  auto v = parse_u64(text);
+  if (!v) return false;
+  s_->sampled_peak.store(*v, std::memory_order_relaxed);
+  return true;
+}
+
 result<cgroup_stats> run_cgroup::stats() const {
   if (!s_) return make_error_code(errc::invalid_argument);
   cgroup_stats out;

@@ -122,6 +122,12 @@ class run_cgroup {
   /// Samples memory usage for hosts without a peak counter (call periodically); a no-op
   /// where the kernel keeps a peak (memory.peak, v1 max_usage_in_bytes).
   void sample_memory() const;
+  /// Starts a new peak window: from now on the peak figure of `stats()` is the highest
+  /// usage since this call (v1: `memory.max_usage_in_bytes` written 0; v2 without
+  /// memory.peak: the sample restarts at memory.current). Returns false where the kernel's
+  /// peak cannot be reset (v2 memory.peak): the peak then stays the cgroup's whole life's.
+  /// Read `stats()` first to keep the peak so far.
+  bool reset_memory_peak() const;
   /**
    * A descriptor that becomes readable when the cgroup's OOM counter may have changed:
    * v1 an eventfd registered through cgroup.event_control on memory.oom_control; v2 an

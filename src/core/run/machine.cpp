@@ -277,7 +277,12 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
                              {.finish = [me] { me->finish(); },
                               .maybe_end_after_exit = [me] { me->maybe_end_after_exit(); },
                               .ending = [me] { return me->finishing_ || me->torn_down_; },
-                              .main_exited = [me] { return me->ev_.main_status.has_value(); }});
+                              .main_exited = [me] { return me->ev_.main_status.has_value(); },
+                              .usage = [me](bool reset) { return me->session_usage_now(reset); },
+                              .stage_inputs =
+                                  [me](const std::vector<input_file>& files, std::string& message) {
+                                    return me->stage_session_inputs(files, message);
+                                  }});
           me->prepare();
           std::weak_ptr<init_run> weak = self;
           me->activate_on_strand(me->job_, [weak](run_result r, run_detail) {
@@ -287,6 +292,61 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
             }
           });
         });
+  }
+
+  /// A live session's usage so far (session_front::hooks::usage): the run's largest
+  /// figures are taken first, so a reset of the peak never lowers the session's own.
+  std::optional<session_usage> session_usage_now(bool reset_peak) {
+    run_cgroup* cg = resources_.cgroup();
+    if (finishing_ || torn_down_ || cg == nullptr) return std::nullopt;
+    snapshot_stats();
+    session_usage u;
+    u.cpu_usec = result_.stats().cpu_usage_usec;
+    u.peak_memory_bytes = result_.stats().peak_memory_bytes;
+    if (guest_.agent() == nullptr) {
+      // The cgroup's own reading: the peak since the last reset where there was one.
+      if (auto st = cg->stats()) u.peak_memory_bytes = st->peak_memory_bytes;
+      if (reset_peak) u.peak_reset = cg->reset_memory_peak();
+    }
+    return u;
+  }
+
+  /// Adds input files to a live session (session_front::hooks::stage_inputs). Only where
+  /// the sandbox binds the host's input directory: the process and container levels; under
+  /// gVisor (its gofer caches the directory) and in a microVM (copied at boot) a later
+  /// file would not be seen.
+  sandbox::code stage_session_inputs(const std::vector<input_file>& files, std::string& message) {
+    const auto level = shared_->traits.isolation;
+    if (level != isolation::process && level != isolation::container) {
+      message = "files_in: inputs cannot be added to a live session at the " +
+                std::string(to_string(level)) + " level";
+      return sandbox::code::runtime_unavailable;
+    }
+    if (!resources_.has_workspace() || !job_.blobs) {
+      message = "the session is over";
+      return sandbox::code::internal;
+    }
+    std::size_t failed = 0;
+    auto added =
+        add_inputs(resources_.workspace(), files, *job_.blobs, job_.admitted.tenant, &failed);
+    if (added) return sandbox::code::ok;
+    const std::string at = "files_in[" + std::to_string(failed) + "]";
+    if (added.error() == make_error_code(errc::not_found)) {
+      message = at + ".blob: blob not found";
+      return sandbox::code::blob_not_found;
+    }
+    if (added.error() == make_error_code(errc::already_exists)) {
+      message = at + ".name: the session already has an input of that name";
+      return sandbox::code::invalid_request;
+    }
+    if (added.error() == make_error_code(errc::digest_mismatch)) {
+      log(log_level::error, at + ": the stored blob does not match its id");
+      message = at + ".blob: the stored blob is damaged";
+      return sandbox::code::internal;
+    }
+    log(log_level::error, at + ": copying the input failed");
+    message = "files_in: the inputs could not be staged";
+    return sandbox::code::internal;
   }
 
   /// The session's public object: it reaches this run's session front through a pointer

@@ -32,6 +32,17 @@ session_stats run_session::stats() const {
   return s;
 }
 
+void run_session::usage(bool reset_peak, session_front::usage_handler h) {
+  if (auto f = front_.lock()) return f->post_usage(f, reset_peak, std::move(h));
+  post_completion(ex_, std::move(h), boost::system::error_code(asio::error::operation_aborted),
+                  session_usage{});
+}
+
+void run_session::stage_inputs(std::vector<input_file> files, session_front::stage_handler h) {
+  if (auto f = front_.lock()) return f->post_stage_inputs(f, std::move(files), std::move(h));
+  post_completion(ex_, std::move(h), sandbox::code::internal, std::string("the session is over"));
+}
+
 void run_session::do_write(asio::const_buffer d, session_front::io_handler h) {
   if (auto f = front_.lock()) return f->post_write(f, d, std::move(h));
   gone(std::move(h));

@@ -33,6 +33,13 @@ class run_session final : public sandbox::session {
   void close_stdin() override;
   session_stats stats() const override;
 
+  /// The session's usage so far (session_front::post_usage); `operation_aborted` once it
+  /// ended. For an interpreter's per-cell figures.
+  void usage(bool reset_peak, session_front::usage_handler h);
+  /// Stages input files into the live session (session_front::post_stage_inputs); a
+  /// session that is over answers `internal`.
+  void stage_inputs(std::vector<input_file> files, session_front::stage_handler h);
+
  private:
   void do_write(boost::asio::const_buffer d, session_front::io_handler h) override;
   void do_read(boost::asio::mutable_buffer b, session_front::io_handler h) override;

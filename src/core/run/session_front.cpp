@@ -58,6 +58,30 @@ void session_front::post_close(std::shared_ptr<void> keep, close_handler h) {
       strand_, [keep = std::move(keep), this, h = std::move(h)]() mutable { close(std::move(h)); });
 }
 
+void session_front::post_usage(std::shared_ptr<void> keep, bool reset_peak, usage_handler h) {
+  asio::dispatch(strand_, [keep = std::move(keep), this, reset_peak, h = std::move(h)]() mutable {
+    std::optional<session_usage> u;
+    if (h_.usage && !result_ && !h_.ending()) u = h_.usage(reset_peak);
+    if (!u) {
+      return post_completion(ex_, std::move(h),
+                             boost::system::error_code(asio::error::operation_aborted),
+                             session_usage{});
+    }
+    post_completion(ex_, std::move(h), boost::system::error_code{}, *u);
+  });
+}
+
+void session_front::post_stage_inputs(std::shared_ptr<void> keep, std::vector<input_file> files,
+                                      stage_handler h) {
+  asio::dispatch(strand_, [keep = std::move(keep), this, files = std::move(files),
+                           h = std::move(h)]() mutable {
+    std::string message = "the session is over";
+    sandbox::code c = sandbox::code::internal;
+    if (h_.stage_inputs && !result_ && !h_.ending()) c = h_.stage_inputs(files, message);
+    post_completion(ex_, std::move(h), c, std::move(message));
+  });
+}
+
 void session_front::close(close_handler h) {
   if (result_) {
     post_completion(ex_, std::move(h), boost::system::error_code{}, *result_);

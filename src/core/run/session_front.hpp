@@ -31,6 +31,13 @@ struct session_shared {
   session_stats last;
 };
 
+/// A live session's usage so far, read on its run's strand (for an interpreter's cells).
+struct session_usage {
+  std::uint64_t cpu_usec = 0;           ///< CPU of every process of the session so far, µs
+  std::uint64_t peak_memory_bytes = 0;  ///< the peak since the last reset (or the session's)
+  bool peak_reset = false;              ///< this read started a new peak window
+};
+
 /**
  * The session-facing part of one run. The same run as any other, except: the program's
  * stdin is a pipe the host writes (sent with `go`), its stdout is read by the session's
@@ -65,7 +72,21 @@ class session_front {
     std::function<void()> maybe_end_after_exit;  ///< stdout ended or close: the run may end
     std::function<bool()> ending;                ///< the run is ending (or torn down)
     std::function<bool()> main_exited;           ///< sandbox-init reported the main's exit
+    /// The usage so far; with `true`, then starts a new peak window (run_cgroup::
+    /// reset_memory_peak). Empty when the run is ending.
+    std::function<std::optional<session_usage>(bool reset_peak)> usage;
+    /// Copies the blobs `files` (of the run's tenant; names checked by the caller) into the
+    /// run's input directory: `ok`, or a code with `message` (blob_not_found,
+    /// invalid_request for a name already there, runtime_unavailable where the level's
+    /// inputs are not live, internal).
+    std::function<sandbox::code(const std::vector<input_file>& files, std::string& message)>
+        stage_inputs;
   };
+  /// `post_usage`'s completion: `operation_aborted` once the run is ending.
+  using usage_handler =
+      boost::asio::any_completion_handler<void(boost::system::error_code, session_usage)>;
+  /// `post_stage_inputs`'s completion: the code (`ok` or why not) and a message.
+  using stage_handler = boost::asio::any_completion_handler<void(sandbox::code, std::string)>;
 
   /// `ctl` and `out` (the run's stdout reader) outlive the front. `stream`: the launcher's
   /// `stream_control`.
@@ -93,6 +114,13 @@ class session_front {
   void post_read(std::shared_ptr<void> keep, boost::asio::mutable_buffer b, io_handler h);
   void post_close_stdin(std::shared_ptr<void> keep);
   void post_close(std::shared_ptr<void> keep, close_handler h);
+  /// The session's usage so far (`hooks::usage`), from any thread; completes on the
+  /// session's executor.
+  void post_usage(std::shared_ptr<void> keep, bool reset_peak, usage_handler h);
+  /// Stages input files into the live session's input directory (`hooks::stage_inputs`),
+  /// from any thread; completes on the session's executor (`internal` once it is ending).
+  void post_stage_inputs(std::shared_ptr<void> keep, std::vector<input_file> files,
+                         stage_handler h);
 
   /// The program started: the idle clock starts and the open completes with the session.
   void started();

@@ -133,4 +133,33 @@ result<void> stage_workspace(const run_workspace& ws, std::string_view source,
   return {};
 }
 
+result<void> add_inputs(const run_workspace& ws, const std::vector<input_file>& files,
+                        const blob_store& blobs, std::string_view tenant, std::size_t* failed) {
+  int dfd = open(ws.inputs.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) return make_error_code(errc::io_error);
+  // (Writable for the copy only: an unprivileged host owns it but is no superuser.)
+  fchmod(dfd, 0755);
+  std::size_t done = 0;
+  boost::system::error_code err;
+  for (; done < files.size(); ++done) {
+    auto copied = blobs.copy_to(tenant, files[done].blob, dfd, files[done].name);
+    if (copied) continue;
+    const auto e = copied.error();
+    err = e == make_error_code(errc::not_found) || e == make_error_code(errc::digest_mismatch) ||
+                  e == make_error_code(errc::already_exists)
+              ? e
+              : make_error_code(errc::io_error);
+    if (failed != nullptr) *failed = done;
+    break;
+  }
+  if (err) {
+    for (std::size_t i = 0; i < done; ++i) unlinkat(dfd, files[i].name.c_str(), 0);
+  }
+  fchmod(dfd, 0555);
+  futimens(dfd, nullptr);
+  close(dfd);
+  if (err) return err;
+  return {};
+}
+
 }  // namespace sandbox::detail

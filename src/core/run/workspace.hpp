@@ -49,6 +49,16 @@ result<void> stage_workspace(const run_workspace& ws, std::string_view source,
                              const std::vector<input_file>& files_in, const blob_store& blobs,
                              std::string_view tenant, std::size_t* missing_blob);
 
+/**
+ * Adds input files to the `in/` of a live session's workspace (the sandbox's read-only bind
+ * of it sees them at once), copied from the blob store like `stage_workspace`'s, then makes
+ * the directory read-only again. All or nothing: on an error the files this call added are
+ * removed. Errors, with `*failed` set to the index in `files`: `not_found` (not the tenant's
+ * blob), `digest_mismatch`, `already_exists` (a file of that name is there); `io_error`.
+ */
+result<void> add_inputs(const run_workspace& ws, const std::vector<input_file>& files,
+                        const blob_store& blobs, std::string_view tenant, std::size_t* failed);
+
 /// Removes `path` and everything below it without following symlinks or crossing into other
 /// filesystems. Best effort; never throws.
 void remove_tree(const std::filesystem::path& path) noexcept;
