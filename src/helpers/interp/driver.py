@@ -199,8 +199,15 @@ def _cell(msg):
     nonce = str(msg.get("n", "")).encode()
     cap = int(msg.get("out_cap", 1 << 20))
     for fd in (1, 2):
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, 0)
+        except OSError:
+            # An earlier cell closed or replaced it: the capture file goes back in place.
+            f = os.open(_files[fd], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            if f != fd:
+                os.dup2(f, fd)
+                os.close(f)
         _caps[fd].cap, _caps[fd].total = cap, 0
     _display.items = []
     status, value, err = b"ok", None, None
