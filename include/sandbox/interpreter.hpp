@@ -59,6 +59,18 @@ struct cell_request {
   /// Unset: the policy's `default_timeout`. Clamped to the ticket's `max_timeout` and to the
   /// session's remaining lifetime. ≤ 0: `invalid_request`.
   std::optional<std::chrono::milliseconds> timeout;
+  /**
+   * Input files added to the session's input directory (`$SANDBOX_INPUT_DIR`, read-only
+   * inside) before the cell runs, by blob id only; they stay for the session's life. Checked
+   * as a run's `files_in` (names, duplicates, blob id syntax: `invalid_request`; a blob that
+   * is not the ticket's tenant's: `blob_not_found`), and the session's inputs together stay
+   * within the policy's `max_input_files` and `max_input_bytes` (`invalid_request`). A name
+   * the session already has is accepted again only for the same blob (nothing is copied);
+   * with another blob it is `invalid_request`. Refused at the gvisor and microvm levels
+   * (`runtime_unavailable`: their input directory is fixed at start). Any refusal: the cell
+   * does not run, the state is kept.
+   */
+  std::vector<input_file> files_in;
   bool operator==(const cell_request&) const = default;
 };
 
@@ -111,7 +123,14 @@ struct cell_result {
   std::uint64_t frames_dropped = 0;
   std::optional<int> exit_code;  ///< the interpreter's exit status, when it exited
   std::optional<int> signal;     ///< the signal that ended it, when one did
-  /// `wall`: from sending the cell to its answer (host clock). Other figures are 0.
+  /**
+   * From the host's evidence: `wall` from sending the cell to its answer (host clock);
+   * `cpu` the session cgroup's CPU time during the cell (every process of the session,
+   * children left from earlier cells included); `peak_memory_bytes` the cgroup's highest
+   * memory use during the cell where the host can restart the kernel's peak counter (cgroup
+   * v1, or v2 without memory.peak), else — and for a cell that ended the session — the
+   * session's peak so far. `setup` is 0. All 0 for a cell that did not run.
+   */
   run_usage usage;
   bool operator==(const cell_result&) const = default;
 };

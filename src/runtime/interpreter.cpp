@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/run/capture.hpp"
+#include "core/run/run_session.hpp"
 #include "embedded/interp_driver.hpp"
 #include "protocol/text_util.hpp"
 #include "runtime/interp_frames.hpp"
@@ -52,6 +53,16 @@ std::string new_nonce() {
   return s;
 }
 
+/// What the interpreter's spans name besides the session id.
+struct span_context {
+  std::string tenant, ticket_id, runtime, isolation;
+  std::function<void(const span&)> record;  ///< the runtime's span sink (if it still lives)
+};
+
+std::int64_t clamp64(std::uint64_t v) {
+  return static_cast<std::int64_t>(std::min<std::uint64_t>(v, INT64_MAX));
+}
+
 /// Valid UTF-8 text of at most `cap` bytes from untrusted bytes (head and tail when longer).
 std::string text_of(std::string_view bytes, std::uint32_t cap) {
   detail::stream_capture_buffer b(0, cap);
@@ -67,13 +78,16 @@ std::string text_of(std::string_view bytes, std::uint32_t cap) {
 class interp_session final : public interpreter,
                              public std::enable_shared_from_this<interp_session> {
  public:
-  interp_session(std::shared_ptr<session> s, std::shared_ptr<blob_store> blobs, std::string tenant,
+  interp_session(std::shared_ptr<session> s, std::shared_ptr<blob_store> blobs, span_context sc,
                  const policy& pol, interpreter_options opts, std::chrono::milliseconds idle,
                  std::chrono::milliseconds lifetime, std::chrono::milliseconds ceiling,
                  const boost::asio::any_io_executor& ex)
       : s_(std::move(s)),
+        run_(std::dynamic_pointer_cast<detail::run_session>(s_)),
         blobs_(std::move(blobs)),
-        tenant_(std::move(tenant)),
+        tenant_(sc.tenant),
+        spans_(std::move(sc)),
+        opened_at_(std::chrono::system_clock::now()),
         pol_(pol),
         opts_(opts),
         idle_(idle),
@@ -104,6 +118,11 @@ class interp_session final : public interpreter,
     std::optional<cell_handler> handler;
     cell_result r;
     std::chrono::steady_clock::time_point start;
+    std::chrono::system_clock::time_point started_at;  ///< for its span
+    std::chrono::milliseconds timeout{0};
+    std::uint64_t cpu0_usec = 0;        ///< the session's CPU when the cell was sent
+    bool answered = false;              ///< the driver's "z" came: no further frame counts
+    std::optional<cell_result> answer;  ///< its result, while its usage is read
     std::unique_ptr<detail::stream_capture_buffer> out, err;
     std::uint64_t out_claim = 0, err_claim = 0;
     std::string value, error;
@@ -177,29 +196,148 @@ class interp_session final : public interpreter,
       r.message = "timeout: must be > 0";
       return complete(strand_, std::move(h), {}, std::move(r));
     }
+    std::vector<input_file> to_add;
+    if (auto why = check_inputs(c.files_in, to_add, r.message)) {
+      r.code = *why;
+      record_cell_span(r, std::chrono::system_clock::now(), {});
+      return complete(strand_, std::move(h), {}, std::move(r));
+    }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         ends_at_ - std::chrono::steady_clock::now());
-    const auto timeout =
-        std::max(std::chrono::milliseconds(1),
-                 std::min({c.timeout.value_or(run_request{}.timeout), ceiling_, left}));
     idle_timer_.cancel();
     cur_ = std::make_unique<cell>();
     cur_->nonce = new_nonce();
     cur_->handler.emplace(std::move(h));
-    cur_->r.usage = {};
+    cur_->timeout = std::max(std::chrono::milliseconds(1),
+                             std::min({c.timeout.value_or(run_request{}.timeout), ceiling_, left}));
     cur_->start = std::chrono::steady_clock::now();
+    cur_->started_at = std::chrono::system_clock::now();
     cur_->out = std::make_unique<detail::stream_capture_buffer>(pol_.stream_capture_bytes,
                                                                 pol_.summary_bytes);
     cur_->err = std::make_unique<detail::stream_capture_buffer>(pol_.stream_capture_bytes,
                                                                 pol_.summary_bytes);
     frames_.expect(cur_->nonce);
     dropped_at_start_ = frames_.dropped();
+    stage_then_send(std::move(c.code), std::move(to_add));
+  }
+
+  /**
+   * A cell's `files_in` against the run's rules and the session's inputs so far: the code
+   * of a refusal (with `message`), or none, with the files still to copy in `to_add`.
+   */
+  std::optional<code> check_inputs(const std::vector<input_file>& in,
+                                   std::vector<input_file>& to_add, std::string& message) {
+    if (in.empty()) return std::nullopt;
+    if (!run_) {
+      message = "files_in: this backend's sessions cannot take inputs";
+      return code::runtime_unavailable;
+    }
+    std::map<std::string_view, std::size_t> seen;
+    std::uint64_t bytes = staged_bytes_;
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      const input_file& f = in[i];
+      const std::string at = "files_in[" + std::to_string(i) + "]";
+      if (auto why = check_file_name(f.name); !why.empty()) {
+        message = at + ".name: " + why;
+        return code::invalid_request;
+      }
+      if (auto [it, inserted] = seen.emplace(f.name, i); !inserted) {
+        message = at + ".name: duplicate of files_in[" + std::to_string(it->second) + "].name";
+        return code::invalid_request;
+      }
+      if (!is_valid_blob_id(f.blob)) {
+        message = at + ".blob: not a blob id (expected 'sha256:' and 64 lowercase hex digits)";
+        return code::invalid_request;
+      }
+      if (auto it = staged_.find(f.name); it != staged_.end()) {
+        if (it->second == f.blob) continue;  // already there, the same bytes
+        message = at + ".name: the session already has an input of that name";
+        return code::invalid_request;
+      }
+      // Another tenant's blob answers exactly like a missing one.
+      auto size = blobs_->size(tenant_, f.blob);
+      if (!size) {
+        if (size.error() == errc::io_error) {
+          message = "the blob store failed";
+          return code::internal;
+        }
+        message = at + ".blob: blob not found";
+        return code::blob_not_found;
+      }
+      bytes += *size;
+      to_add.push_back(f);
+    }
+    if (staged_.size() + to_add.size() > pol_.max_input_files) {
+      message = "files_in: the session would hold " +
+                std::to_string(staged_.size() + to_add.size()) +
+                " inputs, more than the limit of " + std::to_string(pol_.max_input_files);
+      return code::invalid_request;
+    }
+    if (bytes > pol_.max_input_bytes) {
+      message = "files_in: the session's inputs would total more than " +
+                std::to_string(pol_.max_input_bytes) + " bytes";
+      return code::invalid_request;
+    }
+    return std::nullopt;
+  }
+
+  /// 1. The cell's new inputs into the session's input directory (on the run's strand);
+  /// 2. the session's usage before the cell (its CPU, and a new peak window); 3. the cell.
+  void stage_then_send(std::string code_text, std::vector<input_file> to_add) {
+    if (to_add.empty()) return baseline_then_send(std::move(code_text));
+    const std::string nonce = cur_->nonce;
+    run_->stage_inputs(
+        to_add, boost::asio::bind_executor(strand_, [self = shared_from_this(), nonce, to_add,
+                                                     code_text = std::move(code_text)](
+                                                        code rc, std::string message) mutable {
+          if (!self->cur_ || self->cur_->nonce != nonce) return;  // session over
+          if (rc != code::ok) return self->refuse_cell(rc, std::move(message));
+          for (const auto& f : to_add) {
+            self->staged_[f.name] = f.blob;
+            if (auto n = self->blobs_->size(self->tenant_, f.blob)) {
+              self->staged_bytes_ += *n;
+            }
+          }
+          self->baseline_then_send(std::move(code_text));
+        }));
+  }
+
+  /// The running cell did not start after all (its inputs were refused): state kept.
+  void refuse_cell(code rc, std::string message) {
+    cell_result r;
+    r.code = rc;
+    r.state = interpreter_state::kept;
+    r.message = std::move(message);
+    record_cell_span(r, cur_->started_at, cur_->timeout);
+    auto h = std::move(*cur_->handler);
+    cur_.reset();
+    frames_.expect({});
+    complete(strand_, std::move(h), {}, std::move(r));
+    arm_idle();
+  }
+
+  void baseline_then_send(std::string code_text) {
+    if (!run_) return send_cell(code_text);
+    const std::string nonce = cur_->nonce;
+    run_->usage(true,
+                boost::asio::bind_executor(
+                    strand_, [self = shared_from_this(), nonce, code_text = std::move(code_text)](
+                                 boost::system::error_code ec, detail::session_usage u) {
+                      if (!self->cur_ || self->cur_->nonce != nonce) return;
+                      if (!ec) self->cur_->cpu0_usec = u.cpu_usec;
+                      self->send_cell(code_text);
+                    }));
+  }
+
+  void send_cell(const std::string& code_text) {
+    cur_->start = std::chrono::steady_clock::now();
+    cur_->started_at = std::chrono::system_clock::now();
     nlohmann::json msg{{"op", "exec"},
                        {"n", cur_->nonce},
-                       {"code", c.code},
+                       {"code", code_text},
                        {"out_cap", pol_.stream_capture_bytes}};
     send(msg.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-    cell_timer_.expires_after(timeout);
+    cell_timer_.expires_after(cur_->timeout);
     cell_timer_.async_wait(
         [self = shared_from_this(), n = cur_->nonce](boost::system::error_code ec) {
           if (!ec) self->timer_fired(n);
@@ -226,7 +364,7 @@ class interp_session final : public interpreter,
   }
 
   void timer_fired(const std::string& nonce) {
-    if (!cur_ || cur_->nonce != nonce) return;
+    if (!cur_ || cur_->nonce != nonce || cur_->answered) return;
     if (!cur_->timer_fired) {
       // 1. Our timer fired: interrupt the cell (SIGINT to the interpreter's main thread).
       cur_->timer_fired = true;
@@ -280,7 +418,7 @@ class interp_session final : public interpreter,
   }
 
   void on_frame(char kind, std::string_view p) {
-    if (!cur_) return;
+    if (!cur_ || cur_->answered) return;
     cell& c = *cur_;
     switch (kind) {
       case 'o':
@@ -389,7 +527,8 @@ class interp_session final : public interpreter,
     return r;
   }
 
-  /// The driver answered for this cell, and the sandbox is alive: state kept.
+  /// The driver answered for this cell, and the sandbox is alive: state kept. Its usage is
+  /// read from the session's cgroup before it completes.
   void finish_alive() {
     cell_timer_.cancel();
     const bool timed_out = cur_->timer_fired;
@@ -405,11 +544,91 @@ class interp_session final : public interpreter,
     } else {
       r.code = code::ok;
     }
+    cur_->answered = true;
+    cur_->answer = std::move(r);
+    frames_.expect({});
+    if (!run_) return deliver_answer({});
+    run_->usage(false, boost::asio::bind_executor(
+                           strand_, [self = shared_from_this(), nonce = cur_->nonce](
+                                        boost::system::error_code ec, detail::session_usage u) {
+                             if (!self->cur_ || self->cur_->nonce != nonce) return;
+                             self->deliver_answer(ec ? std::nullopt : std::optional(u));
+                           }));
+  }
+
+  void deliver_answer(std::optional<detail::session_usage> u) {
+    cell_result r = std::move(*cur_->answer);
+    if (u) {
+      r.usage.cpu = std::chrono::milliseconds(
+          (u->cpu_usec > cur_->cpu0_usec ? u->cpu_usec - cur_->cpu0_usec : 0) / 1000);
+      r.usage.peak_memory_bytes = u->peak_memory_bytes;
+    }
+    record_cell_span(r, cur_->started_at, cur_->timeout);
     auto h = std::move(*cur_->handler);
     cur_.reset();
-    frames_.expect({});
     complete(strand_, std::move(h), {}, std::move(r));
     arm_idle();
+  }
+
+  /// The cell's span (`sandbox.cell`): the session's id, the cell's number, its code, state
+  /// and usage, from the host's evidence as the result is.
+  void record_cell_span(const cell_result& r, std::chrono::system_clock::time_point start,
+                        std::chrono::milliseconds timeout) {
+    ++cells_;
+    if (r.state == interpreter_state::lost) state_lost_ = true;
+    if (!spans_.record) return;
+    try {
+      span sp;
+      sp.name = "sandbox.cell";
+      sp.start = start;
+      sp.end = std::chrono::system_clock::now();
+      auto& a = sp.attributes;
+      a["sandbox.run_id"] = s_->id();
+      a["sandbox.tenant"] = spans_.tenant;
+      a["sandbox.ticket_id"] = spans_.ticket_id;
+      a["sandbox.runtime"] = spans_.runtime;
+      a["sandbox.isolation"] = spans_.isolation;
+      a["sandbox.cell.index"] = static_cast<std::int64_t>(cells_);
+      a["sandbox.cell.state"] = std::string(to_string(r.state));
+      a["sandbox.cell.session_ended"] = r.session_ended;
+      a["sandbox.cell.frames_dropped"] = clamp64(r.frames_dropped);
+      a["sandbox.timeout"] = static_cast<std::int64_t>(timeout.count());
+      a["error_code"] = std::string(to_string(r.code));
+      a["sandbox.usage.wall_ms"] = static_cast<std::int64_t>(r.usage.wall.count());
+      a["sandbox.usage.cpu_ms"] = static_cast<std::int64_t>(r.usage.cpu.count());
+      a["sandbox.usage.peak_memory_bytes"] = clamp64(r.usage.peak_memory_bytes);
+      if (r.exit_code) a["sandbox.exit_code"] = static_cast<std::int64_t>(*r.exit_code);
+      spans_.record(sp);
+    } catch (...) {
+      // (A span lost to an allocation failure costs nothing else.)
+    }
+  }
+
+  /// The interpreter session's span (`sandbox.interpreter`), once, at its end: how it
+  /// ended, how many cells ran and whether one of them lost the state.
+  void record_session_span(const session_result& r) {
+    if (!spans_.record) return;
+    try {
+      span sp;
+      sp.name = "sandbox.interpreter";
+      sp.start = opened_at_;
+      sp.end = std::chrono::system_clock::now();
+      auto& a = sp.attributes;
+      a["sandbox.run_id"] = s_->id();
+      a["sandbox.tenant"] = spans_.tenant;
+      a["sandbox.ticket_id"] = spans_.ticket_id;
+      a["sandbox.runtime"] = spans_.runtime;
+      a["sandbox.isolation"] = spans_.isolation;
+      a["sandbox.session.end"] = std::string(to_string(r.end));
+      a["sandbox.interpreter.cells"] = static_cast<std::int64_t>(cells_);
+      a["sandbox.interpreter.state"] = std::string(state_lost_ ? "lost" : "kept");
+      a["error_code"] = std::string(to_string(r.result.code));
+      a["sandbox.usage.wall_ms"] = static_cast<std::int64_t>(r.result.usage.wall.count());
+      a["sandbox.usage.cpu_ms"] = static_cast<std::int64_t>(r.result.usage.cpu.count());
+      a["sandbox.usage.peak_memory_bytes"] = clamp64(r.result.usage.peak_memory_bytes);
+      spans_.record(sp);
+    } catch (...) {
+    }
   }
 
   /// Ends the session (idempotent): `then` gets its closing record; a running cell
@@ -438,6 +657,17 @@ class interp_session final : public interpreter,
       r.result.code = code::timeout;
     }
     closed_ = r;
+    if (cur_ && cur_->answered) {
+      // The driver had answered; the session ended while its usage was read.
+      cell_result c = std::move(*cur_->answer);
+      c.state = interpreter_state::lost;
+      c.session_ended = true;
+      c.message = "the session ended as the cell completed";
+      record_cell_span(c, cur_->started_at, cur_->timeout);
+      auto h = std::move(*cur_->handler);
+      cur_.reset();
+      complete(strand_, std::move(h), {}, std::move(c));
+    }
     if (cur_) {
       const bool killed = cur_->killing;
       close_item();
@@ -461,17 +691,33 @@ class interp_session final : public interpreter,
         c.code = r.result.code == code::ok ? code::internal : r.result.code;
         c.message = "the sandbox ended (" + std::string(to_string(r.end)) + ")";
       }
+      // The session's figures at its end: CPU since the cell was sent, the session's peak.
+      const auto cpu_usec = static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(r.result.usage.cpu).count());
+      c.usage.cpu = std::chrono::milliseconds(
+          (cpu_usec > cur_->cpu0_usec ? cpu_usec - cur_->cpu0_usec : 0) / 1000);
+      c.usage.peak_memory_bytes = r.result.usage.peak_memory_bytes;
+      record_cell_span(c, cur_->started_at, cur_->timeout);
       auto h = std::move(*cur_->handler);
       cur_.reset();
       complete(strand_, std::move(h), {}, std::move(c));
     }
+    record_session_span(r);
     auto waiting = std::move(waiting_close_);
     for (auto& w : waiting) w(r);
   }
 
   std::shared_ptr<session> s_;
+  /// The run machine's session (usage, inputs); null for another backend's.
+  std::shared_ptr<detail::run_session> run_;
   std::shared_ptr<blob_store> blobs_;
   std::string tenant_;
+  span_context spans_;
+  std::chrono::system_clock::time_point opened_at_;
+  std::uint64_t cells_ = 0;
+  bool state_lost_ = false;
+  std::map<std::string, std::string> staged_;  ///< inputs added so far: name → blob
+  std::uint64_t staged_bytes_ = 0;
   policy pol_;
   interpreter_options opts_;
   std::chrono::milliseconds idle_;
@@ -592,18 +838,24 @@ void runtime::do_open_interpreter(interpreter_request request, ticket t, open_ha
   //    is off (a cell may run silently for long): the interpreter keeps its own, between
   //    cells.
   auto caller_ex = boost::asio::get_associated_executor(handler, ex);
-  const std::string tenant = t.tenant();
+  span_context sc{.tenant = t.tenant(),
+                  .ticket_id = t.id(),
+                  .runtime = request.runtime,
+                  .isolation = std::string(to_string(chosen->isolation())),
+                  .record = [weak = std::weak_ptr<detail::runtime_impl>(impl)](const span& sp) {
+                    if (auto rt = weak.lock()) rt->record_span(sp);
+                  }};
   const auto ceiling = std::min(t.max_timeout(), pol.max_timeout);
   const auto iopts = impl->interpreters();
   detail::start_session(
       impl, t, std::move(chosen), std::move(job), lifetime, 64 * 1024,
-      [impl, h = std::make_shared<open_handler>(std::move(handler)), caller_ex, tenant, pol, iopts,
+      [impl, h = std::make_shared<open_handler>(std::move(handler)), caller_ex, sc, pol, iopts,
        idle, lifetime, ceiling](boost::system::error_code ec, session_start st) mutable {
         interpreter_start out{.interpreter = nullptr, .code = st.code, .message = st.message};
         if (st.session) {
           auto i =
-              std::make_shared<interp_session>(std::move(st.session), impl->blobs(), tenant, pol,
-                                               iopts, idle, lifetime, ceiling, impl->executor());
+              std::make_shared<interp_session>(std::move(st.session), impl->blobs(), sc, pol, iopts,
+                                               idle, lifetime, ceiling, impl->executor());
           i->start();
           out.interpreter = std::move(i);
         }
