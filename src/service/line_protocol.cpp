@@ -388,13 +388,24 @@ std::variant<interp_execute_line, answer> read_interp_execute(const request_line
   interp_execute_line r;
   try {
     detail::as_object(op, "interp_execute");
-    detail::check_known_fields(op, "interp_execute", {"session", "code", "timeout_ms"});
+    detail::check_known_fields(op, "interp_execute", {"session", "code", "timeout_ms", "files_in"});
     r.session = detail::as_string(detail::require_member(op, "interp_execute", "session"),
                                   "interp_execute.session");
     r.cell.code = detail::as_string(detail::require_member(op, "interp_execute", "code"),
                                     "interp_execute.code");
     if (const json* v = detail::find_member(op, "timeout_ms")) {
       r.cell.timeout = positive_ms(*v, "interp_execute.timeout_ms");
+    }
+    if (const json* v = detail::find_member(op, "files_in")) {
+      const json& a = detail::as_array(*v, "interp_execute.files_in");
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        const std::string p = detail::index_path("interp_execute.files_in", i);
+        const json& f = detail::as_object(a[i], p);
+        detail::check_known_fields(f, p, {"name", "blob"});
+        r.cell.files_in.push_back(
+            {.name = detail::as_string(detail::require_member(f, p, "name"), p + ".name"),
+             .blob = detail::as_string(detail::require_member(f, p, "blob"), p + ".blob")});
+      }
     }
   } catch (const detail::decode_error& e) {
     return invalid(line.id, e.what());
@@ -489,6 +500,8 @@ std::string encode_cell_result(const sandbox::cell_result& r) {
   j["exit_code"] = detail::optional_int(r.exit_code);
   j["signal"] = detail::optional_int(r.signal);
   j["wall_ms"] = static_cast<std::int64_t>(r.usage.wall.count());
+  j["cpu_ms"] = static_cast<std::int64_t>(r.usage.cpu.count());
+  j["peak_memory_bytes"] = r.usage.peak_memory_bytes;
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

@@ -57,7 +57,7 @@ enum class request_kind {
   session_close,        ///< `{"id","session_close":{"session"}}`
   service_stats,        ///< `{"id","service_stats":{}}`
   interp_open,  ///< `{"id","interp_open":{"ticket","runtime"[,"max_lifetime_ms","idle_timeout_ms"]}}`
-  interp_execute,  ///< `{"id","interp_execute":{"session","code"[,"timeout_ms"]}}`
+  interp_execute,  ///< `{"id","interp_execute":{"session","code"[,"timeout_ms","files_in"]}}`
   interp_close,    ///< `{"id","interp_close":{"session"}}`
 };
 

@@ -52,6 +52,27 @@ TEST_CASE("an interpreter through the daemon keeps state; other connections cann
   CHECK(r2["cell_result"]["code"] == "ok");
   CHECK(r2["cell_result"]["value"] == "42");
   CHECK(r2["cell_result"]["session_ended"] == false);
+  // Usage from the host's evidence, on the line.
+  CHECK(r2["cell_result"]["cpu_ms"].is_number_integer());
+  CHECK(r2["cell_result"]["peak_memory_bytes"].get<std::uint64_t>() > 0);
+
+  // files_in: a malformed entry is the line's error; a blob the tenant lacks is the cell's.
+  c.send(line(
+      {{"id", "f1"},
+       {"interp_execute", {{"session", sid}, {"code", "1"}, {"files_in", {{{"name", "a"}}}}}}}));
+  const json f1 = c.answer();
+  INFO(f1.dump());
+  CHECK(f1["error"]["code"] == "invalid_request");
+  CHECK(f1["error"]["message"] == "interp_execute.files_in[0].blob: required field is missing");
+  c.send(line({{"id", "f2"},
+               {"interp_execute",
+                {{"session", sid},
+                 {"code", "1"},
+                 {"files_in", {{{"name", "a"}, {"blob", "sha256:" + std::string(64, 'b')}}}}}}}));
+  const json f2 = c.answer();
+  INFO(f2.dump());
+  CHECK(f2["cell_result"]["code"] == "blob_not_found");
+  CHECK(f2["cell_result"]["state"] == "kept");
 
   // Strict decoding: an unknown field is refused.
   c.send(line({{"id", "bad"}, {"interp_execute", {{"session", sid}, {"code", "1"}, {"x", 1}}}}));
