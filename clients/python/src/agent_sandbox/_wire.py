@@ -5,11 +5,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from .errors import LineTooLongError, ProtocolError, SandboxError
-from .types import (CellResult, RunRequest, RunResult, ServiceStats, SessionRequest,
-                    SessionResult, Ticket)
+from .types import (CellResult, InputFile, RunRequest, RunResult, ServiceStats,
+                    SessionRequest, SessionResult, Ticket)
 
 #: The daemon's longest request line in bytes, without its newline (1 MiB + 64 KiB).
 MAX_LINE_BYTES = (1 << 20) + (64 << 10)
@@ -168,10 +168,15 @@ def interp_open_body(ticket: TicketLike, runtime: str, max_lifetime_ms: int | No
     return {"interp_open": body}
 
 
-def interp_execute_body(session: str, code: str, timeout_ms: int | None) -> dict[str, Any]:
+def interp_execute_body(session: str, code: str, timeout_ms: int | None,
+                        files_in: Sequence[InputFile | Mapping[str, Any]] | None = None
+                        ) -> dict[str, Any]:
     body: dict[str, Any] = {"session": session, "code": code}
     if timeout_ms is not None:
         body["timeout_ms"] = timeout_ms
+    if files_in:
+        body["files_in"] = [f.to_json() if isinstance(f, InputFile) else dict(f)
+                            for f in files_in]
     return {"interp_execute": body}
 
 

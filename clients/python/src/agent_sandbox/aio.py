@@ -11,11 +11,11 @@ import contextlib
 import itertools
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from . import _wire as w
 from .errors import DaemonConnectionError
-from .types import CellResult, RunResult, ServiceStats, SessionResult
+from .types import CellResult, InputFile, RunResult, ServiceStats, SessionResult
 
 __all__ = ["AsyncClient", "AsyncSession"]
 
@@ -112,11 +112,12 @@ class AsyncClient:
     async def open_interpreter(self, ticket: w.TicketLike, runtime: str = "python3",
                                max_lifetime_ms: int | None = None,
                                idle_timeout_ms: int | None = None) -> AsyncInterpreter:
-        """Starts a live Python interpreter; as Client.open_interpreter."""
-        sid = await self._call(
+        """Starts a live Python interpreter; as Client.open_interpreter. Cancelled while
+        waiting (asyncio.wait_for, say), the interpreter (should it open later) is closed as
+        soon as its answer comes."""
+        return await self._call(
             w.interp_open_body(ticket, runtime, max_lifetime_ms, idle_timeout_ms),
-            w.unwrap_interpreter)
-        return AsyncInterpreter(self, sid)
+            lambda a: AsyncInterpreter(self, w.unwrap_interpreter(a)))
 
     async def stats(self) -> ServiceStats:
         """The daemon's counters (`service_stats`)."""
@@ -205,6 +206,9 @@ class AsyncClient:
                 elif isinstance(value, AsyncSession):  # its open_session was cancelled
                     value._closed = True
                     asyncio.create_task(self._close_quietly(value))
+                elif isinstance(value, AsyncInterpreter):  # its open_interpreter was cancelled
+                    value._closed = True
+                    asyncio.create_task(self._close_interpreter_quietly(value))
         except (OSError, ValueError) as e:
             failure = DaemonConnectionError(f"reading from the sandbox daemon failed: {e}")
         self._fail(failure)
@@ -213,6 +217,10 @@ class AsyncClient:
         with contextlib.suppress(Exception):
             await session.close()
         self._sessions.pop(session.id, None)
+
+    async def _close_interpreter_quietly(self, interpreter: AsyncInterpreter) -> None:
+        with contextlib.suppress(Exception):
+            await interpreter.close()
 
     def _fail(self, failure: DaemonConnectionError) -> None:
         if self._failure is None:
@@ -349,10 +357,12 @@ class AsyncInterpreter:
         self.id = session_id
         self._closed = False
 
-    async def execute(self, code: str, timeout_ms: int | None = None) -> CellResult:
-        """Runs one cell and returns its CellResult."""
-        return await self._client._call(w.interp_execute_body(self.id, code, timeout_ms),
-                                        w.unwrap_cell_result)
+    async def execute(self, code: str, timeout_ms: int | None = None,
+                      files_in: Sequence[InputFile | Mapping[str, Any]] | None = None
+                      ) -> CellResult:
+        """Runs one cell and returns its CellResult (`files_in` as Interpreter.execute)."""
+        return await self._client._call(
+            w.interp_execute_body(self.id, code, timeout_ms, files_in), w.unwrap_cell_result)
 
     async def close(self) -> SessionResult:
         """Kills the interpreter (confirmed gone) and returns its SessionResult."""

@@ -14,11 +14,11 @@ import queue
 import socket
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from . import _wire as w
 from .errors import DaemonConnectionError
-from .types import CellResult, RunResult, ServiceStats, SessionResult
+from .types import CellResult, InputFile, RunResult, ServiceStats, SessionResult
 
 __all__ = ["Client", "Session", "Interpreter"]
 
@@ -140,10 +140,18 @@ class Client:
                          timeout: float | None = None) -> Interpreter:
         """Starts a live Python interpreter (`interp_open`); the ticket must grant
         `code.execute`. Raises SandboxError when the daemon refuses it. It belongs to this
-        connection and is closed (killed) when the connection closes."""
-        sid = self._send(w.interp_open_body(ticket, runtime, max_lifetime_ms, idle_timeout_ms),
-                         None, w.unwrap_interpreter).result(timeout)
-        return Interpreter(self, sid)
+        connection and is closed (killed) when the connection closes.
+
+        After `timeout` seconds without the answer it raises TimeoutError; should the
+        interpreter open later, this client closes it (kill-and-confirm) as soon as the answer
+        arrives, so a timed-out open leaves no live interpreter behind."""
+        future = self._send(w.interp_open_body(ticket, runtime, max_lifetime_ms, idle_timeout_ms),
+                            None, lambda a: Interpreter(self, w.unwrap_interpreter(a)))
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.add_done_callback(self._abandon_interpreter)
+            raise
 
     def stats(self, timeout: float | None = None) -> ServiceStats:
         """The daemon's counters (`service_stats`)."""
@@ -219,6 +227,21 @@ class Client:
             except Exception:  # noqa: BLE001 - nobody waits for it; the connection may be gone
                 with self._lock:
                     self._sessions.pop(session.id, None)
+
+        # Not in the reader thread: a close waits for the reader to bring its answer.
+        threading.Thread(target=close_quietly, daemon=True).start()
+
+    def _abandon_interpreter(self, future: concurrent.futures.Future[Any]) -> None:
+        """Done-callback of a timed-out open_interpreter: closes the interpreter it opened."""
+        if future.cancelled() or future.exception() is not None:
+            return
+        interpreter = future.result()
+
+        def close_quietly() -> None:
+            try:
+                interpreter.close(timeout=600)
+            except Exception:  # noqa: BLE001 - nobody waits for it; the connection may be gone
+                pass
 
         # Not in the reader thread: a close waits for the reader to bring its answer.
         threading.Thread(target=close_quietly, daemon=True).start()
@@ -402,11 +425,16 @@ class Interpreter:
         self._closed = False
 
     def execute(self, code: str, timeout_ms: int | None = None,
-                timeout: float | None = None) -> CellResult:
+                timeout: float | None = None,
+                files_in: Sequence[InputFile | Mapping[str, Any]] | None = None) -> CellResult:
         """Runs one cell; every outcome of the cell (error, timeout, lost state) is in the
-        CellResult. SandboxError `session_not_found` once the interpreter is closed."""
-        return self._client._send(w.interp_execute_body(self.id, code, timeout_ms), None,
-                                  w.unwrap_cell_result).result(timeout)
+        CellResult. `files_in`: blobs of the ticket's tenant (InputFile or {"name", "blob"})
+        added to the interpreter's `$SANDBOX_INPUT_DIR` before the cell runs, for the rest
+        of its life; a refusal (`invalid_request`, `blob_not_found`) is the CellResult's code
+        and the cell does not run. SandboxError `session_not_found` once the interpreter is
+        closed."""
+        return self._client._send(w.interp_execute_body(self.id, code, timeout_ms, files_in),
+                                  None, w.unwrap_cell_result).result(timeout)
 
     def close(self, timeout: float | None = None) -> SessionResult:
         """Kills the interpreter (confirmed gone) and returns its SessionResult."""

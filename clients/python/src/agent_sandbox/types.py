@@ -592,7 +592,9 @@ class CellResult:
     """What one interpreter cell gave (docs/protocol.md, "Interpreters over the daemon").
     `code` (`ok`, `error`, `timeout`, ...), `state` (`kept` or `lost`, from the host's
     evidence), `session_ended`, `value` (repr of the last expression), `error` (the
-    exception's summary), the streams, files and rich outputs as blobs."""
+    exception's summary), the streams, files and rich outputs as blobs, and the cell's
+    usage from the host's evidence: `wall_ms`, `cpu_ms` (the session's CPU during the cell)
+    and `peak_memory_bytes`."""
 
     code: str
     state: str
@@ -610,6 +612,8 @@ class CellResult:
     exit_code: int | None
     signal: int | None
     wall_ms: int
+    cpu_ms: int
+    peak_memory_bytes: int
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -644,4 +648,6 @@ class CellResult:
             exit_code=_get(doc, "exit_code", (int, type(None)), p),
             signal=_get(doc, "signal", (int, type(None)), p),
             wall_ms=_get(doc, "wall_ms", (int,), p),
+            cpu_ms=_get(doc, "cpu_ms", (int,), p),
+            peak_memory_bytes=_get(doc, "peak_memory_bytes", (int,), p),
             extra=_extra(doc, cls))
