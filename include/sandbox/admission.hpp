@@ -14,6 +14,7 @@
 #include "sandbox/policy.hpp"
 #include "sandbox/protocol.hpp"
 #include "sandbox/registry.hpp"
+#include "sandbox/secrets.hpp"
 #include "sandbox/ticket.hpp"
 
 namespace sandbox {
@@ -40,6 +41,9 @@ struct host_catalog {
   };
   /// Registered tools by name (`runtime_options::tools`).
   std::map<std::string, tool> tools;
+  /// The host's secrets by name (`runtime_options::secrets`, checked, their values loaded):
+  /// where each may go, never its value.
+  std::map<std::string, secret_definition> secrets;
   bool operator==(const host_catalog&) const = default;
 };
 
@@ -84,15 +88,19 @@ struct admitted {
  *    without `network`, or empty with it, an entry that is not an egress pattern
  *    (`egress[i]: …`), more than `max_egress_patterns` distinct ones; memory below the
  *    policy minimum, bad `files_in` (count, names, duplicates, blob id syntax), bad
- *    `files_out`, `env` names not allowed, bad `runtime_digest` syntax; the message names
- *    the field.
+ *    `files_out`, `env` names not allowed, bad `runtime_digest` syntax; `secrets` without
+ *    `network` or in a tool run, a name that is not a secret name, a duplicate, more than
+ *    `max_secrets`; the message names the field.
  * 2. `source_too_large` — `source` longer than `policy.max_source_bytes` (never truncated).
  * 3. `action_denied` — the ticket is expired at `now` ("ticket expired"); no
  *    `code.execute`; `network` without `code.network`; a canonical egress pattern the
  *    ticket's `egress` does not cover (`egress_subset`; the message names the first one); a
  *    ticket derived from an approval (`ticket::approval()`) and a request that is not the
  *    approved run (runtime, source or inputs differ); the ticket's memory ceiling is below
- *    the policy's minimum.
+ *    the policy's minimum; a secret the ticket does not grant ("secrets: the ticket does not
+ *    grant the secret 'x'") or this host does not define (`catalog.secrets`: "secrets: no
+ *    secret 'x' on this host"), checked also pending approval (an approval never adds a
+ *    secret); under an approved ticket, a secret the approval does not show.
  * 4. `invalid_request` — runtime name not configured on this host.
  * 5. `runtime_unavailable` — no backend at the ticket's level or stronger (a network run
  *    needs `container` or stronger: the process level never gets the host's network); or

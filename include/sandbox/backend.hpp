@@ -23,6 +23,7 @@
 #include "sandbox/code.hpp"
 #include "sandbox/policy.hpp"
 #include "sandbox/protocol.hpp"
+#include "sandbox/secrets.hpp"
 #include "sandbox/session.hpp"
 
 namespace sandbox {
@@ -30,6 +31,20 @@ namespace sandbox {
 /// The runtimes every host knows: `python3` and `node` (images built by
 /// `sandboxctl image build`).
 std::vector<runtime_spec> default_runtimes();
+
+/**
+ * A host-held secret one run uses (`run_job::secrets`; sandbox/secrets.hpp). The program
+ * gets only `placeholder`, in the environment variable `secret_env_name(name)`; the value
+ * stays in the host process, for the run's egress proxy.
+ */
+struct run_secret {
+  std::string name;              ///< the secret's name
+  std::string placeholder;       ///< random per run: "sbx-secret-" and 32 lowercase hex digits
+  secret_definition definition;  ///< where the value may go and the header that carries it
+  /// The value (shared, read-only: never copied into anything a run returns).
+  std::shared_ptr<const std::string> value;
+  bool operator==(const run_secret&) const = default;
+};
 
 /// One admitted run, handed to a backend.
 struct run_job {
@@ -45,6 +60,9 @@ struct run_job {
   /// workspace as the `runtime.source_name` file (in place of a source) and opened as fd 0;
   /// EOF after it. Unset: fd 0 is /dev/null.
   std::optional<std::string> stdin_bytes;
+  /// The host-held secrets the run uses (`admitted.request.secrets`, in that order), each
+  /// with the placeholder made for this run. Empty for runs without secrets.
+  std::vector<run_secret> secrets;
   /// The runtime's executor. Backends without an executor of their own (the fake) run their
   /// timers on it, so nothing of a run outlives the execution context it belongs to.
   boost::asio::any_io_executor executor;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "sandbox/code.hpp"
+#include "sandbox/secrets.hpp"
 
 namespace sandbox {
 
@@ -62,6 +63,14 @@ struct run_request {
   /// them (lower case, no trailing dot, duplicates dropped) and rejects the request as
   /// `invalid_request` naming the entry when one is malformed.
   std::vector<std::string> egress;
+  /**
+   * Host-held secrets the run uses (sandbox/secrets.hpp), by name: at most `max_secrets`,
+   * each a valid secret name, no duplicates; only with `network` (else invalid_request). The
+   * ticket must grant each (`ticket_spec::secrets`) and the host must define it, else
+   * action_denied naming it. The run never holds a value: its environment variable
+   * `secret_env_name(name)` holds a random placeholder made for the run.
+   */
+  std::vector<std::string> secrets;
   std::vector<input_file> files_in;  ///< at most 16 entries (policy)
   output_limits files_out;           ///< caps on returned output files
   /// Memory limit of the whole run (every process, tmpfs pages included). Default 256 MiB;
@@ -208,6 +217,10 @@ struct approval_request {
   /// much as its inputs do (a URL, a query), so a run under the approval must carry exactly
   /// these. Empty when the request set none.
   std::map<std::string, std::string> env;
+  /// The host-held secrets the run asks for (`run_request::secrets`, in its order): each
+  /// name, the domains it may be sent to and the header that would carry it, never the value.
+  /// A run under the approval may use these or fewer. Empty when the request names none.
+  std::vector<approval_secret> secrets;
   /// The level the run will get (at least `container`: network never runs weaker).
   sandbox::isolation isolation = sandbox::isolation::container;
   runtime_info runtime;  ///< runtime name and its installed image digest

@@ -123,6 +123,12 @@ struct runtime_options {
   /// Network runs' egress proxy (pinned names, ports, per-run budgets;
   /// sandbox/backend_options.hpp).
   egress_proxy_options egress;
+  /// Host-held secrets by name (`is_valid_secret_name`; at most `max_secrets`;
+  /// sandbox/secrets.hpp): each checked by `check_secret_definition` and its value read from
+  /// its file when the runtime is created (a definition or file refused: `create` fails with
+  /// `invalid_argument`, logged naming the secret and why, never the value). Tickets grant
+  /// them and requests name them; a run sees only a placeholder. Empty (the default): none.
+  std::map<std::string, secret_definition> secrets;
   std::shared_ptr<span_sink> spans;  ///< receives one span per run; may be null
   log_sink log;                      ///< host log lines; empty: warnings and errors to stderr
   /// Long-lived sessions (sandbox/session.hpp): their lifetime, idle and buffer limits. The

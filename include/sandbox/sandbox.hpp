@@ -16,6 +16,7 @@
 #include "sandbox/receipt.hpp"
 #include "sandbox/record.hpp"
 #include "sandbox/runtime.hpp"
+#include "sandbox/secrets.hpp"
 #include "sandbox/session.hpp"
 #include "sandbox/signed_ticket.hpp"
 #include "sandbox/span.hpp"

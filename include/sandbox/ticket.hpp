@@ -111,6 +111,15 @@ struct ticket_spec {
    * `invalid_request` ("ticket.profile: …").
    */
   std::string profile;
+  /**
+   * Host-held secrets runs under this ticket may name (`run_request::secrets`;
+   * sandbox/secrets.hpp): secret names (`is_valid_secret_name`), at most `max_secrets`,
+   * duplicates dropped (wire: `"secrets":["rates-api"]`). Only the names: the values stay
+   * with the host, which also decides where each may be sent. A run uses them only with the
+   * network (the ticket's own `code.network`, or an approval, which may narrow them). Empty
+   * (the default): none.
+   */
+  std::vector<std::string> secrets;
   bool operator==(const ticket_spec&) const = default;
 };
 
@@ -173,6 +182,15 @@ class ticket {
   }
   /// The tools the ticket lets runs pick (see `ticket_spec::tools`).
   const std::vector<std::string>& tools() const noexcept { return spec_.tools; }
+  /// The host-held secrets the ticket grants, by name (see `ticket_spec::secrets`).
+  const std::vector<std::string>& secrets() const noexcept { return spec_.secrets; }
+  /// True when the ticket grants the secret named `name`.
+  bool allows_secret(std::string_view name) const noexcept {
+    for (const auto& s : spec_.secrets) {
+      if (s == name) return true;
+    }
+    return false;
+  }
   /// The ticket's workload profile name (see `ticket_spec::profile`); empty: none.
   const std::string& profile() const noexcept { return spec_.profile; }
   /// Minimum isolation level for runs under this ticket.
@@ -234,6 +252,9 @@ struct derive_options {
   /// The domains approved: canonical patterns, each within the request's `domains`
   /// (`egress_subset`), non-empty. `std::nullopt` (the default): all the requested domains.
   std::optional<std::vector<std::string>> domains;
+  /// The secrets approved, by name: each among the approval's `secrets` (and so granted by
+  /// the parent). `std::nullopt` (the default): all the approval's; an empty list: none.
+  std::optional<std::vector<std::string>> secrets;
 };
 
 /// Mints tickets. Whoever holds an issuer decides what runs; keep it with the code that
@@ -259,8 +280,9 @@ class ticket_issuer {
    * (`options.domains`, default all of `approval.domains`; never more), isolation
    * max(parent's, `container`), ceilings min(parent's, the approval's timeout and memory
    * limit), `runtime_digest` pinned to `approval.runtime.digest`, expiry
-   * min(now + `options.ttl`, parent's expiry), the parent's `profile`, no `tools`, and
-   * `approval()` = `approval`.
+   * min(now + `options.ttl`, parent's expiry), the parent's `profile`, no `tools`, the
+   * approved `secrets` (`options.secrets`, default all of the approval's; each must be
+   * granted by the parent), and `approval()` = `approval`.
    *
    *     auto derived = issuer.derive(parent, *result.approval);  // a human said yes
    *     rt.async_run(request, *derived, handler);                // resume
@@ -270,8 +292,9 @@ class ticket_issuer {
    * chain would exceed `max_ticket_ancestors`, the approval is malformed (no or invalid
    * domains, a timeout or memory limit of 0, a runtime digest that is not `sha256:` and 64
    * lowercase hex, hashes that are not 64 lowercase hex), `options.domains` is empty or
-   * not within the requested ones, `options.ttl` is out of range, or `options.id` is
-   * malformed.
+   * not within the requested ones, `options.secrets` names one the approval does not, a
+   * secret of the approval is not granted by the parent, `options.ttl` is out of range, or
+   * `options.id` is malformed.
    */
   result<ticket> derive(const ticket& parent, const approval_request& approval,
                         derive_options options = {}) const;
@@ -307,6 +330,8 @@ std::string encode(const ticket& t);
  *    `runtime_digest` pin, when set, kept; the parent's `profile` exactly (profiles are
  *    named limit sets whose sizes only the host knows, so a child never switches to a larger
  *    one); every tool in `tools` granted by the parent (`"*"` only under a parent with `"*"`);
+ *    every secret in `secrets` granted by the parent and, for a child answering an
+ *    approval, named by the approval;
  * 3. an expiry, no later than the parent's (when it has one) and at most `max_derived_ttl`
  *    after `now`;
  * 4. the network grant: a child with `code.network` under a parent with it allows no domain

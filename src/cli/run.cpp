@@ -237,7 +237,7 @@ boost::system::result<sandbox::ticket, sandbox::rejection> local_ticket(const sa
 int cmd_run(const std::vector<std::string>& args) {
   common_flags c;
   std::string request_path, runtime, out_dir, script, tool, stdin_file;
-  std::vector<std::string> files, env, allow_env, egress;
+  std::vector<std::string> files, env, allow_env, egress, secrets;
   std::string timeout_text, memory_text, isolation_text;
   bool json = false, force = false, network = false;
   auto d = common_options(c);
@@ -263,7 +263,10 @@ int cmd_run(const std::vector<std::string>& args) {
       "(needs code.network on the ticket for them, and container isolation or stronger)")(
       "egress", po::value(&egress),
       "a host name (or *.suffix) a --network run may reach (repeatable)")(
-      "tool", po::value(&tool), "run this registered tool (--config's tools) instead of a SCRIPT")(
+      "secret", po::value(&secrets),
+      "a host-held secret (--config's secrets) the --network run uses by its placeholder "
+      "(repeatable)")("tool", po::value(&tool),
+                      "run this registered tool (--config's tools) instead of a SCRIPT")(
       "stdin-file", po::value(&stdin_file),
       "--tool only: the tool's standard input, byte for byte ('-' = stdin)")(
       "out-dir", po::value(&out_dir), "write output files here")(
@@ -344,7 +347,8 @@ int cmd_run(const std::vector<std::string>& args) {
     if (timeout_ms) req.timeout = std::chrono::milliseconds(*timeout_ms);
     if (memory) req.memory_limit_bytes = *memory;
     req.network = network;
-    req.egress = egress;  // admission checks them (and that they come with --network)
+    req.egress = egress;    // admission checks them (and that they come with --network)
+    req.secrets = secrets;  // likewise: granted by the ticket, defined by --config
     for (const auto& e : env) {
       auto eq = e.find('=');
       if (eq == std::string::npos || eq == 0) {

@@ -118,6 +118,30 @@ std::optional<rejection> check_tool_fields(const run_request& r, const policy& p
   return std::nullopt;
 }
 
+/// Step 1 for `secrets`: only in a code run with `network`; names valid, no duplicates, at
+/// most `max_secrets`.
+std::optional<rejection> check_secrets(const run_request& r) {
+  if (r.secrets.empty()) return std::nullopt;
+  if (!r.tool.empty()) return invalid("secrets: a tool run takes no secrets");
+  if (!r.network) return invalid("secrets: only a request with network may use secrets");
+  if (r.secrets.size() > max_secrets) {
+    return invalid("secrets: " + std::to_string(r.secrets.size()) +
+                   " names, more than the limit of " + std::to_string(max_secrets));
+  }
+  for (std::size_t i = 0; i < r.secrets.size(); ++i) {
+    const std::string path = "secrets[" + std::to_string(i) + "]";
+    if (!is_valid_secret_name(r.secrets[i])) {
+      return invalid(path + ": not a secret name ([a-z0-9-], starting with a letter): " +
+                     quote_for_message(r.secrets[i]));
+    }
+    if (std::find(r.secrets.begin(), r.secrets.begin() + static_cast<std::ptrdiff_t>(i),
+                  r.secrets[i]) != r.secrets.begin() + static_cast<std::ptrdiff_t>(i)) {
+      return invalid(path + ": duplicate " + quote_for_message(r.secrets[i]));
+    }
+  }
+  return std::nullopt;
+}
+
 /// Step 1: request syntax and ranges. `egress` receives the canonical egress list.
 std::optional<rejection> check_request(const run_request& r, const policy& p,
                                        std::vector<std::string>& egress) {
@@ -126,6 +150,7 @@ std::optional<rejection> check_request(const run_request& r, const policy& p,
   if (r.runtime.empty() && r.tool.empty()) return invalid("runtime: must not be empty");
   if (r.timeout.count() <= 0) return invalid("timeout_ms: must be greater than 0");
   if (auto rej = check_egress(r, egress)) return rej;
+  if (auto rej = check_secrets(r)) return rej;
   if (r.memory_limit_bytes < p.min_memory_bytes) {
     return invalid("memory_limit_bytes: below the minimum of " +
                    std::to_string(p.min_memory_bytes));
@@ -178,6 +203,18 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
         return rejection{code::action_denied,
                          "egress: " + quote_for_message(p) + " is not allowed by the ticket"};
       }
+    }
+  }
+  // Secrets: each granted by the ticket (pending approval too: an approval only narrows the
+  // parent's), then defined on this host.
+  for (const auto& name : request.secrets) {
+    if (!ticket.allows_secret(name)) {
+      return rejection{code::action_denied,
+                       "secrets: the ticket does not grant the secret " + quote_for_message(name)};
+    }
+    if (!catalog.secrets.contains(name)) {
+      return rejection{code::action_denied,
+                       "secrets: no secret " + quote_for_message(name) + " on this host"};
     }
   }
   if (const auto& approval = ticket.approval()) {

@@ -529,6 +529,44 @@ void decode_egress(const json& v, const std::string& path, egress_proxy_options&
   });
 }
 
+/// The `secrets` section: name → {file, domains, header}; replaces the whole map.
+void decode_secrets(const json& v, const std::string& path,
+                    std::map<std::string, secret_definition>& out) {
+  const json& o = as_object(v, path);
+  if (o.size() > max_secrets) {
+    fail(path, std::to_string(o.size()) + " secrets, more than the limit of " +
+                   std::to_string(max_secrets));
+  }
+  std::map<std::string, secret_definition> next;
+  for (const auto& [name, entry] : o.items()) {
+    const std::string p = path + "[" + detail::quote_for_message(name) + "]";
+    if (!is_valid_secret_name(name)) {
+      fail(p, "not a secret name (1 to 64 characters of [a-z0-9-], starting with a letter)");
+    }
+    const json& e = as_object(entry, p);
+    // The one mistake worth its own message: a value written into the document.
+    if (e.contains("value")) {
+      fail(member_path(p, "value"),
+           "a secret's value is never inline: put it in a root-only file (mode 0600) and name "
+           "that file in 'file'");
+    }
+    check_known_fields(e, p, {"file", "domains", "header"});
+    secret_definition d;
+    d.file = as_string(detail::require_member(e, p, "file"), member_path(p, "file"));
+    const std::string dp = member_path(p, "domains");
+    const json& domains = as_array(detail::require_member(e, p, "domains"), dp);
+    if (domains.size() > 4 * max_egress_patterns) fail(dp, "too many patterns");
+    for (std::size_t i = 0; i < domains.size(); ++i)
+      d.domains.push_back(as_string(domains[i], index_path(dp, i)));
+    d.header = as_string(detail::require_member(e, p, "header"), member_path(p, "header"));
+    if (auto problem = check_secret_definition(d)) {
+      throw detail::decode_error(p + "." + *problem);
+    }
+    next.emplace(name, std::move(d));
+  }
+  out = std::move(next);
+}
+
 }  // namespace
 
 boost::system::result<void, rejection> apply_config(std::string_view text,
@@ -542,7 +580,7 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
     detail::check_version(o);
     check_known_fields(o, "",
                        {"v", "scheduler", "warm_pool", "policy", "backends", "egress", "runtimes",
-                        "tools", "sessions"});
+                        "tools", "sessions", "secrets"});
     runtime_options next = options;  // applied only when everything decodes
     optional_field(o, "", "scheduler", [&](const json& x, const std::string& p) {
       decode_scheduler(x, p, next.scheduler);
@@ -565,6 +603,9 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
     });
     optional_field(o, "", "sessions", [&](const json& x, const std::string& p) {
       decode_sessions(x, p, next.sessions);
+    });
+    optional_field(o, "", "secrets", [&](const json& x, const std::string& p) {
+      decode_secrets(x, p, next.secrets);
     });
     // A pool class must be one a request can be: its limits within the policy in force.
     auto check_pool = [&](const std::vector<warm_pool_class>& pool, const std::string& where) {

@@ -75,10 +75,10 @@ input_file decode_input_file(const json& v, const std::string& path) {
 run_request decode_request_body(const json& doc) {
   const json& o = as_object(doc, "");
   detail::check_version(o);
-  check_known_fields(
-      o, "",
-      {"v", "runtime", "source", "timeout_ms", "network", "files_in", "files_out",
-       "memory_limit_bytes", "env", "runtime_digest", "egress", "tool", "stdin", "stdin_blob"});
+  check_known_fields(o, "",
+                     {"v", "runtime", "source", "timeout_ms", "network", "files_in", "files_out",
+                      "memory_limit_bytes", "env", "runtime_digest", "egress", "secrets", "tool",
+                      "stdin", "stdin_blob"});
   run_request r;
   // A tool run names `tool` instead of `runtime` and `source` (admission refuses both).
   optional_member(o, "", "tool",
@@ -131,6 +131,16 @@ run_request decode_request_body(const json& doc) {
     r.egress.reserve(a.size());
     for (std::size_t i = 0; i < a.size(); ++i)
       r.egress.push_back(as_string(a[i], index_path(p, i)));
+  });
+  optional_member(o, "", "secrets", [&](const json& v, const std::string& p) {
+    const json& a = as_array(v, p);
+    // Bounded here so that a huge list costs nothing; admission checks names and count.
+    if (a.size() > 4 * max_secrets) {
+      detail::fail(p, std::to_string(a.size()) + " names, more than the limit of " +
+                          std::to_string(max_secrets));
+    }
+    for (std::size_t i = 0; i < a.size(); ++i)
+      r.secrets.push_back(as_string(a[i], index_path(p, i)));
   });
   return r;
 }
@@ -396,6 +406,7 @@ std::string encode(const run_request& r) {
   j["timeout_ms"] = static_cast<std::int64_t>(r.timeout.count());
   j["network"] = r.network;
   if (!r.egress.empty()) j["egress"] = r.egress;
+  if (!r.secrets.empty()) j["secrets"] = r.secrets;
   j["files_in"] = ordered_json::array();
   for (const auto& f : r.files_in) {
     ordered_json e;

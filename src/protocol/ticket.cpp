@@ -18,6 +18,7 @@
 #include "protocol/ticket_json.hpp"
 #include "sandbox/egress.hpp"
 #include "sandbox/policy.hpp"
+#include "sandbox/secrets.hpp"
 
 namespace sandbox {
 namespace detail {
@@ -104,6 +105,26 @@ std::optional<std::string> canonicalize_tools(std::vector<std::string>& tools) {
   return std::nullopt;
 }
 
+/// Checks a ticket's or request's `secrets` (names, at most `max_secrets`) and drops
+/// duplicates (order kept). Returns the first problem as "secrets[i]: …" / "secrets: …".
+std::optional<std::string> canonicalize_secrets(std::vector<std::string>& secrets) {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < secrets.size(); ++i) {
+    if (!is_valid_secret_name(secrets[i])) {
+      return "secrets[" + std::to_string(i) +
+             "]: not a secret name ([a-z0-9-], starting with a letter): " +
+             quote_for_message(secrets[i]);
+    }
+    if (std::find(out.begin(), out.end(), secrets[i]) == out.end()) out.push_back(secrets[i]);
+  }
+  if (out.size() > max_secrets) {
+    return "secrets: " + std::to_string(out.size()) + " names, more than the limit of " +
+           std::to_string(max_secrets);
+  }
+  secrets = std::move(out);
+  return std::nullopt;
+}
+
 /// The first problem with `spec` for a ticket that does (`network`) or does not grant
 /// `code.network`, as "<field>: <reason>" in the JSON form's field names. Normalizes `spec`
 /// (canonical egress, expiry rounded down to the second).
@@ -127,6 +148,7 @@ std::optional<std::string> check_spec(ticket_spec& spec, bool network) {
     return "egress: only a ticket granting code.network may list domains";
   }
   if (auto problem = canonicalize_tools(spec.tools)) return problem;
+  if (auto problem = canonicalize_secrets(spec.secrets)) return problem;
   if (!spec.profile.empty() && !is_valid_registry_name(spec.profile)) {
     return "profile: must be 1 to 64 characters of [a-z0-9._-], starting with a letter or digit";
   }
@@ -266,6 +288,34 @@ std::optional<std::string> approval_problem(const approval_request& a) {
   }
   if (a.timeout.count() <= 0) return "timeout_ms: must be greater than 0";
   if (a.memory_limit_bytes == 0) return "memory_limit_bytes: must be greater than 0";
+  if (a.secrets.size() > max_secrets) {
+    return "secrets: more than " + std::to_string(max_secrets) + " secrets";
+  }
+  for (std::size_t i = 0; i < a.secrets.size(); ++i) {
+    const std::string path = "secrets[" + std::to_string(i) + "]";
+    const auto& sec = a.secrets[i];
+    if (!is_valid_secret_name(sec.name)) {
+      return path + ".name: not a secret name: " + quote_for_message(sec.name);
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (a.secrets[j].name == sec.name) return path + ".name: duplicate";
+    }
+    if (sec.domains.empty() || sec.domains.size() > max_egress_patterns) {
+      return path + ".domains: 1 to " + std::to_string(max_egress_patterns) + " patterns";
+    }
+    for (std::size_t j = 0; j < sec.domains.size(); ++j) {
+      const auto c = canonical_egress_pattern(sec.domains[j]);
+      if (!c || *c != sec.domains[j]) {
+        return path + ".domains[" + std::to_string(j) +
+               "]: not a canonical egress pattern: " + quote_for_message(sec.domains[j]);
+      }
+    }
+    if (sec.header.empty() || sec.header.size() > 256 ||
+        std::any_of(sec.header.begin(), sec.header.end(),
+                    [](char c) { return c <= 0x20 || c > 0x7e || c == ':'; })) {
+      return path + ".header: must be an HTTP field name";
+    }
+  }
   std::set<std::string_view> names;
   for (std::size_t i = 0; i < a.files_in.size(); ++i) {
     const std::string path = "files_in[" + std::to_string(i) + "]";
@@ -308,6 +358,16 @@ ordered_json approval_to_json(const approval_request& a) {
     j["env"] = ordered_json::object();
     for (const auto& [k, v] : a.env) j["env"][k] = v;
   }
+  if (!a.secrets.empty()) {
+    j["secrets"] = ordered_json::array();
+    for (const auto& sec : a.secrets) {
+      ordered_json e;
+      e["name"] = sec.name;
+      e["domains"] = sec.domains;
+      e["header"] = sec.header;
+      j["secrets"].push_back(std::move(e));
+    }
+  }
   j["isolation"] = std::string(to_string(a.isolation));
   j["runtime"] = {{"name", a.runtime.name}, {"digest", a.runtime.digest}};
   return j;
@@ -318,9 +378,10 @@ approval_request approval_from_json(const json& v, const std::string& path) {
   using detail::member_path;
   using detail::require_member;
   const json& o = as_object(v, path);
-  check_known_fields(o, path,
-                     {"ticket_id", "tenant", "domains", "timeout_ms", "memory_limit_bytes",
-                      "files_in", "source_sha256", "source_bytes", "env", "isolation", "runtime"});
+  check_known_fields(
+      o, path,
+      {"ticket_id", "tenant", "domains", "timeout_ms", "memory_limit_bytes", "files_in",
+       "source_sha256", "source_bytes", "env", "secrets", "isolation", "runtime"});
   auto field = [&](std::string_view key) { return member_path(path, key); };
   approval_request a;
   a.ticket_id = as_string(require_member(o, path, "ticket_id"), field("ticket_id"));
@@ -364,6 +425,27 @@ approval_request approval_from_json(const json& v, const std::string& path) {
       a.env.emplace(name, as_string(value, p + "[" + quote_for_message(name) + "]"));
     }
   }
+  if (const json* secrets = detail::find_member(o, "secrets")) {
+    const std::string p = field("secrets");
+    const json& list = as_array(*secrets, p);
+    if (list.size() > max_secrets) fail(p, "more than " + std::to_string(max_secrets) + " secrets");
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const std::string sp = index_path(p, i);
+      const json& e = as_object(list[i], sp);
+      check_known_fields(e, sp, {"name", "domains", "header"});
+      approval_secret sec;
+      sec.name = as_string(require_member(e, sp, "name"), member_path(sp, "name"));
+      const std::string dp = member_path(sp, "domains");
+      const json& d = as_array(require_member(e, sp, "domains"), dp);
+      if (d.size() > max_egress_patterns) {
+        fail(dp, "more than " + std::to_string(max_egress_patterns) + " patterns");
+      }
+      for (std::size_t j = 0; j < d.size(); ++j)
+        sec.domains.push_back(as_string(d[j], index_path(dp, j)));
+      sec.header = as_string(require_member(e, sp, "header"), member_path(sp, "header"));
+      a.secrets.push_back(std::move(sec));
+    }
+  }
   {
     const std::string p = field("isolation");
     const std::string name = as_string(require_member(o, path, "isolation"), p);
@@ -398,6 +480,12 @@ std::optional<std::string> approval_mismatch(const run_request& request,
   if (request.env != approval.env) {
     return "env: not the environment the ticket's approval is for";
   }
+  for (const auto& name : request.secrets) {
+    if (std::none_of(approval.secrets.begin(), approval.secrets.end(),
+                     [&](const approval_secret& s) { return s.name == name; })) {
+      return "secrets: " + quote_for_message(name) + " is not among the approved secrets";
+    }
+  }
   for (std::size_t i = 0; i < request.files_in.size(); ++i) {
     const auto& f = request.files_in[i];
     const auto& a = approval.files_in[i];
@@ -429,16 +517,17 @@ ordered_json ticket_to_json(const ticket& t) {
   if (t.approval()) j["approval"] = approval_to_json(*t.approval());
   if (!t.tools().empty()) j["tools"] = t.tools();
   if (!t.profile().empty()) j["profile"] = t.profile();
+  if (!t.secrets().empty()) j["secrets"] = t.secrets();
   return j;
 }
 
 ticket ticket_from_json(const json& doc, const std::string& path) {
   const json& o = as_object(doc, path);
   check_nested_version(o, path);
-  check_known_fields(
-      o, path,
-      {"v", "id", "tenant", "actions", "isolation", "max_timeout_ms", "max_memory_bytes",
-       "runtime_digest", "egress", "expires_at", "derived_from", "approval", "tools", "profile"});
+  check_known_fields(o, path,
+                     {"v", "id", "tenant", "actions", "isolation", "max_timeout_ms",
+                      "max_memory_bytes", "runtime_digest", "egress", "expires_at", "derived_from",
+                      "approval", "tools", "profile", "secrets"});
   auto field = [&](std::string_view key) { return member_path(path, key); };
   ticket_spec spec;
   spec.id = as_string(require_member(o, path, "id"), field("id"));
@@ -533,6 +622,18 @@ ticket ticket_from_json(const json& doc, const std::string& path) {
     spec.profile = as_string(*profile, field("profile"));
     if (spec.profile.empty()) fail(field("profile"), "must not be empty (leave it out)");
   }
+  if (const json* secrets = find_member(o, "secrets")) {
+    const std::string p = field("secrets");
+    const json& a = as_array(*secrets, p);
+    // Bounded before canonicalizing (check_spec: at most max_secrets distinct names).
+    if (a.size() > 4 * max_secrets) {
+      fail(p, std::to_string(a.size()) + " names, more than the limit of " +
+                  std::to_string(max_secrets));
+    }
+    for (std::size_t i = 0; i < a.size(); ++i)
+      spec.secrets.push_back(as_string(a[i], index_path(p, i)));
+    if (spec.secrets.empty()) fail(p, "must not be empty (leave it out)");
+  }
   if (auto problem = check_spec(spec, network)) throw decode_error(at_path(path, *problem));
   if (approval) {
     // An approval belongs to a derived ticket and names its parent and tenant.
@@ -591,6 +692,21 @@ result<ticket> ticket_issuer::derive(const ticket& parent, const approval_reques
   // approval is for one code run).
   spec.profile = parent.profile();
   spec.egress = std::move(domains);
+  // Secrets: the approved ones (default all the approval shows), each granted by the parent.
+  for (const auto& sec : approval.secrets) {
+    if (!parent.allows_secret(sec.name)) return bad;
+  }
+  if (options.secrets) {
+    for (const auto& name : *options.secrets) {
+      if (std::none_of(approval.secrets.begin(), approval.secrets.end(),
+                       [&](const approval_secret& s) { return s.name == name; })) {
+        return bad;
+      }
+    }
+    spec.secrets = *options.secrets;
+  } else {
+    for (const auto& sec : approval.secrets) spec.secrets.push_back(sec.name);
+  }
   time_point expiry = chrono::floor<chrono::seconds>(saturating_add(now, options.ttl));
   if (parent.expires_at() && *parent.expires_at() < expiry) expiry = *parent.expires_at();
   spec.expires_at = expiry;
@@ -653,6 +769,16 @@ std::optional<std::string> check_derivation(const ticket& parent, const ticket& 
     // ("*" is allowed by a parent only when the parent lists "*" itself.)
     if (!parent.allows_tool(t)) {
       return "tools: " + quote_for_message(t) + " is not granted by the parent";
+    }
+  }
+  for (const auto& name : child.secrets()) {
+    if (!parent.allows_secret(name)) {
+      return "secrets: " + quote_for_message(name) + " is not granted by the parent";
+    }
+    if (const auto& a = child.approval();
+        a && std::none_of(a->secrets.begin(), a->secrets.end(),
+                          [&](const approval_secret& s) { return s.name == name; })) {
+      return "secrets: " + quote_for_message(name) + " was not approved";
     }
   }
   // 3. Short-lived, and never outliving the parent.

@@ -34,6 +34,7 @@
 #include <variant>
 
 #include "backends/levels.hpp"
+#include "core/egress/secret_file.hpp"
 #include "protocol/sha256.hpp"
 #include "protocol/text_util.hpp"
 #include "runtime/runtime_impl.hpp"
@@ -273,6 +274,7 @@ error_code runtime_impl::init(runtime_options o) noexcept {
     if (auto ec = open_stores(o)) return ec;
     if (auto ec = resolve_runtimes(o)) return ec;
     if (auto ec = resolve_tools(o)) return ec;
+    if (auto ec = resolve_secrets(o)) return ec;
     log_clamped_profiles();
     register_levels(o);
     return {};
@@ -462,6 +464,58 @@ error_code runtime_impl::resolve_tools(const runtime_options& o) {
                                                       .unusable = std::move(unusable)});
   }
   return {};
+}
+
+error_code runtime_impl::resolve_secrets(const runtime_options& o) {
+  const auto bad = make_error_code(errc::invalid_argument);
+  if (o.secrets.size() > max_secrets) {
+    log(log_level::error, "secrets: more than " + std::to_string(max_secrets) + " secrets");
+    return bad;
+  }
+  for (const auto& [name, def] : o.secrets) {
+    const std::string where = "secrets[" + detail::quote_for_message(name) + "]";
+    if (!is_valid_secret_name(name)) {
+      log(log_level::error, where + ": not a secret name");
+      return bad;
+    }
+    secret_definition d = def;
+    if (auto problem = check_secret_definition(d)) {
+      log(log_level::error, where + "." + *problem);
+      return bad;
+    }
+    // The value stays in this process; the message names the file, never its content.
+    auto read = detail::read_secret_file(d.file, ::geteuid());
+    if (!read.problem.empty()) {
+      log(log_level::error,
+          where + ".file: " + detail::quote_for_message(d.file, 256) + " " + read.problem);
+      return bad;
+    }
+    secret_values_.emplace(name, std::make_shared<const std::string>(std::move(read.value)));
+    catalog_.secrets.emplace(name, std::move(d));
+  }
+  return {};
+}
+
+std::optional<std::vector<run_secret>> runtime_impl::run_secrets(const admitted& a) const {
+  std::vector<run_secret> out;
+  for (const auto& name : a.request.secrets) {
+    const auto v = secret_values_.find(name);
+    std::optional<secret_definition> def;
+    {
+      std::lock_guard lk(mu_);
+      if (auto d = catalog_.secrets.find(name); d != catalog_.secrets.end()) def = d->second;
+    }
+    if (v == secret_values_.end() || !def) return std::nullopt;
+    // 128 random bits: the program can neither guess another run's placeholder nor find a
+    // value from it; the proxy recognizes it byte for byte.
+    auto hex = detail::random_hex(16);
+    if (!hex) return std::nullopt;
+    out.push_back(run_secret{.name = name,
+                             .placeholder = "sbx-secret-" + *hex,
+                             .definition = std::move(*def),
+                             .value = v->second});
+  }
+  return out;
 }
 
 error_code runtime_impl::check_open_files_limit() {
@@ -706,6 +760,14 @@ void runtime_impl::record_span(const run_op& op, error_code ec,
     a["sandbox.egress_attempts"] =
         static_cast<std::int64_t>(r.egress_attempts.size() + r.egress_attempts_dropped);
     a["sandbox.oom_kills"] = static_cast<std::int64_t>(r.oom_kills);
+    // Host-held secrets: how many the run used, and how often it sent a placeholder where its
+    // value may not go (egress attempts refused "secret_misuse"; never a name or value).
+    if (!op.request().secrets.empty()) {
+      a["sandbox.secrets"] = static_cast<std::int64_t>(op.request().secrets.size());
+      a["sandbox.secret_misuse"] = static_cast<std::int64_t>(
+          std::count_if(r.egress_attempts.begin(), r.egress_attempts.end(),
+                        [](const egress_attempt& e) { return e.reason == "secret_misuse"; }));
+    }
     if (ec == asio::error::operation_aborted) a["sandbox.cancelled"] = true;
     spans_->record(s);
   } catch (...) {
@@ -1067,6 +1129,11 @@ void run_op::proceed(admitted adm) {
 
   // The rootfs is the image whose digest admission checked the ticket's and the request's
   // pins against: both come from resolve_runtimes and never change afterwards.
+  auto secrets = rt_->run_secrets(adm);
+  if (!secrets) {
+    finish({}, internal_result("the run's secret placeholders could not be made", run_id_), false);
+    return;
+  }
   run_job job{.run_id = run_id_,
               .admitted = std::move(adm),
               .runtime = std::move(launch->first),
@@ -1074,6 +1141,7 @@ void run_op::proceed(admitted adm) {
               .blobs = store,
               .policy = std::move(limits->limits),
               .stdin_bytes = std::move(stdin_bytes),
+              .secrets = std::move(*secrets),
               .executor = rt_->executor()};
 
   // 4. Wait for a slot: the host's and the tenant's caps count runs that are starting, so a
@@ -1136,6 +1204,17 @@ void run_op::ask_approval(const admitted& adm, const std::vector<std::uint64_t>&
   q.source_sha256 = sha256_hex(adm.request.source);
   q.source_bytes = adm.request.source.size();
   q.env = adm.request.env;
+  // The secrets by name, with where the host would send each: never a value.
+  {
+    const host_catalog cat = rt_->catalog();
+    for (const auto& name : adm.request.secrets) {
+      const auto d = cat.secrets.find(name);
+      if (d == cat.secrets.end()) continue;  // admission refused those
+      q.secrets.push_back(approval_secret{.name = name,
+                                          .domains = d->second.domains,
+                                          .header = std::string(secret_header_name(d->second))});
+    }
+  }
   q.isolation = adm.isolation;
   q.runtime = adm.runtime;
   if (q.source_sha256.empty()) {
@@ -1250,11 +1329,13 @@ void run_op::on_approval_impl(error_code ec, approval_decision d) {
   }
   {
     // The run proceeds under the derived ticket, reaching only the approved domains (a
-    // subset of the requested ones).
+    // subset of the requested ones), with only the approved secrets.
     std::lock_guard lk(mu_);
     if (done_) return;
     ticket_ = *d.derived;
     request_.egress = d.derived->egress();
+    std::erase_if(request_.secrets,
+                  [&](const std::string& name) { return !ticket_.allows_secret(name); });
   }
   rt_->ensure_level(required_level(request_, ticket_, rt_->catalog()));
   auto verdict = admit(request_, ticket_, rt_->policy(), rt_->catalog(), now);

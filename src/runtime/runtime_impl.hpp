@@ -82,6 +82,10 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
 
   // --- used by run_op ---------------------------------------------------------------------
   const boost::asio::any_io_executor& executor() const noexcept { return executor_; }
+  /// The secrets of admitted request `a` (`a.request.secrets`, in order), each with a fresh
+  /// random placeholder; `std::nullopt` when a name is not defined here (admission refused
+  /// those already) or the host's randomness failed.
+  std::optional<std::vector<run_secret>> run_secrets(const admitted& a) const;
   /// False once the executor's execution context has begun to shut down (or is destroyed):
   /// nothing may be posted to it any more.
   bool executor_alive() const noexcept { return ctx_alive_ && ctx_alive_->load(); }
@@ -133,6 +137,11 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   /// resolves each entry's image like a runtime's. `invalid_argument` (logged, naming the
   /// entry and field) for the first fault.
   boost::system::error_code resolve_tools(const runtime_options& o);
+  /// Checks each secret definition (`check_secret_definition`, name syntax, at most
+  /// `max_secrets`) and reads its value from its file (`read_secret_file`), into
+  /// `secret_values_` and the catalog. `invalid_argument` (logged, naming the secret and the
+  /// reason, never the value) for the first fault.
+  boost::system::error_code resolve_secrets(const runtime_options& o);
   /// Logs, once, each profile field above its ceiling (clamped at every run).
   void log_clamped_profiles() const;
   /// Holds `policy_`'s RLIMIT_NOFILE values to the host's hard limit (no run can raise its own
@@ -165,6 +174,8 @@ class runtime_impl : public std::enable_shared_from_this<runtime_impl> {
   std::vector<runtime_spec> specs_;
   std::map<std::string, std::filesystem::path, std::less<>> rootfs_;       ///< by runtime name
   std::map<std::string, std::filesystem::path, std::less<>> tool_rootfs_;  ///< by tool name
+  /// The secrets' values by name (read once at creation; only ever handed to run_job).
+  std::map<std::string, std::shared_ptr<const std::string>, std::less<>> secret_values_;
   std::shared_ptr<blob_store> blobs_;
   std::shared_ptr<image_store> images_;
   std::shared_ptr<span_sink> spans_;
@@ -213,6 +224,8 @@ class run_op : public std::enable_shared_from_this<run_op> {
   std::uint64_t key = 0;
   const sandbox::ticket& ticket() const noexcept { return ticket_; }
   const std::string& run_id() const noexcept { return run_id_; }
+  /// The request as submitted (never moved from: admission copies what it keeps).
+  const run_request& request() const noexcept { return request_; }
   std::chrono::system_clock::time_point started() const noexcept { return started_; }
   /// What the runtime knows of the run (isolation, timeout, runtime), for spans.
   run_result known() const;

@@ -55,6 +55,7 @@ const sandbox::ticket& ticket(bool network, sandbox::isolation level, const std:
     sandbox::ticket_spec spec{.id = "fuzz", .tenant = "fuzz", .isolation = l};
     if (!digest.empty()) spec.runtime_digest = digest;
     if (net) spec.egress = {"*.example.com", "api.example.org"};
+    spec.secrets = {"rates-api", "undefined-here"};
     sandbox::ticket_issuer issuer;
     return net ? *issuer.issue(spec, sandbox::network_grant{}) : *issuer.issue(spec);
   };
@@ -83,7 +84,11 @@ void check_admission(const sandbox::run_request& request) {
                             .image = "tools",
                             .binary = "/usr/bin/cmark",
                             .isolation = sandbox::isolation::container},
-                  .digest = python_digest}}}};
+                  .digest = python_digest}}},
+      .secrets = {{"rates-api",
+                   {.file = "/nonexistent/rates-api",
+                    .domains = {"api.example.org"},
+                    .header = "Authorization: Bearer {value}"}}}};
   // A ticket granting every registered tool (and code).
   static const sandbox::ticket tools =
       *sandbox::ticket_issuer{}.issue({.id = "fuzz-tools", .tenant = "fuzz", .tools = {"*"}});
@@ -133,6 +138,12 @@ void check_admission(const sandbox::run_request& request) {
       if (sandbox::canonical_egress_pattern(p) != p) fail("admitted egress pattern", p);
     }
     if ((r.std_in || r.stdin_blob) && r.tool.empty()) fail("admitted stdin without a tool");
+    if (!r.secrets.empty() &&
+        (!r.network || !r.tool.empty() || r.secrets.size() > sandbox::max_secrets))
+      fail("admitted secrets");
+    for (const auto& name : r.secrets) {
+      if (!t->allows_secret(name) || !catalog.secrets.contains(name)) fail("admitted secret", name);
+    }
     if (!r.tool.empty()) {
       if (!t->allows_tool(r.tool) || a.runtime.name != r.tool) fail("admitted tool", r.tool);
       if (!r.runtime.empty() || !r.source.empty() || r.network) fail("admitted tool fields");

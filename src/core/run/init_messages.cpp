@@ -90,6 +90,8 @@ std::string go_payload(const run_job& job, const go_params& p) {
     if (!p.node_proxy_preload_path.empty()) {
       w.add("env", "NODE_OPTIONS=--require " + std::string(p.node_proxy_preload_path));
     }
+    // Host-held secrets: only their per-run placeholders, never a value (sandbox/secrets.hpp).
+    for (const auto& s : job.secrets) w.add("env", secret_env_name(s.name) + "=" + s.placeholder);
   }
   for (const auto& [k, v] : req.env) {
     // A network run's NODE_OPTIONS is ours (the proxy preload). The proxy variables need no

@@ -95,6 +95,18 @@ SEEDS = {
     "request_network": req(network=True, egress=["API.example.com.", "*.cdn.example", "x.example.org"]),
     "request_network_bad_egress": req(network=True, egress=["10.0.0.1", "a b"]),
     "request_egress_without_network": req(egress=["api.example.com"]),
+    "request_secrets": req(network=True, egress=["api.example.org"], secrets=["rates-api"]),
+    "request_secrets_hostile": req(network=True, egress=["api.example.org"],
+                                   secrets=["rates-api", "rates-api", "undefined-here", "Bad_Name",
+                                            "", "x" * 65]),
+    "request_secrets_no_network": req(secrets=["rates-api"]),
+    "ticket_secrets": b'{"v":1,"id":"t-1","tenant":"acme","actions":["code.execute"],'
+                      b'"isolation":"process","max_timeout_ms":8000,"max_memory_bytes":536870912,'
+                      b'"secrets":["rates-api","mail"]}',
+    "approval_secrets": json.dumps(dict(APPROVAL, v=1, secrets=[
+        {"name": "rates-api", "domains": ["api.example.com"], "header": "Authorization"}])).encode(),
+    "approval_secrets_hostile": json.dumps(dict(APPROVAL, v=1, secrets=[
+        {"name": "rates-api", "domains": ["API.example.com"], "header": "X: y", "value": "v"}])).encode(),
     "ticket_runtime_digest": b'{"v":1,"id":"t-1","tenant":"acme","actions":["code.execute"],'
                              b'"isolation":"process","max_timeout_ms":8000,'
                              b'"max_memory_bytes":536870912,"runtime_digest":"'

@@ -182,3 +182,25 @@ TEST_CASE("init messages: a packet is the header then the payload", "[init_messa
   CHECK(std::string(sandbox::detail::describe_step(ip::step::pivot_root)) ==
         "pivot_root into the new root");
 }
+
+TEST_CASE("init messages: a network run's secrets are placeholders only, never values",
+          "[init_messages][secrets]") {
+  auto job = python_job();
+  const std::string value = "sk-live-VALUE-THAT-STAYS-ON-THE-HOST";
+  job.secrets.push_back(sandbox::run_secret{
+      .name = "rates-api",
+      .placeholder = "sbx-secret-0123456789abcdef0123456789abcdef",
+      .definition = {.file = "/etc/s", .domains = {"api.example.com"}, .header = "X-Key: {value}"},
+      .value = std::make_shared<const std::string>(value)});
+  auto payload =
+      sandbox::detail::go_payload(job, {.input_name = "in-0123456789abcdef", .network = true});
+  CHECK(all(parse(payload), "env") ==
+        concat(concat(fixed_env, proxy_env),
+               {"SANDBOX_SECRET_RATES_API=sbx-secret-0123456789abcdef0123456789abcdef", "A=1"}));
+  CHECK(payload.find(value) == std::string::npos);
+  CHECK(sandbox::detail::config_payload(job, {.input_name = "in-0123456789abcdef"}).find(value) ==
+        std::string::npos);
+  // Without the network (never admitted with secrets, but never leaked either): nothing.
+  payload = sandbox::detail::go_payload(job, {.input_name = "in-0123456789abcdef"});
+  CHECK(payload.find("SANDBOX_SECRET_") == std::string::npos);
+}
