@@ -1,10 +1,14 @@
 // The registry of backends under test. A new backend joins the conformance suite by adding
 // its profile here — no case changes. Where a mechanism legitimately differs (a VM guest has
 // its own kernel), say so in its `expectations`, never by weakening a case.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "conformance/suite.hpp"
@@ -124,6 +128,24 @@ std::unique_ptr<sandbox::runtime> make_process_with(std::string* why, const char
     if (host == egress_metadata_name) return done({"169.254.169.254", "::ffff:10.1.2.3"});
     done({});
   };
+  // The host-held secret (suite.hpp, secret_name): its value in a file only we can read.
+  {
+    const auto dir = state_root() / "secrets";
+    std::filesystem::create_directories(dir);
+    const auto file = dir / secret_name;
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      const std::string line = std::string(secret_value) + "\n";
+      if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+        std::fprintf(stderr, "conformance: cannot write %s\n", file.c_str());
+      }
+      ::fchmod(fd, 0600);
+      ::close(fd);
+    }
+    opts.secrets[secret_name] = {.file = file.string(),
+                                 .domains = {egress_approved_name},
+                                 .header = "Authorization: Bearer {value}"};
+  }
   opts.egress.max_connections = egress_max_connections;
   opts.egress.max_bytes_down = egress_max_bytes_down;
   // The suite tests containment, not scheduling (unit-tested in scheduler_test): let up to 64

@@ -296,6 +296,11 @@ inline constexpr const char* egress_other_name = "other.test";
 /// ("rebind.test") and with the metadata service's and an IPv4-mapped private address
 /// ("metadata.test"): DNS rebinding, as a hostile DNS server would do it.
 inline constexpr const char* egress_rebind_name = "rebind.test";
+/// The host-held secret every suite runtime defines (sandbox/secrets.hpp): "rates-api", sent
+/// as `Authorization: Bearer <value>` to `egress_approved_name` only, its value in a 0600 file
+/// under `state_root()`. No run may ever see the value; cases look for it byte for byte.
+inline constexpr const char* secret_name = "rates-api";
+inline constexpr const char* secret_value = "sk-conformance-VALUE-5f0c2a9e71d4";
 inline constexpr const char* egress_metadata_name = "metadata.test";
 /// The registered tool with its own egress (cases/tool_egress_test.cpp): /usr/bin/python3
 /// of the python3 image with a fixed script; `egress` = {egress_approved_name}, isolation

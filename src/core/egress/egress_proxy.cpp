@@ -13,6 +13,7 @@
 #include <cerrno>
 
 #include "core/egress/parsers.hpp"
+#include "core/egress/secret_scan.hpp"
 #include "sandbox/egress.hpp"
 
 namespace sandbox::detail {
@@ -101,11 +102,12 @@ std::optional<std::string> address_refusal(const asio::ip::address& a) {
 
 namespace {
 
-constexpr std::size_t head_buffer_bytes = 16384;   // also the head size bound
-constexpr std::size_t relay_buffer_bytes = 16384;  // per direction
-constexpr std::uint32_t max_refusing = 8;          // over-limit connections answered at once
-constexpr std::size_t max_candidates = 8;          // resolved addresses tried
-constexpr std::size_t max_linger_bytes = 65536;    // read and dropped after a refusal
+constexpr std::size_t head_buffer_bytes = 16384;        // also the head size bound
+constexpr std::size_t relay_buffer_bytes = 16384;       // per direction
+constexpr std::uint32_t max_refusing = 8;               // over-limit connections answered at once
+constexpr std::size_t max_candidates = 8;               // resolved addresses tried
+constexpr std::size_t max_linger_bytes = 65536;         // read and dropped after a refusal
+constexpr std::uint64_t max_judged_body_bytes = 65536;  // with secrets: read whole, then judged
 constexpr std::chrono::milliseconds max_linger{2000};
 constexpr std::chrono::milliseconds accept_retry{100};
 constexpr std::string_view connect_established = "HTTP/1.1 200 Connection established\r\n\r\n";
@@ -386,6 +388,19 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
     attempt_.protocol = connect_ ? "https" : "http";
     asked_host_ = std::move(v.asked_host);
     attempt_.port = v.port;
+    // A secret's placeholder anywhere in the head, or in the body bytes already read: the
+    // run tried to send it where its value may not go. Before anything else is judged, so the
+    // record says so whatever else is wrong with the request.
+    if (!grant().secret_marks.empty()) {
+      body_scan_.emplace(grant().secret_marks);
+      const std::size_t extra = len_ - head_bytes_;
+      const std::size_t body_now =
+          connect_ ? 0 : static_cast<std::size_t>(std::min<std::uint64_t>(extra, v.body_left));
+      if (holds_placeholder(std::string_view(buf_.data(), head_bytes_), grant().secret_marks) ||
+          body_scan_->feed(std::string_view(buf_.data() + head_bytes_, body_now))) {
+        return deny(403, std::string(secret_misuse_reason));
+      }
+    }
     if (v.status != 0) return deny(v.status, std::move(v.reason));
     body_left_ = v.body_left;
     upstream_head_ = std::move(v.upstream_head);
@@ -393,7 +408,32 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
       return deny(403, "byte limit");
     }
     host_name_ = std::move(v.host_name);
+    // With secrets, a plain-HTTP body that fits is read whole and judged before anything
+    // goes upstream, so a placeholder in it is always a clean 403 (a larger one is judged as
+    // it is relayed).
+    if (body_scan_ && !connect_ && body_left_ > len_ - head_bytes_ &&
+        body_left_ <= max_judged_body_bytes) {
+      return read_body();
+    }
     resolve();
+  }
+
+  // Reads the rest of a plain-HTTP body (`body_left_` bytes after the head) into buf_,
+  // scanning each piece for placeholders; then resolves.
+  void read_body() {
+    const std::size_t want = head_bytes_ + static_cast<std::size_t>(body_left_);
+    if (buf_.size() < want) buf_.resize(want);
+    if (len_ >= want) return resolve();
+    client_.async_read_some(asio::buffer(buf_.data() + len_, want - len_),
+                            track([this](error_code ec, std::size_t n) {
+                              if (phase_ != phase::head) return;
+                              len_ += n;
+                              if (ec) return fail("malformed request");
+                              if (body_scan_->feed(std::string_view(buf_.data() + len_ - n, n))) {
+                                return deny(403, std::string(secret_misuse_reason));
+                              }
+                              read_body();
+                            }));
   }
 
   // ----- resolving and connecting: on the host, to a validated address, never re-resolved
@@ -545,6 +585,17 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
                                 if (ec) return on_source_end(d, ec);
                                 last_activity_ = clock::now();
                                 if (d.up && !connect_) body_left_ -= n;
+                                // A plain-HTTP body carrying a placeholder: this part never
+                                // goes upstream, and neither does the rest.
+                                if (d.up && !connect_ && body_scan_ &&
+                                    body_scan_->feed(std::string_view(d.buf.data(), n))) {
+                                  // Still answerable while nothing came back from upstream.
+                                  if (!down_started_) {
+                                    return deny(403, std::string(secret_misuse_reason));
+                                  }
+                                  return fail(secret_misuse_reason);
+                                }
+                                if (!d.up) down_started_ = true;
                                 forward(d, d.buf.data(), n);
                               }));
   }
@@ -691,6 +742,8 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
   std::string reply_;
   std::vector<std::uint8_t> hello_;
   std::string pending_up_;  // first bytes upstream: the ClientHello, or the head and body start
+  std::optional<placeholder_scanner> body_scan_;  // plain HTTP with secrets: the request body
+  bool down_started_ = false;                     // a byte came back from upstream
   direction up_;
   direction down_;
   std::size_t lingered_ = 0;

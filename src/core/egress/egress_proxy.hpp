@@ -38,6 +38,10 @@
 //   timeout                           the client was too slow to send its head or ClientHello,
 //                                     or resolving and connecting took over `connect_timeout`
 //   proxy stopped                     stop() came before a decision was made
+//   secret_misuse                     a secret's placeholder in the request head (CONNECT
+//                                     target, URL, Host or any header) or in a plain-HTTP
+//                                     body: refused 403 before anything goes upstream, or,
+//                                     for a body part already relaying, the connection closed
 #pragma once
 
 #include <atomic>
@@ -89,6 +93,10 @@ struct egress_grant {
   std::chrono::milliseconds idle_timeout{30000};
   /// The client's request head, and for CONNECT its ClientHello, must arrive within this.
   std::chrono::milliseconds handshake_timeout{10000};
+  /// Marks of the run's secret placeholders (secret_scan.hpp, `placeholder_marks`): a request
+  /// whose head (target, Host, any header) or plain-HTTP body holds one is refused
+  /// "secret_misuse". Empty: the run has no secrets.
+  std::vector<std::string> secret_marks;
 };
 
 /// Most attempts an `egress_proxy` reports; the rest are only counted (`dropped()`).

@@ -489,6 +489,11 @@ std::string egress_denial_response(unsigned status, std::string_view reason,
       status = 403;
       if (reason == "connection limit" || reason == "byte limit") {
         advice = "this run's network budget is spent: do not retry";
+      } else if (reason == "secret_misuse") {
+        advice =
+            "a secret's placeholder may only be sent where the host puts its value: in the "
+            "secret's own header, to the secret's domains; never in a host name, a URL, another "
+            "header or a body";
       } else if (reason == "port not approved") {
         advice =
             "only the approved ports are reachable: 443 through CONNECT for HTTPS unless the "

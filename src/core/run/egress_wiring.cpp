@@ -4,6 +4,8 @@
 #include <boost/asio/dispatch.hpp>
 #include <chrono>
 
+#include "core/egress/secret_scan.hpp"
+
 namespace sandbox::detail {
 
 namespace asio = boost::asio;
@@ -14,8 +16,9 @@ egress_wiring::egress_wiring(asio::strand<asio::any_io_executor> strand)
 egress_wiring::~egress_wiring() { stop(); }  // (normally stopped at teardown; idempotent)
 
 void egress_wiring::start(int listener, std::vector<std::string> domains,
-                          const egress_proxy_options& o, std::shared_ptr<egress_resolver> resolver,
-                          std::weak_ptr<void> owner, std::function<void(egress_attempt)> record) {
+                          std::vector<std::string> placeholders, const egress_proxy_options& o,
+                          std::shared_ptr<egress_resolver> resolver, std::weak_ptr<void> owner,
+                          std::function<void(egress_attempt)> record) {
   egress_grant g;
   g.domains = std::move(domains);
   g.connect_ports = o.connect_ports;
@@ -23,6 +26,7 @@ void egress_wiring::start(int listener, std::vector<std::string> domains,
   g.max_connections = o.max_connections;
   g.max_bytes_up = o.max_bytes_up;
   g.max_bytes_down = o.max_bytes_down;
+  g.secret_marks = placeholder_marks(placeholders);
   proxy_ =
       egress_proxy::start(strand_, listener, std::move(g), std::move(resolver),
                           [owner = std::move(owner), record = std::move(record)](egress_attempt a) {

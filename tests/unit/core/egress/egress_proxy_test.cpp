@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/egress/secret_scan.hpp"
 #include "unit/core/egress/egress_test_support.hpp"
 
 namespace {
@@ -954,4 +955,102 @@ TEST_CASE("egress proxy: start refuses a descriptor that is not a listening sock
   CHECK(::fcntl(not_listening, F_GETFD) == -1);  // taken and closed
   const int udp = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   CHECK(egress_proxy::start(io.get_executor(), udp, {}, resolver, sink) == nullptr);
+}
+
+// =============================================================================================
+// Secret placeholders (secret_scan.hpp): refused wherever the proxy sees them in clear
+
+TEST_CASE("egress proxy: a secret's placeholder in a host, URL, header or body is refused",
+          "[egress][secrets]") {
+  origin web(origin::mode::http, "HTTP/1.1 204 No Content\r\n\r\n");
+  const std::string placeholder = "sbx-secret-0123456789abcdef0123456789abcdef";
+  const std::string mark = "0123456789abcdef0123456789abcdef";
+  auto g = grant_for({"api.example.com", "*.example.com"}, web.port());
+  g.secret_marks = placeholder_marks(std::vector<std::string>{placeholder});
+  proxy_fixture p(std::move(g), loopback_names({"api.example.com"}));
+  const std::string authority = "api.example.com:" + std::to_string(web.port());
+  const std::string host = "Host: " + authority + "\r\n";
+  const std::string post = "POST http://" + authority + "/ HTTP/1.1\r\n" + host;
+  const std::vector<std::string> cases = {
+      // A name under an approved wildcard: refused before it is resolved (no DNS lookup).
+      connect_request(placeholder + ".example.com:" + std::to_string(web.port())),
+      connect_request("x" + mark + "y.example.com:" + std::to_string(web.port())),
+      "GET http://" + authority + "/v1?key=" + placeholder + " HTTP/1.1\r\n" + host + "\r\n",
+      "GET http://" + authority + "/" + placeholder + " HTTP/1.1\r\n" + host + "\r\n",
+      "GET http://" + authority + "/ HTTP/1.1\r\n" + host + "X-Api-Key: " + placeholder +
+          "\r\n\r\n",
+      "GET http://" + authority + "/ HTTP/1.1\r\n" + host + "Cookie: k=" + "SBX-SECRET-" +
+          "0123456789ABCDEF0123456789ABCDEF\r\n\r\n",  // case does not hide it
+      post + "Content-Length: 53\r\n\r\n{\"key\":\"" + placeholder + "\"}",
+      // Not yet approved either: the misuse is what the record says.
+      "GET http://other.test:" + std::to_string(web.port()) + "/" + mark +
+          " HTTP/1.1\r\nHost: other.test:" + std::to_string(web.port()) + "\r\n\r\n",
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    INFO(cases[i]);
+    const auto answer = ask(p.port(), cases[i]);
+    p.attempts(i + 1);
+    CHECK(answer.status == 403);
+    REQUIRE(answer.body.is_object());
+    CHECK(answer.body["reason"] == "secret_misuse");
+    CHECK(answer.body["advice"].get<std::string>().find("placeholder") != std::string::npos);
+  }
+  const auto attempts = p.attempts(cases.size());
+  REQUIRE(attempts.size() == cases.size());
+  for (const auto& a : attempts) {
+    CHECK_FALSE(a.allowed);
+    CHECK(a.reason == "secret_misuse");
+    CHECK(a.bytes_up == 0);
+  }
+  CHECK(web.accepted() == 0);  // the origin's own count: nothing arrived
+
+  // A request without the placeholder still goes through.
+  const auto ok = ask(p.port(), "GET http://" + authority + "/ HTTP/1.1\r\n" + host + "\r\n");
+  CHECK(ok.status == 204);
+}
+
+TEST_CASE("egress proxy: a placeholder later in a plain-HTTP body never goes upstream",
+          "[egress][secrets]") {
+  origin web(origin::mode::http, "HTTP/1.1 204 No Content\r\n\r\n");
+  const std::string placeholder = "sbx-secret-fedcba9876543210fedcba9876543210";
+  const std::string mark = "fedcba9876543210fedcba9876543210";
+  auto g = grant_for({"api.example.com"}, web.port());
+  g.secret_marks = placeholder_marks(std::vector<std::string>{placeholder});
+  proxy_fixture p(std::move(g), loopback_names({"api.example.com"}));
+  const std::string authority = "api.example.com:" + std::to_string(web.port());
+  // Sends the head, then the body in two writes cut inside the placeholder.
+  auto post = [&](std::size_t filler_bytes) {
+    const std::string body = std::string(filler_bytes, 'a') + placeholder + "tail";
+    client c(p.port());
+    c.send("POST http://" + authority + "/upload HTTP/1.1\r\nHost: " + authority +
+           "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n");
+    std::this_thread::sleep_for(50ms);  // the head is read on its own
+    c.send(body.substr(0, filler_bytes + 10));
+    std::this_thread::sleep_for(50ms);
+    c.send(body.substr(filler_bytes + 10));
+    auto answer = parse_answer(c.read_all());
+    c.close();
+    return answer;
+  };
+  // A body that fits (64 KiB) is read whole and judged first: nothing reaches the origin.
+  auto answer = post(40000);
+  CHECK(answer.status == 403);
+  auto a = p.attempts(1).at(0);
+  CHECK_FALSE(a.allowed);
+  CHECK(a.reason == "secret_misuse");
+  CHECK(a.bytes_up == 0);
+  CHECK(web.accepted() == 0);
+  // A larger one is judged as it is relayed: the origin's own log has the head and part of
+  // the filler, never the placeholder's mark; the client still gets the 403.
+  answer = post(100000);
+  CHECK(answer.status == 403);
+  a = p.attempts(2).at(1);
+  CHECK_FALSE(a.allowed);
+  CHECK(a.reason == "secret_misuse");
+  const auto seen = web.finished(1);
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].rfind("POST /upload HTTP/1.1\r\n", 0) == 0);
+  CHECK(seen[0].find(mark) == std::string::npos);
+  CHECK(seen[0].find(mark.substr(0, 10)) == std::string::npos);  // the cut piece neither
+  CHECK(a.bytes_up == seen[0].size());
 }
