@@ -25,6 +25,18 @@ def test_ticket_round_trip_and_unknown_field_refused():
         Ticket.from_json({**t.to_json(), "bogus": 1})
 
 
+def test_secrets_by_name_in_requests_and_tickets():
+    request = RunRequest(runtime="python3", source="print(1)", network=True,
+                         egress=["api.rates.example"], secrets=["rates-api"])
+    assert request.to_json()["secrets"] == ["rates-api"]
+    assert RunRequest.from_json(request.to_json()) == request
+    t = Ticket(id="t", tenant="acme", actions=["code.execute"], isolation="process",
+               max_timeout_ms=1000, max_memory_bytes=1 << 28, secrets=["rates-api"])
+    assert Ticket.from_json(t.to_json()) == t
+    with pytest.raises(ProtocolError):
+        RunRequest.from_json({**request.to_json(), "secrets": "rates-api"})
+
+
 def test_result_keeps_unknown_fields_and_defaults_omitted_ones():
     doc = {"code": "pids_limit", "stdout": {"summary": "x", "new_stream_field": 3},
            "future_field": [1, 2]}

@@ -54,6 +54,8 @@ export interface Ticket {
   tools?: string[];
   /** The host's workload profile for runs under the ticket. */
   profile?: string;
+  /** Host-held secrets runs may name (`[a-z0-9-]`, 1-64, starting with a letter), at most 16. */
+  secrets?: string[];
   /** For a ticket derived from an approval: the approval request it answers. */
   approval?: ApprovalRequest;
 }
@@ -99,6 +101,11 @@ export interface RunRequestBase {
   network?: boolean;
   /** Host names or `*.` wildcards a network run may reach; non-empty exactly with `network`. */
   egress?: string[];
+  /**
+   * Host-held secrets the network run uses, by name (granted by the ticket, defined by the
+   * host); the program sees only `SANDBOX_SECRET_<NAME>`, a per-run placeholder.
+   */
+  secrets?: string[];
   /** At most 16 input files. */
   files_in?: InputFile[];
   /** Caps on returned output files. */
@@ -257,6 +264,8 @@ export interface ApprovalRequest {
   source_sha256: string;
   source_bytes: number;
   env?: Record<string, string>;
+  /** The secrets the run asks for: names, where each would go and in which header; no value. */
+  secrets?: { name: string; domains: string[]; header: string }[];
   isolation: Exclude<Isolation, "process">;
   runtime: { name: string; digest: BlobId };
 }

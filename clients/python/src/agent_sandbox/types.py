@@ -139,7 +139,8 @@ class Ticket:
     `process`, `container`, `gvisor` or `microvm`. `max_timeout_ms` (ms) and
     `max_memory_bytes` (bytes) are the ceilings of a run's limits (for a session, of its
     lifetime). `egress` is required with `code.network`, `tools` with `tool.run`;
-    `expires_at` is `YYYY-MM-DDTHH:MM:SSZ`. `approval` is the approval request a derived
+    `expires_at` is `YYYY-MM-DDTHH:MM:SSZ`. `secrets` names the host-held secrets runs may
+    use. `approval` is the approval request a derived
     ticket answers (a dict). A daemon with `--trusted-keys` takes signed ticket documents
     instead: pass those as plain dicts.
     """
@@ -158,6 +159,7 @@ class Ticket:
     tools: list[str] | None = None
     profile: str | None = None
     approval: dict[str, Any] | None = None
+    secrets: list[str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ticket document; fields left None are absent."""
@@ -181,7 +183,8 @@ class Ticket:
             derived_from=_strings(doc, "derived_from", path),
             tools=_strings(doc, "tools", path),
             profile=_get(doc, "profile", (str,), path, None),
-            approval=_get(doc, "approval", (dict,), path, None))
+            approval=_get(doc, "approval", (dict,), path, None),
+            secrets=_strings(doc, "secrets", path))
 
 
 @dataclass
@@ -233,7 +236,8 @@ class RunRequest:
 
     Unset fields (None) take the protocol's defaults: `timeout_ms` 2000 ms (clamped to the
     ticket's and host's ceiling), `memory_limit_bytes` 256 MiB, no network, no inputs,
-    `files_out` 16 files / 8 MiB, empty `env`.
+    `files_out` 16 files / 8 MiB, empty `env`. `secrets` names host-held secrets a network
+    run uses: the program sees only `SANDBOX_SECRET_<NAME>`, a per-run placeholder.
     """
 
     runtime: str | None = None
@@ -241,6 +245,7 @@ class RunRequest:
     timeout_ms: int | None = None
     network: bool | None = None
     egress: list[str] | None = None
+    secrets: list[str] | None = None
     files_in: list[InputFile] | None = None
     files_out: FilesOut | None = None
     memory_limit_bytes: int | None = None
@@ -268,6 +273,7 @@ class RunRequest:
             timeout_ms=_get(doc, "timeout_ms", (int,), path, None),
             network=_get(doc, "network", (bool,), path, None),
             egress=_strings(doc, "egress", path),
+            secrets=_strings(doc, "secrets", path),
             files_in=(_list(doc, "files_in", path, InputFile.from_json)
                       if "files_in" in doc else None),
             files_out=(None if files_out is None
