@@ -162,8 +162,14 @@ class interpreter {
   /**
    * Runs one cell. Completes with `(error_code, cell_result)`: the error code is
    * `in_progress` (a cell runs) or `operation_aborted` (the session was over before the
-   * cell: the result then says `state` lost, `session_ended`); every outcome of the cell
-   * itself is in the result.
+   * cell: the result then says `state` lost, `session_ended`; or the cell was cancelled);
+   * every outcome of the cell itself is in the result.
+   *
+   * Per-operation cancellation (the handler's cancellation slot, any type; emit it on the
+   * handler's executor) interrupts the running cell as its timeout does: SIGINT, then, when
+   * it does not yield within `interpreter_options::interrupt_grace`, the sandbox is killed.
+   * It completes with `operation_aborted` and a result with code `internal` (or `timeout`
+   * when the timer had fired first) whose `state` says whether the interpreter lived on.
    */
   template <class CompletionToken>
   auto async_execute(cell_request cell, CompletionToken&& token) {

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "protocol/env_rules.hpp"
+#include "protocol/python_runtime.hpp"
 #include "protocol/text_util.hpp"
 #include "sandbox/egress.hpp"
 #include "sandbox/policy.hpp"
@@ -85,6 +86,13 @@ constexpr const char* bad_name_message =
     "name: must be 1 to 64 characters of [a-z0-9._-], starting with a letter or digit";
 
 }  // namespace
+
+bool detail::is_python_runtime(const runtime_spec& r) noexcept {
+  if (r.argv.empty()) return false;
+  const std::string_view binary = r.argv.front();
+  const auto slash = binary.rfind('/');
+  return binary.substr(slash == std::string_view::npos ? 0 : slash + 1).starts_with("python");
+}
 
 std::optional<std::string> check_runtime_spec(const runtime_spec& r) {
   using detail::quote_for_message;

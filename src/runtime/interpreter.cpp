@@ -6,6 +6,8 @@
 
 #include <sys/random.h>
 
+#include <atomic>
+#include <boost/asio/associated_cancellation_slot.hpp>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/post.hpp>
@@ -16,6 +18,7 @@
 #include "core/run/capture.hpp"
 #include "core/run/run_session.hpp"
 #include "embedded/interp_driver.hpp"
+#include "protocol/python_runtime.hpp"
 #include "protocol/text_util.hpp"
 #include "runtime/interp_frames.hpp"
 #include "runtime/runtime_impl.hpp"
@@ -131,19 +134,35 @@ class interp_session final : public interpreter,
     std::string open_data;
     bool open_over = false;
     std::uint64_t item_bytes = 0;
-    bool timer_fired = false;
+    bool timer_fired = false;     ///< our timeout fired
+    bool cancelled = false;       ///< the caller cancelled the cell (its cancellation slot)
+    bool interrupt_sent = false;  ///< SIGINT asked for; the grace timer runs
+    bool sent = false;            ///< the cell went to the driver (its inputs were staged)
+    std::uint64_t call = 0;       ///< which async_execute this is (cancellation's key)
+    std::uint64_t timer_gen = 0;  ///< the arming of cell_timer_ whose expiry counts
     bool killing = false;
     std::string status;  ///< the driver's "z" (ok, error, interrupted)
   };
 
   void do_execute(cell_request c, cell_handler h) override {
+    const std::uint64_t call = ++calls_;
+    // Per-operation cancellation: assigned here, where the caller initiates (the slot is the
+    // caller's to emit on); `complete` clears it before the handler runs. Acted on in order
+    // on the strand, after the cell was started below.
+    if (auto slot = boost::asio::get_associated_cancellation_slot(h); slot.is_connected()) {
+      slot.assign([w = weak_from_this(), call](boost::asio::cancellation_type) {
+        if (auto self = w.lock()) {
+          boost::asio::post(self->strand_, [self, call] { self->cancel_cell(call); });
+        }
+      });
+    }
     // (Held by a unique_ptr: Boost 1.81's any_completion_handler has an unconstrained
     // converting constructor, which makes a lambda holding one look copyable.)
     auto held = std::make_unique<cell_handler>(std::move(h));
-    boost::asio::post(
-        strand_, [self = shared_from_this(), c = std::move(c), held = std::move(held)]() mutable {
-          self->execute(std::move(c), std::move(*held));
-        });
+    boost::asio::post(strand_, [self = shared_from_this(), c = std::move(c), call,
+                                held = std::move(held)]() mutable {
+      self->execute(std::move(c), std::move(*held), call);
+    });
   }
 
   void do_close(close_handler h) override {
@@ -166,12 +185,15 @@ class interp_session final : public interpreter,
     boost::asio::post(ex, [held = std::move(held), ex, ec, r = std::move(r)]() mutable {
       auto to = boost::asio::get_associated_executor(*held, ex);
       boost::asio::dispatch(to, [held = std::move(held), ec, r = std::move(r)]() mutable {
+        // The operation is over: its cancellation handler goes (on the caller's executor,
+        // where the caller emits).
+        boost::asio::get_associated_cancellation_slot(*held).clear();
         std::move (*held)(ec, std::move(r));
       });
     });
   }
 
-  void execute(cell_request c, cell_handler h) {
+  void execute(cell_request c, cell_handler h, std::uint64_t call) {
     cell_result r;
     if (ended_ || closing_) {
       r.code = code::internal;
@@ -207,6 +229,7 @@ class interp_session final : public interpreter,
     idle_timer_.cancel();
     cur_ = std::make_unique<cell>();
     cur_->nonce = new_nonce();
+    cur_->call = call;
     cur_->handler.emplace(std::move(h));
     cur_->timeout = std::max(std::chrono::milliseconds(1),
                              std::min({c.timeout.value_or(run_request{}.timeout), ceiling_, left}));
@@ -309,10 +332,13 @@ class interp_session final : public interpreter,
     r.state = interpreter_state::kept;
     r.message = std::move(message);
     record_cell_span(r, cur_->started_at, cur_->timeout);
+    const bool cancelled = cur_->cancelled;
     auto h = std::move(*cur_->handler);
     cur_.reset();
     frames_.expect({});
-    complete(strand_, std::move(h), {}, std::move(r));
+    complete(strand_, std::move(h),
+             cancelled ? boost::asio::error::operation_aborted : boost::system::error_code{},
+             std::move(r));
     arm_idle();
   }
 
@@ -330,6 +356,11 @@ class interp_session final : public interpreter,
   }
 
   void send_cell(const std::string& code_text) {
+    if (cur_->cancelled) {
+      return refuse_cell(code::internal,
+                         "the cell was cancelled before it started; the interpreter lives on");
+    }
+    cur_->sent = true;
     cur_->start = std::chrono::steady_clock::now();
     cur_->started_at = std::chrono::system_clock::now();
     nlohmann::json msg{{"op", "exec"},
@@ -337,10 +368,17 @@ class interp_session final : public interpreter,
                        {"code", code_text},
                        {"out_cap", pol_.stream_capture_bytes}};
     send(msg.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-    cell_timer_.expires_after(cur_->timeout);
+    arm_cell_timer(cur_->timeout);
+  }
+
+  /// (Re)arms the cell's timer; only the latest arming's expiry counts (an earlier one may
+  /// already be queued when a cancellation re-arms it).
+  void arm_cell_timer(std::chrono::milliseconds after) {
+    const std::uint64_t gen = ++cur_->timer_gen;
+    cell_timer_.expires_after(after);
     cell_timer_.async_wait(
-        [self = shared_from_this(), n = cur_->nonce](boost::system::error_code ec) {
-          if (!ec) self->timer_fired(n);
+        [self = shared_from_this(), n = cur_->nonce, gen](boost::system::error_code ec) {
+          if (!ec) self->timer_fired(n, gen);
         });
   }
 
@@ -363,21 +401,32 @@ class interp_session final : public interpreter,
                                                             std::size_t) { self->write_next(); }));
   }
 
-  void timer_fired(const std::string& nonce) {
-    if (!cur_ || cur_->nonce != nonce || cur_->answered) return;
-    if (!cur_->timer_fired) {
-      // 1. Our timer fired: interrupt the cell (SIGINT to the interpreter's main thread).
+  void timer_fired(const std::string& nonce, std::uint64_t gen) {
+    if (!cur_ || cur_->nonce != nonce || cur_->answered || cur_->timer_gen != gen) return;
+    if (!cur_->interrupt_sent) {
       cur_->timer_fired = true;
-      send(nlohmann::json{{"op", "int"}, {"n", nonce}}.dump() + "\n");
-      cell_timer_.expires_after(opts_.interrupt_grace);
-      cell_timer_.async_wait([self = shared_from_this(), nonce](boost::system::error_code ec) {
-        if (!ec) self->timer_fired(nonce);
-      });
-      return;
+      return interrupt();
     }
     // 2. It did not yield within the grace: the whole sandbox goes, and the state with it.
     cur_->killing = true;
     end_session([](const session_result&) {});
+  }
+
+  /// 1. Our timer fired, or the caller cancelled: interrupt the cell (SIGINT to the
+  /// interpreter's main thread), and give it the grace to yield.
+  void interrupt() {
+    cur_->interrupt_sent = true;
+    send(nlohmann::json{{"op", "int"}, {"n", cur_->nonce}}.dump() + "\n");
+    arm_cell_timer(opts_.interrupt_grace);
+  }
+
+  /// The caller cancelled call `call`: when it is the running cell, it is interrupted as at
+  /// its timeout (then killed if it does not yield); otherwise nothing (it is done).
+  void cancel_cell(std::uint64_t call) {
+    if (!cur_ || cur_->call != call || cur_->answered || cur_->killing || cur_->cancelled) return;
+    cur_->cancelled = true;
+    // A cell still staging its inputs is refused when they are in (send_cell).
+    if (cur_->sent && !cur_->interrupt_sent) interrupt();
   }
 
   void read() {
@@ -532,12 +581,16 @@ class interp_session final : public interpreter,
   void finish_alive() {
     cell_timer_.cancel();
     const bool timed_out = cur_->timer_fired;
+    const bool cancelled = cur_->cancelled;
     const std::string status = cur_->status;
     cell_result r = take_cell();
     r.state = interpreter_state::kept;
     if (timed_out) {
       r.code = code::timeout;
       r.message = "the cell was interrupted at its timeout; the interpreter lives on";
+    } else if (cancelled) {
+      r.code = code::internal;
+      r.message = "the cell was cancelled and interrupted; the interpreter lives on";
     } else if (status == "error") {
       r.code = code::error;
       r.message = "the cell raised an exception";
@@ -557,6 +610,7 @@ class interp_session final : public interpreter,
   }
 
   void deliver_answer(std::optional<detail::session_usage> u) {
+    const bool cancelled = cur_->cancelled;
     cell_result r = std::move(*cur_->answer);
     if (u) {
       r.usage.cpu = std::chrono::milliseconds(
@@ -566,7 +620,9 @@ class interp_session final : public interpreter,
     record_cell_span(r, cur_->started_at, cur_->timeout);
     auto h = std::move(*cur_->handler);
     cur_.reset();
-    complete(strand_, std::move(h), {}, std::move(r));
+    complete(strand_, std::move(h),
+             cancelled ? boost::asio::error::operation_aborted : boost::system::error_code{},
+             std::move(r));
     arm_idle();
   }
 
@@ -664,19 +720,27 @@ class interp_session final : public interpreter,
       c.session_ended = true;
       c.message = "the session ended as the cell completed";
       record_cell_span(c, cur_->started_at, cur_->timeout);
+      const bool cancelled = cur_->cancelled;
       auto h = std::move(*cur_->handler);
       cur_.reset();
-      complete(strand_, std::move(h), {}, std::move(c));
+      complete(strand_, std::move(h),
+               cancelled ? boost::asio::error::operation_aborted : boost::system::error_code{},
+               std::move(c));
     }
     if (cur_) {
       const bool killed = cur_->killing;
+      const bool cancelled = cur_->cancelled;
       close_item();
       cell_result c = take_cell();
       c.state = interpreter_state::lost;
       c.session_ended = true;
       c.exit_code = r.result.exit_code;
       c.signal = r.result.signal;
-      if (killed) {
+      if (killed && cancelled && !cur_->timer_fired) {
+        c.code = code::internal;
+        c.message =
+            "the cell was cancelled and did not yield to the interrupt; the sandbox was killed";
+      } else if (killed) {
         c.code = code::timeout;
         c.message = "the cell did not yield to the interrupt; the sandbox was killed";
       } else if (!channel_taken_ && (r.end == session_end::server_exited ||
@@ -700,7 +764,9 @@ class interp_session final : public interpreter,
       record_cell_span(c, cur_->started_at, cur_->timeout);
       auto h = std::move(*cur_->handler);
       cur_.reset();
-      complete(strand_, std::move(h), {}, std::move(c));
+      complete(strand_, std::move(h),
+               cancelled ? boost::asio::error::operation_aborted : boost::system::error_code{},
+               std::move(c));
     }
     record_session_span(r);
     auto waiting = std::move(waiting_close_);
@@ -732,6 +798,7 @@ class interp_session final : public interpreter,
   detail::interp_frame_reader frames_;
   std::uint64_t dropped_at_start_ = 0;
   std::unique_ptr<cell> cur_;
+  std::atomic<std::uint64_t> calls_{0};  ///< async_execute calls so far
   std::vector<std::string> out_q_;
   bool writing_ = false;
   bool closing_ = false;
@@ -771,8 +838,7 @@ void runtime::do_open_interpreter(interpreter_request request, ticket t, open_ha
                   "runtime: unknown runtime " + detail::quote_for_message(request.runtime));
   }
   const std::string& binary = spec->argv.front();
-  const auto slash = binary.rfind('/');
-  if (binary.compare(slash == std::string::npos ? 0 : slash + 1, 6, "python") != 0) {
+  if (!detail::is_python_runtime(*spec)) {
     return refuse(
         std::move(handler), ex, code::invalid_request,
         "runtime: " + detail::quote_for_message(request.runtime) + " is not a Python runtime");
