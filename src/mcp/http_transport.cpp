@@ -313,7 +313,10 @@ class http_transport final : public transport {
         if (it->second.s->in_flight() == 0 &&
             now - it->second.last_used >= o_.session_idle_timeout) {
           std::cerr << "sandboxctl: mcp: session " << it->first.substr(0, 8) << "… expired\n";
+          // Closed, not dropped: its interpreter session is killed and confirmed gone.
+          auto s = std::move(it->second.s);
           it = sessions_.erase(it);
+          close_session(std::move(s), nullptr);
         } else {
           ++it;
         }
