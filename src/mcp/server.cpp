@@ -10,6 +10,10 @@
 #include <boost/asio/signal_set.hpp>
 #include <iostream>
 #include <optional>
+#include <string>
+#include <vector>
+
+#include "protocol/python_runtime.hpp"
 
 namespace sandbox::mcp {
 namespace {
@@ -44,6 +48,11 @@ int serve(server_options o, const transport_factory& make_transport) {
               "a human must approve this network access; the MCP client cannot"));
         });
   }
+  // run_cell's runtimes: the configured ones an interpreter session can run.
+  std::vector<std::string> python_runtimes;
+  for (const auto& spec : opts.runtimes) {
+    if (sandbox::detail::is_python_runtime(spec)) python_runtimes.push_back(spec.name);
+  }
   auto created = sandbox::runtime::create(io.get_executor(), std::move(opts));
   if (!created) {
     std::cerr << "sandboxctl: mcp: cannot start the runtime: " << created.error().message() << "\n";
@@ -53,7 +62,8 @@ int serve(server_options o, const transport_factory& make_transport) {
   const server_context context{.runtime = *rt,
                                .ticket = o.ticket,
                                .executor = io.get_executor(),
-                               .max_in_flight = o.max_in_flight};
+                               .max_in_flight = o.max_in_flight,
+                               .python_runtimes = std::move(python_runtimes)};
   auto t = make_transport(context);
   boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
   bool stopping = false;

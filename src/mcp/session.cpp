@@ -21,12 +21,15 @@ namespace {
 using json = nlohmann::json;
 
 tool_context context_of(const server_context& c, const host_catalog& catalog) {
-  return {.policy = c.runtime.policy(), .catalog = catalog, .ticket = c.ticket};
+  return {.policy = c.runtime.policy(),
+          .catalog = catalog,
+          .ticket = c.ticket,
+          .python_runtimes = c.python_runtimes};
 }
 
 }  // namespace
 
-session::session(const server_context& context) : c_(context) {}
+session::session(const server_context& context) : c_(context), interpreter_(context) {}
 
 session::~session() = default;
 
@@ -104,11 +107,15 @@ void session::async_close(std::function<void()> done) {
   std::vector<std::shared_ptr<boost::asio::cancellation_signal>> signals;
   for (auto& [key, signal] : in_flight_) signals.push_back(signal);
   for (auto& signal : signals) signal->emit(boost::asio::cancellation_type::terminal);
-  settle_if_closed();
+  // Last (its completion may come inside this call, and `done` may destroy this session).
+  interpreter_.async_close([this] {
+    interpreter_closed_ = true;
+    settle_if_closed();
+  });
 }
 
 void session::settle_if_closed() {
-  if (!closing_ || !in_flight_.empty() || !closed_) return;
+  if (!closing_ || !in_flight_.empty() || !interpreter_closed_ || !closed_) return;
   // Last: `done` may destroy this session.
   auto done = std::exchange(closed_, nullptr);
   done();
@@ -177,6 +184,10 @@ void session::call(const message& m, reply_handler reply) {
     answer(get_file(args, *blobs, c_.ticket.tenant()));
     return;
   }
+  if (tool == "run_cell") {
+    run_cell(m, args, std::move(reply));
+    return;
+  }
   auto req = decode_run_arguments(args, ctx, tool == "run_tool", *blobs);
   if (auto* e = std::get_if<bad_arguments>(&req)) {
     reply(error_line(m.id, rpc_error::invalid_params, "invalid params: " + e->message));
@@ -219,6 +230,48 @@ void session::call(const message& m, reply_handler reply) {
                 }
                 settle_if_closed();
               })));
+}
+
+}  // namespace sandbox::mcp
+
+namespace sandbox::mcp {
+
+void session::run_cell(const message& m, const json& args, reply_handler reply) {
+  auto catalog = c_.runtime.catalog();
+  const auto ctx = context_of(c_, catalog);
+  auto call = decode_cell_arguments(args, ctx);
+  if (auto* e = std::get_if<bad_arguments>(&call)) {
+    reply(error_line(m.id, rpc_error::invalid_params, "invalid params: " + e->message));
+    return;
+  }
+  const auto key = m.id.dump();
+  if (in_flight_.count(key) != 0) {
+    reply(error_line(m.id, rpc_error::invalid_request,
+                     "invalid request: a request with this id is in flight"));
+    return;
+  }
+  if (in_flight_.size() >= c_.max_in_flight) {
+    reply(result_line(
+        m.id, error_result(fmt::format("capacity: {} calls of this client are in flight already",
+                                       c_.max_in_flight))));
+    return;
+  }
+  auto signal = std::make_shared<boost::asio::cancellation_signal>();
+  in_flight_.emplace(key, signal);
+  interpreter_.run(
+      std::get<cell_arguments>(call), ctx, signal->slot(),
+      [this, id = m.id, key, signal, reply = std::move(reply)](std::optional<json> result) {
+        in_flight_.erase(key);
+        const bool by_client = cancelled_.erase(key) != 0;
+        // As a run's: a cancelled call is never answered, nor any once the
+        // session is closing.
+        if (by_client || closing_ || !result) {
+          reply(std::nullopt);
+        } else {
+          reply(result_line(id, std::move(*result)));
+        }
+        settle_if_closed();
+      });
 }
 
 }  // namespace sandbox::mcp

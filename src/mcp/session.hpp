@@ -19,7 +19,9 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "mcp/interpreter_binding.hpp"
 #include "mcp/jsonrpc.hpp"
 #include "sandbox/runtime.hpp"
 #include "sandbox/ticket.hpp"
@@ -34,6 +36,9 @@ struct server_context {
   /// Runs in flight at once in one session; a call beyond it is a tool error "capacity: ..."
   /// (the host scheduler's own caps still apply below it).
   std::size_t max_in_flight = 16;
+  /// The configured runtimes whose interpreter is Python (`is_python_runtime`), for
+  /// `run_cell`; empty: no `run_cell`.
+  std::vector<std::string> python_runtimes = {};
 };
 
 /// The answer to one message: the response line (newline excluded), or nullopt when there is
@@ -41,9 +46,10 @@ struct server_context {
 /// session's close cut off).
 using reply_handler = std::function<void(std::optional<std::string> line)>;
 
-/// One client's MCP session: dispatch, tools and the runs in flight. Not copyable or movable
-/// (its runs' completions refer to it). Destroy it only when `in_flight()` is 0 (after
-/// `async_close` completed, or when nothing was started).
+/// One client's MCP session: dispatch, tools, the runs in flight and the interpreter session
+/// bound to it (`run_cell`, interpreter_binding.hpp). Not copyable or movable (its runs'
+/// completions refer to it). Destroy it only after `async_close` completed, or when nothing
+/// was started.
 class session {
  public:
   /// A session bound to `context`, which must outlive it.
@@ -64,12 +70,14 @@ class session {
   void handle_line(std::string_view line, reply_handler reply);
 
   /// Cancels the request `id` in flight as `notifications/cancelled` does: the runtime kills
-  /// its run and confirms it gone, and the request is answered nullopt. Returns false when no
-  /// such request is in flight.
+  /// its run and confirms it gone (a `run_cell`'s cell is interrupted, then killed when it
+  /// does not yield), and the request is answered nullopt. Returns false when no such
+  /// request is in flight.
   bool cancel(const nlohmann::json& id);
 
-  /// Cancels every run in flight and calls `done` once each was confirmed gone (at once when
-  /// none is in flight). Called once; later messages are answered nullopt.
+  /// Cancels every run in flight, closes the bound interpreter session, and calls `done` once
+  /// each run and the interpreter's sandbox were confirmed gone (at once when there is
+  /// nothing). Called once; later messages are answered nullopt.
   void async_close(std::function<void()> done);
 
   /// Runs started and not yet completed.
@@ -83,11 +91,14 @@ class session {
   void initialize(const message& m, reply_handler& reply);
   void call(const message& m, reply_handler reply);
   void settle_if_closed();
+  void run_cell(const message& m, const nlohmann::json& args, reply_handler reply);
 
   const server_context& c_;
   std::map<std::string, std::shared_ptr<boost::asio::cancellation_signal>> in_flight_;
   std::set<std::string> cancelled_;  ///< keys cancelled by the client: answered nullopt
   std::function<void()> closed_;     ///< async_close's `done`, until every run completed
+  interpreter_binding interpreter_;  ///< run_cell's interpreter session
+  bool interpreter_closed_ = false;  ///< its async_close completed
   bool initialized_ = false;
   bool closing_ = false;
 };

@@ -9,6 +9,7 @@
 
 #include "protocol/base64url.hpp"
 #include "sandbox/json.hpp"
+#include "service/line_protocol.hpp"
 
 namespace sandbox::mcp {
 namespace {
@@ -114,6 +115,41 @@ std::string stream_text(const char* name, const stream_capture& s) {
                      s.summary.empty() || s.summary.back() == '\n' ? "" : "\n");
 }
 
+// Appends a blob of the tenant to `content`: image content when its bytes are PNG or JPEG
+// (by their magic bytes) and within the inline caps (`inlined` counts what this result
+// inlined so far), else a resource link named `name` (with `mime_type` when known).
+void add_blob(json& content, const blob_store& blobs, std::string_view tenant,
+              const std::string& name, const std::string& blob, std::uint64_t bytes,
+              std::string_view what, std::string_view mime_type, std::uint64_t& inlined) {
+  if (bytes <= max_inline_image_bytes && inlined + bytes <= max_inline_images_total) {
+    if (auto got = blobs.get(tenant, blob)) {
+      if (auto mime = image_mime_type(*got); !mime.empty()) {
+        inlined += got->size();
+        content.push_back({{"type", "image"},
+                           {"data", sandbox::detail::base64_encode(*got)},
+                           {"mimeType", mime}});
+        return;
+      }
+    }
+  }
+  json link = {
+      {"type", "resource_link"},
+      {"uri", blob_uri(blob)},
+      {"name", name},
+      {"description", fmt::format("{} '{}', {} bytes (get_file {})", what, name, bytes, blob)},
+      {"size", bytes}};
+  // (The interpreter's MIME types are the cell's words: only a plain type/subtype is kept.)
+  const bool plain = !mime_type.empty() && mime_type.size() <= 127 &&
+                     std::count(mime_type.begin(), mime_type.end(), '/') == 1 &&
+                     std::all_of(mime_type.begin(), mime_type.end(), [](char ch) {
+                       return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                              (ch >= '0' && ch <= '9') || ch == '/' || ch == '.' || ch == '+' ||
+                              ch == '-';
+                     });
+  if (plain) link["mimeType"] = mime_type;
+  content.push_back(std::move(link));
+}
+
 // Whether `name` is a registered tool that run_tool's enum lists: installed, usable, granted.
 bool is_listed_tool(const tool_context& c, const std::string& name) {
   auto it = c.catalog.tools.find(name);
@@ -131,6 +167,24 @@ std::string_view image_mime_type(std::string_view bytes) {
 
 std::string blob_uri(std::string_view blob_id) {
   return std::string(blob_uri_prefix) + std::string(blob_id);
+}
+
+std::vector<std::string> cell_runtimes(const tool_context& c) {
+  std::vector<std::string> out;
+  for (const auto& name : c.python_runtimes) {
+    auto it = c.catalog.runtimes.find(name);
+    if (it != c.catalog.runtimes.end() && it->second) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::string default_cell_runtime(const tool_context& c) {
+  const auto offered = cell_runtimes(c);
+  if (offered.empty()) return {};
+  if (std::find(offered.begin(), offered.end(), "python3") != offered.end()) return "python3";
+  return offered.front();
 }
 
 json list_tools(const tool_context& c) {
@@ -172,6 +226,53 @@ json list_tools(const tool_context& c) {
           {{"type", "object"},
            {"properties", props},
            {"required", {"runtime", "source"}},
+           {"additionalProperties", false}}}});
+  }
+  if (const auto python = cell_runtimes(c);
+      c.ticket.allows(action::code_execute) && !python.empty()) {
+    json props = {
+        {"code",
+         {{"type", "string"},
+          {"maxLength", c.policy.max_source_bytes},
+          {"description",
+           fmt::format("the cell's Python source (UTF-8, at most {} bytes); the value of its "
+                       "last expression comes back",
+                       c.policy.max_source_bytes)}}},
+        {"runtime",
+         {{"type", "string"},
+          {"enum", python},
+          {"default", default_cell_runtime(c)},
+          {"description",
+           "the Python runtime of the interpreter session; fixed when the session opens "
+           "(give reset to change it)"}}},
+        {"reset",
+         {{"type", "boolean"},
+          {"default", false},
+          {"description",
+           "end the current interpreter session first (its state is lost) and run the cell "
+           "in a fresh one"}}}};
+    add_limits(props, c);
+    props.erase("memory_bytes");  // the session's memory limit is the host's, not a cell's
+    props["timeout_ms"]["description"] =
+        "wall-clock limit of this cell, in milliseconds: past it the cell is interrupted "
+        "(KeyboardInterrupt; the state is kept) or, when it does not yield, the interpreter is "
+        "killed (the state is lost)";
+    tools.push_back(
+        {{"name", "run_cell"},
+         {"title", "Run a cell in a Python interpreter session"},
+         {"description",
+          "Runs Python code in an interpreter session bound to this MCP session, as a notebook "
+          "cell: variables, imports and files persist from one call to the next. Returns the "
+          "value of the last expression, stdout and stderr; matplotlib figures come back as "
+          "images, files written to $SANDBOX_OUTPUT_DIR as images or links for get_file. The "
+          "first call opens the session. A result saying 'state: lost' means the session "
+          "ended (the next call starts a fresh one and says so). One cell at a time: a call "
+          "while a cell runs is refused with 'capacity'. A non-ok outcome is an error whose "
+          "text starts with its code (error, timeout, oom, ...)."},
+         {"inputSchema",
+          {{"type", "object"},
+           {"properties", props},
+           {"required", {"code"}},
            {"additionalProperties", false}}}});
   }
   json names = json::array();
@@ -316,6 +417,91 @@ std::variant<run_request, bad_arguments> decode_run_arguments(const json& args,
   return req;
 }
 
+std::variant<cell_arguments, bad_arguments> decode_cell_arguments(const json& args,
+                                                                  const tool_context& c) {
+  static constexpr std::array<std::string_view, 4> keys{"code", "timeout_ms", "runtime", "reset"};
+  for (const auto& [key, value] : args.items()) {
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      return bad_arguments{fmt::format("{}: not an argument of this tool", key)};
+    }
+  }
+  cell_arguments out;
+  if (auto e = get_string(args, "code", out.code, true)) return *e;
+  if (out.code.size() > c.policy.max_source_bytes) {
+    return bad_arguments{fmt::format("code: longer than {} bytes", c.policy.max_source_bytes)};
+  }
+  std::optional<std::uint64_t> timeout;
+  if (auto e = get_count(args, "timeout_ms", timeout,
+                         static_cast<std::uint64_t>(timeout_ceiling_ms(c)))) {
+    return *e;
+  }
+  if (timeout) out.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(*timeout));
+  if (args.contains("runtime")) {
+    std::string name;
+    if (auto e = get_string(args, "runtime", name, false)) return *e;
+    const auto offered = cell_runtimes(c);
+    if (std::find(offered.begin(), offered.end(), name) == offered.end()) {
+      return bad_arguments{
+          fmt::format("runtime: not one of the Python runtimes listed ({})",
+                      json(name).dump(-1, ' ', false, json::error_handler_t::replace))};
+    }
+    out.runtime = std::move(name);
+  }
+  if (auto r = args.find("reset"); r != args.end()) {
+    if (!r->is_boolean()) return bad_arguments{"reset: expected a boolean"};
+    out.reset = r->get<bool>();
+  }
+  return out;
+}
+
+json cell_call_result(const cell_result& r, const cell_session_info& s, const blob_store& blobs,
+                      std::string_view tenant) {
+  std::string text(to_string(r.code));
+  if (!r.message.empty()) text += ": " + r.message;
+  text += "\n";
+  if (r.state == interpreter_state::kept) {
+    text += "state: kept\n";
+  } else {
+    text +=
+        "state: lost (the interpreter session is over: its variables, imports and files are "
+        "gone; the next run_cell starts a fresh session)\n";
+  }
+  if (!s.cancelled_before.empty()) text += "previous call: " + s.cancelled_before + "\n";
+  if (s.fresh) {
+    text += fmt::format("session: fresh ({}){}\n", s.runtime,
+                        s.previous_ended.empty() ? "" : ": " + s.previous_ended);
+  } else {
+    text += fmt::format("session: {}, cell {}\n", s.runtime, s.cell);
+  }
+  if (r.exit_code) text += fmt::format("exit code: {}\n", *r.exit_code);
+  if (r.signal) text += fmt::format("signal: {}\n", *r.signal);
+  text += fmt::format("wall {} ms\n", r.usage.wall.count());
+  if (!r.value.empty()) {
+    text += fmt::format("--- value{} ---\n{}\n", r.value_truncated ? " (truncated)" : "", r.value);
+  }
+  if (!r.error.empty()) {
+    text += fmt::format("--- error ---\n{}{}", r.error, r.error.back() == '\n' ? "" : "\n");
+  }
+  text += stream_text("stdout", r.std_out);
+  text += stream_text("stderr", r.std_err);
+  if (r.outputs_truncated) text += "some outputs or files were over a cap and dropped\n";
+  if (r.frames_dropped != 0) {
+    text += fmt::format("{} frame(s) of the interpreter's channel dropped\n", r.frames_dropped);
+  }
+  json content = json::array({{{"type", "text"}, {"text", std::move(text)}}});
+  std::uint64_t inlined = 0;
+  for (std::size_t i = 0; i < r.outputs.size(); ++i) {
+    const auto& o = r.outputs[i];
+    add_blob(content, blobs, tenant, fmt::format("output-{}", i + 1), o.blob, o.bytes,
+             "displayed output", o.mime_type, inlined);
+  }
+  for (const auto& f : r.files_out) {
+    add_blob(content, blobs, tenant, f.name, f.blob, f.bytes, "output file", {}, inlined);
+  }
+  content.push_back({{"type", "text"}, {"text", service::encode_cell_result(r)}});
+  return {{"content", std::move(content)}, {"isError", r.code != code::ok}};
+}
+
 json error_result(std::string text) {
   return {{"content", json::array({{{"type", "text"}, {"text", std::move(text)}}})},
           {"isError", true}};
@@ -353,23 +539,7 @@ json call_result(const run_result& r, const blob_store& blobs, std::string_view 
   json content = json::array({{{"type", "text"}, {"text", std::move(text)}}});
   std::uint64_t inlined = 0;
   for (const auto& f : r.files_out) {
-    if (f.bytes <= max_inline_image_bytes && inlined + f.bytes <= max_inline_images_total) {
-      if (auto bytes = blobs.get(tenant, f.blob)) {
-        if (auto mime = image_mime_type(*bytes); !mime.empty()) {
-          inlined += bytes->size();
-          content.push_back({{"type", "image"},
-                             {"data", sandbox::detail::base64_encode(*bytes)},
-                             {"mimeType", mime}});
-          continue;
-        }
-      }
-    }
-    content.push_back({{"type", "resource_link"},
-                       {"uri", blob_uri(f.blob)},
-                       {"name", f.name},
-                       {"description", fmt::format("output file '{}', {} bytes (get_file {})",
-                                                   f.name, f.bytes, f.blob)},
-                       {"size", f.bytes}});
+    add_blob(content, blobs, tenant, f.name, f.blob, f.bytes, "output file", {}, inlined);
   }
   content.push_back({{"type", "text"}, {"text", encode(r)}});
   return {{"content", std::move(content)}, {"isError", r.code != code::ok}};

@@ -5,14 +5,18 @@
 // Pure apart from the blob store it is handed: unit tested with an in-memory one.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include "sandbox/admission.hpp"
 #include "sandbox/blob_store.hpp"
+#include "sandbox/interpreter.hpp"
 #include "sandbox/policy.hpp"
 #include "sandbox/protocol.hpp"
 #include "sandbox/ticket.hpp"
@@ -32,12 +36,23 @@ struct tool_context {
   const sandbox::policy& policy;
   const host_catalog& catalog;
   const sandbox::ticket& ticket;
+  /// The configured runtimes whose interpreter is Python (`is_python_runtime`): those
+  /// `run_cell` may open an interpreter session of, when their image is installed.
+  std::vector<std::string> python_runtimes = {};
 };
 
 /// The `tools` array of a `tools/list` result: `run_code` (when the ticket grants
-/// `code.execute` and a runtime is installed), `run_tool` (when a registered tool is usable
-/// and granted), `put_file`, `get_file`.
+/// `code.execute` and a runtime is installed), `run_cell` (when it grants `code.execute` and
+/// a Python runtime is installed), `run_tool` (when a registered tool is usable and granted),
+/// `put_file`, `get_file`.
 nlohmann::json list_tools(const tool_context& c);
+
+/// The runtimes `run_cell` offers: the Python runtimes whose image is installed, sorted.
+std::vector<std::string> cell_runtimes(const tool_context& c);
+
+/// The runtime an interpreter session opens with when `run_cell` names none: "python3" when
+/// offered, else the first offered; empty when none is.
+std::string default_cell_runtime(const tool_context& c);
 
 /// Arguments that do not fit a tool's input schema: answered as JSON-RPC invalid params.
 struct bad_arguments {
@@ -54,6 +69,48 @@ struct bad_arguments {
 std::variant<run_request, bad_arguments> decode_run_arguments(const nlohmann::json& args,
                                                               const tool_context& c, bool tool,
                                                               blob_store& blobs);
+
+/// The arguments of one `run_cell` call, decoded.
+struct cell_arguments {
+  std::string code;  ///< the cell's Python source (at most the policy's `max_source_bytes`)
+  /// 1..the timeout ceiling; unset: the interpreter's default (`run_request`'s, 2000 ms).
+  std::optional<std::chrono::milliseconds> timeout;
+  std::optional<std::string> runtime;  ///< one of `cell_runtimes`; unset: the session's own
+  bool reset = false;                  ///< close the session first and start a fresh one
+  bool operator==(const cell_arguments&) const = default;
+};
+
+/// Decodes `run_cell`'s arguments strictly, as its schema states: `code` (required, a string
+/// of at most `max_source_bytes`), `timeout_ms` (1..ceiling), `runtime` (one of
+/// `cell_runtimes`), `reset` (boolean). Anything else is `bad_arguments` naming the argument.
+std::variant<cell_arguments, bad_arguments> decode_cell_arguments(const nlohmann::json& args,
+                                                                  const tool_context& c);
+
+/// Which interpreter session ran a cell, for its result's text.
+struct cell_session_info {
+  std::string runtime;     ///< the session's runtime, e.g. "python3"
+  std::uint64_t cell = 0;  ///< the cell's number in its session, from 1
+  bool fresh = false;      ///< the session was opened for this call
+  /// Why there is a fresh session although there was one before (the previous one lost its
+  /// state, ended by itself, or was reset); empty for the MCP session's first.
+  std::string previous_ended;
+  /// What happened to the previous call's cell when the client cancelled it (its result was
+  /// never sent); empty when nothing was cancelled.
+  std::string cancelled_before;
+};
+
+/**
+ * The `tools/call` result of a `run_cell`: `content` and `isError` (true for every code other
+ * than `ok`). The first item is text: the stable code (and message), `state: kept` or `state:
+ * lost` (then that the session is over and the next call starts a fresh one), which session
+ * ran it (fresh, and why the previous one is gone), exit code or signal when the interpreter
+ * ended, wall time, the last expression's value, the exception's summary, stdout and stderr
+ * summaries. Rich outputs and output files that are PNG or JPEG (by their magic bytes, within
+ * the inline caps) become image content, all others resource links (with their MIME type
+ * when the cell displayed them). The last item is the cell result's JSON (docs/protocol.md).
+ */
+nlohmann::json cell_call_result(const cell_result& r, const cell_session_info& s,
+                                const blob_store& blobs, std::string_view tenant);
 
 /**
  * The `tools/call` result of a run: `content` and `isError` (true for every code other than

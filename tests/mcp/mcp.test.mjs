@@ -182,6 +182,7 @@ before(async () => {
 });
 after(async () => {
   await shared?.close();
+  await cells?.close();
   rmSync(scratch, { recursive: true, force: true });
 });
 
@@ -620,4 +621,168 @@ stdioOnly("hostile framing: each bad line gets its JSON-RPC error and the server
     [5, -32602],
     [6, "ok"],
   ]);
+});
+
+// run_cell: an interpreter session bound to the MCP session. One server for these cases, in
+// order (state carries from one to the next), under a ticket whose ceiling lets the
+// interpreter live through them (its lifetime is bounded by the ticket's max_timeout_ms).
+const cellTicket = join(scratch, "cell-ticket.json");
+writeFileSync(
+  cellTicket,
+  JSON.stringify({
+    v: 1,
+    id: "mcp-cell",
+    tenant: "acme",
+    actions: ["code.execute"],
+    isolation: "process",
+    max_timeout_ms: 120000,
+    max_memory_bytes: 536870912,
+  }),
+);
+const cellConfig = join(scratch, "cell-config.json");
+writeFileSync(
+  cellConfig,
+  JSON.stringify({
+    v: 1,
+    runtimes: [
+      { name: "python3-data", image: "python3-data", argv: ["/usr/bin/python3", "-I", "{source}"], source_name: "main.py" },
+    ],
+  }),
+);
+let cells;
+const cellConn = async () => (cells ??= await connect(["--config", cellConfig], cellTicket));
+const cell = async (args) => (await cellConn()).client.callTool({ name: "run_cell", arguments: args });
+const textOf = (r) => r.content[0].text;
+// A call of `code` while no other cell runs: a `capacity` answer (the cell of a cancelled
+// call may still be yielding) is retried.
+async function cellWhenFree(args) {
+  for (let i = 0; ; ++i) {
+    const r = await cell(args);
+    if (!/^capacity/.test(textOf(r)) || i >= 50) return r;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
+test("run_cell: listed with the Python runtimes and the limits; state kept across calls", async () => {
+  const { tools } = await (await cellConn()).client.listTools();
+  const run = tools.find((t) => t.name === "run_cell");
+  assert.ok(run, JSON.stringify(tools.map((t) => t.name)));
+  assert.equal(run.inputSchema.properties.code.maxLength, 32768);
+  // The policy's ceiling (8 s) is below this ticket's.
+  assert.equal(run.inputSchema.properties.timeout_ms.maximum, 8000);
+  assert.ok(run.inputSchema.properties.runtime.enum.includes("python3"));
+  assert.ok(!run.inputSchema.properties.runtime.enum.includes("node"));
+  const first = await cell({ code: "x = 41\nprint('set')" });
+  assert.equal(first.isError, false, textOf(first));
+  assert.match(textOf(first), /^ok\nstate: kept\nsession: fresh \(python3\)\n/);
+  assert.match(textOf(first), /--- stdout \(4 bytes\) ---\nset\n/);
+  const second = await cell({ code: "x + 1" });
+  assert.equal(second.isError, false, textOf(second));
+  assert.match(textOf(second), /session: python3, cell 2\n/);
+  assert.match(textOf(second), /--- value ---\n42\n/);
+  assert.equal(JSON.parse(second.content.at(-1).text).value, "42");
+});
+
+test("run_cell: a cell while another runs is refused with capacity", async () => {
+  const slow = cell({ code: "import time\ntime.sleep(1.5)\n'slow done'", timeout_ms: 8000 });
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  const refused = await cell({ code: "1" });
+  assert.equal(refused.isError, true);
+  assert.match(textOf(refused), /^capacity: /);
+  const r = await slow;
+  assert.equal(r.isError, false, textOf(r));
+  assert.match(textOf(r), /'slow done'/);
+});
+
+test("run_cell: a timeout interrupts the cell and keeps the state", async () => {
+  const r = await cell({ code: "import time\ntime.sleep(30)", timeout_ms: 500 });
+  assert.equal(r.isError, true);
+  assert.match(textOf(r), /^timeout: /);
+  assert.match(textOf(r), /\nstate: kept\n/);
+  assert.match(textOf(r), /KeyboardInterrupt/);
+  const after = await cell({ code: "x" });
+  assert.match(textOf(after), /--- value ---\n41\n/);
+});
+
+test("run_cell: cancelling a running cell interrupts it; the next result says so", async () => {
+  const abort = new AbortController();
+  const call = (await cellConn()).client
+    .callTool({ name: "run_cell", arguments: { code: "import time\ntime.sleep(30)", timeout_ms: 8000 } }, undefined, {
+      signal: abort.signal,
+    });
+  await new Promise((resolve) => setTimeout(resolve, 700));
+  abort.abort("test cancels");
+  await assert.rejects(call);
+  const next = await cellWhenFree({ code: "x" });
+  assert.equal(next.isError, false, textOf(next));
+  assert.match(textOf(next), /previous call: it was cancelled: internal: the cell was cancelled and interrupted.*\(state kept\)\n/);
+  assert.match(textOf(next), /--- value ---\n41\n/);
+});
+
+test("run_cell: exit() loses the state; the next call runs in a fresh session and says so", async () => {
+  const r = await cell({ code: "exit(3)" });
+  assert.match(textOf(r), /\nstate: lost \(the interpreter session is over/);
+  assert.match(textOf(r), /\nexit code: 3\n/);
+  const next = await cell({ code: "'x' in globals()" });
+  assert.equal(next.isError, false, textOf(next));
+  assert.match(textOf(next), /session: fresh \(python3\): the previous session ended when a cell lost its state/);
+  assert.match(textOf(next), /--- value ---\nFalse\n/);
+});
+
+test("run_cell: a matplotlib chart (python3-data) arrives as image content", async (t) => {
+  if (!hasImage("python3-data")) return missing(t, "no python3-data image (tools/setup.sh builds it)");
+  const code = ["import matplotlib.pyplot as plt", "plt.bar(['a', 'b'], [3, 5])", "'charted'"].join("\n");
+  // Another runtime than the session's: refused unless the client starts over on purpose.
+  const refused = await cell({ code, runtime: "python3-data" });
+  assert.equal(refused.isError, true);
+  assert.match(textOf(refused), /^invalid_request: runtime: .*reset: true/);
+  const r = await cell({ code, runtime: "python3-data", reset: true, timeout_ms: 8000 });
+  assert.equal(r.isError, false, textOf(r));
+  assert.match(textOf(r), /session: fresh \(python3-data\): the previous session was closed at the client's request/);
+  const image = r.content.find((c) => c.type === "image");
+  assert.equal(image?.mimeType, "image/png", JSON.stringify(r.content.map((c) => c.type)));
+  assert.deepEqual([...Buffer.from(image.data, "base64").subarray(0, 4)], [137, 80, 78, 71]);
+  assert.ok(Buffer.from(image.data, "base64").length > 1000);
+});
+
+test("run_cell: bad arguments are JSON-RPC invalid params", async () => {
+  const { client } = await cellConn();
+  for (const args of [{}, { code: 1 }, { code: "1", timeout_ms: 0 }, { code: "1", runtime: "node" }, { code: "1", reset: "yes" }, { code: "1", memory_bytes: 5 }]) {
+    await assert.rejects(client.callTool({ name: "run_cell", arguments: args }), (e) => {
+      assert.ok(e instanceof McpError, String(e));
+      assert.equal(e.code, -32602);
+      return true;
+    });
+  }
+  await cells.close();
+  cells = undefined;
+});
+
+// A connection whose interpreter session started a child marked `marker`, inside its sandbox.
+async function cellWithChild(marker) {
+  const conn = await connect([], cellTicket);
+  const r = await conn.client.callTool({
+    name: "run_cell",
+    arguments: { code: `import subprocess, sys\np = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "${marker}"])\n'started'` },
+  });
+  assert.equal(r.isError, false, textOf(r));
+  await waitFor("the child to start", () => processesWith(marker).length > 0);
+  return conn;
+}
+
+stdioOnly("run_cell: EOF ends the interpreter session; nothing of it is left", async () => {
+  const marker = `mcp-cell-eof-${process.pid}-${Date.now()}`;
+  const conn = await cellWithChild(marker);
+  const pid = conn.pid();
+  await conn.client.close();
+  await waitFor("sandboxctl mcp to exit", () => !alive(pid));
+  assert.deepEqual(processesWith(marker), []);
+});
+
+httpOnly("run_cell: DELETE ends the interpreter session; nothing of it is left", async () => {
+  const marker = `mcp-cell-delete-${process.pid}-${Date.now()}`;
+  const conn = await cellWithChild(marker);
+  await conn.transport.terminateSession();  // answered once the sandbox is confirmed gone
+  assert.deepEqual(processesWith(marker), []);
+  await conn.close();
 });
