@@ -193,43 +193,53 @@ void session::call(const message& m, reply_handler reply) {
     reply(error_line(m.id, rpc_error::invalid_params, "invalid params: " + e->message));
     return;
   }
-  const auto key = m.id.dump();
-  if (in_flight_.count(key) != 0) {
-    reply(error_line(m.id, rpc_error::invalid_request,
-                     "invalid request: a request with this id is in flight"));
-    return;
-  }
-  if (in_flight_.size() >= c_.max_in_flight) {
-    reply(result_line(
-        m.id, error_result(fmt::format("capacity: {} calls of this client are in flight already",
-                                       c_.max_in_flight))));
-    return;
-  }
-  auto signal = std::make_shared<boost::asio::cancellation_signal>();
-  in_flight_.emplace(key, signal);
+  auto signal = admit(m, reply);
+  if (!signal) return;
   // The completion runs on the session's executor whatever thread the runtime completes on.
   rt.async_run(
       std::get<run_request>(std::move(req)), c_.ticket,
       boost::asio::bind_cancellation_slot(
           signal->slot(),
           boost::asio::bind_executor(
-              c_.executor, [this, id = m.id, key, signal, reply = std::move(reply)](
+              c_.executor, [this, id = m.id, signal, reply = std::move(reply)](
                                boost::system::error_code ec, sandbox::run_result r) {
-                in_flight_.erase(key);
-                const bool by_client = cancelled_.erase(key) != 0;
+                const auto key = id.dump();
                 if (ec == boost::asio::error::operation_aborted) {
                   std::cerr << "sandboxctl: mcp: run " << r.run_id << " of request " << key
                             << " killed and gone\n";
                 }
-                // A request the client cancelled is never answered (MCP, "Cancellation"); nor
-                // is any once the session is closing (the client is gone).
-                if (by_client || closing_) {
-                  reply(std::nullopt);
-                } else {
-                  reply(result_line(id, call_result(r, *c_.runtime.blobs(), c_.ticket.tenant())));
-                }
-                settle_if_closed();
+                finish(key, reply,
+                       result_line(id, call_result(r, *c_.runtime.blobs(), c_.ticket.tenant())));
               })));
+}
+
+std::shared_ptr<boost::asio::cancellation_signal> session::admit(const message& m,
+                                                                 reply_handler& reply) {
+  const auto key = m.id.dump();
+  if (in_flight_.count(key) != 0) {
+    reply(error_line(m.id, rpc_error::invalid_request,
+                     "invalid request: a request with this id is in flight"));
+    return nullptr;
+  }
+  if (in_flight_.size() >= c_.max_in_flight) {
+    reply(result_line(
+        m.id, error_result(fmt::format("capacity: {} calls of this client are in flight already",
+                                       c_.max_in_flight))));
+    return nullptr;
+  }
+  auto signal = std::make_shared<boost::asio::cancellation_signal>();
+  in_flight_.emplace(key, signal);
+  return signal;
+}
+
+void session::finish(const std::string& key, const reply_handler& reply,
+                     std::optional<std::string> answer) {
+  in_flight_.erase(key);
+  const bool by_client = cancelled_.erase(key) != 0;
+  // A request the client cancelled is never answered (MCP, "Cancellation"); nor is any once
+  // the session is closing (the client is gone).
+  reply(by_client || closing_ ? std::nullopt : std::move(answer));
+  settle_if_closed();
 }
 
 }  // namespace sandbox::mcp
@@ -244,33 +254,14 @@ void session::run_cell(const message& m, const json& args, reply_handler reply) 
     reply(error_line(m.id, rpc_error::invalid_params, "invalid params: " + e->message));
     return;
   }
-  const auto key = m.id.dump();
-  if (in_flight_.count(key) != 0) {
-    reply(error_line(m.id, rpc_error::invalid_request,
-                     "invalid request: a request with this id is in flight"));
-    return;
-  }
-  if (in_flight_.size() >= c_.max_in_flight) {
-    reply(result_line(
-        m.id, error_result(fmt::format("capacity: {} calls of this client are in flight already",
-                                       c_.max_in_flight))));
-    return;
-  }
-  auto signal = std::make_shared<boost::asio::cancellation_signal>();
-  in_flight_.emplace(key, signal);
+  auto signal = admit(m, reply);
+  if (!signal) return;
   interpreter_.run(
       std::get<cell_arguments>(call), ctx, signal->slot(),
-      [this, id = m.id, key, signal, reply = std::move(reply)](std::optional<json> result) {
-        in_flight_.erase(key);
-        const bool by_client = cancelled_.erase(key) != 0;
-        // As a run's: a cancelled call is never answered, nor any once the
-        // session is closing.
-        if (by_client || closing_ || !result) {
-          reply(std::nullopt);
-        } else {
-          reply(result_line(id, std::move(*result)));
-        }
-        settle_if_closed();
+      [this, id = m.id, signal, reply = std::move(reply)](std::optional<json> result) {
+        // (nullopt: the interpreter's own answer to a cancelled cell, none)
+        finish(id.dump(), reply,
+               result ? std::optional(result_line(id, std::move(*result))) : std::nullopt);
       });
 }
 

@@ -92,6 +92,14 @@ class session {
   void call(const message& m, reply_handler reply);
   void settle_if_closed();
   void run_cell(const message& m, const nlohmann::json& args, reply_handler reply);
+  /// Admits a call that runs code: registered in flight under its id's key, with the signal
+  /// that cancels it; or refused through `reply` (an id already in flight, or this client's
+  /// cap on calls in flight) and nullptr.
+  std::shared_ptr<boost::asio::cancellation_signal> admit(const message& m, reply_handler& reply);
+  /// The end of an admitted call: out of flight, and answered `answer` — or nullopt when the
+  /// client cancelled it or the session is closing (MCP, "Cancellation").
+  void finish(const std::string& key, const reply_handler& reply,
+              std::optional<std::string> answer);
 
   const server_context& c_;
   std::map<std::string, std::shared_ptr<boost::asio::cancellation_signal>> in_flight_;

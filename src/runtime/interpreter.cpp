@@ -626,6 +626,22 @@ class interp_session final : public interpreter,
     arm_idle();
   }
 
+  /// A span of this interpreter, `name`, from `start` to now, with the attributes all of its
+  /// spans carry (the session's run id, tenant, ticket, runtime, level).
+  span base_span(std::string name, std::chrono::system_clock::time_point start) const {
+    span sp;
+    sp.name = std::move(name);
+    sp.start = start;
+    sp.end = std::chrono::system_clock::now();
+    auto& a = sp.attributes;
+    a["sandbox.run_id"] = s_->id();
+    a["sandbox.tenant"] = spans_.tenant;
+    a["sandbox.ticket_id"] = spans_.ticket_id;
+    a["sandbox.runtime"] = spans_.runtime;
+    a["sandbox.isolation"] = spans_.isolation;
+    return sp;
+  }
+
   /// The cell's span (`sandbox.cell`): the session's id, the cell's number, its code, state
   /// and usage, from the host's evidence as the result is.
   void record_cell_span(const cell_result& r, std::chrono::system_clock::time_point start,
@@ -634,16 +650,8 @@ class interp_session final : public interpreter,
     if (r.state == interpreter_state::lost) state_lost_ = true;
     if (!spans_.record) return;
     try {
-      span sp;
-      sp.name = "sandbox.cell";
-      sp.start = start;
-      sp.end = std::chrono::system_clock::now();
+      span sp = base_span("sandbox.cell", start);
       auto& a = sp.attributes;
-      a["sandbox.run_id"] = s_->id();
-      a["sandbox.tenant"] = spans_.tenant;
-      a["sandbox.ticket_id"] = spans_.ticket_id;
-      a["sandbox.runtime"] = spans_.runtime;
-      a["sandbox.isolation"] = spans_.isolation;
       a["sandbox.cell.index"] = static_cast<std::int64_t>(cells_);
       a["sandbox.cell.state"] = std::string(to_string(r.state));
       a["sandbox.cell.session_ended"] = r.session_ended;
@@ -665,16 +673,8 @@ class interp_session final : public interpreter,
   void record_session_span(const session_result& r) {
     if (!spans_.record) return;
     try {
-      span sp;
-      sp.name = "sandbox.interpreter";
-      sp.start = opened_at_;
-      sp.end = std::chrono::system_clock::now();
+      span sp = base_span("sandbox.interpreter", opened_at_);
       auto& a = sp.attributes;
-      a["sandbox.run_id"] = s_->id();
-      a["sandbox.tenant"] = spans_.tenant;
-      a["sandbox.ticket_id"] = spans_.ticket_id;
-      a["sandbox.runtime"] = spans_.runtime;
-      a["sandbox.isolation"] = spans_.isolation;
       a["sandbox.session.end"] = std::string(to_string(r.end));
       a["sandbox.interpreter.cells"] = static_cast<std::int64_t>(cells_);
       a["sandbox.interpreter.state"] = std::string(state_lost_ ? "lost" : "kept");
