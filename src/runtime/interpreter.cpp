@@ -591,7 +591,8 @@ class interp_session final : public interpreter,
     } else if (cancelled) {
       r.code = code::internal;
       r.message = "the cell was cancelled and interrupted; the interpreter lives on";
-    } else if (status == "error") {
+    } else if (status == "error" || status == "interrupted") {
+      // (An interrupt we did not send: a KeyboardInterrupt the cell raised itself.)
       r.code = code::error;
       r.message = "the cell raised an exception";
     } else {

@@ -177,6 +177,11 @@ TEST_CASE("interpreter: state, values, errors, interrupt, flood, forged frames",
     CHECK(r.state == interpreter_state::kept);
     CHECK(r.error.find("ZeroDivisionError") != std::string::npos);
     CHECK(exec(*i, "x").value == "41");
+    // A KeyboardInterrupt the cell raises itself (no timeout, no cancel) is its exception too.
+    r = exec(*i, "raise KeyboardInterrupt('mine')");
+    CHECK(r.code == code::error);
+    CHECK(r.state == interpreter_state::kept);
+    CHECK(r.error.find("KeyboardInterrupt") != std::string::npos);
 
     // The timeout interrupts the cell (KeyboardInterrupt); the interpreter lives on.
     r = exec(*i, "import time\ntime.sleep(60)", 500ms);
