@@ -4,14 +4,15 @@
 // asserted.
 //
 //   build/dev/bin/sandbox_bench [--runs N]
-//       [--section cold|pool|throughput|flood|scheduler|breakdown|oci|forks]
+//       [--section cold|pool|throughput|flood|scheduler|breakdown|oci|forks|interp]
 //
 // Needs root for the unshare/bwrap baselines (skipped otherwise) and the python3 image. The
 // oci section needs a library built with SANDBOX_BACKEND_OCI, root, and crun/runc/runsc in
 // /usr/bin (a level that cannot be registered prints why and is skipped); 10-20 s with the
 // default 30 runs on 2 cores (each gvisor run will add about half a second once it registers).
 // The forks section (process creation from inside, per level) takes about a minute: its
-// gvisor runs are seconds each.
+// gvisor runs are seconds each. The interp section (interpreter sessions against one-shot
+// runs) needs the python3-data image too; about a minute.
 #include <fcntl.h>
 #include <sched.h>
 #include <spawn.h>
@@ -36,6 +37,7 @@
 #include <array>
 #include <atomic>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/use_future.hpp>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -1262,6 +1264,150 @@ void section_forks(int runs) {
 
 }  // namespace
 
+// --- interp: a data exploration as interpreter cells against the same snippets as one-shot
+// runs (issue 17's aim: the session's total ≤ 15% of the one-shot total), and a trivial
+// cell's round trip (aim ≤ 5 ms p50). Every one-shot run pays the interpreter's start and
+// the pandas and matplotlib imports again; the session pays them once.
+
+// A CSV of `rows` shipments (lane, weight_kg), the same every time.
+std::string shipments_csv(int rows) {
+  std::string csv = "lane,weight_kg\n";
+  std::mt19937 gen(17);
+  const char* lanes[] = {"HAM-NYC", "RTM-SIN", "SHA-LAX", "ANR-MTL", "GDN-HEL", "VLC-JED"};
+  std::uniform_int_distribution<int> lane(0, 5), weight(10, 2400);
+  for (int i = 0; i < rows; ++i) csv += fmt::format("{},{}\n", lanes[lane(gen)], weight(gen));
+  return csv;
+}
+
+void section_interp(int runs) {
+  using namespace std::chrono_literals;
+  std::printf("\n== interpreter sessions: 10 pandas + matplotlib cells vs 10 one-shot runs (ms)\n");
+  auto o = bench_options();
+  o.runtimes.push_back({.name = "python3-data",
+                        .argv = {"/usr/bin/python3", "-I", "{source}"},
+                        .source_name = "main.py",
+                        .image = "python3-data"});
+  auto made = sandbox::runtime::create(o);
+  if (!made) {
+    std::fprintf(stderr, "runtime: %s\n", made.error().message().c_str());
+    return;
+  }
+  sandbox::runtime& rt = *made;
+  const auto cat = rt.catalog();
+  if (auto it = cat.runtimes.find("python3-data"); it == cat.runtimes.end() || !it->second) {
+    std::printf("  skipped: the python3-data image is not installed (tools/setup.sh)\n");
+    return;
+  }
+  auto ticket = sandbox::ticket_issuer{}
+                    .issue({.id = "bench-interp",
+                            .tenant = "bench",
+                            .isolation = sandbox::isolation::process,
+                            .max_timeout = 600000ms,
+                            .max_memory_bytes = 1ULL << 30})
+                    .value();
+  auto csv = rt.blobs()->put("bench", shipments_csv(5000));
+  if (!csv) {
+    std::fprintf(stderr, "blob put failed\n");
+    return;
+  }
+  const std::vector<sandbox::input_file> inputs{{.name = "shipments.csv", .blob = *csv}};
+  const std::string prelude = R"(import os, pandas as pd, matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+df = pd.read_csv(os.path.join(os.environ["SANDBOX_INPUT_DIR"], "shipments.csv"))
+)";
+  const std::vector<std::string> steps = {
+      "df.shape",
+      "df.groupby('lane')['weight_kg'].sum().sort_values().tail(3)",
+      "df.describe().loc['mean']",
+      "(df['weight_kg'] * 0.12).sum()",
+      "(df['weight_kg'] > 500).mean()",
+      "df.pivot_table(index='lane', values='weight_kg', aggfunc='mean').round(1)",
+      "ax = df.groupby('lane')['weight_kg'].sum().plot.bar()\nplt.tight_layout()\n"
+      "plt.savefig(os.path.join(os.environ['SANDBOX_OUTPUT_DIR'], 'lanes.png'))\nplt.close()",
+      "ax = df['weight_kg'].plot.hist(bins=30)\n"
+      "plt.savefig(os.path.join(os.environ['SANDBOX_OUTPUT_DIR'], 'weights.png'))\nplt.close()",
+      "df.sort_values('weight_kg').head(5).to_dict('records')",
+      "df['lane'].value_counts().head()"};
+
+  // The ten snippets as one-shot runs: each the prelude and its step.
+  double oneshot_total = 0;
+  for (const auto& step : steps) {
+    auto t0 = clock_type::now();
+    auto r = rt.run({.runtime = "python3-data",
+                     .source = prelude + step + "\n",
+                     .timeout = 60000ms,
+                     .files_in = inputs,
+                     .memory_limit_bytes = 1ULL << 30},
+                    ticket);
+    oneshot_total += ms_since(t0);
+    if (r.code != sandbox::code::ok) {
+      std::fprintf(stderr, "one-shot run failed: %s: %s\n%s\n", to_string(r.code).data(),
+                   r.message.c_str(), r.std_err.summary.c_str());
+      return;
+    }
+  }
+  // The same ten as cells of one session: the first also loads, as a notebook's first cell.
+  auto t0 = clock_type::now();
+  auto st =
+      rt.async_open_interpreter({.runtime = "python3-data"}, ticket, boost::asio::use_future).get();
+  if (st.code != sandbox::code::ok || !st.interpreter) {
+    std::fprintf(stderr, "open failed: %s: %s\n", to_string(st.code).data(), st.message.c_str());
+    return;
+  }
+  const double open_ms = ms_since(t0);
+  std::vector<double> cell_ms;
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    sandbox::cell_request c{.code = (k == 0 ? prelude : std::string()) + steps[k],
+                            .timeout = 60000ms};
+    if (k == 0) c.files_in = inputs;
+    auto c0 = clock_type::now();
+    auto r = st.interpreter->async_execute(std::move(c), boost::asio::use_future).get();
+    cell_ms.push_back(ms_since(c0));
+    if (r.code != sandbox::code::ok) {
+      std::fprintf(stderr, "cell %zu failed: %s: %s\n%s\n", k + 1, to_string(r.code).data(),
+                   r.message.c_str(), r.error.c_str());
+      return;
+    }
+  }
+  const double session_total = ms_since(t0);
+  st.interpreter->async_close(boost::asio::use_future).get();
+  std::printf("  %-52s %9.0f\n", "10 one-shot runs, total", oneshot_total);
+  std::printf("  %-52s %9.0f\n", "one session: open + 10 cells, total", session_total);
+  std::printf("  %-52s %9.0f\n", "  of which open", open_ms);
+  std::printf("  %-52s %9.0f\n", "  of which the first cell (imports, CSV)", cell_ms[0]);
+  std::printf("  %-52s %9.0f\n", "  of which the other nine cells",
+              std::accumulate(cell_ms.begin() + 1, cell_ms.end(), 0.0));
+  std::printf("  session / one-shot: %.1f%% (aim ≤ 15%%)\n", 100.0 * session_total / oneshot_total);
+
+  // A trivial cell's round trip, at the process level (python3).
+  auto st2 =
+      rt.async_open_interpreter({.runtime = "python3"}, ticket, boost::asio::use_future).get();
+  if (st2.code != sandbox::code::ok || !st2.interpreter) {
+    std::fprintf(stderr, "open failed: %s: %s\n", to_string(st2.code).data(), st2.message.c_str());
+    return;
+  }
+  auto exec = [&](const std::string& code) {
+    return st2.interpreter->async_execute({.code = code}, boost::asio::use_future).get();
+  };
+  exec("x = 41");
+  std::vector<double> trivial;
+  for (int i = 0; i < std::max(runs, 20); ++i) {
+    auto c0 = clock_type::now();
+    auto r = exec("x + 1");
+    trivial.push_back(ms_since(c0));
+    if (r.value != "42") {
+      std::fprintf(stderr, "trivial cell: %s (value %s)\n", to_string(r.code).data(),
+                   r.value.c_str());
+      return;
+    }
+  }
+  st2.interpreter->async_close(boost::asio::use_future).get();
+  auto p = percentiles(trivial);
+  std::printf("  %-52s %8.2f %8.2f   (aim p50 ≤ 5 ms)\n",
+              "trivial cell `x + 1`, round trip p50/p95", p.p50, p.p95);
+}
+
 int main(int argc, char** argv) {
   int runs = 30;
   std::string section = "all";
@@ -1274,7 +1420,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: sandbox_bench [--runs N] [--section "
-                   "cold|pool|throughput|flood|scheduler|breakdown|oci|forks]\n");
+                   "cold|pool|throughput|flood|scheduler|breakdown|oci|forks|interp]\n");
       return 2;
     }
   }
@@ -1293,5 +1439,6 @@ int main(int argc, char** argv) {
   if (want("breakdown")) section_breakdown(runs);
   if (want("oci")) section_oci(runs);
   if (want("forks")) section_forks(runs);
+  if (want("interp")) section_interp(runs);
   return 0;
 }
