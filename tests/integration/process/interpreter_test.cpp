@@ -362,16 +362,20 @@ TEST_CASE("interpreter: files_in between cells, usage per cell, spans", "[interp
     CHECK(r.value == "['data.csv']");  // nothing of the refused cells arrived
 
     // Usage from the session's cgroup: this cell's CPU, not the session's so far.
-    r = exec(*i, "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass");
-    CHECK(r.code == code::ok);
-    CHECK(r.usage.cpu >= 300ms);
-    CHECK(r.usage.wall > 0ms);
+    const auto busy =
+        exec(*i, "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass");
+    CHECK(busy.code == code::ok);
+    CHECK(busy.usage.cpu >= 300ms);
+    CHECK(busy.usage.wall > 0ms);
     r = exec(*i, "b = b'x' * (96 << 20)");
     CHECK(r.code == code::ok);
     CHECK(r.usage.peak_memory_bytes >= (96u << 20));
-    CHECK(r.usage.cpu < 300ms);  // the earlier cell's CPU is not counted again
     r = exec(*i, "del b");
     r = exec(*i, "1");
+    // The earlier cells' CPU is not counted again: a trivial cell costs less than the busy
+    // one (relative, not a figure: under the test bed's emulation a cell's framing alone
+    // costs tens of ms).
+    CHECK(r.usage.cpu < busy.usage.cpu);
     CHECK(r.usage.peak_memory_bytes > 0);
     if (std::filesystem::exists("/sys/fs/cgroup/memory/memory.max_usage_in_bytes")) {
       // cgroup v1: the peak counter restarts with each cell.

@@ -185,10 +185,14 @@ TEST_CASE("pool: fills, hands out one-shot instances, refills", "[pool]") {
 
 TEST_CASE("pool: a pooled run is indistinguishable from a cold one", "[pool]") {
   auto input = itest::put("a,b\n1,2\n");
+  // A deadline from the host's calibration (the probe's imports take seconds under the test
+  // bed's emulation), in a ticket that admits it.
   sandbox::run_request req{.runtime = "python3",
-                           .source = probe_since(std::chrono::system_clock::now())};
+                           .source = probe_since(std::chrono::system_clock::now()),
+                           .timeout = itest::default_deadline()};
+  const auto ticket = itest::ticket("itest", std::max(itest::default_deadline(), 8000ms));
   req.files_in = {{.name = "data.csv", .blob = input}};
-  auto cold = itest::run(req, itest::ticket());  // the shared runtime has no pool
+  auto cold = itest::run(req, ticket);  // the shared runtime has no pool
   pooled_runtime p({{.runtime = "python3", .size = 1}});
   REQUIRE(p.wait_ready(1));
   std::this_thread::sleep_for(3s);  // the instance waits, as pooled instances do
@@ -196,7 +200,7 @@ TEST_CASE("pool: a pooled run is indistinguishable from a cold one", "[pool]") {
   REQUIRE(id.has_value());
   req.files_in = {{.name = "data.csv", .blob = *id}};
   req.source = probe_since(std::chrono::system_clock::now());
-  auto warm = p.rt->run(req, itest::ticket());
+  auto warm = p.rt->run(req, ticket);
   REQUIRE(cold.code == code::ok);
   REQUIRE(warm.code == code::ok);
   CHECK(p.stats().handed_out == 1);
