@@ -67,11 +67,8 @@ ctest --preset "$PRESET" --output-on-failure --parallel "$JOBS" -LE 'conformance
 # depends on the cgroup version that the other session cases do not cover); they run on this
 # host above. So do the data runtime and the CPython comparison ([data], [cpython]: their
 # images are not on the bed's disk, and CPython's tests would take an hour under TCG).
-# And the same as an unprivileged user owning a delegated subtree (systemd's Delegate=yes on
-# v2: its processes in a leaf), as tools/run-unprivileged.sh does below on this host. The two
-# passes run side by side, one vCPU each (lanes [v2-root] and [v2-user]): the tests in a
-# guest run one at a time, so a second vCPU gave a pass little, and one after the other
-# they took about 6 minutes. Cases
+# Then the same as an unprivileged user owning a delegated subtree (systemd's Delegate=yes on
+# v2: its processes in a leaf), as tools/run-unprivileged.sh does below on this host. Cases
 # tagged [pure_v2] (the daemon socket-activated in a delegated cgroup) run only here: this
 # host's passes leave them out.
 # Each case's time is printed as it ends (--durations), so a hang names the case after the
@@ -80,30 +77,16 @@ ctest --preset "$PRESET" --output-on-failure --parallel "$JOBS" -LE 'conformance
 # hang (seen once in CI, not reproduced) cannot hide the other results, and its diagnostics
 # stay in the log.
 GUEST_TESTS='~[container] ~[gvisor] ~[stream] ~[node] ~[mcp] ~[data] ~[cpython] ~"lifetime: thousands of orphans*" ~"network: a lingering socket*"'
-prefix() { sed -u "s/^/[$1] /"; }
-guest_pass() {  # guest_pass root|user: the bed's tests as that user, once more if they fail
-  local as=$1 try
+for as in root user; do
   for try in 1 2; do
-    stage "process backend's integration tests in a pure cgroup v2 guest (QEMU, TCG, one vCPU), as $as (try $try)"
-    if TESTBED_AS=$as TESTBED_CPUS=1 TESTBED_REQUIRE_CGROUP_PARENT=1 \
-      "$ROOT/tools/run-in-cgroup2-guest.sh" "$BUILD" --use-colour no --durations yes "$GUEST_TESTS"; then
-      return 0
+    stage "process backend's integration tests in a pure cgroup v2 guest (QEMU, TCG), as $as (try $try)"
+    if TESTBED_AS=$as TESTBED_REQUIRE_CGROUP_PARENT=1 "$ROOT/tools/run-in-cgroup2-guest.sh" \
+      "$BUILD" --use-colour no --durations yes "$GUEST_TESTS"; then
+      break
     fi
+    [ "$try" = 1 ] || exit 1
   done
-  return 1
-}
-stage "pure cgroup v2 guests: as root in lane [v2-root], as an unprivileged user in lane [v2-user]"
-(set -o pipefail; guest_pass root 2>&1 | prefix v2-root) &
-v2_root=$!
-(set -o pipefail; guest_pass user 2>&1 | prefix v2-user) &
-v2_user=$!
-v2_root_rc=0 v2_user_rc=0
-wait "$v2_root" || v2_root_rc=$?
-wait "$v2_user" || v2_user_rc=$?
-if [ "$v2_root_rc" != 0 ] || [ "$v2_user_rc" != 0 ]; then
-  echo "tools/run-tests.sh: failed: lane [v2-root] status $v2_root_rc, lane [v2-user] status $v2_user_rc" >&2
-  exit 1
-fi
+done
 # The conformance suite's core tier per level, with the rest of the run beside it. A case
 # still running after 300 s makes the suite print the host's process tree and every thread's
 # stack and fail (its hang watchdog); such a level is run once more, so one rare hang (under
@@ -114,6 +97,7 @@ fi
 # as long together). Each lane's lines carry its tag; the run fails if either lane fails.
 UNPRIV_TMP=$(mktemp -d /tmp/sandbox-unpriv-XXXXXX)
 chmod 0777 "$UNPRIV_TMP"
+prefix() { sed -u "s/^/[$1] /"; }
 stage "conformance: the microvm tier in lane [vm]; the host tiers and the rest in lane [host]"
 (
   set -o pipefail
