@@ -126,7 +126,7 @@ const std::vector<std::string> bwrap_py = {"/usr/bin/bwrap",
 sandbox::runtime_options bench_options(sandbox::log_sink log = {}) {
   auto o = sandbox::default_runtime_options();
   o.blobs = sandbox::make_memory_blob_store(8ULL << 30);
-  o.runtimes.push_back({.name = "python3-S",
+  o.runtimes.push_back({.name = "python3-nosite",
                         .argv = {"/usr/bin/python3", "-I", "-S", "{source}"},
                         .source_name = "main.py",
                         .image = "python3"});
@@ -224,7 +224,7 @@ void section_cold(int runs) {
   std::vector<double> bare, uns, bw, ours_s, ours_i, setup;
   for (int i = 0; i < 3; ++i) {  // warm-up
     spawn_ms(bare_py);
-    run_ms(*rt, "python3-S");
+    run_ms(*rt, "python3-nosite");
   }
   // The order rotates every round: a namespace's teardown finishes in the kernel after its
   // last process is gone (network namespaces especially), and slows whatever creates the
@@ -235,7 +235,7 @@ void section_cold(int runs) {
   if (bwrap_ok) contenders.push_back([&] { bw.push_back(spawn_ms(bwrap_py)); });
   contenders.push_back([&] {
     sandbox::run_result r;
-    ours_s.push_back(run_ms(*rt, "python3-S", &r));
+    ours_s.push_back(run_ms(*rt, "python3-nosite", &r));
     setup.push_back(static_cast<double>(r.usage.setup.count()));
   });
   contenders.push_back([&] { ours_i.push_back(run_ms(*rt, "python3")); });
@@ -261,14 +261,14 @@ void section_cold(int runs) {
 void section_pool(int runs) {
   std::printf("\n== warm pool: print(1), %d runs each (ms)\n", runs);
   std::printf("  %-52s %8s %8s %9s\n", "", "p50", "p95", "vs bare");
-  auto rt = make_runtime({{.runtime = "python3-S", .size = 2}});
+  auto rt = make_runtime({{.runtime = "python3-nosite", .size = 2}});
   std::vector<double> bare, pooled, setup;
   wait_pool_full(*rt);
   for (int i = 0; i < runs; ++i) {
     bare.push_back(spawn_ms(bare_py));
     wait_pool_full(*rt);  // measure acquire-to-result from a full pool, not the refill
     sandbox::run_result r;
-    pooled.push_back(run_ms(*rt, "python3-S", &r));
+    pooled.push_back(run_ms(*rt, "python3-nosite", &r));
     setup.push_back(static_cast<double>(r.usage.setup.count()));
   }
   auto b = percentiles(bare);
@@ -321,7 +321,7 @@ void section_throughput(int runs) {
     auto bare = measure([] { spawn_ms(bare_py); });
     auto uns = unshare_ok ? measure([] { spawn_ms(unshare_py); }) : std::pair{0.0, 0.0};
     auto bw = bwrap_ok ? measure([] { spawn_ms(bwrap_py); }) : std::pair{0.0, 0.0};
-    auto ours = measure([&] { run_ms(*rt, "python3-S"); });
+    auto ours = measure([&] { run_ms(*rt, "python3-nosite"); });
     std::printf("  %-12d %14s %14s %14s %14s %7.2fx\n", c, cell(bare).c_str(), cell(uns).c_str(),
                 cell(bw).c_str(), cell(ours).c_str(), ours.first / bare.first);
   }
@@ -519,7 +519,7 @@ void section_breakdown(int runs) {
   log.clear();
   for (int i = 0; i < runs; ++i) {
     sandbox::run_result r;
-    total.push_back(run_ms(*rt, "python3-S", &r));
+    total.push_back(run_ms(*rt, "python3-nosite", &r));
     wall.push_back(static_cast<double>(r.usage.wall.count()));
   }
   const phase phases[] = {
@@ -909,7 +909,7 @@ void section_oci(int runs) {
                   std::vector<double>* setup, std::vector<double>* wall = nullptr) {
     sandbox::run_result r;
     std::string why;
-    auto t = try_run_ms(rt, "python3-S", level, &r, &why);
+    auto t = try_run_ms(rt, "python3-nosite", level, &r, &why);
     run_ids.emplace(r.run_id, fmt::format("{}, cold", label));
     if (!t) {
       if (failures[label]++ == 0) first_failure[label] = why;
@@ -1081,7 +1081,7 @@ void section_oci(int runs) {
   // Pooled: acquire to result from a full pool, each run interleaved with a bare crun run.
   std::string why_pool;
   auto pooled_rt =
-      make_oci_runtime(isolation::container, "crun", {{.runtime = "python3-S", .size = 2}},
+      make_oci_runtime(isolation::container, "crun", {{.runtime = "python3-nosite", .size = 2}},
                        &why_pool, pool_log.sink());
   if (!pooled_rt) {
     std::printf("  agent-sandbox container level, crun, pooled: unavailable: %s\n",
@@ -1097,7 +1097,7 @@ void section_oci(int runs) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));  // as above
       sandbox::run_result r;
       std::string why;
-      if (auto t = try_run_ms(*pooled_rt, "python3-S", isolation::container, &r, &why)) {
+      if (auto t = try_run_ms(*pooled_rt, "python3-nosite", isolation::container, &r, &why)) {
         pooled.push_back(*t);
         setup.push_back(static_cast<double>(r.usage.setup.count()));
       } else if (failed++ == 0) {
