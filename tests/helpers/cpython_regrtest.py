@@ -3,7 +3,7 @@
 # failed and that were skipped (from regrtest's JUnit XML). The same file runs inside the
 # sandbox and outside it (tests/integration/process/cpython_compat_test.cpp), which prepends
 #   MODULES = [["test_os"], ["test_io", "-m", "test_large_file_ops"], ...]
-#   WORKERS = 2
+#   WORKERS = 3
 # (each entry: the module, then extra regrtest arguments). Only the standard library is used.
 import concurrent.futures
 import json

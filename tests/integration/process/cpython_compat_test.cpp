@@ -8,7 +8,7 @@
 // fails too, so the list stays true. A module not as expected after the first pass runs once
 // more on both sides, and that pass decides (a timing case of CPython's own can fail once on
 // a loaded host, on either side). Tagged [cpython]: its own CTest entry, not part of
-// "integration: process backend"; about 3 minutes on a 2-core host.
+// "integration: process backend"; about 2 minutes on a 2-core host.
 #include <stdio.h>
 #include <unistd.h>
 
@@ -34,35 +34,37 @@ namespace {
 
 /// The modules, each with extra regrtest arguments (a `-m` pattern runs a subset). Chosen for
 /// what agent code touches (files, processes, signals, terminals, users, limits, time,
-/// archives, the interpreter's own start-up) and for cost: each side takes about 80 s on two
-/// cores. Left out, measured on this image: test_socket (crashes in regrtest outside too),
-/// test_logging and test_httpservers (hang outside, on the host's network), test_socketserver
-/// and test_ioctl (skipped whole on both sides), test_eintr (timing: failed outside once),
-/// test_asyncio, test_multiprocessing_* and test_concurrent_futures (minutes), test_poll,
-/// test_selectors and test_wait3 (sleeps; test_select, test_epoll and test_wait4 stay), the
-/// rest of test_io (half a minute).
+/// archives, the interpreter's own start-up) and for cost: each side takes about a minute on
+/// two cores, three modules at a time (the slow ones mostly sleep). Left out, measured on this
+/// image: test_socket (crashes in regrtest outside too), test_logging and test_httpservers
+/// (hang outside, on the host's network), test_socketserver and test_ioctl (skipped whole on
+/// both sides), test_eintr (timing: failed outside once), test_asyncio, test_multiprocessing_*
+/// and test_concurrent_futures (minutes), test_poll, test_selectors and test_wait3 (sleeps;
+/// test_select, test_epoll and test_wait4 stay), the rest of test_io (half a minute), and
+/// test_compileall, test_zipfile, test_bz2 and test_lzma (20–50 s of CPU each, per side, for
+/// compression and byte-compiling: no call the sandbox treats differently that test_os,
+/// test_shutil, test_tempfile, test_gzip, test_zlib and test_tarfile do not make).
 const std::vector<std::vector<std::string>> modules = {
-    // The slow ones first (mostly sleeps), so two workers finish together.
-    {"test_signal"},    {"test_subprocess"}, {"test_faulthandler"},
-    {"test_threading"}, {"test_lzma"},       {"test_tarfile"},
-    {"test_bz2"},       {"test_compileall"}, {"test_zipfile"},
-    {"test_wait4"},     {"test_fork1"},      {"test_threadsignals"},
-    {"test_os"},        {"test_posix"},      {"test_pathlib"},
-    {"test_shutil"},    {"test_tempfile"},   {"test_stat"},
-    {"test_glob"},      {"test_fnmatch"},    {"test_genericpath"},
-    {"test_posixpath"}, {"test_fileio"},     {"test_file"},
-    {"test_fileinput"}, {"test_filecmp"},    {"test_io", "-m", "test_large_file_ops"},
-    {"test_fcntl"},     {"test_mmap"},       {"test_pty"},
-    {"test_openpty"},   {"test_getpass"},    {"test_pwd"},
-    {"test_grp"},       {"test_netrc"},      {"test_resource"},
-    {"test_select"},    {"test_epoll"},      {"test_time"},
-    {"test_sched"},     {"test_datetime"},   {"test_locale"},
-    {"test_platform"},  {"test_sysconfig"},  {"test_site"},
-    {"test_sys"},       {"test_cmd_line"},   {"test_pkgutil"},
-    {"test_ctypes"},    {"test_uuid"},       {"test_gzip"},
-    {"test_zlib"},      {"test_hashlib"},    {"test_json"},
-    {"test_csv"},       {"test_re"},         {"test_struct"},
-    {"test_random"},    {"test_shlex"},      {"test_getopt"},
+    // The slow ones first (mostly sleeps), so the workers finish together.
+    {"test_signal"},    {"test_subprocess"},    {"test_faulthandler"},
+    {"test_threading"}, {"test_tarfile"},       {"test_wait4"},
+    {"test_fork1"},     {"test_threadsignals"}, {"test_os"},
+    {"test_posix"},     {"test_pathlib"},       {"test_shutil"},
+    {"test_tempfile"},  {"test_stat"},          {"test_glob"},
+    {"test_fnmatch"},   {"test_genericpath"},   {"test_posixpath"},
+    {"test_fileio"},    {"test_file"},          {"test_fileinput"},
+    {"test_filecmp"},   {"test_fcntl"},         {"test_io", "-m", "test_large_file_ops"},
+    {"test_mmap"},      {"test_pty"},           {"test_openpty"},
+    {"test_getpass"},   {"test_pwd"},           {"test_grp"},
+    {"test_netrc"},     {"test_resource"},      {"test_select"},
+    {"test_epoll"},     {"test_time"},          {"test_sched"},
+    {"test_datetime"},  {"test_locale"},        {"test_platform"},
+    {"test_sysconfig"}, {"test_site"},          {"test_sys"},
+    {"test_cmd_line"},  {"test_pkgutil"},       {"test_ctypes"},
+    {"test_uuid"},      {"test_gzip"},          {"test_zlib"},
+    {"test_hashlib"},   {"test_json"},          {"test_csv"},
+    {"test_re"},        {"test_struct"},        {"test_random"},
+    {"test_shlex"},     {"test_getopt"},        {"test_errno"},
 };
 
 /// Modules whose cases differ inside and outside, each with why. Keep in step with
@@ -159,10 +161,10 @@ TEST_CASE("cpython: regression tests give the same verdicts inside the sandbox a
           "[cpython]") {
   // The runs need more than a snippet's limits: a profile of this test's own (within the
   // default profile ceilings) and a policy raised for it: 4 GiB (so /tmp gets 512 MiB, an
-  // eighth), 512 pids, two CPUs (two modules at a time), and a deadline that only catches a
-  // hang: 20 minutes for what takes about 1.5 on a quiet 2-core host. The test is about
-  // verdicts, never speed: on a host loaded seven times over (other tests and builds beside
-  // it) the first pass once took more than the 5 minutes this deadline used to be.
+  // eighth), 512 pids, two CPUs (three modules at a time, the slow ones mostly asleep), and a
+  // deadline that only catches a hang: 20 minutes for what takes about 1.5 on a quiet 2-core host.
+  // The test is about verdicts, never speed: on a host loaded seven times over (other tests and
+  // builds beside it) the first pass once took more than the 5 minutes this deadline used to be.
   std::string state;
   auto opts = itest::private_runtime_options(&state);
   auto applied = sandbox::apply_config(R"({"v": 1,
@@ -213,7 +215,7 @@ TEST_CASE("cpython: regression tests give the same verdicts inside the sandbox a
   auto pass = [&](const std::vector<std::vector<std::string>>& names) {
     json list = json::array();
     for (const auto& m : names) list.push_back(m);
-    const std::string source = "MODULES = " + list.dump() + "\nWORKERS = 2\n" +
+    const std::string source = "MODULES = " + list.dump() + "\nWORKERS = 3\n" +
                                itest::helper_source("cpython_regrtest.py");
     auto t0 = std::chrono::steady_clock::now();
     auto r = rt->run({.runtime = "python3-test",
