@@ -9,11 +9,25 @@
 #include "cli/cli_util.hpp"
 #include "cli/progress.hpp"
 #include "store/image_build.hpp"
+#include "store/oci.hpp"
 
 namespace sandboxctl {
 
 void check_image_build(image_build_args& args) {
   if (args.name.empty()) throw usage_error("image build: NAME missing");
+  if (!sandbox::detail::oci::is_valid_runtime_name(args.name)) {
+    throw usage_error(fmt::format(
+        "image build: {}: not a runtime name (1-64 of A-Z a-z 0-9 . _ -, starting with a "
+        "letter or digit)",
+        quote_name(args.name)));
+  }
+  for (const auto& p : args.packages) {
+    if (!sandbox::detail::is_debian_package_name(p)) {
+      throw usage_error(fmt::format(
+          "image build: --package {}: not a Debian package name (a-z 0-9 + - ., two or more)",
+          quote_name(p)));
+    }
+  }
   if (args.packages.empty()) {
     if (args.name == "python3")
       args.packages = {"python3"};
@@ -55,7 +69,7 @@ int build_image(sandbox::image_store& store, const image_build_args& args) {
               .progress = progress});
   status.clear();
   if (!digest) {
-    std::cerr << "sandboxctl: image build: " << digest.error().message() << "\n";
+    std::cerr << args.command << ": " << digest.error().message() << "\n";
     return exit_fail;
   }
   std::cout << *digest << "\n";

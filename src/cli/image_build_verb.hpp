@@ -16,6 +16,8 @@ struct image_build_args {
   std::vector<std::string> packages;      ///< Debian packages; python3 and node have defaults
   std::vector<std::string> npm_packages;  ///< NAME@X.Y.Z or @SCOPE/NAME@X.Y.Z
   bool verbose = false;                   ///< debug log lines on stderr
+  /// What a failure on stderr begins with: the command that was run.
+  std::string command = "sandboxctl: image build";
 };
 
 /// Fills the default packages (python3 → python3, node → nodejs) and checks the arguments

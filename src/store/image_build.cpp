@@ -55,15 +55,17 @@ constexpr auto debootstrap_timeout = std::chrono::minutes(30);
 constexpr auto tar_timeout = std::chrono::minutes(15);
 constexpr std::string_view default_mirror = "http://deb.debian.org/debian";
 
-bool is_debian_package_name(std::string_view p) {
+}  // namespace
+
+/// Debian Policy 5.6.1: at least two characters of lower-case letters, digits, `+`, `-` and
+/// `.`, starting with a letter or digit (and at most 128 here).
+bool detail::is_debian_package_name(std::string_view p) {
   if (p.size() < 2 || p.size() > 128) return false;
   auto lower_alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
   if (!lower_alnum(p.front())) return false;
   return std::all_of(p.begin(), p.end(),
                      [&](char c) { return lower_alnum(c) || c == '+' || c == '-' || c == '.'; });
 }
-
-}  // namespace
 
 /// `name@X.Y.Z` or `@scope/name@X.Y.Z` (an exact version, optionally with a pre-release
 /// tag): a pinned npm package. Ranges, tags, URLs, paths and git specs are refused.
@@ -290,12 +292,25 @@ class builder {
 
   result<std::string> run() {
     // 1. Inputs, privileges, tools.
-    if (!oci::is_valid_runtime_name(spec_.name) || !is_suite_name(spec_.suite) ||
-        (!spec_.mirror.empty() && !is_mirror_url(spec_.mirror)) ||
-        !std::all_of(spec_.packages.begin(), spec_.packages.end(), is_debian_package_name) ||
-        !std::all_of(spec_.npm_packages.begin(), spec_.npm_packages.end(),
-                     detail::is_pinned_npm_package)) {
+    // Each refusal says which input it was (the caller sees only invalid_argument).
+    auto refuse = [&](std::string what) {
+      log_(log_level::error, "image build: " + what);
       return store_error(errc::invalid_argument);
+    };
+    if (!oci::is_valid_runtime_name(spec_.name)) {
+      return refuse(
+          "not a runtime name (1-64 of A-Z a-z 0-9 . _ -, starting with a letter "
+          "or digit)");
+    }
+    if (!is_suite_name(spec_.suite)) return refuse("not a Debian suite name");
+    if (!spec_.mirror.empty() && !is_mirror_url(spec_.mirror)) {
+      return refuse("the mirror is not an http(s) or file URL");
+    }
+    for (const auto& p : spec_.packages) {
+      if (!detail::is_debian_package_name(p)) return refuse("not a Debian package name");
+    }
+    for (const auto& p : spec_.npm_packages) {
+      if (!detail::is_pinned_npm_package(p)) return refuse("an npm package is not pinned");
     }
     if (::geteuid() != 0) {
       log_(log_level::warning, "image build: debootstrap needs root");

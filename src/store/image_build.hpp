@@ -21,6 +21,10 @@ namespace sandbox::detail {
 std::string find_debian_mirror(std::string_view suite,
                                const std::filesystem::path& apt_dir = "/etc/apt");
 
+/// True for a Debian binary package name (Debian Policy 5.6.1: two or more of `a-z 0-9 + - .`,
+/// starting with a letter or digit; at most 128 here).
+bool is_debian_package_name(std::string_view name);
+
 /// True for an npm package pinned to one exact version: `name@X.Y.Z` or
 /// `@scope/name@X.Y.Z` (optional pre-release tag). Ranges, tags, URLs and paths are not.
 bool is_pinned_npm_package(std::string_view spec);

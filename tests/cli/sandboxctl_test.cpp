@@ -481,6 +481,13 @@ TEST_CASE("sandbox-image-build: current image, usage errors", "[input][image]") 
            {{"mcp", "--package", "nodejs", "--npm", "left-pad@^1", "--image-dir", untouched},
             "--npm 'left-pad@^1'"},
            {{"python3", "--frob", "--image-dir", untouched}, "frob"},
+           {{"Bad Name", "--package", "python3", "--image-dir", untouched},
+            "'Bad Name': not a runtime name"},
+           {{"../x", "--package", "python3", "--image-dir", untouched}, "not a runtime name"},
+           {{"tools", "--package", "Bad_Pkg", "--image-dir", untouched},
+            "--package 'Bad_Pkg': not a Debian package name"},
+           {{"tools", "--package", "-oAPT::X=1", "--image-dir", untouched},
+            "not a Debian package name"},
        }) {
     auto o = builder(args);
     std::string shown;

@@ -24,7 +24,7 @@
 int main(int argc, char** argv) {
   namespace po = boost::program_options;
   using namespace sandboxctl;
-  image_build_args b;
+  image_build_args b{.command = "sandbox-image-build"};
   std::string image_dir;
   bool current = false;
   po::options_description d("usage: sandbox-image-build NAME --image-dir DIR [options]");
