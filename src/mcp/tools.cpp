@@ -9,6 +9,7 @@
 
 #include "protocol/base64url.hpp"
 #include "sandbox/json.hpp"
+#include "sandbox/secrets.hpp"
 #include "service/line_protocol.hpp"
 
 namespace sandbox::mcp {
@@ -180,6 +181,16 @@ std::vector<std::string> cell_runtimes(const tool_context& c) {
   return out;
 }
 
+std::vector<std::string> offered_secrets(const tool_context& c) {
+  std::vector<std::string> out;
+  for (const auto& name : c.ticket.secrets()) {
+    if (c.catalog.secrets.count(name)) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 std::string default_cell_runtime(const tool_context& c) {
   const auto offered = cell_runtimes(c);
   if (offered.empty()) return {};
@@ -212,6 +223,27 @@ json list_tools(const tool_context& c) {
          {{"type", "array"},
           {"items", {{"type", "string"}}},
           {"description", "host names (or *.suffix) a network run may reach"}}}};
+    if (const auto secrets = offered_secrets(c); !secrets.empty()) {
+      // Names, the environment variable, the header and the domains: never a value.
+      std::string each;
+      for (const auto& name : secrets) {
+        const auto& d = c.catalog.secrets.at(name);
+        const auto colon = d.header.find(':');
+        std::string domains;
+        for (const auto& dom : d.domains) domains += (domains.empty() ? "" : ", ") + dom;
+        each += fmt::format("; {}: ${} in the {} header to {}", name, secret_env_name(name),
+                            d.header.substr(0, colon), domains);
+      }
+      props["secrets"] = {
+          {"type", "array"},
+          {"items", {{"type", "string"}, {"enum", secrets}}},
+          {"uniqueItems", true},
+          {"description",
+           "host-held secrets the program may use (a network run): inside it sees only a "
+           "placeholder, in an environment variable; the egress proxy accepts it only in the "
+           "secret's header to the secret's domains and refuses it anywhere else" +
+               each}};
+    }
     add_limits(props, c);
     tools.push_back(
         {{"name", "run_code"},
@@ -342,7 +374,10 @@ std::variant<run_request, bad_arguments> decode_run_arguments(const json& args,
         tool ? std::find(tool_keys.begin(), tool_keys.end(), key) != tool_keys.end()
              : std::find(code_keys.begin(), code_keys.end(), key) != code_keys.end() ||
                    key == "egress";
-    if (!known) return bad_arguments{fmt::format("{}: not an argument of this tool", key)};
+    const bool also = !tool && key == "secrets";
+    if (!known && !also) {
+      return bad_arguments{fmt::format("{}: not an argument of this tool", key)};
+    }
   }
   if (tool) {
     if (auto e = get_string(args, "tool", req.tool, true)) return *e;
@@ -374,6 +409,24 @@ std::variant<run_request, bad_arguments> decode_run_arguments(const json& args,
       for (const auto& h : *eg) {
         if (!h.is_string()) return bad_arguments{"egress: expected an array of strings"};
         req.egress.push_back(h.get<std::string>());
+      }
+    }
+    if (auto sc = args.find("secrets"); sc != args.end()) {
+      // Outside the enum the schema states: refused here (admission checks them again).
+      const auto offered = offered_secrets(c);
+      if (!sc->is_array()) return bad_arguments{"secrets: expected an array of strings"};
+      for (const auto& n : *sc) {
+        if (!n.is_string()) return bad_arguments{"secrets: expected an array of strings"};
+        const auto name = n.get<std::string>();
+        if (std::find(offered.begin(), offered.end(), name) == offered.end()) {
+          return bad_arguments{
+              fmt::format("secrets: not one of the secrets listed ({})",
+                          json(name).dump(-1, ' ', false, json::error_handler_t::replace))};
+        }
+        if (std::find(req.secrets.begin(), req.secrets.end(), name) != req.secrets.end()) {
+          return bad_arguments{fmt::format("secrets: {} named twice", json(name).dump())};
+        }
+        req.secrets.push_back(name);
       }
     }
   }

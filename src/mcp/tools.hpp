@@ -50,6 +50,10 @@ nlohmann::json list_tools(const tool_context& c);
 /// The runtimes `run_cell` offers: the Python runtimes whose image is installed, sorted.
 std::vector<std::string> cell_runtimes(const tool_context& c);
 
+/// The secrets `run_code` offers: those the ticket grants (`ticket::secrets`) that the host
+/// defines (`host_catalog::secrets`), sorted. Names only: values never reach this room.
+std::vector<std::string> offered_secrets(const tool_context& c);
+
 /// The runtime an interpreter session opens with when `run_cell` names none: "python3" when
 /// offered, else the first offered; empty when none is.
 std::string default_cell_runtime(const tool_context& c);

@@ -108,6 +108,70 @@ TEST_CASE("mcp tools: run_code's arguments are decoded strictly", "[mcp]") {
         "files.a: expected one of \"text\", \"base64\", \"blob_id\"");
 }
 
+TEST_CASE("mcp tools: run_code offers the granted secrets by name, never a value", "[mcp]") {
+  sandbox::policy p;
+  const auto t = sandbox::ticket_issuer{}
+                     .issue({.id = "t",
+                             .tenant = "acme",
+                             .execute = true,
+                             .max_timeout = std::chrono::milliseconds(3000),
+                             .egress = {"api.freight-rates.example"},
+                             .secrets = {"rates-api", "granted-only"}},
+                            sandbox::network_grant{})
+                     .value();
+  auto cat = catalog();
+  cat.secrets["rates-api"] = {.file = "/etc/agent-sandbox/secrets/rates",
+                              .domains = {"api.freight-rates.example"},
+                              .header = "Authorization: Bearer {value}"};
+  cat.secrets["host-only"] = {.file = "/etc/agent-sandbox/secrets/other",
+                              .domains = {"other.example"},
+                              .header = "X-Key: {value}"};
+  const mcp::tool_context c{.policy = p, .catalog = cat, .ticket = t};
+  // Granted and defined: offered. Granted only, or defined only: not.
+  CHECK(mcp::offered_secrets(c) == std::vector<std::string>{"rates-api"});
+  auto tools = mcp::list_tools(c);
+  const json* run = find_tool(tools, "run_code");
+  REQUIRE(run != nullptr);
+  const auto& secrets = (*run)["inputSchema"]["properties"]["secrets"];
+  CHECK(secrets["items"]["enum"] == json{"rates-api"});
+  const std::string about = secrets["description"].get<std::string>();
+  CHECK(about.find("$SANDBOX_SECRET_RATES_API in the Authorization header to "
+                   "api.freight-rates.example") != std::string::npos);
+  CHECK(about.find("/etc/agent-sandbox") == std::string::npos);  // no file, no template
+  CHECK(about.find("Bearer") == std::string::npos);
+  CHECK(about.find("host-only") == std::string::npos);
+
+  auto blobs = sandbox::make_memory_blob_store();
+  auto ok = mcp::decode_run_arguments(
+      {{"runtime", "python3"}, {"source", "x"}, {"network", true}, {"secrets", {"rates-api"}}}, c,
+      false, *blobs);
+  REQUIRE(std::holds_alternative<sandbox::run_request>(ok));
+  CHECK(std::get<sandbox::run_request>(ok).secrets == std::vector<std::string>{"rates-api"});
+  auto bad = [&](const json& secrets, const mcp::tool_context& ctx) {
+    auto r = mcp::decode_run_arguments(
+        {{"runtime", "python3"}, {"source", "x"}, {"secrets", secrets}}, ctx, false, *blobs);
+    REQUIRE(std::holds_alternative<mcp::bad_arguments>(r));
+    return std::get<mcp::bad_arguments>(r).message;
+  };
+  CHECK(bad({"granted-only"}, c) == "secrets: not one of the secrets listed (\"granted-only\")");
+  CHECK(bad({"host-only"}, c) == "secrets: not one of the secrets listed (\"host-only\")");
+  CHECK(bad("rates-api", c) == "secrets: expected an array of strings");
+  CHECK(bad({3}, c) == "secrets: expected an array of strings");
+  CHECK(bad({"rates-api", "rates-api"}, c) == "secrets: \"rates-api\" named twice");
+  // run_tool takes no secrets.
+  auto tool_args =
+      mcp::decode_run_arguments({{"tool", "x"}, {"secrets", {"rates-api"}}}, c, true, *blobs);
+  REQUIRE(std::holds_alternative<mcp::bad_arguments>(tool_args));
+  CHECK(std::get<mcp::bad_arguments>(tool_args).message == "secrets: not an argument of this tool");
+
+  // A ticket that grants none: no property, and the argument is refused.
+  const auto plain = ticket_with(std::chrono::milliseconds(3000));
+  const mcp::tool_context none{.policy = p, .catalog = cat, .ticket = plain};
+  auto fewer = mcp::list_tools(none);
+  CHECK_FALSE((*find_tool(fewer, "run_code"))["inputSchema"]["properties"].contains("secrets"));
+  CHECK(bad({"rates-api"}, none) == "secrets: not one of the secrets listed (\"rates-api\")");
+}
+
 TEST_CASE("mcp tools: base64 round-trips and refuses what is not base64", "[mcp]") {
   for (std::string s : {std::string(), std::string("f"), std::string("fo"), std::string("foo"),
                         std::string("foob"), std::string("\0\xff\x10", 3)}) {
