@@ -155,6 +155,54 @@ TEST_CASE("run: network true without code.network is action_denied", "[input]") 
   refused(o, "invalid_request", "egress: a request with network must list its domains");
 }
 
+TEST_CASE("run: --secret needs --network, the ticket's grant and the host's definition",
+          "[input]") {
+  // The value is in a root-only file the configuration names; it must appear in no answer.
+  const std::string value = "cli-test-secret-value-6f1d2c";
+  auto value_file = clitest::write_scratch("rates-api.secret", value + "\n");
+  std::filesystem::permissions(
+      value_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  auto config = clitest::write_scratch(
+      "secrets-config.json",
+      R"({"v": 1, "secrets": {"rates-api": {"file": ")" + value_file.string() +
+          R"(", "domains": ["api.freight-rates.example"], "header": "Authorization: Bearer {value}"}}})");
+  auto ticket = clitest::write_scratch(
+      "secrets-ticket.json",
+      R"({"v":1,"id":"t-sec","tenant":"acme","actions":["code.execute","code.network"],)"
+      R"("isolation":"process","max_timeout_ms":8000,"max_memory_bytes":536870912,)"
+      R"("egress":["api.freight-rates.example"],"secrets":["rates-api","ghost"]})");
+  auto script = clitest::write_scratch("secrets.py", "print(1)\n");
+  auto run = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = {"run",           "--json",   "--config",
+                                     config.string(), "--ticket", ticket.string()};
+    args.insert(args.end(), more.begin(), more.end());
+    args.push_back(script.string());
+    auto o = sandboxctl(with(args, clitest::private_store_flags()));
+    CHECK_FALSE(contains(o.out, value));
+    CHECK_FALSE(contains(o.err, value));
+    return o;
+  };
+  refused(run({"--secret", "rates-api"}), "invalid_request",
+          "secrets: only a request with network may use secrets");
+  const std::vector<std::string> net = {"--network", "--egress", "api.freight-rates.example"};
+  refused(run(with(net, {"--secret", "other-api"})), "action_denied",
+          "the ticket does not grant the secret 'other-api'");
+  refused(run(with(net, {"--secret", "ghost"})), "action_denied", "no secret 'ghost' on this host");
+  refused(run(with(net, {"--secret", "Rates_API"})), "invalid_request", "secrets[0]");
+  refused(run(with(net, {"--secret", "rates-api", "--secret", "rates-api"})), "invalid_request",
+          "duplicate 'rates-api'");
+
+  // A value file others may read refuses the start, naming the file, never the content.
+  std::filesystem::permissions(value_file, std::filesystem::perms::others_read,
+                               std::filesystem::perm_options::add);
+  auto o = run(with(net, {"--secret", "rates-api"}));
+  INFO("stdout: " << o.out << "\nstderr: " << o.err);
+  CHECK(o.status != 0);
+  CHECK(contains(o.err, "secrets['rates-api'].file"));
+  CHECK(contains(o.err, "accessible to group or others"));
+  std::filesystem::remove(value_file);
+}
+
 TEST_CASE("run: a malformed ticket file is refused as invalid_request", "[input]") {
   auto ticket = clitest::write_scratch(
       "ticket-bad.json", R"({"v":1,"id":"t-3","tenant":"acme","actions":["code.everything"]})");
