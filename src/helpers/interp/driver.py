@@ -14,6 +14,12 @@ CAP_TEXT = 4096
 #    reads nothing, fd 1 and 2 go to files read back after each cell.
 _out = os.dup(1)
 _in = os.dup(0)
+# What the channel is: a cell that closes or replaces either descriptor has taken it (the
+# driver checks after each cell and exits rather than answer on a channel not its own).
+_chan = {}
+for _fd in (_in, _out):
+    _st = os.fstat(_fd)
+    _chan[_fd] = (_st.st_dev, _st.st_ino)
 _null = os.open("/dev/null", os.O_RDONLY)
 os.dup2(_null, 0)
 os.close(_null)
@@ -70,10 +76,24 @@ def _send_data(nonce, kind, head, data):
         _send(nonce, b"d", data[i:i + CHUNK])
 
 
-# 2. Commands: a reader thread, so that an interrupt reaches a busy cell.
+# 2. Commands: a reader thread, so that an interrupt reaches a busy cell. An interrupt for a
+#    cell that is queued but not yet running is kept (`_pending`) and raised as the cell
+#    starts; SIGINT is sent only while `_running` names the cell (both under `_lock`), and
+#    the driver's handler raises KeyboardInterrupt only while a cell's code runs (`_armed`).
 _cells = queue.Queue()
 _running = [None]
+_pending = [None]
+_armed = [False]
+_lock = threading.Lock()
 _main = threading.main_thread().ident
+
+
+def _on_sigint(signum, frame):
+    if _armed[0]:
+        raise KeyboardInterrupt
+
+
+signal.signal(signal.SIGINT, _on_sigint)
 
 
 def _reader():
@@ -94,8 +114,12 @@ def _reader():
             except ValueError:
                 continue
             if msg.get("op") == "int":
-                if _running[0] is not None and _running[0] == msg.get("n", "").encode():
-                    signal.pthread_kill(_main, signal.SIGINT)
+                n = str(msg.get("n", "")).encode()
+                with _lock:
+                    if _running[0] is not None and _running[0] == n:
+                        signal.pthread_kill(_main, signal.SIGINT)
+                    else:
+                        _pending[0] = n
             elif msg.get("op") == "exec":
                 _cells.put(msg)
 
@@ -195,6 +219,19 @@ def _run(code):
     return None
 
 
+def _check_channel():
+    """Exits (the host sees the interpreter end: state lost) when a cell closed or replaced
+    the channel's descriptors: what would be sent on them may not reach the host, and
+    commands may not come."""
+    for fd, key in _chan.items():
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os._exit(71)
+        if (st.st_dev, st.st_ino) != key:
+            os._exit(71)
+
+
 def _cell(msg):
     nonce = str(msg.get("n", "")).encode()
     cap = int(msg.get("out_cap", 1 << 20))
@@ -211,9 +248,16 @@ def _cell(msg):
         _caps[fd].cap, _caps[fd].total = cap, 0
     _display.items = []
     status, value, err = b"ok", None, None
-    _running[0] = nonce
     try:
+        _armed[0] = True
+        with _lock:
+            _running[0] = nonce
+            early = _pending[0] == nonce
+            _pending[0] = None
+        if early:
+            raise KeyboardInterrupt  # its interrupt came before it started
         value = _run(msg.get("code", ""))
+        _armed[0] = False
     except KeyboardInterrupt as e:
         status, err = b"interrupted", _summary(e)
     except SystemExit:
@@ -221,7 +265,10 @@ def _cell(msg):
     except BaseException as e:  # noqa: B036 - a cell's exception is its result
         status, err = b"error", _summary(e)
     finally:
-        _running[0] = None
+        _armed[0] = False
+        with _lock:
+            _running[0] = None
+    _check_channel()
     try:
         sys.stdout.flush()
         sys.stderr.flush()

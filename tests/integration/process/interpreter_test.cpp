@@ -262,7 +262,8 @@ TEST_CASE(
   }
   {
     // The cell puts /dev/null over the driver's channel: nothing of the driver reaches the
-    // host any more; the host ends the session and says the state is lost.
+    // host any more; the host ends the session and says the state is lost (the driver, which
+    // sees its channel replaced, exits; or the host kills the sandbox).
     auto i = open();
     auto r = exec(*i,
                   "import os, sys\nm = sys.modules['__main__']\n"
@@ -270,7 +271,8 @@ TEST_CASE(
                   2000ms);
     CHECK(r.state == interpreter_state::lost);
     CHECK(r.session_ended);
-    CHECK((r.code == code::internal || r.code == code::timeout));
+    CHECK((r.code == code::internal || r.code == code::timeout ||
+           (r.code == code::ok && r.exit_code.has_value())));
   }
   itest::check_host_unchanged(before);
 }
@@ -568,5 +570,79 @@ TEST_CASE("interpreter: session caps refuse with capacity; tenants stay apart", 
     auto again = open("python3", itest::ticket("capped", 120000ms));
     again->async_close(boost::asio::use_future).get();
   }
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("interpreter: an interrupt that reaches the driver before its cell starts is kept",
+          "[interp]") {
+  if (!can_run()) return;
+  fixture();
+  const auto before = itest::snapshot();
+  {
+    auto i = open();
+    exec(*i, "x = 3");
+    // The ordering forced, not timed: the driver's queue of cells waits (up to 60 s) until
+    // the reader thread has recorded an interrupt for a cell not yet running, so the next
+    // cell's interrupt is there before the cell starts. Dropped, it would leave the cell
+    // asleep until the grace ran out and the sandbox was killed (state lost).
+    auto r = exec(*i, R"PY(
+import sys, time
+m = sys.modules['__main__']
+class _Late:
+    def __init__(self, q):
+        self.q = q
+    def put(self, msg):
+        self.q.put(msg)
+    def get(self):
+        msg = self.q.get()
+        t = time.monotonic()
+        while m._pending[0] is None and time.monotonic() - t < 60:
+            time.sleep(0.01)
+        m._cells = self.q
+        return msg
+m._cells = _Late(m._cells)
+)PY");
+    REQUIRE(r.code == code::ok);
+    r = exec(*i, "import time\ntime.sleep(60)", 300ms);
+    INFO(r.message << r.error);
+    CHECK(r.code == code::timeout);
+    CHECK(r.state == interpreter_state::kept);
+    CHECK(!r.session_ended);
+    CHECK(r.error.find("KeyboardInterrupt") != std::string::npos);
+    CHECK(exec(*i, "x").value == "3");
+    i->async_close(boost::asio::use_future).get();
+  }
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("interpreter: a cell that closes or replaces the driver's channel ends the session",
+          "[interp]") {
+  if (!can_run()) return;
+  fixture();
+  const auto before = itest::snapshot();
+  // Each way of taking the channel: the command input closed or replaced, the frame output
+  // closed. The driver cannot be trusted to say so (the cell shares its process): the host
+  // ends the session on its own evidence, the state lost, within the cell's hang deadline.
+  for (const std::string take :
+       {"os.close(m._in)", "os.dup2(os.open('/dev/null', os.O_RDONLY), m._in)",
+        "os.close(m._out)"}) {
+    INFO(take);
+    auto i = open();
+    exec(*i, "x = 1");
+    auto r = exec(*i, "import os, sys\nm = sys.modules['__main__']\n" + take, 20000ms);
+    INFO(r.message);
+    CHECK(r.state == interpreter_state::lost);
+    CHECK(r.session_ended);
+    CHECK(i->ended());
+    // Its code is the host's: the interpreter's exit (with its status), or the kill.
+    CHECK((r.code == code::ok || r.code == code::internal || r.code == code::timeout));
+    if (r.code == code::ok) CHECK(r.exit_code.has_value());
+    i->async_close(boost::asio::use_future).get();
+  }
+  // A new session works afterwards.
+  auto i = open();
+  CHECK(exec(*i, "1 + 1").value == "2");
+  i->async_close(boost::asio::use_future).get();
+  i.reset();
   itest::check_host_unchanged(before);
 }
