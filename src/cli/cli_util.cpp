@@ -223,4 +223,34 @@ std::shared_ptr<sandbox::image_store> open_images(const common_flags& c, bool re
   return *store;
 }
 
+boost::system::result<sandbox::ticket, sandbox::rejection> local_ticket(const sandbox::policy& p,
+                                                                        const std::string& tool,
+                                                                        sandbox::isolation level) {
+  sandbox::ticket_spec spec{.id = "local",
+                            .tenant = "default",
+                            .execute = tool.empty(),
+                            .isolation = level,
+                            .max_timeout = p.max_timeout,
+                            .max_memory_bytes = p.max_memory_bytes};
+  if (!tool.empty()) spec.tools = {tool};
+  auto t = sandbox::ticket_issuer{}.issue(spec);
+  if (!t)
+    return sandbox::rejection{sandbox::code::invalid_request,
+                              "local ticket: " + t.error().message()};
+  return *t;
+}
+
+sandbox::isolation isolation_flag(const std::string& verb, bool given, const std::string& text,
+                                  bool has_ticket) {
+  if (!given) return sandbox::isolation::process;
+  if (has_ticket) {
+    throw usage_error(verb + ": --isolation is for the local ticket; --ticket's level decides");
+  }
+  auto parsed = sandbox::isolation_from_string(text);
+  if (!parsed) {
+    throw usage_error(verb + ": --isolation must be process, container, gvisor or microvm");
+  }
+  return *parsed;
+}
+
 }  // namespace sandboxctl

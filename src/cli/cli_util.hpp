@@ -139,6 +139,19 @@ sandbox::ticket_verifier trusted_keys_of(const std::vector<std::string>& paths);
 boost::system::result<sandbox::ticket, sandbox::rejection> load_ticket(
     const std::string& path, const std::vector<std::string>& trusted_keys = {});
 
+/// The ticket of a `run` or `interp` without `--ticket` (the CLI acts for the user who runs
+/// it): tenant "default", code.execute (or tool.run for `tool` when not empty) at `level` or
+/// stronger, the policy's ceilings, never the network. `invalid_request` when the issuer
+/// refuses the spec.
+boost::system::result<sandbox::ticket, sandbox::rejection> local_ticket(const sandbox::policy& p,
+                                                                        const std::string& tool,
+                                                                        sandbox::isolation level);
+
+/// `--isolation TEXT` of `verb` as a level (process when `given` is false). Throws
+/// `usage_error` for an unknown level, or when `has_ticket` (the ticket's level decides).
+sandbox::isolation isolation_flag(const std::string& verb, bool given, const std::string& text,
+                                  bool has_ticket);
+
 /// The tenant of `--tenant` or `--ticket` (not both; "default" when neither). Throws
 /// `usage_error`.
 std::string tenant_of(const common_flags& c);

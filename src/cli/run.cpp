@@ -214,24 +214,6 @@ int run_with_signals(sandbox::runtime_options opts, sandbox::run_request req,
   return -1;
 }
 
-/// The ticket of a `run` without `--ticket` (see its comment in cmd_run).
-boost::system::result<sandbox::ticket, sandbox::rejection> local_ticket(const sandbox::policy& p,
-                                                                        const std::string& tool,
-                                                                        sandbox::isolation level) {
-  sandbox::ticket_spec spec{.id = "local",
-                            .tenant = "default",
-                            .execute = tool.empty(),
-                            .isolation = level,
-                            .max_timeout = p.max_timeout,
-                            .max_memory_bytes = p.max_memory_bytes};
-  if (!tool.empty()) spec.tools = {tool};
-  auto t = sandbox::ticket_issuer{}.issue(spec);
-  if (!t)
-    return sandbox::rejection{sandbox::code::invalid_request,
-                              "local ticket: " + t.error().message()};
-  return *t;
-}
-
 }  // namespace
 
 int cmd_run(const std::vector<std::string>& args) {
@@ -278,17 +260,8 @@ int cmd_run(const std::vector<std::string>& args) {
   if (c.ticket_path.empty() && !c.trusted_keys.empty()) {
     throw usage_error("run: --trusted-keys needs --ticket (the ticket to verify)");
   }
-  auto level = sandbox::isolation::process;
-  if (vm.count("isolation") != 0) {
-    if (!c.ticket_path.empty()) {
-      throw usage_error("run: --isolation is for the local ticket; --ticket's level decides");
-    }
-    auto parsed = sandbox::isolation_from_string(isolation_text);
-    if (!parsed) {
-      throw usage_error("run: --isolation must be process, container, gvisor or microvm");
-    }
-    level = *parsed;
-  }
+  const auto level =
+      isolation_flag("run", vm.count("isolation") != 0, isolation_text, !c.ticket_path.empty());
   // Numbers are checked here, strictly: "-1" must not wrap to 2^64-1, and 0 is refused as
   // the protocol refuses timeout_ms <= 0 (no silent default).
   std::optional<std::int64_t> timeout_ms;

@@ -624,6 +624,50 @@ TEST_CASE("run: --isolation sets the local ticket's level; -v prints the ticket"
   CHECK(contains(o.err, "--isolation is for the local ticket"));
 }
 
+TEST_CASE("interp: --isolation sets the local ticket's level, as run's does; --timeout-ms",
+          "[backend]") {
+  const auto flags = clitest::backend_store_flags();
+  // Without --ticket: a local ticket at the level; two cells, the state kept between them.
+  auto o =
+      sandboxctl(with({"interp", "-v", "--isolation", "process"}, flags), "x = 41\n# %%\nx + 1\n");
+  INFO("stderr: " << o.err);
+  CHECK(o.status == 0);
+  CHECK(contains(o.err, R"(sandboxctl: local ticket: {"v":1,"id":"local","tenant":"default")"));
+  CHECK(contains(o.err, R"("isolation":"process")"));
+  const auto second = o.out.find('\n');
+  REQUIRE(second != std::string::npos);
+  CHECK(contains(o.out.substr(second), R"("value":"42")"));
+  CHECK(contains(o.out.substr(second), R"("state":"kept")"));
+  // A stronger level reaches admission: it runs there (root, crun installed) or is refused
+  // as unavailable, never silently at the process level.
+  o = sandboxctl(with({"interp", "-v", "--isolation", "container"}, flags), "1 + 1\n");
+  INFO("stderr: " << o.err);
+  CHECK(contains(o.err, R"("isolation":"container")"));
+  if (o.status == 0) {
+    CHECK(contains(o.out, R"("value":"2")"));
+  } else {
+    CHECK(o.status == 1);
+    CHECK(contains(o.err, "runtime_unavailable"));
+  }
+  // --timeout-ms: each cell's; past it the cell is interrupted and the state kept (the
+  // cell after it is not checked for its code: the same short timeout applies to it).
+  o = sandboxctl(with({"interp", "--timeout-ms", "300"}, flags),
+                 "import time\ntime.sleep(60)\n# %%\n1\n");
+  CHECK(o.status == 0);
+  CHECK(o.out.rfind(R"({"code":"timeout","state":"kept")", 0) == 0);
+  CHECK(std::count(o.out.begin(), o.out.end(), '\n') == 2);
+  CHECK(!contains(o.out, R"("state":"lost")"));
+  o = sandboxctl(with({"interp", "--timeout-ms", "0"}, flags));
+  CHECK(o.status == 2);
+  // Bad input: an unknown level, and a level beside a ticket of its own.
+  o = sandboxctl(with({"interp", "--isolation", "Process"}, flags));
+  CHECK(o.status == 2);
+  CHECK(contains(o.err, "--isolation must be process, container, gvisor or microvm"));
+  o = sandboxctl(with({"interp", "--isolation", "container", "--ticket", ticket_file()}, flags));
+  CHECK(o.status == 2);
+  CHECK(contains(o.err, "interp: --isolation is for the local ticket"));
+}
+
 TEST_CASE("run: a configuration with warm pools still exits after its one run", "[backend]") {
   // `run` prepares no pool (one run has no use for one); it used to wait on the pool forever.
   const auto flags = clitest::backend_store_flags();
