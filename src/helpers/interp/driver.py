@@ -57,7 +57,6 @@ sys.stdout = io.TextIOWrapper(io.BufferedWriter(_caps[1]), encoding="utf-8", err
                               line_buffering=True)
 sys.stderr = io.TextIOWrapper(io.BufferedWriter(_caps[2]), encoding="utf-8",
                               errors="backslashreplace", line_buffering=True)
-os.environ.setdefault("MPLBACKEND", "Agg")
 
 
 def _send(nonce, kind, payload=b""):
@@ -219,6 +218,25 @@ def _run(code):
     return None
 
 
+def _send_streams(nonce, cap):
+    """The cell's stdout and stderr (up to `cap` each) and their full sizes."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        pass
+    for fd, k in ((1, b"o"), (2, b"e")):
+        try:
+            size = os.fstat(fd).st_size
+            with open(_files[fd], "rb") as f:
+                data = f.read(cap)
+        except OSError:
+            size, data = 0, b""
+        for i in range(0, len(data), CHUNK):
+            _send(nonce, k, data[i:i + CHUNK])
+        _send(nonce, k.upper(), str(max(size, _caps[fd].total)))
+
+
 def _check_channel():
     """Exits (the host sees the interpreter end: state lost) when a cell closed or replaced
     the channel's descriptors: what would be sent on them may not reach the host, and
@@ -261,6 +279,10 @@ def _cell(msg):
     except KeyboardInterrupt as e:
         status, err = b"interrupted", _summary(e)
     except SystemExit:
+        # The interpreter exits with the cell: what the cell printed still goes to the host
+        # (no "z": the host takes the exit from the session's end).
+        _check_channel()
+        _send_streams(nonce, cap)
         raise
     except BaseException as e:  # noqa: B036 - a cell's exception is its result
         status, err = b"error", _summary(e)
@@ -279,16 +301,7 @@ def _cell(msg):
             data = text[:CAP_TEXT + 1].encode("utf-8", "backslashreplace")
             for i in range(0, len(data), CHUNK):
                 _send(nonce, kind, data[i:i + CHUNK])
-    for fd, k in ((1, b"o"), (2, b"e")):
-        try:
-            size = os.fstat(fd).st_size
-            with open(_files[fd], "rb") as f:
-                data = f.read(cap)
-        except OSError:
-            size, data = 0, b""
-        for i in range(0, len(data), CHUNK):
-            _send(nonce, k, data[i:i + CHUNK])
-        _send(nonce, k.upper(), str(max(size, _caps[fd].total)))
+    _send_streams(nonce, cap)
     for png in _figures():
         _send_data(nonce, b"p", "image/png", png)
     for mime, data in _display.items:
