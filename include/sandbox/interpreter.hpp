@@ -98,7 +98,9 @@ struct cell_result {
    * `interpreter_options::interrupt_grace`, the sandbox was killed — state lost);
    * `oom`, `seccomp_violation`, `pids_limit`, `internal` (the sandbox ended under the cell:
    * state lost); `invalid_request` (bad cell: nothing ran, state kept); `source_too_large`;
-   * `ok` with `state` lost and `exit_code` set when the cell made the interpreter exit.
+   * `ok` with `state` lost and `exit_code` set when the cell made the interpreter exit;
+   * `network_disabled` (the host refused network attempts during the cell — the
+   * interpreter lives on, state kept — where the level records them, as a run's code is).
    */
   sandbox::code code = sandbox::code::internal;
   interpreter_state state = interpreter_state::lost;

@@ -124,6 +124,7 @@ class interp_session final : public interpreter,
     std::chrono::system_clock::time_point started_at;  ///< for its span
     std::chrono::milliseconds timeout{0};
     std::uint64_t cpu0_usec = 0;        ///< the session's CPU when the cell was sent
+    std::uint64_t egress0 = 0;          ///< the session's refused egress attempts then
     bool answered = false;              ///< the driver's "z" came: no further frame counts
     std::optional<cell_result> answer;  ///< its result, while its usage is read
     std::unique_ptr<detail::stream_capture_buffer> out, err;
@@ -350,7 +351,10 @@ class interp_session final : public interpreter,
                     strand_, [self = shared_from_this(), nonce, code_text = std::move(code_text)](
                                  boost::system::error_code ec, detail::session_usage u) {
                       if (!self->cur_ || self->cur_->nonce != nonce) return;
-                      if (!ec) self->cur_->cpu0_usec = u.cpu_usec;
+                      if (!ec) {
+                        self->cur_->cpu0_usec = u.cpu_usec;
+                        self->cur_->egress0 = u.egress_attempts;
+                      }
                       self->send_cell(code_text);
                     }));
   }
@@ -617,6 +621,14 @@ class interp_session final : public interpreter,
       r.usage.cpu = std::chrono::milliseconds(
           (u->cpu_usec > cur_->cpu0_usec ? u->cpu_usec - cur_->cpu0_usec : 0) / 1000);
       r.usage.peak_memory_bytes = u->peak_memory_bytes;
+      // Network attempts the host refused during the cell: `network_disabled`, as a run's
+      // (after a timeout, as a run classifies).
+      if (u->egress_attempts > cur_->egress0 && r.code != code::timeout && !cancelled) {
+        r.code = code::network_disabled;
+        r.message = "network access is disabled for this session; " +
+                    std::to_string(u->egress_attempts - cur_->egress0) +
+                    " attempt(s) refused during the cell; the interpreter lives on";
+      }
     }
     record_cell_span(r, cur_->started_at, cur_->timeout);
     auto h = std::move(*cur_->handler);

@@ -304,6 +304,7 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
     session_usage u;
     u.cpu_usec = result_.stats().cpu_usage_usec;
     u.peak_memory_bytes = result_.stats().peak_memory_bytes;
+    u.egress_attempts = ev_.egress.attempts().size() + ev_.egress.dropped();
     if (guest_.agent() == nullptr) {
       // The cgroup's own reading: the peak since the last reset where there was one.
       if (auto st = cg->stats()) u.peak_memory_bytes = st->peak_memory_bytes;

@@ -36,6 +36,9 @@ struct session_usage {
   std::uint64_t cpu_usec = 0;           ///< CPU of every process of the session so far, µs
   std::uint64_t peak_memory_bytes = 0;  ///< the peak since the last reset (or the session's)
   bool peak_reset = false;              ///< this read started a new peak window
+  /// Egress attempts refused so far (recorded and dropped alike; never granted here: a
+  /// session's run has no network), so a caller can tell which ones came in a window.
+  std::uint64_t egress_attempts = 0;
 };
 
 /**

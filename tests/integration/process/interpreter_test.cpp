@@ -253,12 +253,13 @@ TEST_CASE(
   }
   {
     auto i = open();
-    auto r = exec(*i, "exit(3)");
+    auto r = exec(*i, "print('bye')\nexit(3)");
     INFO(r.message);
     CHECK(r.code == code::ok);
     CHECK(r.state == interpreter_state::lost);
     CHECK(r.session_ended);
     CHECK(r.exit_code == 3);
+    CHECK(r.std_out.summary == "bye\n");  // what it printed before it exited
   }
   {
     // The cell puts /dev/null over the driver's channel: nothing of the driver reaches the
@@ -644,5 +645,35 @@ TEST_CASE("interpreter: a cell that closes or replaces the driver's channel ends
   CHECK(exec(*i, "1 + 1").value == "2");
   i->async_close(boost::asio::use_future).get();
   i.reset();
+  itest::check_host_unchanged(before);
+}
+
+TEST_CASE("interpreter: a cell's refused network attempts give network_disabled, state kept",
+          "[interp]") {
+  if (!can_run()) return;
+  fixture();
+  const auto before = itest::snapshot();
+  {
+    auto i = open();
+    exec(*i, "x = 9");
+    // As a run's: the host's record of the attempt, not what the cell says of it.
+    auto r = exec(*i, R"PY(
+import socket
+s = socket.socket()
+try:
+    s.connect(('192.0.2.1', 80))
+except OSError as e:
+    print('refused', e.errno)
+)PY");
+    INFO(r.message << r.error);
+    CHECK(r.code == code::network_disabled);
+    CHECK(r.state == interpreter_state::kept);
+    CHECK(r.std_out.summary.rfind("refused", 0) == 0);
+    // The next cell's code is its own.
+    r = exec(*i, "x");
+    CHECK(r.code == code::ok);
+    CHECK(r.value == "9");
+    i->async_close(boost::asio::use_future).get();
+  }
   itest::check_host_unchanged(before);
 }
