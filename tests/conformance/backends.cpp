@@ -369,6 +369,21 @@ const std::vector<backend_profile>& profiles() {
                             .syscall_abi_on_host = true,
                             .egress_proxy = false},
                  .ci_budget = std::chrono::seconds(600)});
+    // The process level's runtime again, with every Python request that a cell can carry
+    // sent as the one cell of a fresh interpreter session (`as_cells`): a hostile cell must
+    // be contained exactly as a hostile run. Only when named ("cells"); its CTest entry runs
+    // the kinds where a cell is the same attack (docs/security.md, "Interpreter cells").
+    v.push_back({.name = "interpreter cells",
+                 .level = sandbox::isolation::process,
+                 .make = [](std::string* why) { return make_process_with(why, "cells", {}); },
+                 .expect = {.host_kernel = true,
+                            .distinct_uids = root,
+                            .syscall_abi_on_host = true,
+                            .output_survives_kill = false,
+                            .egress_proxy = false},
+                 .ci_budget = std::chrono::seconds(600),
+                 .as_cells = true,
+                 .opt_in = true});
     if (root) {  // the OCI backends need root
       v.push_back(
           {.name = "container (crun)",

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <boost/asio/use_future.hpp>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -249,9 +250,72 @@ void log_result(const sandbox::run_result& r) {
 }
 }  // namespace
 
+bool cell_eligible(const sandbox::run_request& req) {
+  return req.runtime == "python3" && !req.network && req.egress.empty() && req.secrets.empty() &&
+         req.env.empty() && !req.runtime_digest && req.tool.empty() && !req.std_in &&
+         req.memory_limit_bytes == sandbox::run_request{}.memory_limit_bytes;
+}
+
+sandbox::run_result run_result_of_cell(const sandbox::cell_result& cell,
+                                       const sandbox::session_result& end,
+                                       const std::string& run_id) {
+  sandbox::run_result r;
+  r.code = cell.code;
+  r.message = cell.message;
+  r.exit_code = cell.exit_code;
+  r.signal = cell.signal;
+  r.std_out = cell.std_out;
+  r.std_err = cell.std_err;
+  const bool answered = cell.state == sandbox::interpreter_state::kept &&
+                        (cell.code == sandbox::code::ok || cell.code == sandbox::code::error ||
+                         cell.code == sandbox::code::network_disabled);
+  if (answered) {
+    // The driver answered: the cell ran to its end, raising (`error` text) or not.
+    if (cell.code == sandbox::code::error) r.code = sandbox::code::ok;
+    r.exit_code = cell.error.empty() ? 0 : 1;
+    r.std_err.summary += cell.error;
+  }
+  r.files_out = cell.files_out;
+  r.usage = cell.usage;
+  r.oom_kills = end.result.oom_kills;
+  r.memory_limit_bytes = end.result.memory_limit_bytes;
+  r.isolation = end.result.isolation;
+  r.runtime = end.result.runtime;
+  r.egress_attempts = end.result.egress_attempts;
+  r.egress_attempts_dropped = end.result.egress_attempts_dropped;
+  r.violation = end.result.violation;
+  r.run_id = run_id;
+  r.backend = end.result.backend;
+  return r;
+}
+
+namespace {
+/// `req` as the one cell of a fresh interpreter session of `rt` under `t`, then the session
+/// closed (every cell's sandbox is gone when this returns, as a run's is).
+sandbox::run_result run_as_cell(sandbox::runtime& rt, const sandbox::run_request& req,
+                                const sandbox::ticket& t) {
+  auto st = rt.async_open_interpreter({.runtime = "python3"}, t, boost::asio::use_future).get();
+  if (!st.interpreter) {
+    sandbox::run_result r;
+    r.code = st.code;
+    r.message = "interpreter open: " + st.message;
+    return r;
+  }
+  sandbox::cell_result cell;
+  std::promise<sandbox::cell_result> done;
+  st.interpreter->async_execute(
+      {.code = req.source, .timeout = req.timeout, .files_in = req.files_in},
+      [&done](boost::system::error_code, sandbox::cell_result c) { done.set_value(std::move(c)); });
+  cell = done.get_future().get();
+  const auto end = st.interpreter->async_close(boost::asio::use_future).get();
+  return run_result_of_cell(cell, end, st.interpreter->id());
+}
+}  // namespace
+
 sandbox::run_result backend::run(sandbox::run_request req, const std::string& tenant) {
   req.timeout += startup_allowance(req.runtime);
-  auto r = rt_.run(std::move(req), ticket(tenant));
+  auto r = profile_.as_cells && cell_eligible(req) ? run_as_cell(rt_, req, ticket(tenant))
+                                                   : rt_.run(std::move(req), ticket(tenant));
   log_result(r);
   return r;
 }
@@ -259,6 +323,11 @@ sandbox::run_result backend::run(sandbox::run_request req, const std::string& te
 std::future<sandbox::run_result> backend::submit(sandbox::run_request req,
                                                  const std::string& tenant) {
   req.timeout += startup_allowance(req.runtime);
+  if (profile_.as_cells && cell_eligible(req)) {
+    return std::async(std::launch::async, [this, req = std::move(req), t = ticket(tenant)] {
+      return run_as_cell(rt_, req, t);
+    });
+  }
   auto p = std::make_shared<std::promise<sandbox::run_result>>();
   auto f = p->get_future();
   rt_.async_run(
@@ -652,7 +721,7 @@ std::vector<std::size_t> profile_indices() {
   }
   std::vector<std::size_t> out;
   for (std::size_t i = 0; i < profiles().size(); ++i) {
-    bool take = words.empty();
+    bool take = words.empty() && !profiles()[i].opt_in;
     for (const auto& w : words) take = take || profiles()[i].name.find(w) != std::string::npos;
     if (take) out.push_back(i);
   }

@@ -111,6 +111,12 @@ struct expectations {
   /// as /dev/tty. false (gVisor 2022): that read waits, and /dev/tty fails with EIO; a reader
   /// that stops at the output it expects, or at the child's exit, still works.
   bool linux_pty = true;
+  /// What the program wrote to stdout before a signal killed it comes back (the host
+  /// captures the streams itself). false (interpreter cells): the cell's streams reach the
+  /// host through the interpreter's driver, which a signal kills with the cell (a seccomp
+  /// kill, SIGXCPU), so a cell killed so comes back without them; its code, signal and
+  /// evidence are the host's as for a run.
+  bool output_survives_kill = true;
 
   // Known gaps: library bugs or findings a backend has today (the conformance report names
   // each). A case consults one only to WARN about the gap and to keep asserting what still
@@ -151,7 +157,29 @@ struct backend_profile {
   std::string host_config;
   /// CI time budget of this backend's core tier; exceeding it is reported, never asserted.
   std::chrono::seconds ci_budget{600};
+  /// Python requests run as interpreter cells (sandbox/interpreter.hpp): `backend::run`,
+  /// `submit` and `run_all` send a request that a cell can carry (`cell_eligible`) as the
+  /// one cell of a fresh interpreter session and map the cell's result to a run's
+  /// (`run_result_of_cell`); other requests run as runs. A hostile cell must be contained
+  /// exactly as a hostile run is.
+  bool as_cells = false;
+  /// Only when SANDBOX_CONFORMANCE_PROFILES names it (not in the unfiltered "every
+  /// profile"): a profile meant for some kinds only (its CTest entry picks them).
+  bool opt_in = false;
 };
+
+/// Whether `req` can be sent as an interpreter cell: Python (`python3`), no network, stdin,
+/// environment, registered tool, image pin, or memory limit other than the default (a cell
+/// has none of these; `files_in` it has).
+bool cell_eligible(const sandbox::run_request& req);
+/// The run-shaped result of a request run as a cell: the cell's code, except that an
+/// exception in the cell (`error`) reads as `ok` with exit status 1 and the traceback
+/// summary on stderr; a cell the driver answered without one as exit status 0; an
+/// interpreter that exited gives its status. Outputs, files and usage are the cell's; isolation,
+/// the limits that applied, egress attempts, violation and OOM kills the session's (`end`).
+sandbox::run_result run_result_of_cell(const sandbox::cell_result& cell,
+                                       const sandbox::session_result& end,
+                                       const std::string& run_id);
 
 /// A backend ready for a case: its profile, its runtime, and shortcuts.
 class backend {
