@@ -94,4 +94,29 @@ inline void level_checks(sandbox::runtime& rt, const sandbox::ticket& t, sandbox
   CHECK(end.result.isolation == level);
 }
 
+/**
+ * A cell that takes the driver's channel (closes its command input, or its frame output):
+ * the host ends the session on its own evidence, the state lost, within `cell_deadline` (a
+ * hang bound); a session opened afterwards works.
+ */
+inline void channel_taken_checks(sandbox::runtime& rt, const sandbox::ticket& t,
+                                 std::chrono::milliseconds cell_deadline) {
+  for (const std::string take : {"os.close(m._in)", "os.close(m._out)"}) {
+    INFO(take);
+    auto st = rt.async_open_interpreter({.runtime = "python3"}, t, boost::asio::use_future).get();
+    REQUIRE(st.interpreter);
+    auto r = exec(*st.interpreter, "import os, sys\nm = sys.modules['__main__']\n" + take,
+                  cell_deadline);
+    INFO(r.message);
+    CHECK(r.state == sandbox::interpreter_state::lost);
+    CHECK(r.session_ended);
+    CHECK(st.interpreter->ended());
+    st.interpreter->async_close(boost::asio::use_future).get();
+  }
+  auto st = rt.async_open_interpreter({.runtime = "python3"}, t, boost::asio::use_future).get();
+  REQUIRE(st.interpreter);
+  CHECK(exec(*st.interpreter, "1 + 1", cell_deadline).value == "2");
+  st.interpreter->async_close(boost::asio::use_future).get();
+}
+
 }  // namespace interptest

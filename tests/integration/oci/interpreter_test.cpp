@@ -1,7 +1,7 @@
 // Interpreter sessions at the container level (crun) and the gvisor level (runsc, where the
 // driver's commands reach it through sandbox-init's control stream): the checks every level
-// runs (tests/integration/common/interp_support.hpp). Each case checks that nothing of it is
-// left on the host.
+// runs (tests/integration/common/interp_support.hpp), and a cell that takes the driver's
+// channel. Each case checks that nothing of it is left on the host.
 #include <unistd.h>
 
 #include <optional>
@@ -57,19 +57,22 @@ void run_checks(sandbox::isolation level) {
   const auto before = itest::snapshot();
   interptest::level_checks(*f.rt, interptest::ticket_at(level, "itest"), level,
                            std::chrono::milliseconds(60000));
+  interptest::channel_taken_checks(*f.rt, interptest::ticket_at(level, "itest"),
+                                   std::chrono::milliseconds(60000));
   sessiontest::settle_fds();
   itest::check_host_unchanged(before);
 }
 
 }  // namespace
 
-TEST_CASE("interpreter: state, values, files, timeout and exit (container, crun)",
+TEST_CASE("interpreter: state, values, files, timeout, exit, a taken channel (container, crun)",
           "[interp][container]") {
   if (!has(sandbox::isolation::container)) return;
   run_checks(sandbox::isolation::container);
 }
 
-TEST_CASE("interpreter: state, values, files, timeout and exit (gvisor)", "[interp][gvisor]") {
+TEST_CASE("interpreter: state, values, files, timeout, exit, a taken channel (gvisor)",
+          "[interp][gvisor]") {
   if (!has(sandbox::isolation::gvisor)) return;
   run_checks(sandbox::isolation::gvisor);
 }
