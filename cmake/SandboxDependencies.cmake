@@ -2,7 +2,7 @@
 find_package(Boost 1.81 REQUIRED CONFIG COMPONENTS headers program_options)
 find_package(fmt REQUIRED)
 find_package(nlohmann_json 3.11 REQUIRED)
-find_package(OpenSSL 3 REQUIRED COMPONENTS Crypto)
+find_package(OpenSSL 3 REQUIRED COMPONENTS Crypto SSL)
 find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(libseccomp REQUIRED IMPORTED_TARGET libseccomp>=2.5)

@@ -138,6 +138,12 @@ struct egress_proxy_options {
   /// its tunnels are closed.
   std::uint64_t max_bytes_up = 16ULL << 20;
   std::uint64_t max_bytes_down = 64ULL << 20;
+  /// A PEM file of CA certificates the proxy also trusts for origins, beside the host's
+  /// default trust store (OpenSSL's default paths), when it terminates TLS for a run that
+  /// uses a secret: for internal origins with a private CA, and for tests. Absolute path;
+  /// empty: the default store alone. Read at each terminated connection; an unreadable file
+  /// trusts nothing more.
+  std::string origin_ca_file;
 };
 
 }  // namespace sandbox

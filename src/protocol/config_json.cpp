@@ -484,7 +484,7 @@ void decode_egress(const json& v, const std::string& path, egress_proxy_options&
   const json& o = as_object(v, path);
   check_known_fields(o, path,
                      {"pinned_hosts", "connect_ports", "http_ports", "max_connections",
-                      "max_bytes_up", "max_bytes_down"});
+                      "max_bytes_up", "max_bytes_down", "origin_ca_file"});
   optional_field(o, path, "pinned_hosts", [&](const json& x, const std::string& q) {
     e.pinned_hosts.clear();
     const json& m = as_object(x, q);
@@ -526,6 +526,11 @@ void decode_egress(const json& v, const std::string& path, egress_proxy_options&
                  [&](const json& x, const std::string& q) { e.max_bytes_up = as_unsigned(x, q); });
   optional_field(o, path, "max_bytes_down", [&](const json& x, const std::string& q) {
     e.max_bytes_down = as_unsigned(x, q);
+  });
+  optional_field(o, path, "origin_ca_file", [&](const json& x, const std::string& q) {
+    std::string file = as_string(x, q);
+    if (!file.starts_with("/")) fail(q, "must be an absolute path");
+    e.origin_ca_file = std::move(file);
   });
 }
 

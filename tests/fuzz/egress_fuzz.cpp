@@ -20,6 +20,7 @@
 
 #include "core/egress/egress_proxy.hpp"
 #include "core/egress/parsers.hpp"
+#include "core/egress/terminated_http.hpp"
 
 namespace {
 
@@ -142,6 +143,38 @@ void check_addresses(std::span<const std::uint8_t> in) {
 
 }  // namespace
 
+// A terminated tunnel's HTTP (terminated_http.hpp): the input as the client's bytes and as the
+// origin's, whole and cut in two. Never a crash; what it passes on stays within a bound of
+// what came in; the secret's value never reaches the client side; a cut never changes what
+// the client's bytes give upstream.
+void check_terminated(std::string_view text) {
+  static const std::string value = "VALUE-of-the-secret";
+  const std::vector<secret_injection> secrets{
+      {.placeholder = "sbx-secret-00112233445566778899aabbccddeeff",
+       .value = std::make_shared<const std::string>(value),
+       .domains = {"api.example.com"},
+       .header_name = "Authorization",
+       .header_template = "Bearer {value}"}};
+  std::string whole_up;
+  std::optional<http_refusal> whole_refusal;
+  {
+    terminated_http t("api.example.com", secrets);
+    whole_refusal = t.from_client(text, whole_up);
+    std::string down;
+    (void)t.from_origin(text, down);
+    (void)t.origin_closed(down);
+    if (down.find(value) != std::string::npos) fail("value reached the client");
+    if (down.size() > 2 * text.size() + 4096) fail("response output unbounded");
+  }
+  if (whole_up.size() > 2 * text.size() + 4096) fail("request output unbounded");
+  terminated_http t("api.example.com", secrets);
+  std::string up;
+  const std::size_t cut = text.size() / 3;
+  auto r = t.from_client(text.substr(0, cut), up);
+  if (!r) r = t.from_client(text.substr(cut), up);
+  if (!whole_refusal && (r || up != whole_up)) fail("a cut changed the request stream");
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::span<const std::uint8_t> bytes(data, size);
   const std::string_view text(reinterpret_cast<const char*>(data), size);
@@ -149,6 +182,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   check_head(text, 16384);
   check_head(text, 64);
   check_addresses(bytes);
+  check_terminated(text);
   const std::string_view first = text.substr(0, size / 2), second = text.substr(size / 2);
   if (same_host(first, second) != same_host(second, first)) fail("same_host not symmetric");
   const std::string shown = display_host(text);

@@ -3,12 +3,16 @@
 #include "core/egress/egress_proxy.hpp"
 
 #include <fcntl.h>
+#include <openssl/ssl.h>
+#include <openssl/x509_vfy.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio/append.hpp>
 #include <boost/asio/error.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/asio/write.hpp>
 #include <cerrno>
 
@@ -227,6 +231,41 @@ address_choice choose_addresses(const egress_resolver::answer& a) {
   }
   return out;
 }
+
+// The client's socket for the TLS server end of a terminated tunnel: the bytes the proxy
+// already read (the ClientHello it judged) are read again first, then the socket's own.
+class replay_socket {
+ public:
+  using executor_type = tcp::socket::executor_type;
+  using lowest_layer_type = tcp::socket::lowest_layer_type;
+
+  replay_socket(tcp::socket& socket, std::string first)
+      : socket_(&socket), first_(std::move(first)) {}
+
+  executor_type get_executor() noexcept { return socket_->get_executor(); }
+  lowest_layer_type& lowest_layer() noexcept { return socket_->lowest_layer(); }
+
+  template <class MutableBuffers, class Handler>
+  void async_read_some(const MutableBuffers& buffers, Handler&& handler) {
+    if (!first_.empty()) {
+      const std::size_t n = asio::buffer_copy(buffers, asio::buffer(first_));
+      first_.erase(0, n);
+      asio::post(socket_->get_executor(),
+                 asio::append(std::forward<Handler>(handler), boost::system::error_code{}, n));
+      return;
+    }
+    socket_->async_read_some(buffers, std::forward<Handler>(handler));
+  }
+
+  template <class ConstBuffers, class Handler>
+  void async_write_some(const ConstBuffers& buffers, Handler&& handler) {
+    socket_->async_write_some(buffers, std::forward<Handler>(handler));
+  }
+
+ private:
+  tcp::socket* socket_;
+  std::string first_;
+};
 
 }  // namespace
 
@@ -531,6 +570,11 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
           if (!egress_pattern_matches(host_name_, sni.name)) {
             return fail("SNI does not match CONNECT host");
           }
+          if (grant().ca && !grant().secrets.empty()) {
+            std::string first(hello_.begin(), hello_.end());
+            hello_ = {};
+            return start_terminate(std::move(first));
+          }
           attempt_.allowed = true;
           attempt_.reason = "approved";
           pending_up_.assign(hello_.begin(), hello_.end());
@@ -548,6 +592,177 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
                               if (ec) return fail("not TLS");
                               check_hello();
                             }));
+  }
+
+  // ----- terminated TLS (a run with secrets): the run CA's leaf to the client, the origin
+  // verified, then HTTP/1.1 through `terminated_http` both ways
+
+  void start_terminate(std::string first) {
+    set_phase(phase::hello, grant().handshake_timeout);  // both handshakes, from now
+    const run_leaf* leaf = grant().ca->leaf_for(host_name_);
+    server_ctx_.emplace(asio::ssl::context::tls_server);
+    SSL_CTX* sctx = server_ctx_->native_handle();
+    if (leaf == nullptr || SSL_CTX_set_min_proto_version(sctx, TLS1_2_VERSION) != 1 ||
+        SSL_CTX_use_certificate(sctx, leaf->cert.get()) != 1 ||
+        SSL_CTX_use_PrivateKey(sctx, leaf->key.get()) != 1) {
+      return fail("tls handshake failed");
+    }
+    client_tls_.emplace(replay_socket(client_, std::move(first)), *server_ctx_);
+    client_tls_->async_handshake(asio::ssl::stream_base::server, track([this](error_code ec) {
+                                   if (phase_ != phase::hello) return;
+                                   if (ec) return fail("tls handshake failed");
+                                   origin_handshake();
+                                 }));
+  }
+
+  void origin_handshake() {
+    origin_ctx_.emplace(asio::ssl::context::tls_client);
+    error_code ignored;
+    origin_ctx_->set_default_verify_paths(ignored);
+    if (!grant().origin_ca_file.empty()) {
+      origin_ctx_->load_verify_file(grant().origin_ca_file, ignored);
+    }
+    origin_ctx_->set_verify_mode(asio::ssl::verify_peer);
+    SSL_CTX_set_min_proto_version(origin_ctx_->native_handle(), TLS1_2_VERSION);
+    upstream_tls_.emplace(upstream_, *origin_ctx_);
+    SSL* ssl = upstream_tls_->native_handle();
+    if (SSL_set_tlsext_host_name(ssl, host_name_.c_str()) != 1 ||
+        SSL_set1_host(ssl, host_name_.c_str()) != 1) {
+      return tls_deny(403, "origin_unverified");
+    }
+    upstream_tls_->async_handshake(asio::ssl::stream_base::client, track([this](error_code ec) {
+                                     if (phase_ != phase::hello) return;
+                                     if (ec) return tls_deny(403, "origin_unverified");
+                                     attempt_.allowed = true;
+                                     attempt_.reason = "approved";
+                                     http_.emplace(host_name_, grant().secrets);
+                                     set_phase(phase::relay, {});
+                                     up_.up = true;
+                                     up_.buf.resize(relay_buffer_bytes);
+                                     down_.buf.resize(relay_buffer_bytes);
+                                     tls_read_client();
+                                     tls_read_origin();
+                                   }));
+  }
+
+  void tls_read_client() {
+    up_.reading = true;
+    client_tls_->async_read_some(
+        asio::buffer(up_.buf), track([this](error_code ec, std::size_t n) {
+          up_.reading = false;
+          if (phase_ == phase::linger) {  // the tunnel is ending: drain, bounded
+            lingered_ += n;
+            if (ec || lingered_ >= max_linger_bytes) return close();
+            return tls_linger();
+          }
+          if (phase_ != phase::relay) return;
+          if (ec) {
+            // The client is done: once its last response went out, so is the tunnel.
+            up_.done = true;
+            if (!http_->awaiting_response() && !down_writing_) tls_finish();
+            return;
+          }
+          last_activity_ = clock::now();
+          std::string out;
+          if (auto refusal = http_->from_client(std::string_view(up_.buf.data(), n), out)) {
+            return tls_refuse(*refusal);
+          }
+          if (out.empty()) return tls_read_client();
+          if (proxy_->take_budget(true, out.size()) < out.size()) return over_budget();
+          up_out_ = std::move(out);
+          asio::async_write(*upstream_tls_, asio::buffer(up_out_),
+                            track<true>([this](error_code wec, std::size_t written) {
+                              attempt_.bytes_up += written;
+                              if (phase_ != phase::relay) return;
+                              if (wec) return close();
+                              last_activity_ = clock::now();
+                              tls_read_client();
+                            }));
+        }));
+  }
+
+  void tls_read_origin() {
+    upstream_tls_->async_read_some(
+        asio::buffer(down_.buf), track([this](error_code ec, std::size_t n) {
+          if (phase_ != phase::relay) return;
+          std::string out;
+          bool last = false;
+          if (ec) {
+            // The origin closed (with or without close_notify): a response read until close
+            // ends here; one cut short ends the tunnel.
+            if (!http_->origin_closed(out)) return close();
+            last = true;
+          } else {
+            last_activity_ = clock::now();
+            if (http_->from_origin(std::string_view(down_.buf.data(), n), out)) return close();
+          }
+          if (out.empty()) return last ? tls_finish() : tls_read_origin();
+          if (proxy_->take_budget(false, out.size()) < out.size()) return over_budget();
+          down_out_ = std::move(out);
+          down_writing_ = true;
+          asio::async_write(*client_tls_, asio::buffer(down_out_),
+                            track<true>([this, last](error_code wec, std::size_t written) {
+                              down_writing_ = false;
+                              attempt_.bytes_down += written;
+                              if (phase_ != phase::relay) return;
+                              if (wec) return close();
+                              if (last || (up_.done && !http_->awaiting_response())) {
+                                return tls_finish();
+                              }
+                              last_activity_ = clock::now();
+                              tls_read_origin();
+                            }));
+        }));
+  }
+
+  // A request refused inside the tunnel: nothing more goes upstream; the client gets the
+  // refusal when no response is on its way to it, else the tunnel just closes.
+  void tls_refuse(const http_refusal& refusal) {
+    if (down_writing_ || !http_->can_answer_refusal()) {
+      attempt_.allowed = false;
+      attempt_.reason = refusal.reason;
+      return close();
+    }
+    tls_deny(refusal.status, refusal.reason);
+  }
+
+  // Answers the client inside its TLS session, then closes (after a bounded linger).
+  void tls_deny(unsigned status, std::string reason) {
+    attempt_.allowed = false;
+    attempt_.reason = std::move(reason);
+    error_code ignored;
+    upstream_.close(ignored);
+    reply_ = egress_denial_response(status, attempt_.reason, asked_host_);
+    set_phase(phase::deny, linger_timeout());
+    asio::async_write(*client_tls_, asio::buffer(reply_), track([this](error_code ec, std::size_t) {
+      if (phase_ != phase::deny) return;
+      if (ec) return close();
+      tls_finish();
+    }));
+  }
+
+  // The last byte for the client is written: no more to or from the origin; the client's
+  // side is shut for sending, and what it still sends is read and dropped (bounded in bytes
+  // and time) so closing does not reset the connection before it read everything.
+  void tls_finish() {
+    error_code ignored;
+    upstream_.close(ignored);
+    client_.shutdown(tcp::socket::shutdown_send, ignored);
+    set_phase(phase::linger, linger_timeout());
+    tls_linger();
+  }
+
+  void tls_linger() {
+    if (up_.reading) return;  // the client read in flight drains (tls_read_client)
+    up_.reading = true;
+    client_tls_->async_read_some(asio::buffer(buf_.data(), buf_.size()),
+                                 track([this](error_code ec, std::size_t n) {
+                                   up_.reading = false;
+                                   if (phase_ != phase::linger) return;
+                                   lingered_ += n;
+                                   if (ec || lingered_ >= max_linger_bytes) return close();
+                                   tls_linger();
+                                 }));
   }
 
   // ----- relaying, with the run's byte budget and the idle timeout
@@ -747,6 +962,15 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
   direction up_;
   direction down_;
   std::size_t lingered_ = 0;
+  // Terminated TLS (contexts before the streams that use them).
+  std::optional<asio::ssl::context> server_ctx_;
+  std::optional<asio::ssl::context> origin_ctx_;
+  std::optional<asio::ssl::stream<replay_socket>> client_tls_;
+  std::optional<asio::ssl::stream<tcp::socket&>> upstream_tls_;
+  std::optional<terminated_http> http_;
+  std::string up_out_;
+  std::string down_out_;
+  bool down_writing_ = false;
 };
 
 egress_proxy::egress_proxy(private_tag, asio::any_io_executor ex, egress_grant grant,

@@ -4,9 +4,10 @@
 // listening TCP socket on loopback inside its own network namespace, the host serves it here.
 // The proxy speaks just enough HTTP/1.1 to know where a client wants to go, decides from the
 // run's grant (approved domains, ports, budgets), resolves names on the host, refuses
-// non-public addresses unless a test resolver pinned them, and relays bytes. It never
-// decrypts: for HTTPS it reads the ClientHello's SNI and requires it to name the CONNECT host
-// before a single byte goes upstream.
+// non-public addresses unless a test resolver pinned them, and relays bytes. For HTTPS it
+// reads the ClientHello's SNI and requires it to name the CONNECT host before a single byte
+// goes upstream; only for a run that uses a secret does it then terminate TLS (see
+// `egress_grant::secrets`).
 //
 // Three parts (src/core/egress/): the parsers (parsers.hpp: pure, fuzzed), the resolvers
 // (resolvers.hpp: every way a name becomes addresses), and this, the Asio proxy, which also
@@ -38,10 +39,18 @@
 //   timeout                           the client was too slow to send its head or ClientHello,
 //                                     or resolving and connecting took over `connect_timeout`
 //   proxy stopped                     stop() came before a decision was made
+//   origin_unverified                 (terminated TLS) the origin's certificate or name did
+//                                     not verify, or its TLS handshake failed: a 403 to the
+//                                     client inside the tunnel, nothing sent upstream
+//   tls handshake failed              (terminated TLS) the client refused the run CA's leaf
+//   malformed response                (terminated TLS) the origin's response is not strict
+//                                     HTTP/1.1; the tunnel is closed
 //   secret_misuse                     a secret's placeholder in the request head (CONNECT
 //                                     target, URL, Host or any header) or in a plain-HTTP
 //                                     body: refused 403 before anything goes upstream, or,
-//                                     for a body part already relaying, the connection closed
+//                                     for a body part already relaying, the connection closed;
+//                                     in a terminated tunnel: anywhere in a request but its
+//                                     secret's header to its domains
 #pragma once
 
 #include <atomic>
@@ -62,6 +71,8 @@
 #include <vector>
 
 #include "core/egress/resolvers.hpp"
+#include "core/egress/run_ca.hpp"
+#include "core/egress/terminated_http.hpp"
 #include "sandbox/protocol.hpp"
 
 namespace sandbox::detail {
@@ -97,6 +108,16 @@ struct egress_grant {
   /// whose head (target, Host, any header) or plain-HTTP body holds one is refused
   /// "secret_misuse". Empty: the run has no secrets.
   std::vector<std::string> secret_marks;
+  /// The run's secrets and its CA (run_ca.hpp), set together for a run that uses a secret:
+  /// each HTTPS tunnel is then terminated after the SNI check, with a leaf of `ca` for the
+  /// CONNECT host, and re-encrypted to the origin, whose certificate and name must verify
+  /// against OpenSSL's default trust store and `origin_ca_file`. Its requests and responses
+  /// go through `terminated_http` (the value into its header, echoes redacted). Unset: the
+  /// tunnel is relayed as it is.
+  std::vector<secret_injection> secrets;
+  std::shared_ptr<run_ca> ca;
+  /// An extra PEM file of CAs trusted for origins (`egress_proxy_options::origin_ca_file`).
+  std::string origin_ca_file;
 };
 
 /// Most attempts an `egress_proxy` reports; the rest are only counted (`dropped()`).

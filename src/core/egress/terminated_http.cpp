@@ -131,8 +131,36 @@ std::optional<http_refusal> terminated_http::refuse(unsigned status, std::string
 }
 
 std::optional<http_refusal> terminated_http::scan_body(std::string_view data) {
-  if (rq_scan_ && rq_scan_->feed(data)) return refuse(403, secret_misuse_reason);
+  if (rq_scan_ && rq_scan_->feed(data)) {
+    refused_in_body_ = true;
+    return refuse(403, secret_misuse_reason);
+  }
   return std::nullopt;
+}
+
+bool terminated_http::awaiting_response() const noexcept {
+  return !pending_.empty() ||
+         (rs_ != resp_state::head && rs_ != resp_state::done && rs_ != resp_state::failed);
+}
+
+bool terminated_http::can_answer_refusal() const noexcept {
+  return rs_ == resp_state::head && rs_buf_.empty() &&
+         pending_.size() <= (refused_in_body_ ? 1U : 0U);
+}
+
+void terminated_http::up(std::string_view data, std::string& out) {
+  if (!holding_) {
+    out.append(data);
+    return;
+  }
+  held_up_.append(data);
+  if (held_up_.size() > max_judged_request_bytes) release(out);  // judged as it goes on
+}
+
+void terminated_http::release(std::string& out) {
+  out += held_up_;
+  held_up_.clear();
+  holding_ = false;
 }
 
 std::optional<http_refusal> terminated_http::request_head(std::string& out) {
@@ -200,7 +228,11 @@ std::optional<http_refusal> terminated_http::request_head(std::string& out) {
     rq_ = req_state::head;
   }
   pending_.push_back(head.method == "HEAD");
-  out += rebuilt;
+  // Held back with the start of its body: a body that fits is judged whole before anything
+  // of the request goes upstream.
+  held_up_ = std::move(rebuilt);
+  holding_ = true;
+  if (rq_ == req_state::head) release(out);
   return std::nullopt;
 }
 
@@ -227,10 +259,13 @@ std::optional<http_refusal> terminated_http::from_client(std::string_view in, st
         if (rq_buf_.empty()) return std::nullopt;
         const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(rq_left_, rq_buf_.size()));
         if (auto r = scan_body(std::string_view(rq_buf_).substr(0, n))) return r;
-        out.append(rq_buf_, 0, n);
+        up(std::string_view(rq_buf_).substr(0, n), out);
         rq_buf_.erase(0, n);
         rq_left_ -= n;
-        if (rq_left_ == 0) rq_ = req_state::head;
+        if (rq_left_ == 0) {
+          rq_ = req_state::head;
+          release(out);
+        }
         break;
       }
       case req_state::chunk_size: {
@@ -241,7 +276,7 @@ std::optional<http_refusal> terminated_http::from_client(std::string_view in, st
         }
         const auto size = parse_chunk_size(std::string_view(rq_buf_).substr(0, eol));
         if (!size) return refuse(400, "malformed request");
-        out.append(rq_buf_, 0, eol + 2);
+        up(std::string_view(rq_buf_).substr(0, eol + 2), out);
         rq_buf_.erase(0, eol + 2);
         rq_left_ = *size;
         rq_ = *size == 0 ? req_state::trailer : req_state::chunk_data;
@@ -251,7 +286,7 @@ std::optional<http_refusal> terminated_http::from_client(std::string_view in, st
         if (rq_buf_.empty()) return std::nullopt;
         const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(rq_left_, rq_buf_.size()));
         if (auto r = scan_body(std::string_view(rq_buf_).substr(0, n))) return r;
-        out.append(rq_buf_, 0, n);
+        up(std::string_view(rq_buf_).substr(0, n), out);
         rq_buf_.erase(0, n);
         rq_left_ -= n;
         if (rq_left_ == 0) rq_ = req_state::chunk_crlf;
@@ -265,9 +300,14 @@ std::optional<http_refusal> terminated_http::from_client(std::string_view in, st
           return std::nullopt;
         }
         if (rq_buf_[0] != '\r' || rq_buf_[1] != '\n') return refuse(400, "malformed request");
-        out.append("\r\n");
+        up("\r\n", out);
         rq_buf_.erase(0, 2);
-        rq_ = rq_ == req_state::trailer ? req_state::head : req_state::chunk_size;
+        if (rq_ == req_state::trailer) {
+          rq_ = req_state::head;
+          release(out);
+        } else {
+          rq_ = req_state::chunk_size;
+        }
         break;
       }
     }

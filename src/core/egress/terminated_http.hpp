@@ -74,6 +74,9 @@ struct http_refusal {
 
 /// Bytes of a request or response head inside a terminated tunnel, at most.
 inline constexpr std::size_t max_terminated_head_bytes = 16384;
+/// A request (head and body) up to this size is judged whole before any of it goes
+/// upstream; a larger one is judged as it is relayed.
+inline constexpr std::size_t max_judged_request_bytes = 65536;
 
 /**
  * The HTTP/1.1 exchange of one terminated tunnel to `host` (canonical name). Not thread-safe.
@@ -86,6 +89,7 @@ inline constexpr std::size_t max_terminated_head_bytes = 16384;
  * for in the request line, every header and the body (decoded); the one place a placeholder
  * may be is a secret's configured header, sent to one of that secret's domains, whose value
  * is exactly the template with the placeholder for `{value}`: it is replaced by the value.
+ * A request of at most `max_judged_request_bytes` leaves only once complete and judged.
  *
  * Once refused, the exchange stays refused: the caller answers (or closes) and stops.
  */
@@ -102,7 +106,10 @@ class terminated_http {
   /// response was cut short (the caller closes the tunnel).
   bool origin_closed(std::string& out);
   /// True while a request was sent whose response is not complete yet.
-  bool awaiting_response() const noexcept { return !pending_.empty(); }
+  bool awaiting_response() const noexcept;
+  /// After a refusal from `from_client`: true when the client can be answered now (no
+  /// earlier response is owed or half sent), so the refusal is the answer it reads next.
+  bool can_answer_refusal() const noexcept;
   /// True when the origin ends a response by closing (the caller then closes the client).
   bool closes_after_response() const noexcept { return close_after_; }
 
@@ -123,6 +130,10 @@ class terminated_http {
   std::optional<http_refusal> request_head(std::string& out);
   std::optional<http_refusal> refuse(unsigned status, std::string_view reason);
   std::optional<http_refusal> scan_body(std::string_view data);
+  /// Request bytes for the origin: held while the request may still be judged whole.
+  void up(std::string_view data, std::string& out);
+  /// Sends on what was held.
+  void release(std::string& out);
   bool response_head(std::string& out);
   void emit_chunk(std::string_view data, std::string& out);
   void end_response(std::string& out);
@@ -135,6 +146,9 @@ class terminated_http {
   std::string rq_buf_;
   std::uint64_t rq_left_ = 0;
   std::optional<placeholder_scanner> rq_scan_;
+  bool refused_in_body_ = false;  ///< the refusal came in a request's body
+  std::string held_up_;           ///< the current request, held (`up`)
+  bool holding_ = false;
 
   resp_state rs_ = resp_state::head;
   std::string rs_buf_;

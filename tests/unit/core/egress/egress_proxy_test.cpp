@@ -8,7 +8,10 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <openssl/ssl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -27,7 +30,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/egress/run_ca.hpp"
 #include "core/egress/secret_scan.hpp"
+#include "core/egress/terminated_http.hpp"
 #include "unit/core/egress/egress_test_support.hpp"
 
 namespace {
@@ -130,6 +135,7 @@ class client {
     }
   }
   void shutdown_send() { ::shutdown(fd_, SHUT_WR); }
+  int fd() const { return fd_; }
   void close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -1053,4 +1059,293 @@ TEST_CASE("egress proxy: a placeholder later in a plain-HTTP body never goes ups
   CHECK(seen[0].find(mark) == std::string::npos);
   CHECK(seen[0].find(mark.substr(0, 10)) == std::string::npos);  // the cut piece neither
   CHECK(a.bytes_up == seen[0].size());
+}
+
+// =============================================================================================
+// Terminated TLS (a run with secrets): tests speak real TLS through OpenSSL on blocking
+// sockets with receive timeouts, so a broken proxy fails a test instead of hanging it.
+
+namespace {
+
+struct ssl_ctx_free {
+  void operator()(SSL_CTX* c) const noexcept { SSL_CTX_free(c); }
+};
+struct ssl_free {
+  void operator()(SSL* s) const noexcept { SSL_free(s); }
+};
+using ssl_ctx_ptr = std::unique_ptr<SSL_CTX, ssl_ctx_free>;
+using ssl_ptr = std::unique_ptr<SSL, ssl_free>;
+
+const std::string tls_placeholder = "sbx-secret-00112233445566778899aabbccddeeff";
+const std::string tls_value = "the-real-secret-VALUE-42";
+
+std::string ssl_read_all(SSL* s) {
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const int n = SSL_read(s, buf, sizeof(buf));
+    if (n <= 0) return out;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
+bool ssl_write_all(SSL* s, std::string_view data) {
+  while (!data.empty()) {
+    const int n = SSL_write(s, data.data(), static_cast<int>(data.size()));
+    if (n <= 0) return false;
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+// A loopback HTTPS origin for api.example.com with a certificate from its own test CA. Each
+// connection: one request head read, recorded (the origin's log), answered with a body that
+// echoes the request's Authorization header, then closed.
+class tls_origin {
+ public:
+  tls_origin() : ca_(make_ca()) {
+    const run_leaf* leaf = ca_->leaf_for("api.example.com");
+    REQUIRE(leaf != nullptr);
+    ctx_.reset(SSL_CTX_new(TLS_server_method()));
+    REQUIRE(SSL_CTX_use_certificate(ctx_.get(), leaf->cert.get()) == 1);
+    REQUIRE(SSL_CTX_use_PrivateKey(ctx_.get(), leaf->key.get()) == 1);
+    fd_ = listen_loopback(port_);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~tls_origin() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  tls_origin(const tls_origin&) = delete;
+  tls_origin& operator=(const tls_origin&) = delete;
+
+  std::uint16_t port() const { return port_; }
+  const std::string& ca_pem() const { return ca_->cert_pem(); }
+  std::size_t accepted() const { return accepted_; }
+  // The request heads received (decrypted), waiting up to 10 s for `n`.
+  std::vector<std::string> heads(std::size_t n) {
+    std::unique_lock lock(m_);
+    cv_.wait_for(lock, 10s, [&] { return heads_.size() >= n; });
+    return heads_;
+  }
+
+ private:
+  static std::unique_ptr<run_ca> make_ca() {
+    std::string why;
+    const std::vector<std::string> domains{"api.example.com"};
+    auto ca = run_ca::create("origin-test-ca", domains, why);
+    REQUIRE(ca != nullptr);
+    return ca;
+  }
+
+  void serve() {
+    // OpenSSL writes with write(2): a proxy that closed makes it EPIPE, not this process's end.
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+    while (!stop_) {
+      pollfd p{.fd = fd_, .events = POLLIN, .revents = 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      ++accepted_;
+      set_timeouts(c);
+      ssl_ptr s(SSL_new(ctx_.get()));
+      SSL_set_fd(s.get(), c);
+      if (SSL_accept(s.get()) == 1) {
+        std::string got;
+        char buf[4096];
+        while (got.find("\r\n\r\n") == std::string::npos) {
+          const int n = SSL_read(s.get(), buf, sizeof(buf));
+          if (n <= 0) break;
+          got.append(buf, static_cast<std::size_t>(n));
+        }
+        std::string auth;
+        if (const auto at = got.find("Authorization: "); at != std::string::npos) {
+          auth = got.substr(at + 15, got.find("\r\n", at) - at - 15);
+        }
+        const std::string body = "you sent [" + auth + "]";
+        if (got.find("\r\n\r\n") == std::string::npos) got.clear();  // no request came
+        if (!got.empty())
+          ssl_write_all(s.get(), "HTTP/1.1 200 OK\r\nX-Echo: " + auth + "\r\nContent-Length: " +
+                                     std::to_string(body.size()) + "\r\n\r\n" + body);
+        SSL_shutdown(s.get());
+        if (!got.empty()) {
+          std::lock_guard lock(m_);
+          heads_.push_back(std::move(got));
+          cv_.notify_all();
+        }
+      }
+      ::close(c);
+    }
+  }
+
+  std::unique_ptr<run_ca> ca_;
+  ssl_ctx_ptr ctx_;
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<std::size_t> accepted_{0};
+  std::thread thread_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<std::string> heads_;
+};
+
+// A grant for a run with the secret, its CA, and (when given) the origin's test CA trusted.
+egress_grant secret_grant(std::uint16_t port, const std::shared_ptr<run_ca>& ca,
+                          const std::string& origin_ca_file) {
+  auto g = grant_for({"api.example.com", "other.example.com"}, port);
+  g.secret_marks = placeholder_marks(std::vector<std::string>{tls_placeholder});
+  g.secrets = {secret_injection{.placeholder = tls_placeholder,
+                                .value = std::make_shared<const std::string>(tls_value),
+                                .domains = {"api.example.com"},
+                                .header_name = "Authorization",
+                                .header_template = "Bearer {value}"}};
+  g.ca = ca;
+  g.origin_ca_file = origin_ca_file;
+  return g;
+}
+
+std::shared_ptr<run_ca> run_ca_for_test() {
+  std::string why;
+  const std::vector<std::string> domains{"api.example.com", "other.example.com"};
+  std::shared_ptr<run_ca> ca = run_ca::create("run-test", domains, why);
+  REQUIRE(ca != nullptr);
+  return ca;
+}
+
+// A PEM file for the proxy's origin_ca_file; removed with the object.
+struct temp_pem {
+  explicit temp_pem(const std::string& pem) {
+    char name[] = "/tmp/egress-origin-ca-XXXXXX";
+    const int fd = ::mkstemp(name);
+    REQUIRE(fd >= 0);
+    REQUIRE(::write(fd, pem.data(), pem.size()) == static_cast<ssize_t>(pem.size()));
+    ::close(fd);
+    path = name;
+  }
+  ~temp_pem() { ::unlink(path.c_str()); }
+  std::string path;
+};
+
+// A client of the proxy: CONNECT, then TLS trusting only the run's CA, one request, the
+// answer read to EOF. Empty when the tunnel or the handshake failed.
+std::string https_exchange(std::uint16_t proxy_port, std::uint16_t origin_port, const run_ca& ca,
+                           const std::string& request) {
+  client c(proxy_port);
+  const std::string authority = "api.example.com:" + std::to_string(origin_port);
+  if (!c.send(connect_request(authority))) return {};
+  if (c.read_head() != "HTTP/1.1 200 Connection established\r\n\r\n") return {};
+  ssl_ctx_ptr ctx(SSL_CTX_new(TLS_client_method()));
+  X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx.get()), ca.cert());
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  ssl_ptr s(SSL_new(ctx.get()));
+  SSL_set_tlsext_host_name(s.get(), "api.example.com");
+  SSL_set1_host(s.get(), "api.example.com");
+  SSL_set_fd(s.get(), c.fd());
+  if (SSL_connect(s.get()) != 1) return {};
+  if (!ssl_write_all(s.get(), request)) return {};
+  return ssl_read_all(s.get());
+}
+
+// The body of a complete chunked response (what an HTTP client reads); empty when malformed.
+std::string dechunked_body(const std::string& response) {
+  std::size_t at = response.find("\r\n\r\n");
+  if (at == std::string::npos) return {};
+  at += 4;
+  std::string body;
+  for (;;) {
+    const auto eol = response.find("\r\n", at);
+    if (eol == std::string::npos) return {};
+    const std::size_t size = std::stoul(response.substr(at, eol - at), nullptr, 16);
+    if (size == 0) return body;
+    body += response.substr(eol + 2, size);
+    at = eol + 2 + size + 2;
+  }
+}
+
+std::string api_get(const std::string& extra) {
+  return "GET /v1/rates HTTP/1.1\r\nHost: api.example.com\r\n" + extra + "\r\n";
+}
+
+}  // namespace
+
+TEST_CASE("egress proxy: with a secret, TLS is terminated and the value injected, echo redacted",
+          "[egress][secrets]") {
+  tls_origin web;
+  const temp_pem origin_ca(web.ca_pem());
+  const auto ca = run_ca_for_test();
+  proxy_fixture p(secret_grant(web.port(), ca, origin_ca.path),
+                  loopback_names({"api.example.com", "other.example.com"}));
+
+  const std::string answer = https_exchange(
+      p.port(), web.port(), *ca, api_get("Authorization: Bearer " + tls_placeholder + "\r\n"));
+  // The origin saw the value in the configured header...
+  const auto heads = web.heads(1);
+  REQUIRE(heads.size() == 1);
+  CHECK(heads[0].find("Authorization: Bearer " + tls_value + "\r\n") != std::string::npos);
+  CHECK(heads[0].find(tls_placeholder) == std::string::npos);
+  // ... and its echo of it (a header and the body) reached the program as the placeholder.
+  INFO("answer: " << answer);
+  CHECK(answer.starts_with("HTTP/1.1 200 OK\r\n"));
+  CHECK(answer.find("X-Echo: Bearer " + tls_placeholder) != std::string::npos);
+  CHECK(dechunked_body(answer) == "you sent [Bearer " + tls_placeholder + "]");
+  CHECK(answer.find(tls_value) == std::string::npos);
+
+  const auto attempts = p.attempts(1);
+  REQUIRE(attempts.size() == 1);
+  CHECK(attempts[0].allowed);
+  CHECK(attempts[0].reason == "approved");
+  CHECK(attempts[0].bytes_up > 0);
+  CHECK(attempts[0].bytes_down > 0);
+}
+
+TEST_CASE("egress proxy: inside terminated TLS a placeholder elsewhere is secret_misuse",
+          "[egress][secrets]") {
+  tls_origin web;
+  const temp_pem origin_ca(web.ca_pem());
+  const auto ca = run_ca_for_test();
+  proxy_fixture p(secret_grant(web.port(), ca, origin_ca.path),
+                  loopback_names({"api.example.com"}));
+  const std::vector<std::string> requests = {
+      "GET /v1/" + tls_placeholder + " HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+      api_get("X-Api-Key: " + tls_placeholder + "\r\n"),
+      "POST /v1 HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: 43\r\n\r\n" + tls_placeholder,
+  };
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    INFO(requests[i]);
+    const auto answer = parse_answer(https_exchange(p.port(), web.port(), *ca, requests[i]));
+    CHECK(answer.status == 403);
+    REQUIRE(answer.body.is_object());
+    CHECK(answer.body["reason"] == "secret_misuse");
+  }
+  const auto attempts = p.attempts(requests.size());
+  REQUIRE(attempts.size() == requests.size());
+  for (const auto& a : attempts) {
+    CHECK_FALSE(a.allowed);
+    CHECK(a.reason == "secret_misuse");
+  }
+  // The origin's log: TLS sessions were made (the origin is verified first), but no request
+  // head ever arrived.
+  CHECK(web.heads(0).empty());
+}
+
+TEST_CASE("egress proxy: an origin whose certificate does not verify is refused",
+          "[egress][secrets]") {
+  tls_origin web;  // its test CA is not trusted: no origin_ca_file
+  const auto ca = run_ca_for_test();
+  proxy_fixture p(secret_grant(web.port(), ca, ""), loopback_names({"api.example.com"}));
+  const auto answer = parse_answer(https_exchange(
+      p.port(), web.port(), *ca, api_get("Authorization: Bearer " + tls_placeholder + "\r\n")));
+  CHECK(answer.status == 403);
+  REQUIRE(answer.body.is_object());
+  CHECK(answer.body["reason"] == "origin_unverified");
+  const auto attempts = p.attempts(1);
+  REQUIRE(attempts.size() == 1);
+  CHECK_FALSE(attempts[0].allowed);
+  CHECK(attempts[0].reason == "origin_unverified");
+  CHECK(web.heads(0).empty());
 }

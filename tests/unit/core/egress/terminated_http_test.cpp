@@ -239,3 +239,23 @@ TEST_CASE("terminated http: random bytes neither crash nor grow without bound", 
     CHECK(down.size() < 8 * 2 * 512 + 256);
   }
 }
+
+TEST_CASE("terminated http: a small request leaves only once judged whole", "[secrets]") {
+  terminated_http t("api.example.com", secrets());
+  std::string out;
+  REQUIRE_FALSE(
+      t.from_client("POST / HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: 45\r\n\r\n", out));
+  CHECK(out.empty());  // the head waits for its body
+  const auto refusal = t.from_client("k=" + placeholder, out);
+  REQUIRE(refusal);
+  CHECK(refusal->reason == "secret_misuse");
+  CHECK(out.empty());  // nothing of it went upstream
+  CHECK(t.can_answer_refusal());
+
+  terminated_http ok("api.example.com", secrets());
+  REQUIRE_FALSE(ok.from_client(
+      "POST / HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: 3\r\n\r\nab", out));
+  CHECK(out.empty());
+  REQUIRE_FALSE(ok.from_client("c", out));
+  CHECK(out == "POST / HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: 3\r\n\r\nabc");
+}
