@@ -14,6 +14,8 @@
 //                             out (its inputs and source are staged into the already-bound
 //                             workspace files first). Either way init runs the same steps.
 //                             `egress_proxy=<port>` (network runs only): see below.
+//                             `run_ca_pem=<PEM>` (runs with secrets): init writes it to
+//                             `run_ca_path` (root's, mode 0444) before the program starts.
 //   init → host   egress_proxy  fds: [a TCP socket listening on 127.0.0.1:<port> in the run's
 //                             network namespace], sent before the program starts; the host
 //                             serves the run's egress proxy on it (core/egress_proxy.hpp)
@@ -109,7 +111,12 @@ enum class step : std::uint32_t {
   exec,
   drop_init_privileges,
   egress_proxy,
+  run_ca,
 };
+
+/// Where sandbox-init writes a run's CA certificate (`go`'s `run_ca_pem`), read-only, and
+/// what SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE and NODE_EXTRA_CA_CERTS name.
+inline constexpr const char* run_ca_path = "/tmp/sandbox-run-ca.pem";
 
 /// Port of the egress proxy on the run's loopback (HTTP_PROXY=http://127.0.0.1:3128).
 inline constexpr std::uint16_t egress_proxy_port = 3128;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/egress/egress_proxy.hpp"
+#include "sandbox/backend.hpp"
 #include "sandbox/backend_options.hpp"
 #include "sandbox/protocol.hpp"
 
@@ -34,10 +35,21 @@ class egress_wiring {
   egress_wiring(const egress_wiring&) = delete;
   egress_wiring& operator=(const egress_wiring&) = delete;
 
+  /**
+   * A run with secrets: makes its CA (run_ca.hpp) for `domains`, once. Its certificate is
+   * then `ca_pem()`; its key stays here and goes with this object (the run's end). When
+   * OpenSSL fails there is no CA: the proxy then never terminates TLS, so a placeholder is
+   * all the run can send (it is still refused where it may not go).
+   */
+  void prepare_ca(const std::string& run_id, const std::vector<std::string>& domains);
+  /// The run CA's certificate (PEM); empty without one.
+  std::string_view ca_pem() const noexcept;
+
   /// Serves the proxy on `listener` (taken) for `domains` under `options`, refusing the run's
-  /// secret `placeholders` where they may not go; each attempt goes to `record` on the strand
-  /// while `owner` lives.
-  void start(int listener, std::vector<std::string> domains, std::vector<std::string> placeholders,
+  /// `secrets`' placeholders where they may not go and, with a CA (`prepare_ca`), putting
+  /// their values into their headers inside terminated TLS; each attempt goes to `record` on
+  /// the strand while `owner` lives.
+  void start(int listener, std::vector<std::string> domains, const std::vector<run_secret>& secrets,
              const egress_proxy_options& options, std::shared_ptr<egress_resolver> resolver,
              std::weak_ptr<void> owner, std::function<void(egress_attempt)> record);
   /// True once a proxy serves the run.
@@ -58,6 +70,8 @@ class egress_wiring {
   boost::asio::strand<boost::asio::any_io_executor> strand_;
   boost::asio::steady_timer timer_;  ///< bounds the drain (2 s)
   std::shared_ptr<egress_proxy> proxy_;
+  std::shared_ptr<run_ca> ca_;  ///< a run with secrets; shared with the proxy's grant
+  bool ca_tried_ = false;
   bool stop_requested_ = false;  ///< teardown asked it to stop
   bool drained_ = false;         ///< it reported every session (or 2 s passed)
 };

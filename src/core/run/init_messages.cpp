@@ -92,6 +92,15 @@ std::string go_payload(const run_job& job, const go_params& p) {
     }
     // Host-held secrets: only their per-run placeholders, never a value (sandbox/secrets.hpp).
     for (const auto& s : job.secrets) w.add("env", secret_env_name(s.name) + "=" + s.placeholder);
+    // Its HTTPS is terminated by the proxy with the run's CA: that CA is all the program
+    // needs to trust (the proxy verifies the origins against the host's store).
+    if (!p.run_ca_pem.empty()) {
+      w.add("run_ca_pem", p.run_ca_pem);
+      for (const char* n :
+           {"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"}) {
+        w.add("env", std::string(n) + "=" + ip::run_ca_path);
+      }
+    }
   }
   for (const auto& [k, v] : req.env) {
     // A network run's NODE_OPTIONS is ours (the proxy preload). The proxy variables need no
@@ -161,6 +170,8 @@ const char* describe_step(ip::step s) noexcept {
       return "dropping sandbox-init's own capabilities";
     case ip::step::egress_proxy:
       return "the egress proxy's listener on the run's loopback";
+    case ip::step::run_ca:
+      return "writing the run's CA certificate";
   }
   return "an unknown step";
 }

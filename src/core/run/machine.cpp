@@ -507,7 +507,8 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
             .uid = resources_.uid(),
             .userns = shared_->userns,
             .network = network_granted(),
-            .proxy_served = proxy_.serving()};
+            .proxy_served = proxy_.serving(),
+            .run_ca_pem = proxy_.ca_pem()};
   }
 
   // Host log (debug): where the time between the program's exit and the result went.
@@ -548,6 +549,10 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
       if (auto why = guest_.send_files(resources_.workspace(), ctl_); !why.empty()) {
         return fail_setup(why);
       }
+    }
+    // A network run with secrets: its CA, made before `go` carries its certificate.
+    if (network_granted() && !job_.secrets.empty()) {
+      proxy_.prepare_ca(job_.run_id, job_.admitted.request.egress);
     }
     if (auto why = setup_.send_go(ctl_, job_, shared_->traits, facts(), session_.stdio());
         !why.empty())
@@ -699,10 +704,9 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
 
   // Serves the run's egress proxy on `listener` (from sandbox-init, in the run's netns).
   void start_proxy(int listener) {
-    std::vector<std::string> placeholders;
-    for (const auto& s : job_.secrets) placeholders.push_back(s.placeholder);
-    proxy_.start(listener, job_.admitted.request.egress, std::move(placeholders),
-                 shared_->ctx.egress, shared_->resolver, weak_from_this(),
+    if (!job_.secrets.empty()) proxy_.prepare_ca(job_.run_id, job_.admitted.request.egress);
+    proxy_.start(listener, job_.admitted.request.egress, job_.secrets, shared_->ctx.egress,
+                 shared_->resolver, weak_from_this(),
                  [this](egress_attempt a) { record_egress(std::move(a)); });
   }
 

@@ -186,7 +186,8 @@ std::string run_setup::send_go(control_channel& ctl, const run_job& job, const l
                        .probe_in_gvisor = stream && t.isolation == sandbox::isolation::gvisor,
                        .network = f.network,
                        .proxy_served = f.proxy_served,
-                       .node_proxy_preload_path = t.node_proxy_preload_path}));
+                       .node_proxy_preload_path = t.node_proxy_preload_path,
+                       .run_ca_pem = f.run_ca_pem}));
   if (packet.size() > ip::max_packet) return "program description too large";
   const int stdin_fds[1] = {stdio.child_fd()};
   const int sent =

@@ -54,12 +54,13 @@ struct staging_outcome {
 
 /// What a run's `config` and `go` carry besides its job and the launcher's traits.
 struct program_facts {
-  bool selftest = false;      ///< the start-up self-test's probe run
-  bool session = false;       ///< a session run
-  std::uint32_t uid = 0;      ///< the program's uid and gid
-  bool userns = false;        ///< the run has a user namespace (unprivileged host)
-  bool network = false;       ///< is_network_granted
-  bool proxy_served = false;  ///< the host serves the run's egress proxy
+  bool selftest = false;          ///< the start-up self-test's probe run
+  bool session = false;           ///< a session run
+  std::uint32_t uid = 0;          ///< the program's uid and gid
+  bool userns = false;            ///< the run has a user namespace (unprivileged host)
+  bool network = false;           ///< is_network_granted
+  bool proxy_served = false;      ///< the host serves the run's egress proxy
+  std::string_view run_ca_pem{};  ///< a run with secrets: its CA certificate (go_params)
 };
 
 /**

@@ -23,6 +23,7 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -130,7 +131,8 @@ int open_listener(std::uint16_t port) {
                                 "seccomp",
                                 "exec",
                                 "drop_init_privileges",
-                                "egress_proxy"};
+                                "egress_proxy",
+                                "run_ca"};
   auto idx = static_cast<std::uint32_t>(f.where);
   const char* name = idx < sizeof names / sizeof names[0] ? names[idx] : "?";
   send_msg(ip::msg::failed, idx, f.err, name, nullptr, 0);
@@ -243,6 +245,8 @@ bool read_go(config* cfg) {
       cfg->egress_proxy_port = static_cast<std::uint16_t>(to_u64(v));
     else if (k == "stdin")
       cfg->stdin_path = std::string(v);
+    else if (k == "run_ca_pem")
+      cfg->run_ca_pem = std::string(v);
   }
   return !cfg->argv.empty();
 }
@@ -568,6 +572,25 @@ int main(int argc, char** argv) {
     if (l < 0) fail({step::egress_proxy, -l});
     if (!send_msg(ip::msg::egress_proxy, 0, 0, {}, &l, 1)) _exit(1);
     close(l);
+  }
+
+  // 5a''. A run with secrets: its CA certificate, where the trust-store variables point. The
+  //       program has not started, so nothing of its can be there; root's and read-only, in
+  //       the sticky /tmp, so the program can neither change nor replace it.
+  if (!cfg.run_ca_pem.empty()) {
+    int fd = open(ip::run_ca_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
+    if (fd < 0) fail({step::run_ca, errno});
+    const char* p = cfg.run_ca_pem.data();
+    std::size_t left = cfg.run_ca_pem.size();
+    while (left > 0) {
+      ssize_t n = write(fd, p, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail({step::run_ca, n < 0 ? errno : EIO});
+      p += n;
+      left -= static_cast<std::size_t>(n);
+    }
+    if (fchmod(fd, 0444) < 0) fail({step::run_ca, errno});
+    close(fd);
   }
 
   // 5. The user program. SIGCHLD is blocked first so no exit is lost before supervise().

@@ -200,7 +200,24 @@ TEST_CASE("init messages: a network run's secrets are placeholders only, never v
   CHECK(payload.find(value) == std::string::npos);
   CHECK(sandbox::detail::config_payload(job, {.input_name = "in-0123456789abcdef"}).find(value) ==
         std::string::npos);
+  CHECK(all(parse(payload), "run_ca_pem").empty());
+  // With the run's CA (the proxy terminates its HTTPS): the certificate for sandbox-init to
+  // write, and the trust-store variables naming where it goes.
+  const std::string pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+  payload = sandbox::detail::go_payload(
+      job, {.input_name = "in-0123456789abcdef", .network = true, .run_ca_pem = pem});
+  CHECK(all(parse(payload), "run_ca_pem") == std::vector<std::string>{pem});
+  CHECK(
+      all(parse(payload), "env") ==
+      concat(concat(fixed_env, proxy_env),
+             {"SANDBOX_SECRET_RATES_API=sbx-secret-0123456789abcdef0123456789abcdef",
+              "SSL_CERT_FILE=/tmp/sandbox-run-ca.pem", "REQUESTS_CA_BUNDLE=/tmp/sandbox-run-ca.pem",
+              "CURL_CA_BUNDLE=/tmp/sandbox-run-ca.pem",
+              "NODE_EXTRA_CA_CERTS=/tmp/sandbox-run-ca.pem", "A=1"}));
+  CHECK(payload.find(value) == std::string::npos);
   // Without the network (never admitted with secrets, but never leaked either): nothing.
-  payload = sandbox::detail::go_payload(job, {.input_name = "in-0123456789abcdef"});
+  payload =
+      sandbox::detail::go_payload(job, {.input_name = "in-0123456789abcdef", .run_ca_pem = pem});
   CHECK(payload.find("SANDBOX_SECRET_") == std::string::npos);
+  CHECK(payload.find("CERTIFICATE") == std::string::npos);
 }
