@@ -9,9 +9,43 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
 #include "conformance/suite.hpp"
+
+namespace conformance {
+namespace {
+
+// Every host log line and span of the suite's runtimes (host_log_and_spans), bounded.
+std::mutex host_lines_mutex;
+std::string host_lines;
+
+void keep_host_line(std::string_view line) {
+  std::lock_guard lock(host_lines_mutex);
+  if (host_lines.size() > (64U << 20)) return;
+  host_lines.append(line);
+  host_lines.push_back('\n');
+}
+
+class kept_spans : public sandbox::span_sink {
+ public:
+  void record(const sandbox::span& s) noexcept override {
+    try {
+      keep_host_line(sandbox::to_json_line(s));
+    } catch (...) {
+    }
+  }
+};
+
+}  // namespace
+
+std::string host_log_and_spans() {
+  std::lock_guard lock(host_lines_mutex);
+  return host_lines;
+}
+
+}  // namespace conformance
 
 namespace conformance {
 namespace {
@@ -113,10 +147,13 @@ std::unique_ptr<sandbox::runtime> make_process_with(std::string* why, const char
   opts.blobs = sandbox::make_memory_blob_store(1ULL << 30);
   // The egress cases' origins (suite.hpp): pinned names, their ports, small budgets.
   const auto& origin = egress_origin();
-  for (const char* name : {egress_approved_name, egress_other_name}) {
+  for (const char* name : {egress_approved_name, egress_other_name, egress_wrong_cert_name}) {
     opts.egress.pinned_hosts[name] = {"127.0.0.1"};
   }
   if (origin.ok) {
+    // The origins' own CA, trusted for origins when the proxy terminates TLS (runs with the
+    // secret); the host's default store knows nothing of it.
+    opts.egress.origin_ca_file = origin.cert_file;
     opts.egress.connect_ports = {443, origin.https_port};
     opts.egress.http_ports = {80, origin.http_port};
   }
@@ -266,9 +303,11 @@ time.sleep(3600)
     opts.scheduler.default_class.queue_deadline = std::chrono::minutes(10);
   }
   opts.log = [](sandbox::log_level lvl, std::string_view line) {
+    keep_host_line(line);
     if (lvl >= sandbox::log_level::warning)
       std::fprintf(stderr, "agent-sandbox: %.*s\n", int(line.size()), line.data());
   };
+  opts.spans = std::make_shared<kept_spans>();
   auto rt = create_checked(opts, level, why);
   if (!rt) return rt;
   // The cases' deadlines hold only if start-up takes a small part of them: milliseconds

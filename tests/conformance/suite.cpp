@@ -403,6 +403,7 @@ egress_origin_info start_egress_origin() {
   }
   std::ifstream in(cert);
   info.ca_pem.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  info.cert_file = cert;
   // The server lives as long as this process: its stdin is a pipe we never close, and it
   // is in our process group... so it dies with us (stdin EOF) at the latest.
   int to_child[2], from_child[2];

@@ -311,15 +311,23 @@ struct egress_origin_info {
   std::string why;  ///< why the servers could not start
   std::uint16_t http_port = 0;
   std::uint16_t https_port = 0;
-  std::string ca_pem;  ///< the servers' certificate (self-signed; the client trusts it)
+  std::string ca_pem;     ///< the servers' certificate (self-signed; the client trusts it)
+  std::string cert_file;  ///< the same, as a file (the proxy's `origin_ca_file`)
   /// GET /stats from the HTTP server: {"http":{"connections":N,"requests":N},"https":{...}}.
   std::string stats() const;
 };
 const egress_origin_info& egress_origin();
+/// Every host log line (any level) and every span (as its JSON line) the suite's runtimes
+/// have produced so far, one per line: what a case searches for bytes that must never leave
+/// the host process (a secret's value).
+std::string host_log_and_spans();
 /// Names pinned to 127.0.0.1 in every suite runtime: "rates.approved.test" (the runs'
 /// approved name), "other.test" (pinned, reachable, but never approved).
 inline constexpr const char* egress_approved_name = "rates.approved.test";
 inline constexpr const char* egress_other_name = "other.test";
+/// A name pinned to the same origins whose certificate does not name it: a proxy that
+/// verifies origins refuses it.
+inline constexpr const char* egress_wrong_cert_name = "wrong-cert.test";
 /// Names the suite runtimes' (untrusted) resolver answers with a loopback address
 /// ("rebind.test") and with the metadata service's and an IPv4-mapped private address
 /// ("metadata.test"): DNS rebinding, as a hostile DNS server would do it.

@@ -6,6 +6,8 @@ serves until stdin closes. Paths:
   /rates            a small JSON document (the freight example's "live rates")
   /bytes/N          N bytes of 'x' (at most 64 MiB)
   /echo             JSON with the request's Host header, path and the server's TLS SNI
+  /auth             JSON {"authorization": the request's Authorization header}, the header
+                    echoed in X-Echo too; the server's log of them is in /stats ("auth")
   /stats            JSON: requests and TCP connections each server has seen so far
 Every connection is counted when accepted, before any TLS handshake, so a test can prove
 that a refused tunnel never reached the origin.
@@ -17,7 +19,8 @@ import ssl
 import sys
 import threading
 
-stats = {"http": {"connections": 0, "requests": 0}, "https": {"connections": 0, "requests": 0}}
+stats = {"http": {"connections": 0, "requests": 0, "auth": []},
+         "https": {"connections": 0, "requests": 0, "auth": []}}
 lock = threading.Lock()
 
 
@@ -60,6 +63,18 @@ def make_handler(kind):
                 sni = getattr(self.connection, "sni", None)
                 self.send_body(json.dumps({"host": self.headers.get("Host"), "path": self.path,
                                            "sni": sni, "kind": kind}).encode())
+            elif self.path == "/auth":
+                auth = self.headers.get("Authorization", "")
+                with lock:
+                    stats[kind]["auth"].append(auth)
+                body = json.dumps({"authorization": auth}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("X-Echo", auth)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(body)
             elif self.path == "/stats":
                 with lock:
                     self.send_body(json.dumps(stats).encode())

@@ -520,3 +520,101 @@ print(json.dumps(report))
   CHECK(r.egress_attempts_dropped >= 2);
   CHECK(dns_misuse >= 1);
 }
+
+TEST_CASE("egress: with a secret, HTTPS is terminated, the value injected and echoes redacted",
+          "[egress][secrets][core]") {
+  CONFORMANCE_BACKEND(b);
+  if (!origins_ready()) return;
+  if (!b.expect().egress_proxy) return;  // covered by the first case
+  const auto& o = conformance::egress_origin();
+  const auto before = json::parse(o.stats(), nullptr, false);
+  REQUIRE(before.is_object());
+  // Ordinary urllib: no context of its own, the trust store is what the environment names.
+  auto req = network_request(b, fmt::format(R"PY(
+import json, os, urllib.request, urllib.error
+ph = os.environ.get('SANDBOX_SECRET_RATES_API', '')
+U = 'https://{0}:{1}'
+def call(url, headers=None, data=None):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {{}},
+                                                           data=data), timeout=10) as r:
+            return [r.status, r.headers.get('X-Echo', ''), r.read().decode()]
+    except urllib.error.HTTPError as e:
+        return [e.code, '', e.read().decode(errors='replace')]
+    except Exception as e:
+        return [0, '', type(e).__name__ + ': ' + str(e)]
+report = {{'env': {{k: os.environ.get(k, '') for k in
+                  ('SSL_CERT_FILE', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE', 'NODE_EXTRA_CA_CERTS')}}}}
+report['auth'] = call(U + '/auth', {{'Authorization': 'Bearer ' + ph}})
+report['path'] = call(U + '/echo?key=' + ph)
+report['header'] = call(U + '/echo', {{'X-Api-Key': ph}})
+report['body'] = call(U + '/echo', {{}}, ('k=' + ph).encode())
+report['wrong_cert'] = call('https://{2}:{1}/auth', {{'Authorization': 'Bearer ' + ph}})
+with open(os.path.join(os.environ['SANDBOX_OUTPUT_DIR'], 'echo.json'), 'w') as f:
+    json.dump(report['auth'], f)
+print(json.dumps(report))
+)PY",
+                                            conformance::egress_approved_name, o.https_port,
+                                            conformance::egress_wrong_cert_name));
+  req.egress = {conformance::egress_approved_name, conformance::egress_wrong_cert_name};
+  req.secrets = {conformance::secret_name};
+  auto ticket_spec = sandbox::ticket_spec{
+      .id = "egress-secret-tls",
+      .tenant = "conformance",
+      .isolation = b.profile().level,
+      .max_timeout = std::chrono::milliseconds(8000) + conformance::startup_allowance(),
+      .max_memory_bytes = 1ULL << 30,
+      .egress = {conformance::egress_approved_name, conformance::egress_wrong_cert_name}};
+  ticket_spec.secrets = {conformance::secret_name};
+  auto r = b.rt().run(
+      req, sandbox::ticket_issuer{}.issue(ticket_spec, sandbox::network_grant{}).value());
+  INFO("stdout: " << r.std_out.summary << "\nstderr: " << r.std_err.summary << "\nattempts:\n"
+                  << attempts_text(r));
+  REQUIRE(r.code == code::ok);
+  auto j = report_of(r);
+  REQUIRE(j.is_object());
+  const std::string value = conformance::secret_value;
+  for (const char* k :
+       {"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"}) {
+    CHECK(j["env"][k] == "/tmp/sandbox-run-ca.pem");
+  }
+  // The origin's own log: the value arrived in the configured header.
+  const auto after = json::parse(o.stats(), nullptr, false);
+  REQUIRE(after.is_object());
+  const auto& auth_log = after["https"]["auth"];
+  REQUIRE(auth_log.size() == before["https"]["auth"].size() + 1);
+  CHECK(auth_log.back() == "Bearer " + value);
+  // Its echo (a header and the body) reached the program as the placeholder.
+  const std::string echoed = j["auth"][1].get<std::string>();
+  CHECK(j["auth"][0] == 200);
+  CHECK(echoed.size() == 7 + 43);
+  CHECK(echoed.rfind("Bearer sbx-secret-", 0) == 0);
+  CHECK(j["auth"][2].get<std::string>().find(echoed) != std::string::npos);
+  // A placeholder anywhere else inside HTTPS is refused, none of it reaching the origin.
+  for (const char* k : {"path", "header", "body"}) {
+    CAPTURE(k);
+    CHECK(j[k][0] == 403);
+    CHECK(j[k][2].get<std::string>().find("secret_misuse") != std::string::npos);
+  }
+  CHECK(after["https"]["requests"].get<int>() == before["https"]["requests"].get<int>() + 1);
+  // An origin whose certificate does not name it: refused, with the reason.
+  CHECK(j["wrong_cert"][0] == 403);
+  CHECK(j["wrong_cert"][2].get<std::string>().find("origin_unverified") != std::string::npos);
+  int misuse = 0, unverified = 0;
+  for (const auto& a : r.egress_attempts) {
+    if (a.reason == "secret_misuse") ++misuse;
+    if (a.reason == "origin_unverified") ++unverified;
+  }
+  CHECK(misuse + static_cast<int>(r.egress_attempts_dropped) >= 3);
+  CHECK(unverified + static_cast<int>(r.egress_attempts_dropped) >= 1);
+  // The value is in nothing that came back: streams, output files, the result.
+  CHECK(b.blob(r.std_out.blob).find(value) == std::string::npos);
+  CHECK(b.blob(r.std_err.blob).find(value) == std::string::npos);
+  REQUIRE(r.files_out.size() == 1);
+  CHECK(b.blob(r.files_out[0].blob).find(value) == std::string::npos);
+  CHECK(sandbox::encode(r).find(value) == std::string::npos);
+  // Nor in the host's log lines or spans (the run's span is there by now).
+  const std::string host = conformance::host_log_and_spans();
+  CHECK(host.find("sandbox.run") != std::string::npos);
+  CHECK(host.find(value) == std::string::npos);
+}
