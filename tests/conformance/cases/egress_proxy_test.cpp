@@ -618,3 +618,78 @@ print(json.dumps(report))
   CHECK(host.find("sandbox.run") != std::string::npos);
   CHECK(host.find(value) == std::string::npos);
 }
+
+TEST_CASE("egress: Node's fetch and https with a secret trust the run's CA unchanged",
+          "[egress][secrets][core][node]") {
+  CONFORMANCE_BACKEND(b);
+  if (!origins_ready()) return;
+  if (!b.expect().egress_proxy) return;
+  if (b.expect().gap_node_proxy_preload) {
+    WARN("GAP (gap_node_proxy_preload): " << b.profile().name
+                                          << " gives Node no proxy preload; case not run");
+    return;
+  }
+  const auto& o = conformance::egress_origin();
+  const auto before = json::parse(o.stats(), nullptr, false);
+  REQUIRE(before.is_object());
+  // No `ca` option anywhere: NODE_EXTRA_CA_CERTS is what makes the run's CA trusted.
+  auto req =
+      conformance::js(fmt::format(R"JS(
+const https = require('https');
+const ph = process.env.SANDBOX_SECRET_RATES_API || '';
+const auth = {{ Authorization: 'Bearer ' + ph }};
+function get(url, headers) {{
+  return new Promise((resolve) => {{
+    https.get(url, {{ headers }}, (res) => {{
+      let body = '';
+      res.on('data', (d) => body += d);
+      res.on('end', () => resolve([res.statusCode, body]));
+    }}).on('error', (e) => resolve([0, String(e.message)]));
+  }});
+}}
+(async () => {{
+  const report = {{}};
+  report.https = await get('https://{0}:{1}/auth', auth);
+  try {{
+    const r = await fetch('https://{0}:{1}/auth', {{ headers: auth }});
+    report.fetch = [r.status, await r.text()];
+  }} catch (e) {{ report.fetch = [0, String(e.cause || e)]; }}
+  console.log(JSON.stringify(report));
+}})();
+)JS",
+                                  conformance::egress_approved_name, o.https_port),
+                      std::chrono::milliseconds(8000) + conformance::startup_allowance("node"));
+  req.network = true;
+  req.egress = {conformance::egress_approved_name};
+  req.secrets = {conformance::secret_name};
+  auto ticket_spec = sandbox::ticket_spec{
+      .id = "egress-secret-node",
+      .tenant = "conformance",
+      .isolation = b.profile().level,
+      .max_timeout = std::chrono::milliseconds(8000) + conformance::startup_allowance("node"),
+      .max_memory_bytes = 1ULL << 30,
+      .egress = {conformance::egress_approved_name}};
+  ticket_spec.secrets = {conformance::secret_name};
+  auto r = b.rt().run(
+      req, sandbox::ticket_issuer{}.issue(ticket_spec, sandbox::network_grant{}).value());
+  INFO("stdout: " << r.std_out.summary << "\nstderr: " << r.std_err.summary << "\nattempts:\n"
+                  << attempts_text(r));
+  REQUIRE(r.code == code::ok);
+  auto j = report_of(r);
+  REQUIRE(j.is_object());
+  const std::string value = conformance::secret_value;
+  for (const char* k : {"https", "fetch"}) {
+    CAPTURE(k);
+    CHECK(j[k][0] == 200);
+    CHECK(j[k][1].get<std::string>().find("Bearer sbx-secret-") != std::string::npos);
+  }
+  const auto after = json::parse(o.stats(), nullptr, false);
+  REQUIRE(after.is_object());
+  const auto& auth_log = after["https"]["auth"];
+  REQUIRE(auth_log.size() >= before["https"]["auth"].size() + 2);
+  CHECK(auth_log[auth_log.size() - 1] == "Bearer " + value);
+  CHECK(auth_log[auth_log.size() - 2] == "Bearer " + value);
+  CHECK(b.blob(r.std_out.blob).find(value) == std::string::npos);
+  CHECK(b.blob(r.std_err.blob).find(value) == std::string::npos);
+  CHECK(sandbox::encode(r).find(value) == std::string::npos);
+}
