@@ -141,11 +141,13 @@ inline constexpr std::size_t max_recorded_egress_attempts = 256;
  * `max_recorded_egress_attempts` are reported, the rest counted by `dropped()`.
  *
  * Bounded: per connection a 16 KiB head buffer, an 18 KiB ClientHello buffer and two 16 KiB
- * relay buffers; at most `max_connections` served connections plus 8 being refused at a time
- * (more are closed at once and recorded). Threads: everything runs on a strand of `ex`;
- * `on_attempt` runs there, must not block or throw, and may call `stop()`. Lifetime: a started
- * proxy keeps itself alive while it listens, so the run's owner must call `stop()` when the run
- * ends (dropping the last `shared_ptr` does not stop it).
+ * relay buffers (a terminated tunnel adds two TLS sessions and `terminated_http`'s bounded
+ * buffers: a 16 KiB head each way, a request of at most 64 KiB held while it is judged); at most
+ * `max_connections` served connections plus 8 being refused at a time (more are closed at once and
+ * recorded). Threads: everything runs on a strand of `ex`; `on_attempt` runs there, must not block
+ * or throw, and may call `stop()`. Lifetime: a started proxy keeps itself alive while it listens,
+ * so the run's owner must call `stop()` when the run ends (dropping the last `shared_ptr` does not
+ * stop it).
  */
 class egress_proxy : public std::enable_shared_from_this<egress_proxy> {
   struct private_tag {};

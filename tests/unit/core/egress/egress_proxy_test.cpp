@@ -1349,3 +1349,25 @@ TEST_CASE("egress proxy: an origin whose certificate does not verify is refused"
   CHECK(attempts[0].reason == "origin_unverified");
   CHECK(web.heads(0).empty());
 }
+
+TEST_CASE("egress proxy: without a run CA, a run's tunnels are relayed as they are",
+          "[egress][secrets]") {
+  // Secrets without a CA (a run whose CA could not be made) and runs without secrets: the
+  // client's own TLS bytes reach the origin unchanged, nothing is terminated.
+  origin tls(origin::mode::echo);
+  auto g = grant_for({"api.example.com"}, tls.port());
+  g.secret_marks = placeholder_marks(std::vector<std::string>{tls_placeholder});
+  g.secrets = secret_grant(tls.port(), nullptr, "").secrets;
+  proxy_fixture p(std::move(g), loopback_names({"api.example.com"}));
+  client c(p.port());
+  REQUIRE(c.send(connect_request("api.example.com:" + std::to_string(tls.port()))));
+  CHECK(c.read_head() == "HTTP/1.1 200 Connection established\r\n\r\n");
+  const auto hello = client_hello("api.example.com");
+  REQUIRE(c.send(hello));
+  CHECK(c.read_n(hello.size()) == to_string(hello));  // echoed: the origin got it as sent
+  c.close();
+  const auto attempts = p.attempts(1);
+  REQUIRE(attempts.size() == 1);
+  CHECK(attempts[0].allowed);
+  CHECK(attempts[0].reason == "approved");
+}
