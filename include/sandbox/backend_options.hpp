@@ -141,8 +141,8 @@ struct egress_proxy_options {
   /// A PEM file of CA certificates the proxy also trusts for origins, beside the host's
   /// default trust store (OpenSSL's default paths), when it terminates TLS for a run that
   /// uses a secret: for internal origins with a private CA, and for tests. Absolute path;
-  /// empty: the default store alone. Read at each terminated connection; an unreadable file
-  /// trusts nothing more.
+  /// empty: the default store alone. It must hold a PEM certificate when the runtime is
+  /// created (else creation fails); read again at each terminated connection.
   std::string origin_ca_file;
 };
 

@@ -101,6 +101,18 @@ std::optional<std::string> address_refusal(const asio::ip::address& a) {
   return a.is_v4() ? v4_refusal(a.to_v4()) : v6_refusal(a.to_v6());
 }
 
+std::optional<std::string> origin_ca_file_problem(const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  if (path.front() != '/') return "egress.origin_ca_file: not an absolute path";
+  X509_STORE* store = X509_STORE_new();
+  if (store == nullptr) return "egress.origin_ca_file: out of memory";
+  const bool loaded = X509_STORE_load_file(store, path.c_str()) == 1;
+  const bool any = loaded && sk_X509_OBJECT_num(X509_STORE_get0_objects(store)) > 0;
+  X509_STORE_free(store);
+  if (!any) return "egress.origin_ca_file: " + path + ": no PEM certificate could be read";
+  return std::nullopt;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The proxy
 

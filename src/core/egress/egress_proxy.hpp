@@ -120,6 +120,12 @@ struct egress_grant {
   std::string origin_ca_file;
 };
 
+/// nullopt when `path` (egress_proxy_options::origin_ca_file) is empty or an absolute path to
+/// a file OpenSSL reads at least one PEM certificate from; otherwise why not, as
+/// "egress.origin_ca_file: ...". The runtime refuses to start with a bad one, rather than
+/// have every terminated tunnel refused `origin_unverified`.
+std::optional<std::string> origin_ca_file_problem(const std::string& path);
+
 /// Most attempts an `egress_proxy` reports; the rest are only counted (`dropped()`).
 inline constexpr std::size_t max_recorded_egress_attempts = 256;
 

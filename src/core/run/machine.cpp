@@ -1027,6 +1027,7 @@ std::variant<std::shared_ptr<backend>, std::string> make_run_machine(
         make_egress_resolver(ctx.executor, ctx.egress.pinned_hosts, ctx.egress.resolver);
     if (auto* why = std::get_if<std::string>(&resolver)) return *why;
     shared->resolver = std::get<std::shared_ptr<egress_resolver>>(resolver);
+    if (auto why = origin_ca_file_problem(ctx.egress.origin_ca_file)) return *why;
   }
 
   // cgroups.

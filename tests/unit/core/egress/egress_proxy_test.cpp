@@ -1371,3 +1371,14 @@ TEST_CASE("egress proxy: without a run CA, a run's tunnels are relayed as they a
   CHECK(attempts[0].allowed);
   CHECK(attempts[0].reason == "approved");
 }
+
+TEST_CASE("egress: origin_ca_file must be PEM certificates at an absolute path", "[egress]") {
+  CHECK_FALSE(origin_ca_file_problem(""));
+  const temp_pem good(run_ca_for_test()->cert_pem());
+  CHECK_FALSE(origin_ca_file_problem(good.path));
+  const temp_pem bad("not a certificate\n");
+  CHECK(origin_ca_file_problem(bad.path).value_or("").find("no PEM certificate") !=
+        std::string::npos);
+  CHECK(origin_ca_file_problem("/nonexistent/ca.pem").has_value());
+  CHECK(origin_ca_file_problem("ca.pem").value_or("").find("absolute") != std::string::npos);
+}
