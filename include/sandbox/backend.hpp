@@ -63,6 +63,10 @@ struct run_job {
   /// The host-held secrets the run uses (`admitted.request.secrets`, in that order), each
   /// with the placeholder made for this run. Empty for runs without secrets.
   std::vector<run_secret> secrets;
+  /// Set on a pre-started warm-pool instance's template (`warm_pool_class::prestart`): the
+  /// interpreter starts in the prepared instance and imports these modules, in order, before
+  /// it waits for the run. Unset: the interpreter starts at hand-out (every other run).
+  std::optional<std::vector<std::string>> prestart;
   /// The runtime's executor. Backends without an executor of their own (the fake) run their
   /// timers on it, so nothing of a run outlives the execution context it belongs to.
   boost::asio::any_io_executor executor;

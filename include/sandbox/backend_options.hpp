@@ -9,9 +9,11 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sandbox/protocol.hpp"
+#include "sandbox/registry.hpp"
 
 namespace sandbox {
 
@@ -29,8 +31,29 @@ struct warm_pool_class {
   std::uint32_t size = 2;
   std::uint64_t memory_limit_bytes = 256ULL << 20;
   output_limits files_out;
+  /// Pre-started instances (opt-in; process level, Python runtimes whose argv is
+  /// `[<absolute path>, "-I", "{source}"]`): the interpreter is started in the fully prepared
+  /// instance (same uid, cgroup, namespaces, filesystem and seccomp filter as the run),
+  /// imports `preload`, and waits; at hand-out it runs the source as `__main__`, once. What
+  /// the program can observe differs from a cold run only as docs/security.md lists. A class
+  /// asking for it with a runtime that cannot is refused by the configuration document and
+  /// skipped (logged) by `runtime::create`.
+  bool prestart = false;
+  /// Modules a pre-started interpreter imports ahead, in order, from the image only (each
+  /// a dotted Python identifier, `is_valid_preload_module`; at most 64). Needs `prestart`.
+  std::vector<std::string> preload;
   bool operator==(const warm_pool_class&) const = default;
 };
+
+/// True when `name` can be a `warm_pool_class::preload` entry: 1..128 ASCII characters,
+/// dot-separated Python identifiers (`[A-Za-z_][A-Za-z0-9_]*` each), e.g. "json",
+/// "xml.etree.ElementTree".
+bool is_valid_preload_module(std::string_view name) noexcept;
+
+/// True when a warm pool class of runtime `spec` may be pre-started
+/// (`warm_pool_class::prestart`): a Python interpreter started as
+/// `[<absolute path to python3*>, "-I", "{source}"]`.
+bool supports_prestart(const runtime_spec& spec) noexcept;
 
 /// Options of the process backend (namespaces + cgroup + seccomp; src/backends/process).
 struct process_backend_options {

@@ -95,14 +95,17 @@ void decode_scheduler(const json& v, const std::string& path, scheduler_options&
   });
 }
 
-void decode_pool(const json& v, const std::string& path, std::vector<warm_pool_class>& out) {
+// `prestart_allowed`: only the process level's pools can be pre-started (so far).
+void decode_pool(const json& v, const std::string& path, std::vector<warm_pool_class>& out,
+                 bool prestart_allowed = false) {
   const json& a = as_array(v, path);
   if (a.size() > 64) fail(path, "at most 64 pool classes");
   out.clear();
   for (std::size_t i = 0; i < a.size(); ++i) {
     std::string p = index_path(path, i);
     const json& o = as_object(a[i], p);
-    check_known_fields(o, p, {"runtime", "size", "memory_limit_bytes", "files_out"});
+    check_known_fields(
+        o, p, {"runtime", "size", "memory_limit_bytes", "files_out", "prestart", "preload"});
     warm_pool_class c;
     const json* rt = find_member(o, "runtime");
     if (rt == nullptr) fail(member_path(p, "runtime"), "required");
@@ -124,6 +127,27 @@ void decode_pool(const json& v, const std::string& path, std::vector<warm_pool_c
         c.files_out.max_bytes = as_unsigned(y, r);
       });
     });
+    optional_field(o, p, "prestart", [&](const json& x, const std::string& q) {
+      c.prestart = as_bool(x, q);
+      if (c.prestart && !prestart_allowed) {
+        fail(q, "only the process level's pools (\"warm_pool\") can be pre-started");
+      }
+    });
+    optional_field(o, p, "preload", [&](const json& x, const std::string& q) {
+      const json& l = as_array(x, q);
+      if (l.size() > 64) fail(q, "at most 64 modules");
+      for (std::size_t k = 0; k < l.size(); ++k) {
+        const std::string r = index_path(q, k);
+        std::string name = as_string(l[k], r);
+        if (!is_valid_preload_module(name)) fail(r, "not a dotted Python module name");
+        if (std::find(c.preload.begin(), c.preload.end(), name) != c.preload.end()) {
+          fail(r, "listed twice");
+        }
+        c.preload.push_back(std::move(name));
+      }
+    });
+    if (!c.preload.empty() && !c.prestart)
+      fail(member_path(p, "preload"), "needs \"prestart\": true");
     out.push_back(c);
   }
 }
@@ -591,7 +615,7 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
       decode_scheduler(x, p, next.scheduler);
     });
     optional_field(o, "", "warm_pool", [&](const json& x, const std::string& p) {
-      decode_pool(x, p, next.process.warm_pool);
+      decode_pool(x, p, next.process.warm_pool, true);
     });
     optional_field(o, "", "policy",
                    [&](const json& x, const std::string& p) { decode_policy(x, p, next.policy); });
@@ -635,6 +659,24 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
       }
     };
     check_pool(next.process.warm_pool, "warm_pool");
+    // Pre-started classes: the process level only (so far), of a runtime that supports it.
+    for (std::size_t i = 0; i < next.process.warm_pool.size(); ++i) {
+      const auto& c = next.process.warm_pool[i];
+      if (!c.prestart) continue;
+      const runtime_spec* spec = nullptr;
+      for (const auto& r : next.runtimes) {
+        if (r.name == c.runtime) spec = &r;
+      }
+      const auto defaults = default_runtimes();
+      for (const auto& r : defaults) {
+        if (spec == nullptr && r.name == c.runtime) spec = &r;
+      }
+      if (spec != nullptr && !supports_prestart(*spec)) {
+        fail(member_path(index_path("warm_pool", i), "prestart"),
+             "runtime '" + c.runtime + "' cannot be pre-started (a Python runtime whose argv is " +
+                 "[<path>, \"-I\", \"{source}\"] can)");
+      }
+    }
     check_pool(next.container.warm_pool, "backends.container.warm_pool");
     check_pool(next.gvisor.warm_pool, "backends.gvisor.warm_pool");
     options = std::move(next);

@@ -7,6 +7,7 @@
 #include "protocol/env_rules.hpp"
 #include "protocol/python_runtime.hpp"
 #include "protocol/text_util.hpp"
+#include "sandbox/backend_options.hpp"
 #include "sandbox/egress.hpp"
 #include "sandbox/policy.hpp"
 #include "sandbox/protocol.hpp"
@@ -180,6 +181,30 @@ std::optional<std::string> check_tool_entry(const tool_entry& e, const policy& p
     }
   }
   return std::nullopt;
+}
+
+bool is_valid_preload_module(std::string_view name) noexcept {
+  if (name.empty() || name.size() > 128) return false;
+  bool at_start = true;  // at the start of a component
+  for (char c : name) {
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    const bool digit = c >= '0' && c <= '9';
+    if (c == '.') {
+      if (at_start) return false;  // an empty component
+      at_start = true;
+    } else if (alpha || (digit && !at_start)) {
+      at_start = false;
+    } else {
+      return false;
+    }
+  }
+  return !at_start;
+}
+
+bool supports_prestart(const runtime_spec& spec) noexcept {
+  return spec.argv.size() == 3 && !spec.argv[0].empty() && spec.argv[0].front() == '/' &&
+         spec.argv[0].substr(spec.argv[0].rfind('/') + 1).starts_with("python3") &&
+         spec.argv[1] == "-I" && spec.argv[2] == "{source}";
 }
 
 }  // namespace sandbox
