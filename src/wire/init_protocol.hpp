@@ -112,6 +112,7 @@ enum class step : std::uint32_t {
   drop_init_privileges,
   egress_proxy,
   run_ca,
+  prestart,  ///< a pre-started interpreter died, or failed to import its preload list
 };
 
 /// Where sandbox-init writes a run's CA certificate (`go`'s `run_ca_pem`), read-only, and

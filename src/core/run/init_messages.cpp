@@ -32,6 +32,12 @@ bool is_network_granted(const run_job& job, bool selftest) noexcept {
   return !selftest && job.admitted.request.network && !job.admitted.request.egress.empty();
 }
 
+std::vector<std::string> base_env(std::string_view input_name) {
+  return {"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/home/sandbox", "LANG=C.UTF-8",
+          "SANDBOX_INPUT_DIR=/sandbox/" + std::string(input_name),
+          "SANDBOX_OUTPUT_DIR=/sandbox/out"};
+}
+
 std::string config_payload(const run_job& job, const config_params& p) {
   ip::config_writer w;
   w.add("mode", p.selftest ? "selftest" : "run");
@@ -49,6 +55,13 @@ std::string config_payload(const run_job& job, const config_params& p) {
   w.add("out_inodes", sizes.out_inodes);
   w.add("nofile", sizes.nofile);
   w.add("fsize_bytes", sizes.fsize_bytes);
+  if (job.prestart && !p.selftest) {
+    // A pre-started instance: the interpreter, the environment the host knows ahead (the
+    // request's own variables come with `go`), and the modules to import.
+    w.add("prestart", job.runtime.argv.empty() ? std::string() : job.runtime.argv[0]);
+    for (const auto& e : base_env(p.input_name)) w.add("prestart_env", e);
+    for (const auto& m : *job.prestart) w.add("preload", m);
+  }
   // (Entries are NUL-terminated "key=value" strings: the launcher's follow as they are.)
   return w.bytes() + std::string(p.launcher_entries);
 }
@@ -70,11 +83,7 @@ std::string go_payload(const run_job& job, const go_params& p) {
     // A registered tool's standard input: the staged file, opened read-only as fd 0.
     if (job.stdin_bytes) w.add("stdin", source_path);
   }
-  w.add("env", "PATH=/usr/local/bin:/usr/bin:/bin");
-  w.add("env", "HOME=/home/sandbox");
-  w.add("env", "LANG=C.UTF-8");
-  w.add("env", "SANDBOX_INPUT_DIR=/sandbox/" + std::string(p.input_name));
-  w.add("env", "SANDBOX_OUTPUT_DIR=/sandbox/out");
+  for (const auto& e : base_env(p.input_name)) w.add("env", e);
   if (p.network) {
     // The proxy, for the clients that honour the usual variables (curl, urllib, requests,
     // pip, the node image's preload). Ours come first: the first of equal names wins.
@@ -172,6 +181,8 @@ const char* describe_step(ip::step s) noexcept {
       return "the egress proxy's listener on the run's loopback";
     case ip::step::run_ca:
       return "writing the run's CA certificate";
+    case ip::step::prestart:
+      return "pre-starting the interpreter and importing its preload list";
   }
   return "an unknown step";
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "sandbox/backend.hpp"
 #include "wire/init_protocol.hpp"
@@ -45,6 +46,10 @@ struct config_params {
 /// The `config` payload for `job`: mode, names, uid/gid, userns, the sizes of
 /// `sandbox_sizes(job)`, then the launcher's entries.
 std::string config_payload(const run_job& job, const config_params& p);
+
+/// The environment every run's program starts with ("NAME=value", in order), before the
+/// network's and the request's own variables; `input_name` as in `config_params`.
+std::vector<std::string> base_env(std::string_view input_name);
 
 /// What the `go` payload is made of besides the job.
 struct go_params {

@@ -48,6 +48,11 @@ struct config {
   /// A session's stdin (from `go`, a = 1): becomes the program's fd 0, before `stdin_path`;
   /// -1: none.
   int stdin_fd = -1;
+  /// A pre-started instance (warm_pool_class::prestart): the interpreter's absolute path;
+  /// empty: the program starts at `go`.
+  std::string prestart;
+  std::vector<std::string> prestart_env;  ///< its environment until `go` ("NAME=value")
+  std::vector<std::string> preload;       ///< modules it imports before it waits
 };
 
 /// A failed step: which, and the errno.
@@ -75,6 +80,21 @@ bool refresh_times(failure* f);
 /// listener it creates lands in init's table too) and waits until it has exec'd. Returns the
 /// child's pid and the listener fd (in init's table), or false with `*f` filled.
 bool start_child(const config& cfg, pid_t* pid, int* listener_fd, failure* f);
+
+/// Pre-starts the interpreter (`cfg.prestart`) as `start_child` starts a program, running
+/// prestart.cpp's loader, and waits until it has imported `cfg.preload`. Returns its pid,
+/// the seccomp listener (as `start_child`) and `*sock`, sandbox-init's end of the socket the
+/// loader waits on; or false with `*f` filled (`step::prestart`: the interpreter died or a
+/// module failed to import).
+bool start_prestarted(const config& cfg, pid_t* pid, int* listener_fd, int* sock, failure* f);
+
+/// Waits until the control channel is readable (`go`, or the host gone: true) or the
+/// pre-started interpreter on `sock` died (false).
+bool wait_go_or_death(int sock);
+
+/// Sends the run's argv and environment (`cfg.argv`, `cfg.env`) to the pre-started loader
+/// and closes `sock`. False if the interpreter is gone.
+bool hand_over(int sock, const config& cfg);
 
 /// The in-sandbox self-test probe (`sandbox-init --probe <uid>`): checks as the sandboxed
 /// user that the guarantees hold. Exit 0 when all hold.

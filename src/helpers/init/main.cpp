@@ -132,7 +132,8 @@ int open_listener(std::uint16_t port) {
                                 "exec",
                                 "drop_init_privileges",
                                 "egress_proxy",
-                                "run_ca"};
+                                "run_ca",
+                                "prestart"};
   auto idx = static_cast<std::uint32_t>(f.where);
   const char* name = idx < sizeof names / sizeof names[0] ? names[idx] : "?";
   send_msg(ip::msg::failed, idx, f.err, name, nullptr, 0);
@@ -311,6 +312,16 @@ bool read_config(config* cfg) {
       cfg->fsize_bytes = to_u64(v);
     else if (k == "nproc")
       cfg->nproc = to_u64(v);
+    else if (k == "prestart")
+      cfg->prestart = v;
+    else if (k == "prestart_env")
+      cfg->prestart_env.emplace_back(v);
+    else if (k == "preload")
+      cfg->preload.emplace_back(v);
+  }
+  // Pre-starting is for a run (never the self-test) in a launch that sandbox-init set up.
+  if (!cfg->prestart.empty() && (cfg->mode != "run" || cfg->oci || cfg->prestart[0] != '/')) {
+    return false;
   }
   return cfg->oci || (!cfg->rootfs.empty() && !cfg->staging.empty());
 }
@@ -547,6 +558,22 @@ int main(int argc, char** argv) {
     fail(f);
   }
   times.add("filesystem_ready", now_us());
+  // SIGCHLD is blocked before any child exists so no exit is lost before supervise(); SIGPIPE
+  // too: writing a session's stdin pipe (stream mode) or a pre-started loader's socket after
+  // the reader is gone must be EPIPE, not our death. (The child empties its mask.)
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  sigaddset(&chld, SIGPIPE);
+  sigprocmask(SIG_BLOCK, &chld, nullptr);
+  // 4b. A pre-started instance: the interpreter starts now, fully sandboxed, imports its
+  //     preload list and waits on `loader_sock`; `ready` means it waits.
+  pid_t child = -1;
+  int listener = -1, loader_sock = -1;
+  if (!cfg.prestart.empty()) {
+    if (!start_prestarted(cfg, &child, &listener, &loader_sock, &f)) fail(f);
+    times.add("prestarted", now_us());
+  }
   int ready_fds[2] = {out_fd, dns_fd};
   if (!send_msg(ip::msg::ready, 0, 0, {}, ready_fds, 2)) _exit(1);
   close(out_fd);
@@ -557,7 +584,9 @@ int main(int argc, char** argv) {
 
   // 5a. Wait for the program (a warm-pool instance waits here until it is handed out; its
   //     inputs and source appear in the already-bound workspace files meanwhile). EOF: the
-  //     host is gone or destroyed the instance.
+  //     host is gone or destroyed the instance. A pre-started interpreter that dies
+  //     meanwhile ends the instance (the host never hands it out: docs/architecture.md).
+  if (loader_sock >= 0 && !wait_go_or_death(loader_sock)) fail({step::prestart, ECHILD});
   if (!read_go(&cfg)) _exit(0);
   times.add("go_received", now_us());
   // (Not in a container: its root and /dev are the runtime's mounts, and sandbox-init has no
@@ -593,17 +622,17 @@ int main(int argc, char** argv) {
     close(fd);
   }
 
-  // 5. The user program. SIGCHLD is blocked first so no exit is lost before supervise().
-  // SIGPIPE too: writing a session's stdin pipe (stream mode) after the program closed it
-  // must be EPIPE, not our death. (The child sets its own mask to empty before exec.)
-  sigset_t chld;
-  sigemptyset(&chld);
-  sigaddset(&chld, SIGCHLD);
-  sigaddset(&chld, SIGPIPE);
-  sigprocmask(SIG_BLOCK, &chld, nullptr);
-  pid_t child = -1;
-  int listener = -1;
-  if (!start_child(cfg, &child, &listener, &f)) fail(f);
+  // 5. The user program (signals blocked at 4b). A pre-started interpreter gets the run's
+  //    argv and environment; it can take neither a stdin nor a network (the host sends
+  //    such runs cold).
+  if (loader_sock >= 0) {
+    if (cfg.stdin_fd >= 0 || !cfg.stdin_path.empty() || cfg.egress_proxy_port > 0) {
+      fail({step::prestart, EINVAL});
+    }
+    if (!hand_over(loader_sock, cfg)) fail({step::prestart, ECHILD});
+  } else if (!start_child(cfg, &child, &listener, &f)) {
+    fail(f);
+  }
   times.add("program_execed", now_us());
   // Release the stdout/stderr pipes: only the user program holds them now, so the host sees
   // EOF when it (and its descendants) close them.
