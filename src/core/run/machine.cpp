@@ -244,6 +244,27 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
   /// True while the instance is ready and idle (not handed out, not failing).
   bool is_ready_idle() const noexcept { return pool_.is_ready_idle(); }
 
+  /// The hand-out health check beyond `is_ready_idle` (any thread, after `ready`): a
+  /// pre-started instance's interpreter is still alive — its cgroup still holds a second
+  /// live process besides sandbox-init (cgroup.procs lists no exited process). An instance
+  /// whose interpreter died is never handed out, even before sandbox-init has reported it.
+  bool passes_health_check() const noexcept {
+    if (!job_.prestart) return true;
+    if (procs_path_.empty()) return false;
+    const int fd = ::open(procs_path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    char buf[256];
+    int lines = 0;
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      lines += static_cast<int>(std::count(buf, buf + n, '\n'));
+    }
+    ::close(fd);
+    return lines >= 2;
+  }
+
   /// Cancels the run from any thread (posted to the strand).
   void cancel() {
     asio::post(strand_, [self = shared_from_this()] {
@@ -567,6 +588,10 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
   void ready(unique_fd out_dir, unique_fd dns) override {
     result_.offer_output_dir(std::move(out_dir));  // (or the launcher's, on the host)
     if (dns) watch_.serve_dns(dns.release());
+    // Written once, before `ready` is published (the health check reads it from any thread).
+    if (job_.prestart && resources_.cgroup() && !resources_.cgroup()->dirs().empty()) {
+      procs_path_ = (resources_.cgroup()->dirs().front() / "cgroup.procs").string();
+    }
     pool_.became_ready();
   }
 
@@ -842,6 +867,7 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
   const bool stream_ = shared_->traits.stream_control;  ///< the launcher's stream_control()
   bool torn_down_ = false;                              ///< teardown finished (strand only)
   pool_instance pool_;                                  ///< the warm pool's side (see activate())
+  std::string procs_path_;  ///< a pre-started instance's cgroup.procs (passes_health_check)
 
   run_times times_;  ///< when each step happened (usage, the debug log's breakdowns)
   run_evidence ev_;  ///< what the run saw (classified at the end; network and teardown there)
@@ -864,7 +890,8 @@ class init_backend final : public backend, public std::enable_shared_from_this<i
             [shared = shared_](run_job job) {
               return std::make_shared<init_run>(shared, shared->ctx.executor, std::move(job),
                                                 false);
-            })) {}
+            },
+            shared_->traits.isolation == sandbox::isolation::process)) {}
 
   /// Creates the configured warm pools and starts filling them (warm_pool::start).
   void start_pools() { pool_->start(); }

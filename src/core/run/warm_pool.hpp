@@ -32,7 +32,8 @@ namespace sandbox::detail {
  * one is cancelled and counted failed).
  *
  * `Run` is the run machine's run: `prepare_pooled(on_prepared, on_lost)` (posted, never
- * inline), `is_ready_idle()` (any thread) and `cancel()` (any thread).
+ * inline), `is_ready_idle()` and `passes_health_check()` (any thread) and `cancel()` (any
+ * thread).
  *
  * Thread-safety: every member takes the pools' mutex, and so do the runs' callbacks (on
  * their strands) and the retry timers; a run's callbacks are never called inline by
@@ -47,8 +48,14 @@ class warm_pool : public std::enable_shared_from_this<warm_pool<Run>> {
 
   /// `network_goes_cold`: the launcher makes the network namespace at launch
   /// (`makes_network_namespace`), so network runs never take a pooled instance.
-  warm_pool(run_machine_context ctx, bool network_goes_cold, factory make)
-      : ctx_(std::move(ctx)), network_goes_cold_(network_goes_cold), make_(std::move(make)) {}
+  /// `can_prestart`: the level can pre-start interpreters (`warm_pool_class::prestart`; the
+  /// process level so far); classes asking for it elsewhere are logged and skipped.
+  warm_pool(run_machine_context ctx, bool network_goes_cold, factory make,
+            bool can_prestart = false)
+      : ctx_(std::move(ctx)),
+        network_goes_cold_(network_goes_cold),
+        can_prestart_(can_prestart),
+        make_(std::move(make)) {}
 
   /// Creates the configured pools and starts filling them (asynchronously, on the runtime's
   /// executor). Classes whose runtime is unavailable, or whose limits no request could have
@@ -71,6 +78,21 @@ class warm_pool : public std::enable_shared_from_this<warm_pool<Run>> {
         log("warm pool for runtime '" + cls.runtime + "' skipped: unavailable");
         continue;
       }
+      if (cls.prestart) {
+        const bool names_ok = cls.preload.size() <= 64 &&
+                              std::all_of(cls.preload.begin(), cls.preload.end(),
+                                          [](const auto& m) { return is_valid_preload_module(m); });
+        if (!can_prestart_ || !supports_prestart(resolved->first) || !names_ok) {
+          log("warm pool for runtime '" + cls.runtime + "' skipped: " +
+              (!can_prestart_ ? "this level cannot pre-start interpreters"
+               : !names_ok    ? "its preload list names an invalid module"
+                              : "the runtime cannot be pre-started"));
+          continue;
+        }
+      } else if (!cls.preload.empty()) {
+        log("warm pool for runtime '" + cls.runtime + "' skipped: preload needs prestart");
+        continue;
+      }
       auto p = std::make_unique<pool_state>();
       p->cls = cls;
       p->tmpl.runtime = resolved->first;
@@ -80,6 +102,7 @@ class warm_pool : public std::enable_shared_from_this<warm_pool<Run>> {
       p->tmpl.admitted.request.memory_limit_bytes = cls.memory_limit_bytes;
       p->tmpl.admitted.request.files_out = cls.files_out;
       p->tmpl.blobs = make_memory_blob_store(1);
+      if (cls.prestart) p->tmpl.prestart = cls.preload;
       pools_.push_back(std::move(p));
     }
     for (auto& p : pools_) refill_locked(*p);
@@ -115,7 +138,7 @@ class warm_pool : public std::enable_shared_from_this<warm_pool<Run>> {
       while (!p->ready.empty() && !got) {
         auto c = std::move(p->ready.front());
         p->ready.pop_front();
-        if (c->is_ready_idle()) {
+        if (c->is_ready_idle() && c->passes_health_check()) {
           got = std::move(c);
           ++p->handed_out;
         } else {
@@ -173,6 +196,15 @@ class warm_pool : public std::enable_shared_from_this<warm_pool<Run>> {
     // Pools are prepared with the policy's own limits and a runtime's argv: a registered
     // tool or a run under a workload profile goes cold.
     if (!req.tool.empty() || !job.admitted.profile.empty()) return false;
+    // A pre-started interpreter has its standard input, its network namespace's proxy
+    // settings and what it reads of the environment at start-up (the locale, the time zone)
+    // already: runs that would differ there go cold.
+    if (p.cls.prestart) {
+      if (req.network || job.stdin_bytes) return false;
+      for (const auto& [k, v] : req.env) {
+        if (k.starts_with("LC_") || k == "TZ") return false;
+      }
+    }
     return job.runtime.name == p.cls.runtime &&
            req.memory_limit_bytes == p.cls.memory_limit_bytes && req.files_out == p.cls.files_out;
   }
@@ -247,6 +279,7 @@ class warm_pool : public std::enable_shared_from_this<warm_pool<Run>> {
 
   run_machine_context ctx_;
   bool network_goes_cold_;
+  bool can_prestart_;
   factory make_;
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<pool_state>> pools_;
