@@ -17,6 +17,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -139,6 +140,10 @@ print(json.dumps({
   'shm': sorted(os.listdir('/dev/shm')), 'out': sorted(os.listdir(os.environ['SANDBOX_OUTPUT_DIR'])),
   'mounts': sorted(l.split()[4] for l in open('/proc/self/mountinfo') if '/sandbox/in-' not in l),
   'hostname': os.uname().nodename,
+  'modules': sorted(sys.modules),
+  'main_vars': list(vars(sys.modules['__main__'])), 'spec': repr(__spec__),
+  'loader': [type(__loader__).__name__, __loader__.name, __loader__.path], 'cached': __cached__,
+  'orig_argv': sys.orig_argv, 'flags': list(sys.flags), 'path': sys.path,
   # Whether what the sandbox made was made (or its times set) no earlier than the run was
   # asked for: a pooled instance waited seconds before its run, and that must not show (nor
   # when the pool's previous run was). Counted from the request, not from this line, so a
@@ -184,6 +189,10 @@ TEST_CASE("pool: fills, hands out one-shot instances, refills", "[pool]") {
 }
 
 TEST_CASE("pool: a pooled run is indistinguishable from a cold one", "[pool]") {
+  // Plain pooled instances, and pre-started ones (the interpreter waits in the instance):
+  // docs/security.md lists what a pre-started run may see differently, none of it here.
+  const bool prestart = GENERATE(false, true);
+  INFO("prestart " << prestart);
   auto input = itest::put("a,b\n1,2\n");
   // A deadline from the host's calibration (the probe's imports take seconds under the test
   // bed's emulation), in a ticket that admits it.
@@ -193,7 +202,7 @@ TEST_CASE("pool: a pooled run is indistinguishable from a cold one", "[pool]") {
   const auto ticket = itest::ticket("itest", std::max(itest::default_deadline(), 8000ms));
   req.files_in = {{.name = "data.csv", .blob = input}};
   auto cold = itest::run(req, ticket);  // the shared runtime has no pool
-  pooled_runtime p({{.runtime = "python3", .size = 1}});
+  pooled_runtime p({{.runtime = "python3", .size = 1, .prestart = prestart}});
   REQUIRE(p.wait_ready(1));
   std::this_thread::sleep_for(3s);  // the instance waits, as pooled instances do
   auto id = p.rt->blobs()->put("itest", "a,b\n1,2\n");
@@ -282,7 +291,9 @@ TEST_CASE("pool: an instance that dies idle is never handed out", "[pool]") {
 }
 
 TEST_CASE("pool: nothing of one tenant's run is visible to the next tenant's", "[pool]") {
-  pooled_runtime p({{.runtime = "python3", .size = 2}});
+  const bool prestart = GENERATE(false, true);
+  INFO("prestart " << prestart);
+  pooled_runtime p({{.runtime = "python3", .size = 2, .prestart = prestart}});
   REQUIRE(p.wait_ready(2));
   auto a = p.rt->run(
       {.runtime = "python3",
@@ -301,4 +312,163 @@ TEST_CASE("pool: nothing of one tenant's run is visible to the next tenant's", "
                 itest::ticket("tenant-b"));
   REQUIRE(b.code == code::ok);
   CHECK(b.std_out.summary == "[]\n");
+  CHECK(p.stats().handed_out == 2);
+}
+
+namespace {
+
+// Pids (host) of the pre-started interpreters waiting in this runtime's idle instances: PID 2
+// of a run cgroup named r-<instance>-w*, as idle_instance_inits finds PID 1.
+std::vector<int> idle_interpreters(const std::string& state_dir) {
+  std::vector<int> out;
+  std::string ids;
+  for (const auto& e : std::filesystem::directory_iterator(state_dir + "/runs")) {
+    ids += (ids.empty() ? "" : "|") + e.path().filename().string();
+  }
+  if (ids.empty()) return out;
+  const std::regex mine("/r-(" + ids + ")-w[0-9a-f]+");
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    std::string pid = e.path().filename();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cg(e.path() / "cgroup");
+    std::string line, all;
+    while (std::getline(cg, line)) all += line + "\n";
+    if (!std::regex_search(all, mine)) continue;
+    std::ifstream st(e.path() / "status");
+    while (std::getline(st, line)) {
+      if (line.rfind("NSpid:", 0) == 0 && line.size() > 2 &&
+          line.substr(line.size() - 2) == "\t2") {
+        out.push_back(std::stoi(pid));
+      }
+    }
+  }
+  return out;
+}
+
+// True once `pid` has exited (a zombie or reaped).
+bool exited(int pid) {
+  std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
+  std::string all;
+  if (!std::getline(st, all)) return true;
+  auto close = all.rfind(')');
+  return close == std::string::npos || all.compare(close + 1, 3, " Z ") == 0 ||
+         all.compare(close + 1, 3, " X ") == 0;
+}
+
+}  // namespace
+
+TEST_CASE("pool: a pre-started run's modules, __main__ and failures are a cold run's",
+          "[pool][prestart]") {
+  const auto ticket = itest::ticket("itest", std::max(itest::default_deadline(), 8000ms));
+  auto run_req = [&](std::string src) {
+    return sandbox::run_request{
+        .runtime = "python3", .source = std::move(src), .timeout = itest::default_deadline()};
+  };
+  // What importing the preload list adds to a fresh interpreter (the documented rule).
+  auto closure = itest::run(run_req("import sys\nb = set(sys.modules)\nimport csv, json\n"
+                                    "print(' '.join(sorted(set(sys.modules) - b)))"),
+                            ticket);
+  REQUIRE(closure.code == code::ok);
+  pooled_runtime p(
+      {{.runtime = "python3", .size = 1, .prestart = true, .preload = {"csv", "json"}}});
+  std::uint64_t handed = 0;
+  auto both = [&](const std::string& src) {
+    auto cold = itest::run(run_req(src), ticket);
+    REQUIRE(p.wait_ready(1));
+    auto warm = p.rt->run(run_req(src), ticket);
+    CHECK(p.stats().handed_out == ++handed);  // it did run pre-started
+    return std::pair{cold, warm};
+  };
+  SECTION("sys.modules is a cold run's plus the preload list's imports") {
+    auto [cold, warm] = both("import sys\nprint(' '.join(sorted(sys.modules)))");
+    REQUIRE(cold.code == code::ok);
+    REQUIRE(warm.code == code::ok);
+    auto words = [](const std::string& s) {
+      std::set<std::string> out;
+      std::istringstream in(s);
+      for (std::string w; in >> w;) out.insert(w);
+      return out;
+    };
+    auto expected = words(cold.std_out.summary);
+    for (const auto& m : words(closure.std_out.summary)) expected.insert(m);
+    CHECK(words(warm.std_out.summary) == expected);
+    CHECK(words(closure.std_out.summary).count("csv") == 1);
+  }
+  SECTION("__main__, argv, environment") {
+    auto [cold, warm] = both(
+        "import sys, os\nm = sys.modules['__main__']\n"
+        "print(list(vars(m)), m.__spec__, type(m.__loader__).__name__, m.__loader__.name,\n"
+        "      m.__loader__.path, m.__file__, m.__cached__, m.__package__, sys.argv,\n"
+        "      sys.orig_argv, sorted(k for k in globals() if not k.startswith('__')),\n"
+        "      sys._getframe().f_code.co_filename, sys.flags.isolated, os.getcwd(),\n"
+        "      [k for k in os.environ if k != 'SANDBOX_INPUT_DIR'], os.getenv('HOME'))");
+    REQUIRE(cold.code == code::ok);
+    REQUIRE(warm.code == code::ok);
+    CHECK(cold.std_out.summary == warm.std_out.summary);
+  }
+  SECTION("the documented difference: the process's own command line") {
+    auto [cold, warm] =
+        both("print(b'_sandbox_prestart' in open('/proc/self/cmdline', 'rb').read())");
+    CHECK(cold.std_out.summary == "False\n");
+    CHECK(warm.std_out.summary == "True\n");  // it did run in the waiting interpreter
+  }
+  SECTION("an uncaught exception: the same traceback and exit status") {
+    auto [cold, warm] = both("def f():\n    return 1 / 0\n\nf()\n");
+    CHECK(cold.code == warm.code);
+    CHECK(cold.exit_code == warm.exit_code);
+    CHECK(warm.exit_code == 1);
+    CHECK(cold.std_err.summary == warm.std_err.summary);
+    CHECK(warm.std_err.summary.find("Traceback (most recent call last):\n  File "
+                                    "\"/sandbox/main.py\", line 4, in <module>") == 0);
+  }
+  SECTION("a syntax error, and sys.exit") {
+    auto [cold, warm] = both("x = (\n");
+    CHECK(cold.exit_code == warm.exit_code);
+    CHECK(cold.std_err.summary == warm.std_err.summary);
+    auto [cold2, warm2] = both("import sys\nprint('a')\nsys.exit(3)\n");
+    CHECK(warm2.exit_code == 3);
+    CHECK(cold2.exit_code == warm2.exit_code);
+    CHECK(cold2.std_out.summary == warm2.std_out.summary);
+  }
+}
+
+TEST_CASE("pool: a pre-started instance whose interpreter dies idle is never handed out",
+          "[pool][prestart]") {
+  pooled_runtime p({{.runtime = "python3", .size = 2, .prestart = true}});
+  REQUIRE(p.wait_ready(2));
+  auto pids = idle_interpreters(p.state + "/state");
+  REQUIRE(pids.size() == 2);
+  for (int pid : pids) kill(pid, SIGKILL);
+  // Dead (not merely signalled), but sandbox-init may not have reported it yet: the hand-out
+  // health check must catch it, whatever the pool has heard so far.
+  for (int pid : pids) {
+    for (int n = 0; n < 1000 && !exited(pid); ++n) std::this_thread::sleep_for(5ms);
+    REQUIRE(exited(pid));
+  }
+  auto r = p.rt->run({.runtime = "python3", .source = "print('fresh')"}, itest::ticket());
+  CHECK(r.code == code::ok);
+  CHECK(r.std_out.summary == "fresh\n");
+  for (int n = 0; n < 500 && p.stats().failed < 2; ++n) std::this_thread::sleep_for(20ms);
+  CHECK(p.stats().failed >= 2);
+  CHECK(p.wait_ready(2));  // replaced
+  auto again = p.rt->run({.runtime = "python3", .source = "print('again')"}, itest::ticket());
+  CHECK(again.code == code::ok);
+  CHECK(again.std_out.summary == "again\n");
+}
+
+TEST_CASE("pool: pre-started classes are checked", "[pool][prestart]") {
+  // A runtime that cannot be pre-started (node) and an invalid module name: skipped.
+  pooled_runtime p({{.runtime = "node", .size = 1, .prestart = true},
+                    {.runtime = "python3", .size = 1, .prestart = true, .preload = {"os..path"}},
+                    {.runtime = "python3", .size = 1, .preload = {"json"}}});
+  CHECK(p.rt->warm_pool_stats().empty());
+  // A module the image lacks: every preparation fails, runs go cold.
+  pooled_runtime q(
+      {{.runtime = "python3", .size = 1, .prestart = true, .preload = {"no_such_module_here"}}});
+  for (int n = 0; n < 500 && q.stats().failed < 1; ++n) std::this_thread::sleep_for(20ms);
+  CHECK(q.stats().failed >= 1);
+  CHECK(q.stats().ready == 0);
+  auto r = q.rt->run({.runtime = "python3", .source = "print('cold')"}, itest::ticket());
+  CHECK(r.code == code::ok);
+  CHECK(r.std_out.summary == "cold\n");
 }
