@@ -4,7 +4,7 @@
 // asserted.
 //
 //   build/dev/bin/sandbox_bench [--runs N]
-//       [--section cold|pool|throughput|flood|scheduler|breakdown|oci|forks|interp]
+//       [--section cold|pool|prestart|throughput|flood|scheduler|breakdown|oci|forks|interp]
 //
 // Needs root for the unshare/bwrap baselines (skipped otherwise) and the python3 image. The
 // oci section needs a library built with SANDBOX_BACKEND_OCI, root, and crun/runc/runsc in
@@ -276,6 +276,69 @@ void section_pool(int runs) {
   row("pooled run, acquire to result", percentiles(pooled), b.p50);
   row("  of which setup (hand-out to interpreter start)", percentiles(setup), b.p50);
   std::printf("  aim: pooled ≤ 0.5× bare (p50)\n");
+}
+
+// Pre-started pools (warm_pool_class::prestart): the interpreter already waits in the
+// instance, so a hand-out pays for neither namespaces nor the interpreter's start. Runtime
+// "python3" (`-I`, with site: pre-starting needs `[python, "-I", "{source}"]`); the base is
+// the same bare `-I -S` start as the other sections, measured interleaved.
+void section_prestart(int runs) {
+  std::printf("\n== pre-started pool: %d runs each (ms)\n", runs);
+  std::printf("  %-52s %8s %8s %9s\n", "", "p50", "p95", "vs bare");
+  // Three classes of one runtime, told apart by their memory limit.
+  constexpr std::uint64_t pre_bytes = 256ULL << 20, json_bytes = 320ULL << 20,
+                          plain_bytes = 288ULL << 20;
+  auto rt = make_runtime(
+      {{.runtime = "python3", .size = 2, .memory_limit_bytes = pre_bytes, .prestart = true},
+       {.runtime = "python3",
+        .size = 2,
+        .memory_limit_bytes = json_bytes,
+        .prestart = true,
+        .preload = {"json"}},
+       {.runtime = "python3", .size = 2, .memory_limit_bytes = plain_bytes}});
+  const std::string json_src = "import json\nprint(json.dumps(1))";
+  const std::vector<std::string> bare_json = {"/usr/bin/python3", "-I", "-S", "-c",
+                                              "import json; print(json.dumps(1))"};
+  auto timed = [&](const std::string& src, std::uint64_t mem, std::vector<double>* setup) {
+    auto t0 = clock_type::now();
+    auto r =
+        rt->run({.runtime = "python3", .source = src, .memory_limit_bytes = mem}, bench_ticket());
+    double ms = ms_since(t0);
+    if (r.code != sandbox::code::ok || r.std_out.summary != "1\n") {
+      std::fprintf(stderr, "run failed: %s %s\n", to_string(r.code).data(), r.message.c_str());
+      std::exit(1);
+    }
+    if (setup) setup->push_back(static_cast<double>(r.usage.setup.count()));
+    return ms;
+  };
+  std::vector<double> bare, bare_j, pre, pre_j, plain, pre_setup;
+  wait_pool_full(*rt);
+  const auto before = rt->warm_pool_stats();
+  for (int i = 0; i < runs; ++i) {
+    bare.push_back(spawn_ms(bare_py));
+    bare_j.push_back(spawn_ms(bare_json));
+    wait_pool_full(*rt);  // acquire-to-result from a full pool, not the refill
+    pre.push_back(timed("print(1)", pre_bytes, &pre_setup));
+    wait_pool_full(*rt);
+    pre_j.push_back(timed(json_src, json_bytes, nullptr));
+    wait_pool_full(*rt);
+    plain.push_back(timed("print(1)", plain_bytes, nullptr));
+  }
+  const auto after = rt->warm_pool_stats();
+  auto b = percentiles(bare);
+  row("bare python3 -I -S -c 'print(1)'", b, b.p50);
+  row("bare python3 -I -S -c 'import json; print(...)'", percentiles(bare_j), b.p50);
+  row("pooled print(1), interpreter started at hand-out", percentiles(plain), b.p50);
+  row("pre-started pooled print(1), acquire to result", percentiles(pre), b.p50);
+  row("  of which setup (hand-out to program handed over)", percentiles(pre_setup), b.p50);
+  row("pre-started pooled, preload json, json.dumps(1)", percentiles(pre_j), b.p50);
+  std::uint64_t handed = 0;
+  for (std::size_t i = 0; i < after.size() && i < before.size(); ++i) {
+    handed += after[i].handed_out - before[i].handed_out;
+  }
+  std::printf("  runs served from a pool: %llu of %d (the rest went cold)\n",
+              static_cast<unsigned long long>(handed), 3 * runs);
+  std::printf("  aim: pre-started pooled print(1) ≤ 0.5× bare (p50)\n");
 }
 
 // CPU time used on the whole host so far (all cores, user + system + interrupts), in ms:
@@ -1420,7 +1483,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: sandbox_bench [--runs N] [--section "
-                   "cold|pool|throughput|flood|scheduler|breakdown|oci|forks|interp]\n");
+                   "cold|pool|prestart|throughput|flood|scheduler|breakdown|oci|forks|interp]\n");
       return 2;
     }
   }
@@ -1433,6 +1496,7 @@ int main(int argc, char** argv) {
   auto want = [&](const char* s) { return section == "all" || section == s; };
   if (want("cold")) section_cold(runs);
   if (want("pool")) section_pool(runs);
+  if (want("prestart")) section_prestart(runs);
   if (want("throughput")) section_throughput(runs * 2);
   if (want("flood")) section_flood();
   if (want("scheduler")) section_scheduler();
