@@ -38,6 +38,31 @@ TEST_CASE("config: scheduler classes, warm pools and policy are applied", "[conf
   CHECK(o.policy.max_pids == 32);
 }
 
+TEST_CASE("config: a pre-started pool class is applied", "[config]") {
+  sandbox::runtime_options o;
+  auto r = sandbox::apply_config(
+      R"({"warm_pool": [{"runtime": "python3", "prestart": true,
+                         "preload": ["json", "xml.etree.ElementTree", "_csv"]}]})",
+      o);
+  REQUIRE(r.has_value());
+  REQUIRE(o.process.warm_pool.size() == 1);
+  CHECK(o.process.warm_pool[0].prestart);
+  CHECK(o.process.warm_pool[0].preload ==
+        std::vector<std::string>{"json", "xml.etree.ElementTree", "_csv"});
+  CHECK(sandbox::is_valid_preload_module("a.b_c.D9"));
+  CHECK(!sandbox::is_valid_preload_module(""));
+  CHECK(!sandbox::is_valid_preload_module("a."));
+  CHECK(!sandbox::is_valid_preload_module(".a"));
+  CHECK(!sandbox::is_valid_preload_module("a b"));
+  CHECK(!sandbox::is_valid_preload_module("é"));
+  CHECK(!sandbox::is_valid_preload_module(std::string(129, 'a')));
+  CHECK(sandbox::supports_prestart(sandbox::default_runtimes()[0]));
+  CHECK(!sandbox::supports_prestart(sandbox::default_runtimes()[1]));
+  CHECK(!sandbox::supports_prestart(
+      {.name = "p", .argv = {"/usr/bin/python3", "-I", "-S", "{source}"}}));
+  CHECK(!sandbox::supports_prestart({.name = "p", .argv = {"python3", "-I", "{source}"}}));
+}
+
 TEST_CASE("config: faults name their field and nothing is applied", "[config]") {
   const std::pair<const char*, const char*> bad[] = {
       {R"({"scheduler": {"max_runing": 3}})", "scheduler: unknown field 'max_runing'"},
@@ -68,6 +93,26 @@ TEST_CASE("config: faults name their field and nothing is applied", "[config]") 
        "warm_pool[0].memory_limit_bytes: above"},
       {R"({"warm_pool": [{"runtime": "python3", "files_out": {"max_files": 257}}]})",
        "warm_pool[0].files_out.max_files: above"},
+      // Pre-started classes: strict fields, Python module names, runtimes that can.
+      {R"({"warm_pool": [{"runtime": "python3", "prestart": 1}]})", "warm_pool[0].prestart"},
+      {R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preload": "json"}]})",
+       "warm_pool[0].preload"},
+      {R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preload": ["os..path"]}]})",
+       "warm_pool[0].preload[0]: not a dotted Python module name"},
+      {R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preload": ["../x"]}]})",
+       "warm_pool[0].preload[0]: not a dotted Python module name"},
+      {R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preload": ["1json"]}]})",
+       "warm_pool[0].preload[0]: not a dotted Python module name"},
+      {R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preload": ["json", "json"]}]})",
+       "warm_pool[0].preload[1]: listed twice"},
+      {R"({"warm_pool": [{"runtime": "python3", "preload": ["json"]}]})",
+       "warm_pool[0].preload: needs \"prestart\": true"},
+      {R"({"warm_pool": [{"runtime": "node", "prestart": true}]})",
+       "warm_pool[0].prestart: runtime 'node' cannot be pre-started"},
+      {R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preloads": []}]})",
+       "warm_pool[0]: unknown field 'preloads'"},
+      {R"({"backends": {"container": {"warm_pool": [{"runtime": "python3", "prestart": true}]}}})",
+       "backends.container.warm_pool[0].prestart: only the process level"},
       // Names admission would refuse anyway are refused here, where the operator sees them.
       {R"({"policy": {"allowed_env": [""]}})",
        "policy.allowed_env[0]: not a portable variable name"},

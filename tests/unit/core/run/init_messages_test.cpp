@@ -221,3 +221,25 @@ TEST_CASE("init messages: a network run's secrets are placeholders only, never v
   CHECK(payload.find("SANDBOX_SECRET_") == std::string::npos);
   CHECK(payload.find("CERTIFICATE") == std::string::npos);
 }
+
+TEST_CASE(
+    "init messages: a pre-started instance's config names the interpreter, its start "
+    "environment and the preload list",
+    "[init_messages]") {
+  auto job = python_job();
+  const sandbox::detail::config_params p{.selftest = false, .input_name = "in-0123456789abcdef"};
+  auto e = parse(sandbox::detail::config_payload(job, p));
+  CHECK(all(e, "prestart").empty());  // not pre-started: nothing of it
+  job.prestart = std::vector<std::string>{"json", "xml.dom"};
+  e = parse(sandbox::detail::config_payload(job, p));
+  CHECK(all(e, "prestart") == std::vector<std::string>{"/usr/bin/python3"});
+  // The environment every run starts with, as `go` sends it (the request's own come there).
+  CHECK(all(e, "prestart_env") == fixed_env);
+  CHECK(all(parse(sandbox::detail::go_payload(job, {.input_name = "in-0123456789abcdef"})), "env")
+            .front() == fixed_env.front());
+  CHECK(all(e, "preload") == std::vector<std::string>{"json", "xml.dom"});
+  // Never for the self-test's probe.
+  e = parse(sandbox::detail::config_payload(job, {.selftest = true, .input_name = "in-x"}));
+  CHECK(all(e, "prestart").empty());
+  CHECK(all(e, "preload").empty());
+}
