@@ -438,6 +438,12 @@ TEST_CASE("pool: a pre-started instance whose interpreter dies idle is never han
   REQUIRE(p.wait_ready(2));
   auto pids = idle_interpreters(p.state + "/state");
   REQUIRE(pids.size() == 2);
+  SECTION("sandbox-init reports the death") {}
+  SECTION("sandbox-init cannot report it: only the hand-out's own check can catch it") {
+    // Stopped, sandbox-init can neither reap the interpreter nor exit: the host hears
+    // nothing, and the instance still looks ready and idle.
+    for (int pid : idle_instance_inits(p.state + "/state")) kill(pid, SIGSTOP);
+  }
   for (int pid : pids) kill(pid, SIGKILL);
   // Dead (not merely signalled), but sandbox-init may not have reported it yet: the hand-out
   // health check must catch it, whatever the pool has heard so far.
