@@ -386,6 +386,14 @@ std::unique_ptr<sandbox::runtime> make_process_pooled(std::string* why) {
                            {{.runtime = "python3", .size = 2}, {.runtime = "node", .size = 1}});
 }
 
+// Pre-started pools (warm_pool_class::prestart): the python3 class's interpreter already
+// waits in each instance; node has no pre-started mode and is pooled plainly.
+std::unique_ptr<sandbox::runtime> make_process_prestarted(std::string* why) {
+  return make_process_with(
+      why, "process-prestarted",
+      {{.runtime = "python3", .size = 2, .prestart = true}, {.runtime = "node", .size = 1}});
+}
+
 }  // namespace
 
 const std::vector<backend_profile>& profiles() {
@@ -423,6 +431,15 @@ const std::vector<backend_profile>& profiles() {
                  .ci_budget = std::chrono::seconds(600),
                  .as_cells = true,
                  .opt_in = true});
+    v.push_back(
+        {.name = root ? "process (pre-started pool)" : "process (pre-started pool, unprivileged)",
+         .level = sandbox::isolation::process,
+         .make = make_process_prestarted,
+         .expect = {.host_kernel = true,
+                    .distinct_uids = root,
+                    .syscall_abi_on_host = true,
+                    .egress_proxy = false},
+         .ci_budget = std::chrono::seconds(600)});
     if (root) {  // the OCI backends need root
       v.push_back(
           {.name = "container (crun)",

@@ -47,6 +47,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "conformance: backend '%s': %.1f s (CI budget %.0f s)%s\n", name.c_str(),
                  secs, budget, secs > budget ? "  OVER BUDGET" : "");
   }
+  // How many runs the pooled profiles served from their pools (the rest ran cold).
+  for (std::size_t i : conformance::profile_indices()) {
+    std::string why;
+    auto* b = i < conformance::profiles().size() ? conformance::ensure(i, &why) : nullptr;
+    if (b == nullptr) continue;
+    for (const auto& p : b->rt().warm_pool_stats()) {
+      std::fprintf(stderr, "conformance: backend '%s': pool %s handed out %llu, failed %llu\n",
+                   conformance::profiles()[i].name.c_str(), p.runtime.c_str(),
+                   static_cast<unsigned long long>(p.handed_out),
+                   static_cast<unsigned long long>(p.failed));
+    }
+  }
   for (const auto& f : conformance::canary_files()) std::filesystem::remove(f);
   std::error_code ec;
   std::filesystem::remove_all(conformance::state_root(), ec);
