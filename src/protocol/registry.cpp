@@ -7,6 +7,7 @@
 #include "protocol/env_rules.hpp"
 #include "protocol/python_runtime.hpp"
 #include "protocol/text_util.hpp"
+#include "sandbox/backend.hpp"
 #include "sandbox/backend_options.hpp"
 #include "sandbox/egress.hpp"
 #include "sandbox/policy.hpp"
@@ -199,6 +200,21 @@ bool is_valid_preload_module(std::string_view name) noexcept {
     }
   }
   return !at_start;
+}
+
+// Here, not in the runtime room: the configuration's checks (config_json.cpp) need the
+// defaults too, and the protocol room is below the runtime room.
+std::vector<runtime_spec> default_runtimes() {
+  return {
+      runtime_spec{.name = "python3",
+                   .argv = {"/usr/bin/python3", "-I", "{source}"},
+                   .source_name = "main.py",
+                   .image = {}},
+      runtime_spec{.name = "node",
+                   .argv = {"/usr/bin/node", "{source}"},
+                   .source_name = "main.js",
+                   .image = {}},
+  };
 }
 
 bool supports_prestart(const runtime_spec& spec) noexcept {

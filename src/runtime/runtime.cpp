@@ -48,20 +48,7 @@ namespace asio = boost::asio;
 namespace fs = std::filesystem;
 using boost::system::error_code;
 
-// --- defaults ---------------------------------------------------------------------------
-
-std::vector<runtime_spec> default_runtimes() {
-  return {
-      runtime_spec{.name = "python3",
-                   .argv = {"/usr/bin/python3", "-I", "{source}"},
-                   .source_name = "main.py",
-                   .image = {}},
-      runtime_spec{.name = "node",
-                   .argv = {"/usr/bin/node", "{source}"},
-                   .source_name = "main.js",
-                   .image = {}},
-  };
-}
+// (default_runtimes: src/protocol/registry.cpp, beside the runtime checks.)
 
 namespace {
 
