@@ -222,9 +222,14 @@ TEST_CASE("descriptors: concurrent runs each start with only 0, 1, 2", "[fds][co
   CONFORMANCE_BACKEND(b);
   // Several runs start while the others' pipes and control channels are open in the host:
   // none of those may leak into a sibling.
-  std::vector<sandbox::run_request> reqs(4, py(probe(b)));
+  // A hang deadline, not a speed (30 s plus the start-up allowance): at microvm four probes
+  // share two VMs' worth of emulated CPU, and with a CPU hog beside the suite one ended
+  // `timeout` at the default 5 s (twice, 2026-12-04), the deadline and not the property
+  // deciding.
+  std::vector<sandbox::run_request> reqs(4, py(probe(b), std::chrono::milliseconds(30000)));
   auto rs = b.run_all(reqs);
   for (auto& r : rs) {
+    INFO(sandbox::encode(r));
     REQUIRE(r.code == code::ok);
     REQUIRE(r.exit_code == 0);
     check_probe(b, json::parse(b.blob(r.std_out.blob)));
