@@ -740,12 +740,7 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
 
   // Answers the client inside its TLS session, then closes (after a bounded linger).
   void tls_deny(unsigned status, std::string reason) {
-    attempt_.allowed = false;
-    attempt_.reason = std::move(reason);
-    error_code ignored;
-    upstream_.close(ignored);
-    reply_ = egress_denial_response(status, attempt_.reason, asked_host_);
-    set_phase(phase::deny, linger_timeout());
+    prepare_denial(status, std::move(reason));
     asio::async_write(*client_tls_, asio::buffer(reply_), track([this](error_code ec, std::size_t) {
       if (phase_ != phase::deny) return;
       if (ec) return close();
@@ -875,6 +870,18 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
     return std::min(grant().handshake_timeout, max_linger);
   }
 
+  // What both refusals (plain `deny`, `tls_deny` inside a terminated tunnel) do before
+  // writing: the attempt recorded as refused, the origin dropped, `reply_` made, the phase
+  // set with the linger deadline.
+  void prepare_denial(unsigned status, std::string reason) {
+    attempt_.allowed = false;
+    attempt_.reason = std::move(reason);
+    error_code ignored;
+    upstream_.close(ignored);
+    reply_ = egress_denial_response(status, attempt_.reason, asked_host_);
+    set_phase(phase::deny, linger_timeout());
+  }
+
   // Answers the client with `status` (over-limit connections always get 403 "connection
   // limit"), then lingers. Only called when no read of the client is in flight.
   void deny(unsigned status, std::string reason) {
@@ -882,12 +889,7 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
       status = 403;
       reason = "connection limit";
     }
-    attempt_.allowed = false;
-    attempt_.reason = std::move(reason);
-    error_code ignored;
-    upstream_.close(ignored);
-    reply_ = egress_denial_response(status, attempt_.reason, asked_host_);
-    set_phase(phase::deny, linger_timeout());
+    prepare_denial(status, std::move(reason));
     asio::async_write(client_, asio::buffer(reply_), track([this](error_code ec, std::size_t) {
                         if (phase_ != phase::deny) return;
                         if (ec) return close();

@@ -138,6 +138,15 @@ std::optional<http_refusal> terminated_http::scan_body(std::string_view data) {
   return std::nullopt;
 }
 
+std::optional<http_refusal> terminated_http::relay_body_bytes(std::string& out) {
+  const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(rq_left_, rq_buf_.size()));
+  if (auto r = scan_body(std::string_view(rq_buf_).substr(0, n))) return r;
+  up(std::string_view(rq_buf_).substr(0, n), out);
+  rq_buf_.erase(0, n);
+  rq_left_ -= n;
+  return std::nullopt;
+}
+
 bool terminated_http::awaiting_response() const noexcept {
   return !pending_.empty() ||
          (rs_ != resp_state::head && rs_ != resp_state::done && rs_ != resp_state::failed);
@@ -257,11 +266,7 @@ std::optional<http_refusal> terminated_http::from_client(std::string_view in, st
       }
       case req_state::body: {
         if (rq_buf_.empty()) return std::nullopt;
-        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(rq_left_, rq_buf_.size()));
-        if (auto r = scan_body(std::string_view(rq_buf_).substr(0, n))) return r;
-        up(std::string_view(rq_buf_).substr(0, n), out);
-        rq_buf_.erase(0, n);
-        rq_left_ -= n;
+        if (auto r = relay_body_bytes(out)) return r;
         if (rq_left_ == 0) {
           rq_ = req_state::head;
           release(out);
@@ -284,11 +289,7 @@ std::optional<http_refusal> terminated_http::from_client(std::string_view in, st
       }
       case req_state::chunk_data: {
         if (rq_buf_.empty()) return std::nullopt;
-        const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(rq_left_, rq_buf_.size()));
-        if (auto r = scan_body(std::string_view(rq_buf_).substr(0, n))) return r;
-        up(std::string_view(rq_buf_).substr(0, n), out);
-        rq_buf_.erase(0, n);
-        rq_left_ -= n;
+        if (auto r = relay_body_bytes(out)) return r;
         if (rq_left_ == 0) rq_ = req_state::chunk_crlf;
         break;
       }

@@ -130,6 +130,9 @@ class terminated_http {
   std::optional<http_refusal> request_head(std::string& out);
   std::optional<http_refusal> refuse(unsigned status, std::string_view reason);
   std::optional<http_refusal> scan_body(std::string_view data);
+  /// Judges and passes on what is buffered of the current body piece (at most `rq_left_`
+  /// bytes); the refusal when it holds a placeholder.
+  std::optional<http_refusal> relay_body_bytes(std::string& out);
   /// Request bytes for the origin: held while the request may still be judged whole.
   void up(std::string_view data, std::string& out);
   /// Sends on what was held.
