@@ -89,10 +89,12 @@ struct pooled_runtime {
   }
 };
 
-// Pids of idle pool instances' sandbox-init (PID 1 of a run cgroup named r-*-w*).
-// Only this runtime's: its instance id names its run cgroups (r-<instance>-w<hex>) and its
-// state directory's runs/<instance>; other processes' pools on the host are left alone.
-std::vector<int> idle_instance_inits(const std::string& state_dir) {
+// Host pids of the processes whose pid in their own namespace is `ns_pid` in idle pool
+// instances (run cgroups named r-*-w*). Only this runtime's: its instance id names its run
+// cgroups (r-<instance>-w<hex>) and its state directory's runs/<instance>; other processes'
+// pools on the host are left alone.
+std::vector<int> idle_instance_pids(const std::string& state_dir, int ns_pid) {
+  const std::string nspid_tail = "\t" + std::to_string(ns_pid);
   std::vector<int> out;
   std::string ids;
   for (const auto& e : std::filesystem::directory_iterator(state_dir + "/runs")) {
@@ -109,13 +111,17 @@ std::vector<int> idle_instance_inits(const std::string& state_dir) {
     if (!std::regex_search(all, mine)) continue;
     std::ifstream st(e.path() / "status");
     while (std::getline(st, line)) {
-      if (line.rfind("NSpid:", 0) == 0 && line.size() > 2 &&
-          line.substr(line.size() - 2) == "\t1") {
+      if (line.rfind("NSpid:", 0) == 0 && line.ends_with(nspid_tail)) {
         out.push_back(std::stoi(pid));
       }
     }
   }
   return out;
+}
+
+// Pids of idle pool instances' sandbox-init (PID 1 of their namespace).
+std::vector<int> idle_instance_inits(const std::string& state_dir) {
+  return idle_instance_pids(state_dir, 1);
 }
 
 // The probe prints what a program can see of its sandbox. SINCE (prepended by probe_since) is
@@ -318,31 +324,9 @@ TEST_CASE("pool: nothing of one tenant's run is visible to the next tenant's", "
 namespace {
 
 // Pids (host) of the pre-started interpreters waiting in this runtime's idle instances: PID 2
-// of a run cgroup named r-<instance>-w*, as idle_instance_inits finds PID 1.
+// of a run cgroup named r-<instance>-w*.
 std::vector<int> idle_interpreters(const std::string& state_dir) {
-  std::vector<int> out;
-  std::string ids;
-  for (const auto& e : std::filesystem::directory_iterator(state_dir + "/runs")) {
-    ids += (ids.empty() ? "" : "|") + e.path().filename().string();
-  }
-  if (ids.empty()) return out;
-  const std::regex mine("/r-(" + ids + ")-w[0-9a-f]+");
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    std::string pid = e.path().filename();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream cg(e.path() / "cgroup");
-    std::string line, all;
-    while (std::getline(cg, line)) all += line + "\n";
-    if (!std::regex_search(all, mine)) continue;
-    std::ifstream st(e.path() / "status");
-    while (std::getline(st, line)) {
-      if (line.rfind("NSpid:", 0) == 0 && line.size() > 2 &&
-          line.substr(line.size() - 2) == "\t2") {
-        out.push_back(std::stoi(pid));
-      }
-    }
-  }
-  return out;
+  return idle_instance_pids(state_dir, 2);
 }
 
 // True once `pid` has exited (a zombie or reaped).
