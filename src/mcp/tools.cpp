@@ -365,17 +365,14 @@ std::variant<run_request, bad_arguments> decode_run_arguments(const json& args,
                                                               const tool_context& c, bool tool,
                                                               blob_store& blobs) {
   run_request req;
-  const std::array<std::string_view, 6> code_keys{"runtime", "source",     "files",
-                                                  "network", "timeout_ms", "memory_bytes"};
-  const std::array<std::string_view, 6> tool_keys{"tool",       "stdin",        "files",
-                                                  "timeout_ms", "memory_bytes", "stdin"};
+  const std::array<std::string_view, 8> code_keys{
+      "runtime", "source", "files", "network", "egress", "secrets", "timeout_ms", "memory_bytes"};
+  const std::array<std::string_view, 5> tool_keys{"tool", "stdin", "files", "timeout_ms",
+                                                  "memory_bytes"};
   for (const auto& [key, value] : args.items()) {
-    const bool known =
-        tool ? std::find(tool_keys.begin(), tool_keys.end(), key) != tool_keys.end()
-             : std::find(code_keys.begin(), code_keys.end(), key) != code_keys.end() ||
-                   key == "egress";
-    const bool also = !tool && key == "secrets";
-    if (!known && !also) {
+    const bool known = tool ? std::find(tool_keys.begin(), tool_keys.end(), key) != tool_keys.end()
+                            : std::find(code_keys.begin(), code_keys.end(), key) != code_keys.end();
+    if (!known) {
       return bad_arguments{fmt::format("{}: not an argument of this tool", key)};
     }
   }
