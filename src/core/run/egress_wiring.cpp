@@ -15,11 +15,14 @@ egress_wiring::egress_wiring(asio::strand<asio::any_io_executor> strand)
 
 egress_wiring::~egress_wiring() { stop(); }  // (normally stopped at teardown; idempotent)
 
-void egress_wiring::prepare_ca(const std::string& run_id, const std::vector<std::string>& domains) {
-  if (ca_tried_) return;
+std::string egress_wiring::prepare_ca(const std::string& run_id,
+                                      const std::vector<std::string>& domains) {
+  if (ca_tried_) return {};
   ca_tried_ = true;
   std::string why;
   ca_ = run_ca::create(run_id, domains, why);
+  if (ca_) return {};
+  return why.empty() ? std::string("the run CA could not be made") : why;
 }
 
 std::string_view egress_wiring::ca_pem() const noexcept {

@@ -39,9 +39,10 @@ class egress_wiring {
    * A run with secrets: makes its CA (run_ca.hpp) for `domains`, once. Its certificate is
    * then `ca_pem()`; its key stays here and goes with this object (the run's end). When
    * OpenSSL fails there is no CA: the proxy then never terminates TLS, so a placeholder is
-   * all the run can send (it is still refused where it may not go).
+   * all the run can send (it is still refused where it may not go). Returns why the CA could
+   * not be made, for the host log (empty when it was, or was tried before).
    */
-  void prepare_ca(const std::string& run_id, const std::vector<std::string>& domains);
+  std::string prepare_ca(const std::string& run_id, const std::vector<std::string>& domains);
   /// The run CA's certificate (PEM); empty without one.
   std::string_view ca_pem() const noexcept;
 
