@@ -16,8 +16,16 @@ BUILD=$1
 BED=$2
 KERNEL=${SANDBOX_KERNEL_DIR:-/var/lib/agent-sandbox/microvm/kernel}/current
 PROBE=$BUILD/tests/guest_testbed/testbed_probe
+STEP=
+LOG=
+# On a failure the failing step's whole output, then the reason, last: a passing step prints
+# one line, so CTest's output (which CI cuts in the middle) keeps the failure whole.
 fail() {
-  echo "selftest: FAILED: $*" >&2
+  if [ -n "$LOG" ] && [ -s "$LOG" ]; then
+    echo "selftest: --- output of step '$STEP' ---" >&2
+    cat "$LOG" >&2
+  fi
+  echo "selftest: FAILED${STEP:+ (step '$STEP')}: $*" >&2
   exit 1
 }
 skip() {
@@ -39,6 +47,7 @@ LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
 
 # 1. Bad input: exit 125 with the field named, nothing booted.
+STEP="bad input"
 expect_refusal() {  # expect_refusal WHAT_THE_MESSAGE_NAMES ENV... -- ARGS...
   local names=$1
   shift
@@ -47,8 +56,8 @@ expect_refusal() {  # expect_refusal WHAT_THE_MESSAGE_NAMES ENV... -- ARGS...
   shift
   env "${envs[@]}" "$BED" "$@" >"$LOG" 2>&1
   local rc=$?
-  [ $rc = 125 ] || fail "expected exit 125 for bad '$names', got $rc: $(cat "$LOG")"
-  grep -q -- "$names" "$LOG" || fail "the refusal does not name '$names': $(cat "$LOG")"
+  [ $rc = 125 ] || fail "expected exit 125 for bad '$names', got $rc"
+  grep -q -- "$names" "$LOG" || fail "the refusal does not name '$names'"
   grep -q "booting" "$LOG" && fail "booted despite bad '$names'"
   return 0
 }
@@ -63,25 +72,25 @@ expect_refusal "no guest kernel" SANDBOX_KERNEL_DIR=/nonexistent TESTBED_PROGRAM
 echo "selftest: bad input refused, each naming its field" >&2
 
 # 2. The probe: every promise held, its own status comes back, the forged line is ignored.
+STEP="the probe, as root"
 TESTBED_PROGRAM=$PROBE "$BED" "$BUILD" 7 >"$LOG" 2>&1
 rc=$?
-cat "$LOG" >&2
 grep -q "^TESTBED-EXIT 0" "$LOG" || fail "the probe's forged status line is not in the output"
 grep -q "all promises hold" "$LOG" || fail "the probe did not report its promises held"
 [ $rc = 7 ] || fail "expected the probe's exit status 7, got $rc"
 echo "selftest: the probe's status 7 came back; its forged 'TESTBED-EXIT 0' did not count" >&2
 
 # 2b. The same as the unprivileged user (TESTBED_AS=user): in its delegated leaf, not root.
+STEP="the probe, as the user"
 TESTBED_AS=user TESTBED_PROGRAM=$PROBE "$BED" "$BUILD" 5 user >"$LOG" 2>&1
 rc=$?
-cat "$LOG" >&2
 [ $rc = 5 ] || fail "expected the probe's exit status 5 as the user, got $rc"
 echo "selftest: as the user, in a delegated subtree: every promise held" >&2
 
-# 3. A command that never ends: stopped at the run deadline, the guest gone.
+# 3. A command that never ends: stopped by the guest's watchdog, the guest gone.
+STEP="a hung command"
 TESTBED_PROGRAM=$PROBE TESTBED_TIMEOUT=40 "$BED" "$BUILD" hang >"$LOG" 2>&1
 rc=$?
-cat "$LOG" >&2
 [ $rc = 125 ] || fail "expected exit 125 for a guest past its deadline, got $rc"
 grep -q "ran past the watchdog's 30 s" "$LOG" || fail "the watchdog's message is missing"
 grep -q "^testbed: pid [0-9]* (testbed_probe) .*testbed_probe hang" "$LOG" ||

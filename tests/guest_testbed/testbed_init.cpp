@@ -18,7 +18,8 @@
 //                           seconds; past that the bed prints every process, thread, kernel
 //                           stack and cgroup on the console, kills everything and reports
 //                           TESTBED-FAIL (the host's own deadline, `margin` later, is the
-//                           backstop that can only kill QEMU and say nothing of why)
+//                           backstop that can only kill QEMU and say nothing of why; it
+//                           gives the dump more time once TESTBED-WATCHDOG arrives)
 // Disk (virtio-blk, erofs, read-only): the root of the tests; it must hold the mount points
 //   /tmp /run /var/tmp /root /var/lib/agent-sandbox/blobs /dev /proc /sys.
 // Status port: the virtio-serial port named "testbed.status" carries, one line each,
@@ -27,6 +28,8 @@
 //                                  runtime's parent cgroup (/sys/fs/cgroup/agent-sandbox,
 //                                  or agent-sandbox-ci/runs for a user), or "absent"
 //   TESTBED-EXIT <n>               the command's exit status (128 + signal when killed)
+//   TESTBED-WATCHDOG               the watchdog fired: the dump is under way, TESTBED-FAIL
+//                                  follows (the host extends its deadline on this line)
 //   TESTBED-FAIL <reason>          the test bed itself failed (instead of READY or EXIT),
 //                                  or the command outlived the watchdog
 // The command never holds the port: it is opened close-on-exec and its device node is
@@ -497,6 +500,7 @@ int run_command(const std::vector<std::string>& args, const identity& id, unsign
     int st = 0;
     pid_t p = ::waitpid(-1, &st, 0);
     if (p < 0 && errno == EINTR && watchdog_fired) {
+      status("TESTBED-WATCHDOG");
       dump_processes();
       ::kill(-1, SIGKILL);
       while (::waitpid(-1, nullptr, 0) > 0 || errno == EINTR) {
