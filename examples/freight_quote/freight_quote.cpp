@@ -12,40 +12,67 @@
 //      quote.json back from the blob store by its blob id,
 //   5. runs snippet 2, which tries to fetch live rates over HTTPS: the run has no network,
 //      so it ends `network_disabled` and the DNS lookup it tried is listed,
-//   6. (--isolation container or gvisor) asks again, this time *for* the network: the request
-//      names its one domain, the ticket still has no `code.network`, so the runtime asks the
-//      host's approver. The example's approver prints what a human would confirm (domain,
-//      timeout, digests of the source and inputs, isolation, image), approves with a derived
-//      ticket, and the run fetches live rates from a local test server through its egress
-//      proxy ("api.freight-rates.example" is pinned to that server on 127.0.0.1),
+//   6. (--isolation container or gvisor) asks again, this time *for* the network and with the
+//      rates API's key: the request names two domains (the rates API, and the customer portal
+//      the quote is posted to) and the host-held secret "rates-api". The ticket grants the
+//      secret but not `code.network`, so the runtime asks the host's approver. The example's
+//      approver prints what a human would confirm (domains, the secret's name, where it may
+//      go and in which header — never its value —, timeout, digests of the source and
+//      inputs, isolation, image), approves with a derived ticket, and the run fetches live
+//      rates over HTTPS from a local test server that answers 401 without the key. The
+//      program holds only a placeholder; the run's egress proxy terminates its TLS and puts
+//      the real key into the Authorization header to the rates API only. The snippet also
+//      sends the placeholder to the portal: refused `secret_misuse`, listed in the result's
+//      egress attempts, and the portal never sees the request. Both names are pinned to the
+//      server on 127.0.0.1, whose certificate a test CA made here signs (the host trusts it
+//      for origins: `egress.origin_ca_file`); the key's value is random, in a 0600 file of
+//      the example's temporary directory,
 //   7. prints the span the runtime recorded for each run.
 //
 // Exit status: 0 when snippet 1 ended `ok` with the expected quote, snippet 2 ended
 // `network_disabled` with its DNS attempt listed and (container, gvisor) snippet 3 was
-// approved once and fetched the live rates through the proxy (microvm: run 3 is not asked
-// in this walkthrough); 1 otherwise, or when this host cannot run
+// approved once with the secret shown, got the live rates with the key the rates server saw
+// exactly once, had its attempt on the portal refused `secret_misuse`, and the key's value
+// is in nothing the walkthrough printed or got back (streams, result, spans); microvm: run 3
+// is not asked in this walkthrough. 1 otherwise, or when this host cannot run
 // the process backend (the backends' statuses are printed); 2 for bad options. With
 // --skip-unavailable, an unavailable backend or image exits 77 instead (CTest's "skipped"),
 // unless CI=true or SANDBOX_MUST_WORK=1.
 //
 //   sudo tools/run-example.sh                 # set-up, build, then this program
 //   build/dev/bin/freight_quote --help
+#include <fcntl.h>
+#include <openssl/bio.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509v3.h>
+#include <unistd.h>
+
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/program_options.hpp>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
+#include <streambuf>
 #include <string>
+#include <system_error>
 #include <variant>
 #include <vector>
 
@@ -147,40 +174,297 @@ with urllib.request.urlopen("https://api.freight-rates.example/v1/live", timeout
     print(json.load(r))
 )py";
 
-// Snippet 3: the same wish, asked properly: the request names the domain and the host's
-// approver decides. {url} is the local test server's address under the pinned name.
-constexpr const char* approved_live_rates_snippet = R"py(import json, urllib.request
-with urllib.request.urlopen("{url}", timeout=5) as r:
+// Snippet 3: the same wish, asked properly: the request names the domains and the rates
+// API's key, and the host's approver decides. The program holds only the key's placeholder
+// (SANDBOX_SECRET_RATES_API); like careless generated code, it also hands the key to the
+// portal it posts the quote to. {rates_url} and {portal_url} are the local test server's
+// addresses under the pinned names.
+constexpr const char* approved_live_rates_snippet =
+    R"py(import json, os, urllib.error, urllib.request
+key = os.environ["SANDBOX_SECRET_RATES_API"]
+print(f"the key as the program sees it: {key}")
+req = urllib.request.Request("{rates_url}", headers={"Authorization": "Bearer " + key})
+with urllib.request.urlopen(req, timeout=10) as r:
     live = json.load(r)
 print(f"live rate NLRTM-USCHI ocean: USD {live['ocean_usd_per_kg']}/kg (as of {live['as_of']})")
+post = urllib.request.Request("{portal_url}", data=json.dumps(live).encode(),
+                              headers={"Authorization": "Bearer " + key,
+                                       "Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(post, timeout=10) as r:
+        print(f"portal: HTTP {r.status}")
+except urllib.error.HTTPError as e:
+    refusal = json.load(e)
+    print(f"portal: HTTP {e.code} {refusal['reason']}: {refusal['advice']}")
 )py";
 
 // The live-rates server's one document.
 constexpr const char* live_rates_json =
     R"({"lane":"NLRTM-USCHI","ocean_usd_per_kg":0.69,"air_usd_per_kg":3.38,"as_of":"2026-11-30T06:00:00Z"})";
 constexpr const char* live_rates_host = "api.freight-rates.example";
+// The customer portal the quote is posted to: approved for run 3, but not a name the rates
+// API's key may go to.
+constexpr const char* portal_host = "portal.acme-shipping.example";
+// The host-held secret: the rates API's key, sent only to the rates API, in this header.
+constexpr const char* secret_name = "rates-api";
+constexpr const char* secret_header = "Authorization: Bearer {value}";
 
-// A tiny HTTP/1.1 server on 127.0.0.1 standing in for the rates API: one response per
-// connection, whatever was asked. Runs on the example's io_context until closed.
-asio::awaitable<void> serve_live_rates(asio::ip::tcp::acceptor& acceptor, int& requests) {
-  for (;;) {
-    auto [ec, sock] = co_await acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
-    if (ec) co_return;  // closed
+// --- the example's temporary directory: the key's file and the test CA ------------------
+
+// A directory of our own (0700) for the secret's file and the test CA's certificate,
+// removed when the walkthrough ends.
+class temp_dir {
+ public:
+  temp_dir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "freight_quote-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      throw std::system_error(errno, std::generic_category(), "mkdtemp " + tmpl);
+    }
+    path_ = tmpl;
+  }
+  ~temp_dir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// A fresh random key, as a rates API would issue one ("rk_live_" and 24 hex digits).
+std::string random_key() {
+  std::random_device rd;
+  std::string key = "rk_live_";
+  for (int i = 0; i < 24; ++i) key += "0123456789abcdef"[rd() % 16];
+  return key;
+}
+
+// Writes `content` to `path`, created anew with mode 0600 (as the host's secrets must be:
+// no group or other permission).
+void write_private_file(const std::filesystem::path& path, const std::string& content) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "open " + path.string());
+  const auto n = ::write(fd, content.data(), content.size());
+  const int err = errno;
+  ::close(fd);
+  if (n != static_cast<ssize_t>(content.size())) {
+    throw std::system_error(err, std::generic_category(), "write " + path.string());
+  }
+}
+
+// --- the test rates server's certificate: a test CA and a leaf it signs ----------------
+
+struct evp_pkey_free_t {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+struct x509_free_t {
+  void operator()(X509* c) const { X509_free(c); }
+};
+using pkey_ptr = std::unique_ptr<EVP_PKEY, evp_pkey_free_t>;
+using cert_ptr = std::unique_ptr<X509, x509_free_t>;
+
+// A one-day certificate for `cn` with `key`'s public key and `extensions` (OpenSSL's
+// configuration syntax), signed by `issuer` (null: itself) with `issuer_key`.
+cert_ptr make_cert(const std::string& cn, EVP_PKEY* key, X509* issuer, EVP_PKEY* issuer_key,
+                   const std::vector<std::pair<int, std::string>>& extensions) {
+  cert_ptr cert(X509_new());
+  if (!cert) throw std::runtime_error("X509_new failed");
+  static long serial = 1;
+  X509_set_version(cert.get(), 2);
+  ASN1_INTEGER_set(X509_get_serialNumber(cert.get()), serial++);
+  X509_gmtime_adj(X509_getm_notBefore(cert.get()), -3600);
+  X509_gmtime_adj(X509_getm_notAfter(cert.get()), 24 * 3600);
+  X509_set_pubkey(cert.get(), key);
+  X509_NAME_add_entry_by_txt(X509_get_subject_name(cert.get()), "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>(cn.c_str()), -1, -1, 0);
+  X509* signer = issuer == nullptr ? cert.get() : issuer;
+  X509_set_issuer_name(cert.get(), X509_get_subject_name(signer));
+  for (const auto& [nid, value] : extensions) {
+    X509V3_CTX ctx;
+    X509V3_set_ctx_nodb(&ctx);
+    X509V3_set_ctx(&ctx, signer, cert.get(), nullptr, nullptr, 0);
+    X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str());
+    if (ext == nullptr) throw std::runtime_error("bad certificate extension " + value);
+    X509_add_ext(cert.get(), ext, -1);
+    X509_EXTENSION_free(ext);
+  }
+  if (X509_sign(cert.get(), issuer_key, EVP_sha256()) == 0) {
+    throw std::runtime_error("X509_sign failed");
+  }
+  return cert;
+}
+
+std::string pem_of(X509* cert) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new(BIO_s_mem()), BIO_free);
+  PEM_write_bio_X509(bio.get(), cert);
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(bio.get(), &data);
+  return std::string(data, static_cast<std::size_t>(n));
+}
+
+// The test server's TLS context: a leaf for both pinned names, signed by a fresh test CA
+// whose certificate is written to `ca_file` (the host trusts it for origins).
+asio::ssl::context make_server_tls(const std::filesystem::path& ca_file) {
+  pkey_ptr ca_key(EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256"));
+  pkey_ptr leaf_key(EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256"));
+  if (!ca_key || !leaf_key) throw std::runtime_error("cannot make the test keys");
+  auto ca = make_cert("freight_quote test CA", ca_key.get(), nullptr, ca_key.get(),
+                      {{NID_basic_constraints, "critical,CA:TRUE"},
+                       {NID_key_usage, "critical,keyCertSign"},
+                       {NID_subject_key_identifier, "hash"}});
+  auto leaf = make_cert(
+      live_rates_host, leaf_key.get(), ca.get(), ca_key.get(),
+      {{NID_basic_constraints, "critical,CA:FALSE"},
+       {NID_ext_key_usage, "serverAuth"},
+       {NID_subject_alt_name, std::string("DNS:") + live_rates_host + ",DNS:" + portal_host},
+       {NID_authority_key_identifier, "keyid:always"}});
+  std::ofstream(ca_file) << pem_of(ca.get());
+  asio::ssl::context tls(asio::ssl::context::tls_server);
+  if (SSL_CTX_use_certificate(tls.native_handle(), leaf.get()) != 1 ||
+      SSL_CTX_use_PrivateKey(tls.native_handle(), leaf_key.get()) != 1) {
+    throw std::runtime_error("cannot load the test server's certificate");
+  }
+  return tls;
+}
+
+// --- the local test server standing in for the rates API (and the portal) ---------------
+
+// What the server was asked: one entry per request it read.
+struct served_request {
+  std::string host;           // the Host header, without the port
+  std::string target;         // the request target
+  std::string authorization;  // the Authorization header as it arrived ("" when absent)
+  unsigned status = 0;        // what it answered
+};
+
+// A log line for `r` that says whether the key arrived, never the key itself (the
+// walkthrough's output must not hold it).
+std::string describe(const served_request& r, const std::string& key) {
+  const std::string auth = r.authorization.empty()              ? "absent"
+                           : r.authorization == "Bearer " + key ? "Bearer <the rates-api key>"
+                                                                : "'" + r.authorization + "'";
+  return r.host + " " + r.target + ", Authorization " + auth + " -> " + std::to_string(r.status);
+}
+
+// A tiny HTTPS/1.1 server on 127.0.0.1: one request per connection. GET /v1/live on the
+// rates API's name with `Authorization: Bearer <key>` gets the live rates; anything else a
+// 401 (no or wrong key) or a 404. It logs each request it reads (`log`).
+class rates_server {
+ public:
+  rates_server(asio::io_context& io, asio::ssl::context& tls, std::string key)
+      : tls_(tls), acceptor_(io, {asio::ip::make_address("127.0.0.1"), 0}), key_(std::move(key)) {}
+  std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
+  const std::vector<served_request>& log() const { return log_; }
+
+  asio::awaitable<void> serve() {
+    for (;;) {
+      auto [ec, sock] = co_await acceptor_.async_accept(asio::as_tuple(asio::use_awaitable));
+      if (ec) co_return;  // closed
+      auto stream = std::make_shared<tls_stream>(std::move(sock), tls_);
+      connections_.push_back(stream);
+      asio::co_spawn(acceptor_.get_executor(), answer(stream), asio::detached);
+    }
+  }
+
+  // Stops accepting and ends the connections still open (lets io.run() return).
+  void close() {
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    for (const auto& weak : connections_) {
+      if (auto s = weak.lock()) s->lowest_layer().close(ignored);
+    }
+  }
+
+ private:
+  using tls_stream = asio::ssl::stream<asio::ip::tcp::socket>;
+
+  asio::awaitable<void> answer(std::shared_ptr<tls_stream> stream) {
+    auto token = asio::as_tuple(asio::use_awaitable);
+    if (auto [ec] = co_await stream->async_handshake(asio::ssl::stream_base::server, token); ec) {
+      co_return;
+    }
     std::string head;
     char buf[1024];
     while (head.find("\r\n\r\n") == std::string::npos && head.size() < 16384) {
-      auto [rec, n] =
-          co_await sock.async_read_some(asio::buffer(buf), asio::as_tuple(asio::use_awaitable));
-      if (rec) break;
+      auto [ec, n] = co_await stream->async_read_some(asio::buffer(buf), token);
+      if (ec) co_return;  // closed before a whole request: nothing was asked
       head.append(buf, n);
     }
-    ++requests;
-    std::string body = live_rates_json;
-    std::string resp = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
-                       std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-    co_await asio::async_write(sock, asio::buffer(resp), asio::as_tuple(asio::use_awaitable));
+    served_request req;
+    const auto line_end = head.find("\r\n");
+    const std::string line = head.substr(0, line_end);
+    const auto sp1 = line.find(' '), sp2 = line.rfind(' ');
+    if (sp1 != std::string::npos && sp2 > sp1) req.target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+    for (auto at = line_end + 2; at < head.size();) {
+      const auto end = head.find("\r\n", at);
+      if (end == std::string::npos || end == at) break;
+      const std::string field = head.substr(at, end - at);
+      at = end + 2;
+      const auto colon = field.find(':');
+      if (colon == std::string::npos) continue;
+      std::string name = field.substr(0, colon), value = field.substr(colon + 1);
+      for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      while (!value.empty() && value.front() == ' ') value.erase(0, 1);
+      if (name == "host") req.host = value.substr(0, value.rfind(':'));
+      if (name == "authorization") req.authorization = value;
+    }
+    std::string body;
+    if (req.host != live_rates_host || req.target != "/v1/live") {
+      req.status = 404;
+      body = R"({"error":"not found"})";
+    } else if (req.authorization != "Bearer " + key_) {
+      req.status = 401;
+      body = R"({"error":"missing or wrong API key"})";
+    } else {
+      req.status = 200;
+      body = live_rates_json;
+    }
+    log_.push_back(req);
+    const std::string resp =
+        "HTTP/1.1 " + std::to_string(req.status) +
+        (req.status == 200   ? " OK"
+         : req.status == 401 ? " Unauthorized"
+                             : " Not Found") +
+        "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+        "\r\nConnection: close\r\n\r\n" + body;
+    co_await asio::async_write(*stream, asio::buffer(resp), token);
+    boost::system::error_code ignored;
+    stream->lowest_layer().close(ignored);
   }
-}
+
+  asio::ssl::context& tls_;
+  asio::ip::tcp::acceptor acceptor_;
+  std::string key_;
+  std::vector<served_request> log_;
+  std::vector<std::weak_ptr<tls_stream>> connections_;
+};
+
+// Everything the walkthrough prints also lands in `text`, so that the end can check that
+// the key's value is in none of it.
+class tee_buf final : public std::streambuf {
+ public:
+  explicit tee_buf(std::streambuf* out) : out_(out) {}
+  const std::string& text() const { return text_; }
+
+ protected:
+  int overflow(int c) override {
+    if (c == traits_type::eof()) return traits_type::not_eof(c);
+    text_.push_back(static_cast<char>(c));
+    return out_->sputc(static_cast<char>(c));
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    text_.append(s, static_cast<std::size_t>(n));
+    return out_->sputn(s, n);
+  }
+  int sync() override { return out_->pubsync(); }
+
+ private:
+  std::streambuf* out_;
+  std::string text_;
+};
 
 // --- a span sink that keeps the spans ---------------------------------------------------
 
@@ -277,7 +561,7 @@ asio::awaitable<void> walkthrough(sandbox::runtime& rt, const sandbox::ticket& t
                                   const sandbox::run_request& quote_request,
                                   const sandbox::run_request& live_request,
                                   std::optional<sandbox::run_request> approved_request,
-                                  asio::ip::tcp::acceptor& rates_server, outcome& out) {
+                                  rates_server& server, outcome& out) {
   auto token = asio::as_tuple(asio::use_awaitable);
   auto [ec1, quote] = co_await rt.async_run(quote_request, ticket, token);
   if (ec1) quote.message += " (operation: " + ec1.message() + ")";
@@ -290,23 +574,41 @@ asio::awaitable<void> walkthrough(sandbox::runtime& rt, const sandbox::ticket& t
     if (ec3) approved.message += " (operation: " + ec3.message() + ")";
     out.approved = std::move(approved);
   }
-  boost::system::error_code ignored;
-  rates_server.close(ignored);  // lets io.run() return
+  server.close();  // lets io.run() return
 }
 
 int run_example(sandbox::runtime_options options, sandbox::isolation level, bool skip_unavailable) {
   // 1. The runtime, on our own io_context: handlers and the coroutine run on this thread.
   asio::io_context io;
-  // The stand-in rates API, and the host's egress settings that make its name reachable (a
-  // pinned name: resolved names never reach loopback addresses).
-  asio::ip::tcp::acceptor rates_server(io, {asio::ip::make_address("127.0.0.1"), 0});
-  const std::uint16_t rates_port = rates_server.local_endpoint().port();
-  int rates_requests = 0;
+  // What we print is also kept, to look for the key in it at the end.
+  tee_buf printed(std::cout.rdbuf());
+  struct restore {
+    std::streambuf* old;
+    ~restore() { std::cout.rdbuf(old); }
+  } restore_cout{std::cout.rdbuf(&printed)};
+  // The rates API's key: a random value in a file only we can read. The host's `secrets`
+  // configuration names the file (never the value), where the key may go and in which
+  // header; the runtime reads it once, when it is created.
+  temp_dir tmp;
+  const std::string key = random_key();
+  write_private_file(tmp.path() / secret_name, key + "\n");
+  options.secrets[secret_name] = {.file = (tmp.path() / secret_name).string(),
+                                  .domains = {live_rates_host},
+                                  .header = secret_header};
+  // The stand-in rates API (HTTPS, its certificate from a test CA the host trusts for
+  // origins), and the host's egress settings that make its names reachable (pinned names:
+  // resolved names never reach loopback addresses).
+  auto server_tls = make_server_tls(tmp.path() / "test-ca.pem");
+  rates_server server(io, server_tls, key);
+  const std::uint16_t rates_port = server.port();
   options.egress.pinned_hosts[live_rates_host] = {"127.0.0.1"};
-  options.egress.http_ports = {80, rates_port};
+  options.egress.pinned_hosts[portal_host] = {"127.0.0.1"};
+  options.egress.connect_ports = {443, rates_port};
+  options.egress.origin_ca_file = (tmp.path() / "test-ca.pem").string();
   // The approver: what a human would see on the confirmation page, then a derived ticket.
   // (A real host would show the page and wait; this one approves what it printed.)
   int approvals_asked = 0;
+  std::vector<std::string> secrets_shown;        // the secrets' names the approval page showed
   std::optional<sandbox::ticket> parent_ticket;  // set below, before any run
   sandbox::ticket_issuer issuer;                 // kept by the code that authorizes tool calls
   options.approver = sandbox::make_callback_approver(
@@ -326,6 +628,12 @@ int run_example(sandbox::runtime_options options, sandbox::isolation level, bool
         }
         for (const auto& [name, value] : req.env) {
           std::cout << "  env:       " << name << "=" << value << "\n";
+        }
+        for (const auto& sec : req.secrets) {  // where a key would go, never its value
+          std::cout << "  secret:    " << sec.name << ", sent only to";
+          for (const auto& d : sec.domains) std::cout << " " << d;
+          std::cout << " in its " << sec.header << " header (the program holds a placeholder)\n";
+          secrets_shown.push_back(sec.name);
         }
         std::cout << "  isolation: " << sandbox::to_string(req.isolation) << "\n"
                   << "  image:     " << req.runtime.name << " " << req.runtime.digest << "\n";
@@ -373,12 +681,16 @@ int run_example(sandbox::runtime_options options, sandbox::isolation level, bool
   const std::chrono::milliseconds snippet_timeout =
       level == sandbox::isolation::microvm ? 30000ms : 5000ms;
 
-  // 2. The ticket: code.execute for tenant acme, at the chosen isolation, no network grant.
-  auto ticket = issuer.issue({.id = "freight-quote-1",
-                              .tenant = tenant,
-                              .isolation = level,
-                              .max_timeout = snippet_timeout + 3000ms,
-                              .max_memory_bytes = 512ULL << 20});
+  // 2. The ticket: code.execute for tenant acme, at the chosen isolation, no network grant;
+  //    it grants the rates API's key by name (a run may ask for it, and with the network
+  //    only by approval).
+  sandbox::ticket_spec spec{.id = "freight-quote-1",
+                            .tenant = tenant,
+                            .isolation = level,
+                            .max_timeout = snippet_timeout + 3000ms,
+                            .max_memory_bytes = 512ULL << 20};
+  spec.secrets = {secret_name};
+  auto ticket = issuer.issue(spec);
   if (!ticket) {
     std::cout << "cannot issue the ticket: " << ticket.error().message() << "\n";
     return exit_fail;
@@ -407,32 +719,34 @@ int run_example(sandbox::runtime_options options, sandbox::isolation level, bool
   sandbox::run_request live_request{
       .runtime = "python3", .source = live_rates_snippet, .timeout = snippet_timeout};
 
-  // Run 3 asks for exactly one domain, with the rate table as input (its digest is on the
-  // confirmation page).
+  // Run 3 asks for the rates API and the portal, and for the rates API's key, with the rate
+  // table as input (its digest is on the confirmation page).
   std::optional<sandbox::run_request> approved_request;
-  const std::string rates_url =
-      "http://" + std::string(live_rates_host) + ":" + std::to_string(rates_port) + "/v1/live";
+  const std::string port_text = ":" + std::to_string(rates_port);
+  const std::string rates_url = "https://" + std::string(live_rates_host) + port_text + "/v1/live";
+  const std::string portal_url = "https://" + std::string(portal_host) + port_text + "/quotes";
   // Run 3 is asked at the OCI levels only (the microvm level's egress tunnel is exercised by
   // tests/integration/microvm/network_test.cpp and its conformance tier).
   const bool network_level =
       level == sandbox::isolation::container || level == sandbox::isolation::gvisor;
   if (network_level) {
     std::string src = approved_live_rates_snippet;
-    src.replace(src.find("{url}"), 5, rates_url);
+    src.replace(src.find("{rates_url}"), 11, rates_url);
+    src.replace(src.find("{portal_url}"), 12, portal_url);
     approved_request = sandbox::run_request{.runtime = "python3",
                                             .source = src,
-                                            .timeout = 5000ms,
+                                            .timeout = snippet_timeout + 3000ms,
                                             .network = true,
-                                            .egress = {live_rates_host},
+                                            .egress = {live_rates_host, portal_host},
                                             .files_in = {{.name = "rates.csv", .blob = *rates}}};
+    approved_request->secrets = {secret_name};
   }
 
   // 4, 5 and 6. The runs, asynchronously, on our io_context (with the rates server).
   outcome out;
-  asio::co_spawn(io, serve_live_rates(rates_server, rates_requests), asio::detached);
+  asio::co_spawn(io, server.serve(), asio::detached);
   asio::co_spawn(
-      io,
-      walkthrough(*rt, *ticket, quote_request, live_request, approved_request, rates_server, out),
+      io, walkthrough(*rt, *ticket, quote_request, live_request, approved_request, server, out),
       [](std::exception_ptr e) {
         if (e) std::rethrow_exception(e);
       });
@@ -506,30 +820,47 @@ int run_example(sandbox::runtime_options options, sandbox::isolation level, bool
   // Run 3: live rates again, asked for properly and approved.
   if (out.approved) {
     const auto& a = *out.approved;
-    print_head("run 3: fetch live rates, with the domain named and a human's approval", a);
+    print_head("run 3: fetch live rates with the API's key, by a human's approval", a);
     std::cout << "  stdout:\n" << indent(a.std_out.summary);
     if (!a.std_err.summary.empty()) std::cout << "  stderr:\n" << indent(a.std_err.summary);
-    bool fetched_through_proxy = false;
+    bool fetched_through_proxy = false, misuse_recorded = false;
     for (const auto& e : a.egress_attempts) {
       std::cout << "  egress:    " << e.protocol << " " << e.host << " port " << e.port << " via "
                 << e.address << ", " << (e.allowed ? "allowed" : "refused") << " (" << e.reason
                 << "), " << e.bytes_up << " bytes up, " << e.bytes_down << " bytes down\n";
-      if (e.protocol == "http" && e.host == live_rates_host && e.allowed && e.bytes_down > 0) {
-        fetched_through_proxy = true;
+      if (e.host == live_rates_host && e.allowed && e.bytes_down > 0) fetched_through_proxy = true;
+      if (e.host == portal_host && !e.allowed && e.reason == "secret_misuse") {
+        misuse_recorded = true;
       }
     }
+    // The server's own log is the proof of what arrived: the key, once, at the rates API.
+    std::cout << "  rates server's log (what arrived):\n";
+    for (const auto& r : server.log()) std::cout << "    " << describe(r, key) << "\n";
     print_usage(a);
     check.expect(approvals_asked == 1, "run 3 asked the approver once");
+    check.expect(secrets_shown == std::vector<std::string>{secret_name},
+                 "the approval page showed the secret rates-api");
     check.expect(a.code == sandbox::code::ok, "run 3 ended ok");
+    check.expect(
+        a.std_out.summary.find("the key as the program sees it: sbx-secret-") != std::string::npos,
+        "run 3's program held only a placeholder");
     check.expect(a.std_out.summary.find("USD 0.69/kg") != std::string::npos,
                  "run 3 printed the live ocean rate");
+    check.expect(a.std_out.summary.find("portal: HTTP 403 secret_misuse") != std::string::npos,
+                 "run 3's program was refused sending the key to the portal");
     check.expect(fetched_through_proxy, "run 3 lists its proxied request with bytes");
-    check.expect(rates_requests == 1, "the rates server answered exactly one request");
+    check.expect(misuse_recorded, "run 3 lists the portal attempt refused secret_misuse");
+    const auto& log = server.log();
+    check.expect(log.size() == 1 && log[0].host == live_rates_host &&
+                     log[0].authorization == "Bearer " + key && log[0].status == 200,
+                 "the rates server saw the key exactly once, in the Authorization header, and "
+                 "nothing reached the portal");
   } else {
     std::cout << "\n== run 3 (network by approval) needs --isolation container or gvisor"
               << (level == sandbox::isolation::microvm ? " (not asked at microvm here)" : "")
               << "\n";
     check.expect(approvals_asked == 0, "no approval asked");
+    check.expect(server.log().empty(), "the rates server was asked nothing");
   }
 
   // 7. The spans the runtime recorded, one per run, in order.
@@ -567,6 +898,24 @@ int run_example(sandbox::runtime_options options, sandbox::isolation level, bool
     check.expect(attr("sandbox.tenant") == tenant, "span tenant is acme");
     check.expect(attr("sandbox.runtime_digest") == r.runtime.digest, "span digest matches");
   }
+
+  // The key's value, byte for byte, in nothing any run gave back (streams, whole results),
+  // in no span, and in nothing this walkthrough printed (the approval page included).
+  bool key_absent = std::cout.flush() && printed.text().find(key) == std::string::npos;
+  for (const auto* r : runs) {
+    key_absent = key_absent && sandbox::encode(*r).find(key) == std::string::npos;
+    for (const auto* stream : {&r->std_out, &r->std_err}) {
+      if (stream->blob.empty()) continue;
+      auto bytes = rt->blobs()->get(tenant, stream->blob);
+      key_absent = key_absent && bytes && bytes->find(key) == std::string::npos;
+    }
+  }
+  for (const auto& s : spans) {
+    for (const auto& [k, v] : s.attributes) {
+      key_absent = key_absent && attribute_text(v).find(key) == std::string::npos;
+    }
+  }
+  check.expect(key_absent, "the rates-api key is in no stream, result, span or printed line");
 
   std::cout << "\n"
             << (check.failures == 0
