@@ -12,7 +12,8 @@
 //      quote.json back from the blob store by its blob id,
 //   5. runs snippet 2, which tries to fetch live rates over HTTPS: the run has no network,
 //      so it ends `network_disabled` and the DNS lookup it tried is listed,
-//   6. (--isolation container or gvisor) asks again, this time *for* the network and with the
+//   6. (--isolation container, gvisor or microvm) asks again, this time *for* the network and with
+//   the
 //      rates API's key: the request names two domains (the rates API, and the customer portal
 //      the quote is posted to) and the host-held secret "rates-api". The ticket grants the
 //      secret but not `code.network`, so the runtime asks the host's approver. The example's
@@ -26,15 +27,17 @@
 //      egress attempts, and the portal never sees the request. Both names are pinned to the
 //      server on 127.0.0.1, whose certificate a test CA made here signs (the host trusts it
 //      for origins: `egress.origin_ca_file`); the key's value is random, in a 0600 file of
-//      the example's temporary directory,
+//      the example's temporary directory. (At microvm the guest has no network device: the
+//      program's proxy connections reach the same host-side proxy through the VM's
+//      virtio-serial tunnel.)
 //   7. prints the span the runtime recorded for each run.
 //
 // Exit status: 0 when snippet 1 ended `ok` with the expected quote, snippet 2 ended
-// `network_disabled` with its DNS attempt listed and (container, gvisor) snippet 3 was
+// `network_disabled` with its DNS attempt listed and (container, gvisor, microvm) snippet 3 was
 // approved once with the secret shown, got the live rates with the key the rates server saw
 // exactly once, had its attempt on the portal refused `secret_misuse`, and the key's value
-// is in nothing the walkthrough printed or got back (streams, result, spans); microvm: run 3
-// is not asked in this walkthrough. 1 otherwise, or when this host cannot run
+// is in nothing the walkthrough printed or got back (streams, result, spans); the process
+// level runs no network run, so run 3 is not asked there. 1 otherwise, or when this host cannot run
 // the process backend (the backends' statuses are printed); 2 for bad options. With
 // --skip-unavailable, an unavailable backend or image exits 77 instead (CTest's "skipped"),
 // unless CI=true or SANDBOX_MUST_WORK=1.
@@ -550,7 +553,7 @@ std::string env_or_empty(const char* name) {
 struct outcome {
   sandbox::run_result quote;
   sandbox::run_result live;
-  std::optional<sandbox::run_result> approved;  ///< run 3 (container and gvisor levels)
+  std::optional<sandbox::run_result> approved;  ///< run 3 (container, gvisor, microvm)
   std::optional<std::string> quote_blob_error;
   std::string quote_file;
 };
@@ -725,10 +728,8 @@ int run_example(sandbox::runtime_options options, sandbox::isolation level, bool
   const std::string port_text = ":" + std::to_string(rates_port);
   const std::string rates_url = "https://" + std::string(live_rates_host) + port_text + "/v1/live";
   const std::string portal_url = "https://" + std::string(portal_host) + port_text + "/quotes";
-  // Run 3 is asked at the OCI levels only (the microvm level's egress tunnel is exercised by
-  // tests/integration/microvm/network_test.cpp and its conformance tier).
-  const bool network_level =
-      level == sandbox::isolation::container || level == sandbox::isolation::gvisor;
+  // Run 3 is asked at the levels that run network runs (container and stronger).
+  const bool network_level = sandbox::is_at_least(level, sandbox::isolation::container);
   if (network_level) {
     std::string src = approved_live_rates_snippet;
     src.replace(src.find("{rates_url}"), 11, rates_url);
@@ -856,9 +857,8 @@ int run_example(sandbox::runtime_options options, sandbox::isolation level, bool
                  "the rates server saw the key exactly once, in the Authorization header, and "
                  "nothing reached the portal");
   } else {
-    std::cout << "\n== run 3 (network by approval) needs --isolation container or gvisor"
-              << (level == sandbox::isolation::microvm ? " (not asked at microvm here)" : "")
-              << "\n";
+    std::cout << "\n== run 3 (network by approval) needs --isolation container, gvisor or "
+                 "microvm\n";
     check.expect(approvals_asked == 0, "no approval asked");
     check.expect(server.log().empty(), "the rates server was asked nothing");
   }
