@@ -30,10 +30,17 @@ void stream_reader::assign(int fd, std::weak_ptr<void> owner, hooks h, bool thro
 void stream_reader::start() { read(); }
 
 void stream_reader::read() {
+  if (settling_) return;
   auto buf = std::make_shared<std::array<char, 65536>>();
+  in_flight_ = true;
   d_.async_read_some(asio::buffer(*buf), [this, keep = owner_.lock(), buf](
                                              boost::system::error_code ec, std::size_t n) {
+    in_flight_ = false;
     if (n > 0) cap_.append(std::span<const char>(buf->data(), n));
+    if (settling_) {  // teardown waits for this read's bytes (`settled`); no more reads
+      if (auto resume = std::exchange(on_settled_, nullptr)) resume();
+      return;
+    }
     if (h_.data) h_.data();
     if (ec) {
       if (ec != asio::error::operation_aborted) {
@@ -78,6 +85,15 @@ void stream_reader::reclaim() {
     d_.assign(parked_);
     parked_ = -1;
   }
+}
+
+bool stream_reader::settled(std::shared_ptr<void> keep, std::function<void()> resume) {
+  settling_ = true;
+  if (!in_flight_) return true;
+  on_settled_ = [keep = std::move(keep), resume = std::move(resume)] { resume(); };
+  boost::system::error_code ignored;
+  d_.cancel(ignored);  // a read not yet performed ends aborted; one performed brings its bytes
+  return false;
 }
 
 void stream_reader::drain(bool into_capture) {

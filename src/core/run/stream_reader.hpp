@@ -60,8 +60,17 @@ class stream_reader {
   /// The main process exited: a parked descriptor goes back to reading now.
   void unpark() { park_timer_.cancel(); }
 
-  /// Teardown: everything of the run is dead, so what is left in the pipe is final. Takes a
-  /// parked descriptor back, then reads what is left into the capture (bounded).
+  /// Teardown, first step: no read is left in flight. A read the reactor has already
+  /// performed has taken bytes out of the pipe before its handler runs on the strand; those
+  /// bytes come before what `drain` still finds there, so teardown waits for that handler.
+  /// Returns true when no read is in flight (nothing to wait for); otherwise cancels the
+  /// pending read and returns false, and `resume` runs on the strand once its handler has
+  /// appended what it read. No read is started after this.
+  bool settled(std::shared_ptr<void> keep, std::function<void()> resume);
+
+  /// Teardown: everything of the run is dead and no read is in flight (`settled`), so what
+  /// is left in the pipe is final. Takes a parked descriptor back, then reads what is left
+  /// into the capture (bounded).
   void drain(bool into_capture);
 
   /// Closes the descriptor; pending reads end aborted.
@@ -89,6 +98,9 @@ class stream_reader {
   hooks h_;
   bool throttle_ = false;
   bool open_ = true;
+  bool in_flight_ = false;                ///< an async read is pending (its handler not yet run)
+  bool settling_ = false;                 ///< teardown began: no read is started any more
+  std::function<void()> on_settled_;      ///< `settled`'s resume, once the pending read ends
   int parked_ = -1;                       ///< the descriptor, out of the reactor for a moment
   boost::asio::steady_timer park_timer_;  ///< when the parked descriptor goes back (cancel: now)
 };
@@ -131,8 +143,29 @@ class output_streams {
   }
   /// True while either stream may still bring output the run waits for.
   bool any_open() const noexcept { return out_.open() || err_.open(); }
-  /// Teardown: everything of the run is dead, so what is left is final: read into the
-  /// captures (not a session's stdout), then both descriptors are closed.
+  /// Teardown, first step: `stream_reader::settled` for both. True when neither has a read in
+  /// flight; otherwise false, and `resume` runs on the strand once both have none.
+  bool settled(const std::shared_ptr<void>& keep, std::function<void()> resume) {
+    if (settled_) return true;
+    auto left = std::make_shared<int>(2);
+    auto one = [this, left, resume = std::move(resume)] {
+      if (--*left == 0) {
+        settled_ = true;
+        resume();
+      }
+    };
+    const bool out_now = out_.settled(keep, one);
+    const bool err_now = err_.settled(keep, one);
+    if (out_now && err_now) {
+      settled_ = true;
+      return true;
+    }
+    if (out_now || err_now) one();  // the one with nothing in flight counts as done
+    return false;
+  }
+  /// Teardown: everything of the run is dead and no read is in flight (`settled`), so what
+  /// is left is final: read into the captures (not a session's stdout), then both
+  /// descriptors are closed.
   void drain_and_close() {
     out_.drain(!session_);
     err_.drain(true);
@@ -147,6 +180,7 @@ class output_streams {
  private:
   stream_reader out_, err_;  ///< stdout, stderr
   bool session_ = false;     ///< session mode (`assign`)
+  bool settled_ = false;     ///< `settled` found (or waited for) no read in flight
 };
 
 }  // namespace sandbox::detail
