@@ -183,24 +183,48 @@ bool init_entry_allowed(const expectations& expect, const std::string& what,
 namespace {
 std::atomic<long long> startup_allowance_ms{0};
 std::atomic<long long> node_startup_allowance_ms{0};
+// The host's load per CPU (×1000) when the allowance in force was measured.
+std::atomic<long long> calibration_load_milli{0};
 }  // namespace
 
+double host_load_per_cpu() {
+  std::ifstream in("/proc/loadavg");
+  double one_minute = 0;
+  if (!(in >> one_minute) || one_minute < 0) return 0;
+  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  return one_minute / cpus;
+}
+
+double load_factor() {
+  const double then = std::max(1.0, calibration_load_milli.load() / 1000.0);
+  const double now = std::max(1.0, host_load_per_cpu());
+  return std::clamp(now / then, 1.0, 4.0);
+}
+
 std::chrono::milliseconds startup_allowance() {
-  return std::chrono::milliseconds(startup_allowance_ms.load());
+  return std::chrono::milliseconds(
+      static_cast<long long>(static_cast<double>(startup_allowance_ms.load()) * load_factor()));
 }
 
 std::chrono::milliseconds startup_allowance(std::string_view runtime) {
   const auto common = startup_allowance();
   if (runtime != "node") return common;
-  return std::max(common, std::chrono::milliseconds(node_startup_allowance_ms.load()));
+  return std::max(common,
+                  std::chrono::milliseconds(static_cast<long long>(
+                      static_cast<double>(node_startup_allowance_ms.load()) * load_factor())));
 }
 
 namespace {
 // Only ever raised: where one process runs several profiles, every case gets the largest
-// allowance any of their levels measured (generous, never short).
+// allowance any of their levels measured (generous, never short). The load of the host when
+// the one in force was measured is kept with it (load_factor).
 void raise_to(std::atomic<long long>& v, long long ms) {
   long long cur = v.load();
-  while (ms > cur && !v.compare_exchange_weak(cur, ms)) {
+  while (ms > cur) {
+    if (v.compare_exchange_weak(cur, ms)) {
+      calibration_load_milli = static_cast<long long>(host_load_per_cpu() * 1000);
+      return;
+    }
   }
 }
 }  // namespace
@@ -245,6 +269,9 @@ namespace {
 void log_result(const sandbox::run_result& r) {
   UNSCOPED_INFO("result: code=" << to_string(r.code) << " exit=" << r.exit_code.value_or(-1)
                                 << " signal=" << r.signal.value_or(0) << " message=" << r.message
+                                << "\nstart-up allowance: " << startup_allowance().count()
+                                << " ms (load factor " << load_factor() << ", host load per CPU "
+                                << host_load_per_cpu() << ")"
                                 << "\nstdout: " << r.std_out.summary
                                 << "\nstderr: " << r.std_err.summary);
 }

@@ -232,8 +232,17 @@ bool init_entry_allowed(const expectations& expect, const std::string& what,
 /// for: five times Python's start-up measured when its runtime was made (microvm under TCG:
 /// seconds; gvisor on a loaded host: a few seconds; process: a fraction of one).
 /// `backend::run` and `run_all` add it to every request's deadline and `backend::ticket` to
-/// its ceiling, so a case tests its property, never the host's speed.
+/// its ceiling, so a case tests its property, never the host's speed. It follows the host's
+/// load: scaled by `load_factor()` for a case that starts under a heavier load than the one
+/// it was measured under (a loaded CI host's load changes as the tiers beside a tier start
+/// and end: microvm cases ended `timeout` at the allowance measured before).
 std::chrono::milliseconds startup_allowance();
+/// The host's 1-minute load average (/proc/loadavg) per CPU; 0 when unreadable.
+double host_load_per_cpu();
+/// How much heavier the host's load is now than when the allowance in force was measured:
+/// `host_load_per_cpu()` now over then, each counted as at least 1 (an idle host's figures
+/// say nothing of speed), clamped to 1..4.
+double load_factor();
 /// The allowance for requests of `runtime`: Node's own where its level measured one (microvm
 /// under TCG: five times Node's start-up, several times Python's), never less than
 /// `startup_allowance()`; `startup_allowance()` for every other runtime. `backend::run`,
