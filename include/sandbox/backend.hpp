@@ -102,6 +102,10 @@ struct pool_stats {
   std::uint32_t starting = 0;            ///< being prepared (refills in flight)
   std::uint64_t handed_out = 0;          ///< instances given to runs so far
   std::uint64_t failed = 0;              ///< instances that failed to prepare or died idle
+  /// Empty while the pool works; else why it stopped preparing for good (a pre-started
+  /// class whose `preload` import raised: the module and the exception's summary). Its runs
+  /// go cold.
+  std::string error;
   bool operator==(const pool_stats&) const = default;
 };
 

@@ -31,29 +31,47 @@ struct warm_pool_class {
   std::uint32_t size = 2;
   std::uint64_t memory_limit_bytes = 256ULL << 20;
   output_limits files_out;
-  /// Pre-started instances (opt-in; process level, Python runtimes whose argv is
-  /// `[<absolute path>, "-I", "{source}"]`): the interpreter is started in the fully prepared
-  /// instance (same uid, cgroup, namespaces, filesystem and seccomp filter as the run),
-  /// imports `preload`, and waits; at hand-out it runs the source as `__main__`, once. What
-  /// the program can observe differs from a cold run only as docs/security.md lists. A class
-  /// asking for it with a runtime that cannot is refused by the configuration document and
-  /// skipped (logged) by `runtime::create`.
+  /// Pre-started instances (opt-in; process level; the runtimes `prestart_kind_of` names: a
+  /// Python `[<path>, "-I", "{source}"]` or a Node `[<path>, "{source}"]`): the interpreter
+  /// is started in the fully prepared instance (same uid, cgroup, namespaces, filesystem and
+  /// seccomp filter as the run), imports `preload`, and waits; at hand-out it runs the source
+  /// as the main module, once. What the program can observe differs from a cold run only as
+  /// docs/security.md lists. A class asking for it with a runtime that cannot is refused by
+  /// the configuration document and skipped (logged) by `runtime::create`.
   bool prestart = false;
   /// Modules a pre-started interpreter imports ahead, in order, from the image only (each
-  /// a dotted Python identifier, `is_valid_preload_module`; at most 64). Needs `prestart`.
+  /// valid for its runtime, `is_valid_preload_module`; at most 64, no duplicates). Needs
+  /// `prestart`. One whose import raises stops the class (`pool_stats::error`).
   std::vector<std::string> preload;
   bool operator==(const warm_pool_class&) const = default;
 };
 
-/// True when `name` can be a `warm_pool_class::preload` entry: 1..128 ASCII characters,
-/// dot-separated Python identifiers (`[A-Za-z_][A-Za-z0-9_]*` each), e.g. "json",
+/// The interpreter a pre-started pool class starts, by its runtime's argv (`prestart_kind_of`).
+enum class prestart_kind {
+  none,    ///< cannot be pre-started
+  python,  ///< `[<absolute path to python3*>, "-I", "{source}"]`
+  node,    ///< `[<absolute path to node or nodejs>, "{source}"]`
+};
+
+/// What a warm pool class of runtime `spec` can be pre-started as
+/// (`warm_pool_class::prestart`); `none` for any other argv.
+prestart_kind prestart_kind_of(const runtime_spec& spec) noexcept;
+
+/// True when `spec` can be pre-started (`prestart_kind_of(spec) != prestart_kind::none`).
+bool supports_prestart(const runtime_spec& spec) noexcept;
+
+/// True when `name` can be a `warm_pool_class::preload` entry of a Python class: 1..128 ASCII
+/// characters, dot-separated Python identifiers (`[A-Za-z_][A-Za-z0-9_]*` each), e.g. "json",
 /// "xml.etree.ElementTree".
 bool is_valid_preload_module(std::string_view name) noexcept;
 
-/// True when a warm pool class of runtime `spec` may be pre-started
-/// (`warm_pool_class::prestart`): a Python interpreter started as
-/// `[<absolute path to python3*>, "-I", "{source}"]`.
-bool supports_prestart(const runtime_spec& spec) noexcept;
+/// True when `name` can be a `preload` entry of a class of `kind`: for Python as above; for
+/// Node 1..214 ASCII characters naming a package as `require` takes it, never a path — an
+/// optional `@scope/`, a name of `[A-Za-z0-9._~-]` not starting with `.`, `_`, `-` or `~`, then
+/// optional `/`-separated subpath parts of the same characters other than "." and ".." (e.g.
+/// "lodash", "@scope/pkg/sub", "child_process") — or a built-in as "node:<name>" (e.g.
+/// "node:fs/promises"). False for `none`.
+bool is_valid_preload_module(prestart_kind kind, std::string_view name) noexcept;
 
 /// Options of the process backend (namespaces + cgroup + seccomp; src/backends/process).
 struct process_backend_options {

@@ -139,7 +139,12 @@ void decode_pool(const json& v, const std::string& path, std::vector<warm_pool_c
       for (std::size_t k = 0; k < l.size(); ++k) {
         const std::string r = index_path(q, k);
         std::string name = as_string(l[k], r);
-        if (!is_valid_preload_module(name)) fail(r, "not a dotted Python module name");
+        // What a name may be depends on the runtime (checked below, once it is known); none
+        // is empty, longer than 214 bytes or more than printable ASCII.
+        if (name.empty() || name.size() > 214 ||
+            !std::all_of(name.begin(), name.end(), [](char ch) { return ch > ' ' && ch < 127; })) {
+          fail(r, "not a module name (1 to 214 printable ASCII characters)");
+        }
         if (std::find(c.preload.begin(), c.preload.end(), name) != c.preload.end()) {
           fail(r, "listed twice");
         }
@@ -671,10 +676,31 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
       for (const auto& r : defaults) {
         if (spec == nullptr && r.name == c.runtime) spec = &r;
       }
+      const std::string p = index_path("warm_pool", i);
       if (spec != nullptr && !supports_prestart(*spec)) {
-        fail(member_path(index_path("warm_pool", i), "prestart"),
+        fail(member_path(p, "prestart"),
              "runtime '" + c.runtime + "' cannot be pre-started (a Python runtime whose argv is " +
-                 "[<path>, \"-I\", \"{source}\"] can)");
+                 "[<path>, \"-I\", \"{source}\"] or a Node runtime whose argv is [<path to " +
+                 "node>, \"{source}\"] can)");
+      }
+      // Each preload entry as its runtime names modules (a runtime the document does not
+      // define is checked by runtime::create, which skips the class if one is not).
+      const prestart_kind kind = spec != nullptr ? prestart_kind_of(*spec) : prestart_kind::none;
+      for (std::size_t k = 0; k < c.preload.size(); ++k) {
+        const auto& m = c.preload[k];
+        const std::string r = index_path(member_path(p, "preload"), k);
+        if (kind == prestart_kind::python && !is_valid_preload_module(kind, m)) {
+          fail(r, "not a dotted Python module name");
+        }
+        if (kind == prestart_kind::node && !is_valid_preload_module(kind, m)) {
+          fail(r,
+               "not a Node package name (as `require` takes one: 'lodash', '@scope/pkg/sub'; "
+               "never a path) or built-in ('node:fs')");
+        }
+        if (kind == prestart_kind::none && !is_valid_preload_module(prestart_kind::python, m) &&
+            !is_valid_preload_module(prestart_kind::node, m)) {
+          fail(r, "not a module name");
+        }
       }
     }
     check_pool(next.container.warm_pool, "backends.container.warm_pool");

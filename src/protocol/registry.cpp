@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <string_view>
+#include <utility>
 
 #include "protocol/env_rules.hpp"
 #include "protocol/python_runtime.hpp"
@@ -217,10 +219,85 @@ std::vector<runtime_spec> default_runtimes() {
   };
 }
 
+prestart_kind prestart_kind_of(const runtime_spec& spec) noexcept {
+  if (spec.argv.empty() || spec.argv[0].empty() || spec.argv[0].front() != '/') {
+    return prestart_kind::none;
+  }
+  const std::string_view base = std::string_view(spec.argv[0]).substr(spec.argv[0].rfind('/') + 1);
+  if (spec.argv.size() == 3 && base.starts_with("python3") && spec.argv[1] == "-I" &&
+      spec.argv[2] == "{source}") {
+    return prestart_kind::python;
+  }
+  if (spec.argv.size() == 2 && (base == "node" || base == "nodejs") && spec.argv[1] == "{source}") {
+    return prestart_kind::node;
+  }
+  return prestart_kind::none;
+}
+
 bool supports_prestart(const runtime_spec& spec) noexcept {
-  return spec.argv.size() == 3 && !spec.argv[0].empty() && spec.argv[0].front() == '/' &&
-         spec.argv[0].substr(spec.argv[0].rfind('/') + 1).starts_with("python3") &&
-         spec.argv[1] == "-I" && spec.argv[2] == "{source}";
+  return prestart_kind_of(spec) != prestart_kind::none;
+}
+
+namespace {
+
+// One part of a Node package name or subpath: `[A-Za-z0-9._~-]+`; a name (or scope) must not
+// start with '.', '_', '-' or '~'; a subpath part must not be "." or "..".
+bool is_node_name_part(std::string_view part, bool leading) noexcept {
+  if (part.empty()) return false;
+  for (char c : part) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '~' || c == '-';
+    if (!ok) return false;
+  }
+  if (leading) return part[0] != '.' && part[0] != '_' && part[0] != '-' && part[0] != '~';
+  return part != "." && part != "..";
+}
+
+bool is_valid_node_preload_module(std::string_view name) noexcept {
+  if (name.empty() || name.size() > 214) return false;
+  if (name.starts_with("node:")) {  // a built-in: node:fs, node:fs/promises
+    name.remove_prefix(5);
+    if (name.empty() || name.front() == '/' || name.back() == '/') return false;
+    for (char c : name) {
+      if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '/')) {
+        return false;
+      }
+    }
+    return name.find("//") == std::string_view::npos;
+  }
+  auto next = [&name]() {
+    const auto slash = name.find('/');
+    std::string_view part = name.substr(0, slash);
+    name = slash == std::string_view::npos ? std::string_view() : name.substr(slash + 1);
+    return std::pair{part, slash != std::string_view::npos};
+  };
+  if (name.front() == '@') {  // @scope/name
+    name.remove_prefix(1);
+    auto [scope, more] = next();
+    if (!more || !is_node_name_part(scope, true)) return false;
+  }
+  auto [pkg, more] = next();
+  if (!is_node_name_part(pkg, true)) return false;
+  while (more) {
+    auto [part, again] = next();
+    if (!is_node_name_part(part, false)) return false;
+    more = again;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool is_valid_preload_module(prestart_kind kind, std::string_view name) noexcept {
+  switch (kind) {
+    case prestart_kind::python:
+      return is_valid_preload_module(name);
+    case prestart_kind::node:
+      return is_valid_node_preload_module(name);
+    case prestart_kind::none:
+      break;
+  }
+  return false;
 }
 
 }  // namespace sandbox

@@ -21,7 +21,8 @@
 //                             serves the run's egress proxy on it (core/egress_proxy.hpp)
 //   init → host   started    fds: [seccomp user-notification listener]; a = pid (inside)
 //   init → host   exited     a = wait status of the main process
-//   init → host   failed     a = setup step, b = errno; payload = step name (host logs only)
+//   init → host   failed     a = setup step, b = errno; payload = step name, optionally a NUL
+//                            and a detail (host logs only; `step::prestart`)
 //   init → host   quiet      the main process exited and nothing of the run is left
 //   init → host   dns        (stream mode only) a DNS query's name
 // `go` with a = 1 (sessions, sandbox/session.hpp) carries the program's stdin: the read end of
@@ -112,7 +113,9 @@ enum class step : std::uint32_t {
   drop_init_privileges,
   egress_proxy,
   run_ca,
-  prestart,  ///< a pre-started interpreter died, or failed to import its preload list
+  /// A pre-started interpreter died before it was ready (detail: how), or a preload module's
+  /// import raised (errno 0; detail: "<module>\n<exception summary>", from inside the sandbox)
+  prestart,
 };
 
 /// Where sandbox-init writes a run's CA certificate (`go`'s `run_ca_pem`), read-only, and

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/run/init_messages.hpp"
+#include "protocol/display_text.hpp"
 
 namespace sandbox::detail {
 
@@ -51,10 +52,28 @@ void dispatch_init_message(const ip::init_header& h, std::string_view payload, s
       return sink.stdin_ack(h.a);
     case ip::msg::stdin_closed:
       return sink.stdin_closed();
-    case ip::msg::failed:
-      return sink.failed(fmt::format("sandbox-init step '{}' ({}) failed: {}", payload,
-                                     describe_step(static_cast<ip::step>(h.a)),
-                                     std::strerror(static_cast<int>(h.b))));
+    case ip::msg::failed: {
+      // "<step name>" or "<step name>\0<detail>"; the detail is shown in display form.
+      const auto nul = payload.find('\0');
+      const std::string_view name = payload.substr(0, nul);
+      const std::string_view detail =
+          nul == std::string_view::npos ? std::string_view() : payload.substr(nul + 1);
+      const auto s = static_cast<ip::step>(h.a);
+      const std::string head =
+          fmt::format("sandbox-init step {} ({}) failed: ", quote_name(name), describe_step(s));
+      if (s == ip::step::prestart && h.b == 0 && !detail.empty()) {
+        // The loader's report: the module (host configuration) and the exception's summary.
+        const auto nl = detail.find('\n');
+        const std::string_view module = detail.substr(0, nl);
+        const std::string_view summary =
+            nl == std::string_view::npos ? std::string_view() : detail.substr(nl + 1);
+        return sink.failed(head + fmt::format("importing preload module {} raised {}",
+                                              quote_name(module), quote_name(summary)),
+                           true);
+      }
+      if (!detail.empty()) return sink.failed(head + quote_name(detail), false);
+      return sink.failed(head + std::strerror(static_cast<int>(h.b)), false);
+    }
     default:
       // A guest agent's own frames (microvm, wire/guest_protocol.hpp): untrusted; its
       // channel checks them. Any other type is none sandbox-init sends: ignored.

@@ -45,8 +45,11 @@ class init_events {
   virtual void stdin_ack(std::uint32_t bytes) = 0;
   /// `stdin_closed`: the program closed its stdin.
   virtual void stdin_closed() = 0;
-  /// `failed`: a setup step failed; `text` names the step, what it needs and the errno.
-  virtual void failed(const std::string& text) = 0;
+  /// `failed`: a setup step failed; `text` names the step, what it needs and the errno (or
+  /// sandbox-init's detail). `preload_raised`: a pre-started interpreter reported that
+  /// importing a preload module raised (`text` names the module and the exception) — every
+  /// instance of its class would fail the same way.
+  virtual void failed(const std::string& text, bool preload_raised) = 0;
   /// A guest agent's own frame (type ≥ 100, wire/guest_protocol.hpp), on a channel that
   /// has a guest agent.
   virtual void agent_frame(const init_protocol::init_header& h, std::string_view payload) = 0;

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "sandbox/backend_options.hpp"
+
 namespace sandbox::detail {
 
 namespace ip = init_protocol;
@@ -61,6 +63,8 @@ std::string config_payload(const run_job& job, const config_params& p) {
     w.add("prestart", job.runtime.argv.empty() ? std::string() : job.runtime.argv[0]);
     for (const auto& e : base_env(p.input_name)) w.add("prestart_env", e);
     for (const auto& m : *job.prestart) w.add("preload", m);
+    w.add("prestart_kind",
+          prestart_kind_of(job.runtime) == prestart_kind::node ? "node" : "python");
   }
   // (Entries are NUL-terminated "key=value" strings: the launcher's follow as they are.)
   return w.bytes() + std::string(p.launcher_entries);

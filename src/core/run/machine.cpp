@@ -218,7 +218,8 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
   /// `on_lost` is called if an idle ready instance dies before it is handed out.
   /// Always posted, never run inline: the pool calls this holding its lock, and a preparation
   /// that fails at once calls `on_prepared(false)`, which takes that lock.
-  void prepare_pooled(std::function<void(bool)> on_prepared, std::function<void()> on_lost) {
+  void prepare_pooled(std::function<void(bool, const prepare_failure&)> on_prepared,
+                      std::function<void()> on_lost) {
     asio::post(strand_, [self = shared_from_this(), on_prepared = std::move(on_prepared),
                          on_lost = std::move(on_lost)]() mutable {
       self->pool_.expect(std::move(on_prepared), std::move(on_lost));
@@ -643,7 +644,10 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
     if (const char* fault = session_.stdio().on_stdin_closed()) protocol_fault(fault);
   }
 
-  void failed(const std::string& text) override { fail_setup(text); }
+  void failed(const std::string& text, bool preload_raised) override {
+    if (preload_raised) preload_raised_ = true;
+    fail_setup(text);
+  }
 
   // A guest agent's frame: anything its channel refuses ends the run.
   void agent_frame(const ip::init_header& h, std::string_view payload) override {
@@ -818,7 +822,7 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
       result_.close_output_dir();
       resources_.destroy();
       torn_down_ = true;
-      pool_.gone();
+      pool_.gone({.why = detail_.text, .preload_raised = preload_raised_});
       return;
     }
     if (resources_.cgroup()) snapshot_stats();
@@ -848,7 +852,8 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
       return;
     }
     resources_.destroy();
-    pool_.gone();  // a pool instance that never became ready, or died idle
+    // A pool instance that never became ready, or died idle.
+    pool_.gone({.why = detail_.text, .preload_raised = preload_raised_});
   }
 
   // The run's evidence with what its parts know (result_assembler::classify).
@@ -878,7 +883,8 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
   const bool stream_ = shared_->traits.stream_control;  ///< the launcher's stream_control()
   bool torn_down_ = false;                              ///< teardown finished (strand only)
   pool_instance pool_;                                  ///< the warm pool's side (see activate())
-  std::string procs_path_;  ///< a pre-started instance's cgroup.procs (passes_health_check)
+  std::string procs_path_;       ///< a pre-started instance's cgroup.procs (passes_health_check)
+  bool preload_raised_ = false;  ///< sandbox-init reported a preload import that raised
 
   run_times times_;  ///< when each step happened (usage, the debug log's breakdowns)
   run_evidence ev_;  ///< what the run saw (classified at the end; network and teardown there)

@@ -11,6 +11,14 @@
 
 namespace sandbox::detail {
 
+/// Why a warm-pool instance could not be prepared (`pool_instance::gone`).
+struct prepare_failure {
+  std::string why;  ///< the host-only text (empty: nothing more is known)
+  /// A pre-started interpreter reported that importing a preload module raised: every
+  /// instance of the class would fail the same way (the image is fixed for the pool's life).
+  bool preload_raised = false;
+};
+
 /**
  * The warm-pool side of one run. A cold run is "activated" from the start and never calls
  * the pool; a warm-pool instance is prepared first (`expect`), becomes `ready` when
@@ -23,9 +31,10 @@ namespace sandbox::detail {
  */
 class pool_instance {
  public:
-  /// A warm-pool instance: `on_prepared(ok)` once preparing ended, `on_lost()` if it dies
-  /// idle after that.
-  void expect(std::function<void(bool)> on_prepared, std::function<void()> on_lost) {
+  /// A warm-pool instance: `on_prepared(ok, failure)` once preparing ended (`failure` says
+  /// why when not ok), `on_lost()` if it dies idle after that.
+  void expect(std::function<void(bool, const prepare_failure&)> on_prepared,
+              std::function<void()> on_lost) {
     on_prepared_ = std::move(on_prepared);
     on_lost_ = std::move(on_lost);
   }
@@ -46,7 +55,7 @@ class pool_instance {
   /// sandbox-init reported `ready`: the pool hears the preparation succeeded (once).
   void became_ready() {
     ready_ = true;
-    call(on_prepared_, true);
+    call(on_prepared_, true, prepare_failure{});
   }
   /// The program started, or the run ended without starting (once).
   void started() { call(on_started_); }
@@ -66,11 +75,11 @@ class pool_instance {
     }
   }
 
-  /// The instance is gone: the pool hears that preparing failed, or that a ready instance
-  /// was lost (once, whichever applies).
-  void gone() {
+  /// The instance is gone: the pool hears that preparing failed (and `f`, why), or that a
+  /// ready instance was lost (once, whichever applies).
+  void gone(const prepare_failure& f) {
     if (on_prepared_) {
-      call(on_prepared_, false);
+      call(on_prepared_, false, f);
     } else if (on_lost_) {
       call(on_lost_);
     }
@@ -78,7 +87,7 @@ class pool_instance {
 
  private:
   template <class F, class... Args>
-  static void call(F& f, Args... args) {
+  static void call(F& f, const Args&... args) {
     if (!f) return;
     auto g = std::move(f);
     f = nullptr;
@@ -87,7 +96,7 @@ class pool_instance {
 
   std::atomic<bool> ready_{false};
   std::atomic<bool> activated_{false};
-  std::function<void(bool)> on_prepared_;
+  std::function<void(bool, const prepare_failure&)> on_prepared_;
   std::function<void()> on_lost_;
   std::function<void()> on_started_;
 };

@@ -11,10 +11,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "core/run/machine.hpp"
+#include "core/run/pool_instance.hpp"
 #include "sandbox/backend.hpp"
 #include "sandbox/backend_options.hpp"
 #include "sandbox/blob_store.hpp"
@@ -29,7 +31,10 @@ namespace sandbox::detail {
  * never starve live runs of the host's cores; after three failed preparations in a row it
  * retries only 5 s later instead of spinning. `take` hands out a ready instance of a
  * matching pool after its health check (one-shot: it leaves the pool for good; an unhealthy
- * one is cancelled and counted failed).
+ * one is cancelled and counted failed). A pre-started class whose interpreter reports that
+ * a preload module's import raised stops preparing for good (`pool_stats::error`, one error
+ * line naming the class, the module and the exception): the image is fixed for the pool's
+ * life, so every instance would fail the same way; its runs go cold.
  *
  * `Run` is the run machine's run: `prepare_pooled(on_prepared, on_lost)` (posted, never
  * inline), `is_ready_idle()` and `passes_health_check()` (any thread) and `cancel()` (any
@@ -79,13 +84,17 @@ class warm_pool : public std::enable_shared_from_this<warm_pool<Run>> {
         continue;
       }
       if (cls.prestart) {
-        const bool names_ok = cls.preload.size() <= 64 &&
-                              std::all_of(cls.preload.begin(), cls.preload.end(),
-                                          [](const auto& m) { return is_valid_preload_module(m); });
+        const prestart_kind kind = prestart_kind_of(resolved->first);
+        const bool names_ok =
+            cls.preload.size() <= 64 &&
+            std::all_of(cls.preload.begin(), cls.preload.end(),
+                        [kind](const auto& m) { return is_valid_preload_module(kind, m); }) &&
+            std::set<std::string>(cls.preload.begin(), cls.preload.end()).size() ==
+                cls.preload.size();
         if (!can_prestart_ || !supports_prestart(resolved->first) || !names_ok) {
           log("warm pool for runtime '" + cls.runtime + "' skipped: " +
               (!can_prestart_ ? "this level cannot pre-start interpreters"
-               : !names_ok    ? "its preload list names an invalid module"
+               : !names_ok    ? "its preload list names an invalid module or one twice"
                               : "the runtime cannot be pre-started"));
           continue;
         }
@@ -119,7 +128,8 @@ class warm_pool : public std::enable_shared_from_this<warm_pool<Run>> {
                      .ready = static_cast<std::uint32_t>(p->ready.size()),
                      .starting = p->starting,
                      .handed_out = p->handed_out,
-                     .failed = p->failed});
+                     .failed = p->failed,
+                     .error = p->error});
     }
     return out;
   }
@@ -183,6 +193,7 @@ class warm_pool : public std::enable_shared_from_this<warm_pool<Run>> {
     std::uint64_t handed_out = 0, failed = 0;
     std::uint32_t consecutive_failures = 0;
     bool retry_scheduled = false;
+    std::string error;  ///< set: the class cannot be prepared; no more refills
   };
 
   void log(const std::string& line) const {
@@ -201,8 +212,14 @@ class warm_pool : public std::enable_shared_from_this<warm_pool<Run>> {
     // already: runs that would differ there go cold.
     if (p.cls.prestart) {
       if (req.network || job.stdin_bytes) return false;
+      // Node also reads its options, module path, thread pool size and OpenSSL settings.
+      const bool node = prestart_kind_of(p.tmpl.runtime) == prestart_kind::node;
       for (const auto& [k, v] : req.env) {
         if (k.starts_with("LC_") || k == "TZ") return false;
+        if (node && (k.starts_with("NODE_") || k.starts_with("UV_") || k.starts_with("OPENSSL_") ||
+                     k.starts_with("SSL_"))) {
+          return false;
+        }
       }
     }
     return job.runtime.name == p.cls.runtime &&
@@ -212,7 +229,7 @@ class warm_pool : public std::enable_shared_from_this<warm_pool<Run>> {
   // Starts preparing instances until ready + starting reaches the pool's size (at most two
   // in flight per pool, so refills never starve live runs of the host's cores).
   void refill_locked(pool_state& p) {
-    if (shutting_down_ || p.retry_scheduled) return;
+    if (shutting_down_ || p.retry_scheduled || !p.error.empty()) return;
     if (p.consecutive_failures >= 3) {
       // Something is wrong on this host right now: retry later instead of spinning.
       p.retry_scheduled = true;
@@ -243,7 +260,7 @@ class warm_pool : public std::enable_shared_from_this<warm_pool<Run>> {
       std::weak_ptr<Run> winst = inst;
       auto weak = this->weak_from_this();
       inst->prepare_pooled(
-          [weak, pp = &p, winst](bool ok) {
+          [weak, pp = &p, winst](bool ok, const prepare_failure& why) {
             auto self = weak.lock();
             if (!self) return;
             std::lock_guard lock(self->mu_);
@@ -255,6 +272,9 @@ class warm_pool : public std::enable_shared_from_this<warm_pool<Run>> {
             } else if (!ok) {
               ++pp->failed;
               ++pp->consecutive_failures;
+              if (why.preload_raised && pp->error.empty() && !self->shutting_down_) {
+                self->stop_class_locked(*pp, why.why);
+              }
             }
             self->refill_locked(*pp);
           },
@@ -268,6 +288,21 @@ class warm_pool : public std::enable_shared_from_this<warm_pool<Run>> {
             ++pp->failed;
             self->refill_locked(*pp);
           });
+    }
+  }
+
+  // A pre-started class whose preload list cannot be imported from its image: recorded
+  // (stats), said once at error level with the class, and never prepared again.
+  void stop_class_locked(pool_state& p, const std::string& why) {
+    std::string modules;
+    for (const auto& m : p.cls.preload) modules += (modules.empty() ? "" : ", ") + m;
+    p.error = why;
+    if (ctx_.log) {
+      ctx_.log(log_level::error,
+               "warm pool class (runtime '" + p.cls.runtime + "', memory_limit_bytes " +
+                   std::to_string(p.cls.memory_limit_bytes) + ", pre-started, preload [" + modules +
+                   "]) stopped: its preload list cannot be imported from the image: " + why +
+                   "; it prepares no more instances and its runs go cold");
     }
   }
 

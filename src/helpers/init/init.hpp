@@ -53,12 +53,15 @@ struct config {
   std::string prestart;
   std::vector<std::string> prestart_env;  ///< its environment until `go` ("NAME=value")
   std::vector<std::string> preload;       ///< modules it imports before it waits
+  std::string prestart_kind;              ///< "python" or "node": which loader (prestart.cpp)
 };
 
-/// A failed step: which, and the errno.
+/// A failed step: which, the errno, and optionally a text for the host's log (static
+/// storage; sent after the step's name, `init_protocol::step`).
 struct failure {
   step where;
   int err;
+  const char* detail = nullptr;
 };
 
 /// Assembles the new root in `cfg.staging`, pivots into it, and returns (through `out_fd`,
@@ -84,13 +87,19 @@ bool start_child(const config& cfg, pid_t* pid, int* listener_fd, failure* f);
 /// Pre-starts the interpreter (`cfg.prestart`) as `start_child` starts a program, running
 /// prestart.cpp's loader, and waits until it has imported `cfg.preload`. Returns its pid,
 /// the seccomp listener (as `start_child`) and `*sock`, sandbox-init's end of the socket the
-/// loader waits on; or false with `*f` filled (`step::prestart`: the interpreter died or a
-/// module failed to import).
+/// loader waits on; or false with `*f` filled (`step::prestart`: the interpreter died —
+/// `detail` says how — or a module's import raised — errno 0, `detail` is the loader's
+/// "<module>\n<exception summary>").
 bool start_prestarted(const config& cfg, pid_t* pid, int* listener_fd, int* sock, failure* f);
 
 /// Waits until the control channel is readable (`go`, or the host gone: true) or the
 /// pre-started interpreter on `sock` died (false).
 bool wait_go_or_death(int sock);
+
+/// True when the run's `cfg.argv` (from `go`) is one the pre-started loader can run: for
+/// Node exactly `<interpreter> /sandbox/<source_name>` (it has its main module's path since
+/// it started), for Python at least `<interpreter> -I <source>`.
+bool prestart_can_run(const config& cfg);
 
 /// Sends the run's argv and environment (`cfg.argv`, `cfg.env`) to the pre-started loader
 /// and closes `sock`. False if the interpreter is gone.

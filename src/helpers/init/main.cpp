@@ -136,7 +136,13 @@ int open_listener(std::uint16_t port) {
                                 "prestart"};
   auto idx = static_cast<std::uint32_t>(f.where);
   const char* name = idx < sizeof names / sizeof names[0] ? names[idx] : "?";
-  send_msg(ip::msg::failed, idx, f.err, name, nullptr, 0);
+  // The step's name, then (if any) a NUL and the detail (init_protocol.hpp, `failed`).
+  std::string payload = name;
+  if (f.detail != nullptr) {
+    payload.push_back('\0');
+    payload.append(f.detail);
+  }
+  send_msg(ip::msg::failed, idx, f.err, payload, nullptr, 0);
   _exit(1);
 }
 
@@ -318,9 +324,14 @@ bool read_config(config* cfg) {
       cfg->prestart_env.emplace_back(v);
     else if (k == "preload")
       cfg->preload.emplace_back(v);
+    else if (k == "prestart_kind")
+      cfg->prestart_kind = v;
   }
-  // Pre-starting is for a run (never the self-test) in a launch that sandbox-init set up.
-  if (!cfg->prestart.empty() && (cfg->mode != "run" || cfg->oci || cfg->prestart[0] != '/')) {
+  // Pre-starting is for a run (never the self-test) in a launch that sandbox-init set up,
+  // of an interpreter it has a loader for.
+  if (!cfg->prestart.empty() &&
+      (cfg->mode != "run" || cfg->oci || cfg->prestart[0] != '/' ||
+       (cfg->prestart_kind != "python" && cfg->prestart_kind != "node"))) {
     return false;
   }
   return cfg->oci || (!cfg->rootfs.empty() && !cfg->staging.empty());
@@ -626,7 +637,8 @@ int main(int argc, char** argv) {
   //    argv and environment; it can take neither a stdin nor a network (the host sends
   //    such runs cold).
   if (loader_sock >= 0) {
-    if (cfg.stdin_fd >= 0 || !cfg.stdin_path.empty() || cfg.egress_proxy_port > 0) {
+    if (cfg.stdin_fd >= 0 || !cfg.stdin_path.empty() || cfg.egress_proxy_port > 0 ||
+        !prestart_can_run(cfg)) {
       fail({step::prestart, EINVAL});
     }
     if (!hand_over(loader_sock, cfg)) fail({step::prestart, ECHILD});

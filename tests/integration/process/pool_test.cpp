@@ -9,12 +9,14 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -447,18 +449,170 @@ TEST_CASE("pool: a pre-started instance whose interpreter dies idle is never han
 }
 
 TEST_CASE("pool: pre-started classes are checked", "[pool][prestart]") {
-  // A runtime that cannot be pre-started (node) and an invalid module name: skipped.
-  pooled_runtime p({{.runtime = "node", .size = 1, .prestart = true},
-                    {.runtime = "python3", .size = 1, .prestart = true, .preload = {"os..path"}},
-                    {.runtime = "python3", .size = 1, .preload = {"json"}}});
+  // A runtime that cannot be pre-started (node with an option before the source), invalid
+  // module names for the class's runtime, a duplicate, preload without prestart: skipped.
+  pooled_runtime p(
+      {{.runtime = "node-flags", .size = 1, .prestart = true},
+       {.runtime = "python3", .size = 1, .prestart = true, .preload = {"os..path"}},
+       {.runtime = "python3", .size = 1, .prestart = true, .preload = {"json", "json"}},
+       {.runtime = "python3", .size = 1, .prestart = true, .preload = {"node:fs"}},
+       {.runtime = "node", .size = 1, .prestart = true, .preload = {"../x"}},
+       {.runtime = "python3", .size = 1, .preload = {"json"}}},
+      [](sandbox::runtime_options& o) {
+        o.runtimes.push_back({.name = "node-flags",
+                              .argv = {"/usr/bin/node", "--no-warnings", "{source}"},
+                              .source_name = "main.js",
+                              .image = "node"});
+      });
   CHECK(p.rt->warm_pool_stats().empty());
-  // A module the image lacks: every preparation fails, runs go cold.
+}
+
+TEST_CASE("pool: a preload list the image cannot import stops its class, with the reason",
+          "[pool][prestart]") {
+  // A module the image lacks (its import raises ModuleNotFoundError), after one it has:
+  // the first preparation fails with the interpreter's own report, the class stops
+  // preparing for good and says why, and its runs go cold.
+  std::vector<std::string> logged;
+  std::mutex mu;
   pooled_runtime q(
-      {{.runtime = "python3", .size = 1, .prestart = true, .preload = {"no_such_module_here"}}});
-  for (int n = 0; n < 500 && q.stats().failed < 1; ++n) std::this_thread::sleep_for(20ms);
-  CHECK(q.stats().failed >= 1);
-  CHECK(q.stats().ready == 0);
+      {{.runtime = "python3", .size = 2, .prestart = true, .preload = {"json", "os.nope"}}},
+      [&](sandbox::runtime_options& o) {
+        o.log = [&](sandbox::log_level l, std::string_view line) {
+          std::lock_guard lock(mu);
+          if (l == sandbox::log_level::error) logged.emplace_back(line);
+        };
+      });
+  for (int n = 0; n < 500 && q.stats().error.empty(); ++n) std::this_thread::sleep_for(20ms);
+  const auto s = q.stats();
+  INFO(s.error);
+  CHECK(s.error.find("importing preload module 'os.nope' raised 'ModuleNotFoundError: No module "
+                     "named 'os.nope'; 'os' is not a package'") != std::string::npos);
+  CHECK(s.failed >= 1);
+  CHECK(s.ready == 0);
+  // Stopped: neither the failures' backoff nor a run of its class prepares another one.
+  for (int n = 0; n < 500 && q.stats().starting > 0; ++n) std::this_thread::sleep_for(20ms);
+  const auto failed = q.stats().failed;
   auto r = q.rt->run({.runtime = "python3", .source = "print('cold')"}, itest::ticket());
   CHECK(r.code == code::ok);
   CHECK(r.std_out.summary == "cold\n");
+  CHECK(q.stats().handed_out == 0);  // never a broken instance
+  CHECK(q.stats().starting == 0);
+  CHECK(q.stats().failed == failed);
+  std::lock_guard lock(mu);
+  const auto said = std::count_if(logged.begin(), logged.end(), [](const std::string& l) {
+    return l.starts_with("warm pool class (runtime 'python3', memory_limit_bytes ") &&
+           l.find("preload [json, os.nope]) stopped: ") != std::string::npos &&
+           l.find("'ModuleNotFoundError: No module named 'os.nope'") != std::string::npos;
+  });
+  CHECK(said == 1);  // said once, naming the class, the module and the exception
+}
+
+TEST_CASE("pool: a pre-started Node run is a cold one's", "[pool][prestart][node]") {
+  const auto ticket = itest::ticket("itest", std::max(itest::default_deadline(), 8000ms));
+  auto run_req = [&](std::string src) {
+    return sandbox::run_request{
+        .runtime = "node", .source = std::move(src), .timeout = itest::default_deadline()};
+  };
+  auto probe_cold = itest::run(run_req("console.log(1)"), ticket);
+  if (probe_cold.code != code::ok && !itest::must_work()) {
+    WARN("node runtime unavailable here: " << probe_cold.std_err.summary);
+    return;
+  }
+  REQUIRE(probe_cold.code == code::ok);
+  // A built-in and a package the image has (Debian's nodejs brings acorn in /usr/share/nodejs;
+  // a cold run tells whether this image does).
+  const bool has_acorn =
+      itest::run(run_req("require('acorn'); console.log('y')"), ticket).std_out.summary == "y\n";
+  std::vector<std::string> preload = {"node:util"};
+  if (has_acorn) preload.push_back("acorn");
+  pooled_runtime p({{.runtime = "node", .size = 1, .prestart = true, .preload = preload}});
+  std::uint64_t handed = 0;
+  auto both = [&](const std::string& src) {
+    auto cold = itest::run(run_req(src), ticket);
+    REQUIRE(p.wait_ready(1));
+    auto warm = p.rt->run(run_req(src), ticket);
+    CHECK(p.stats().handed_out == ++handed);  // it did run pre-started
+    return std::pair{cold, warm};
+  };
+  SECTION("the main module, argv, environment, working directory, stack") {
+    auto [cold, warm] = both(
+        "const fs = require('fs');\n"
+        "console.log(JSON.stringify({main: require.main === module, mm: process.mainModule === "
+        "module, file: __filename, dir: __dirname, id: module.id, paths: module.paths,\n"
+        "  parent: module.parent, loaded: module.loaded, children: module.children.length,\n"
+        "  argv: process.argv, argv0: process.argv0, execArgv: process.execArgv,\n"
+        "  exec: process.execPath, title: process.title, cwd: process.cwd(),\n"
+        "  env: Object.entries(process.env).filter(([k]) => k !== 'SANDBOX_INPUT_DIR'),\n"
+        "  uid: process.getuid() === process.getgid() && process.getuid() > 0,\n"
+        "  tmp: fs.readdirSync('/tmp'),\n"
+        "  stack: new Error('x').stack, limit: Error.stackTraceLimit,\n"
+        "  prep: typeof Error.prepareStackTrace, exitCode: process.exitCode}));\n");
+    REQUIRE(cold.code == code::ok);
+    REQUIRE(warm.code == code::ok);
+    CHECK(cold.std_out.summary == warm.std_out.summary);
+    CHECK(warm.std_out.summary.find("\"main\":true") != std::string::npos);
+  }
+  SECTION("require.cache is a cold run's plus the preload list's modules") {
+    const std::string src = "console.log(Object.keys(require.cache).sort().join(' '))";
+    auto [cold, warm] = both(src);
+    REQUIRE(cold.code == code::ok);
+    REQUIRE(warm.code == code::ok);
+    // What requiring the list adds to a cold run's cache (built-ins add nothing).
+    auto closure = itest::run(
+        run_req("const b = new Set(Object.keys(require.cache));\n" +
+                std::string(has_acorn ? "require('acorn');\n" : "") +
+                "console.log(Object.keys(require.cache).filter(k => !b.has(k)).sort().join(' '))"),
+        ticket);
+    REQUIRE(closure.code == code::ok);
+    auto words = [](const std::string& s) {
+      std::set<std::string> out;
+      std::istringstream in(s);
+      for (std::string w; in >> w;) out.insert(w);
+      return out;
+    };
+    auto expected = words(cold.std_out.summary);
+    for (const auto& m : words(closure.std_out.summary)) expected.insert(m);
+    CHECK(words(warm.std_out.summary) == expected);
+    CHECK(words(warm.std_out.summary).count("/sandbox/main.js") == 1);
+  }
+  SECTION("the documented difference: the process's own command line") {
+    auto [cold, warm] = both(
+        "console.log(require('fs').readFileSync('/proc/self/cmdline', 'latin1')"
+        ".includes('.sandbox-prestart.js'))");
+    CHECK(cold.std_out.summary == "false\n");
+    CHECK(warm.std_out.summary == "true\n");  // it did run in the waiting interpreter
+  }
+  SECTION("an uncaught exception: the same stack, message and exit status") {
+    auto [cold, warm] = both("function f() {\n  throw new Error('boom');\n}\nf();\n");
+    CHECK(cold.exit_code == warm.exit_code);
+    CHECK(warm.exit_code == 1);
+    CHECK(cold.std_err.summary == warm.std_err.summary);
+    CHECK(warm.std_err.summary.find("/sandbox/main.js:2") == 0);
+  }
+  SECTION("a syntax error, and process.exit") {
+    auto [cold, warm] = both("let x = (;\n");
+    CHECK(cold.exit_code == warm.exit_code);
+    CHECK(cold.std_err.summary == warm.std_err.summary);
+    auto [cold2, warm2] = both("console.log('a');\nprocess.exit(3);\n");
+    CHECK(warm2.exit_code == 3);
+    CHECK(cold2.exit_code == warm2.exit_code);
+    CHECK(cold2.std_out.summary == warm2.std_out.summary);
+  }
+}
+
+TEST_CASE("pool: a Node preload the image cannot require stops its class",
+          "[pool][prestart][node]") {
+  auto probe = itest::run("console.log(1)", {}, "node");
+  if (probe.code != code::ok && !itest::must_work()) return;
+  pooled_runtime q(
+      {{.runtime = "node", .size = 1, .prestart = true, .preload = {"no-such-package-here"}}});
+  for (int n = 0; n < 500 && q.stats().error.empty(); ++n) std::this_thread::sleep_for(20ms);
+  INFO(q.stats().error);
+  CHECK(q.stats().error.find("importing preload module 'no-such-package-here' raised 'Error: "
+                             "Cannot find module 'no-such-package-here''") != std::string::npos);
+  CHECK(q.stats().ready == 0);
+  auto r = q.rt->run({.runtime = "node", .source = "console.log('cold')"}, itest::ticket());
+  CHECK(r.code == code::ok);
+  CHECK(r.std_out.summary == "cold\n");
+  CHECK(q.stats().handed_out == 0);
 }

@@ -49,6 +49,37 @@ TEST_CASE("config: a pre-started pool class is applied", "[config]") {
   CHECK(o.process.warm_pool[0].prestart);
   CHECK(o.process.warm_pool[0].preload ==
         std::vector<std::string>{"json", "xml.etree.ElementTree", "_csv"});
+  // Node classes: package names as `require` takes them, never paths.
+  auto r2 = sandbox::apply_config(
+      R"({"warm_pool": [{"runtime": "node", "prestart": true,
+                         "preload": ["lodash", "@scope/pkg/sub", "node:fs/promises", "child_process"]}]})",
+      o);
+  REQUIRE(r2.has_value());
+  CHECK(o.process.warm_pool[0].preload.size() == 4);
+  CHECK(sandbox::prestart_kind_of(sandbox::default_runtimes()[1]) == sandbox::prestart_kind::node);
+  CHECK(sandbox::prestart_kind_of(sandbox::default_runtimes()[0]) ==
+        sandbox::prestart_kind::python);
+  using sandbox::prestart_kind;
+  for (const char* good : {"lodash", "@scope/pkg", "@scope/pkg/sub/x.js", "left-pad", "a.b",
+                           "node:fs", "node:fs/promises", "Upper", "x~y"}) {
+    INFO(good);
+    CHECK(sandbox::is_valid_preload_module(prestart_kind::node, good));
+  }
+  for (const char* bad :
+       {"",       "./x",  "../x",         "/x",    "x/",       "x//y",    "x/./y", "x/../y",
+        "@scope", "@/x",  "@s/",          ".x",    "_x",       "-x",      "~x",    "a b",
+        "a;b",    "a\nb", "require('x')", "node:", "node:/fs", "node:Fs", "é"}) {
+    INFO(bad);
+    CHECK(!sandbox::is_valid_preload_module(prestart_kind::node, bad));
+  }
+  CHECK(!sandbox::is_valid_preload_module(prestart_kind::node, std::string(215, 'a')));
+  CHECK(sandbox::is_valid_preload_module(prestart_kind::node, std::string(214, 'a')));
+  CHECK(!sandbox::is_valid_preload_module(prestart_kind::none, "json"));
+  CHECK(sandbox::is_valid_preload_module(prestart_kind::python, "json"));
+  CHECK(!sandbox::is_valid_preload_module(prestart_kind::python, "node:fs"));
+  CHECK(!sandbox::supports_prestart({.name = "n", .argv = {"/usr/bin/node", "-e", "{source}"}}));
+  CHECK(!sandbox::supports_prestart({.name = "n", .argv = {"node", "{source}"}}));
+  CHECK(sandbox::supports_prestart({.name = "n", .argv = {"/opt/bin/nodejs", "{source}"}}));
   CHECK(sandbox::is_valid_preload_module("a.b_c.D9"));
   CHECK(!sandbox::is_valid_preload_module(""));
   CHECK(!sandbox::is_valid_preload_module("a."));
@@ -57,7 +88,6 @@ TEST_CASE("config: a pre-started pool class is applied", "[config]") {
   CHECK(!sandbox::is_valid_preload_module("é"));
   CHECK(!sandbox::is_valid_preload_module(std::string(129, 'a')));
   CHECK(sandbox::supports_prestart(sandbox::default_runtimes()[0]));
-  CHECK(!sandbox::supports_prestart(sandbox::default_runtimes()[1]));
   CHECK(!sandbox::supports_prestart(
       {.name = "p", .argv = {"/usr/bin/python3", "-I", "-S", "{source}"}}));
   CHECK(!sandbox::supports_prestart({.name = "p", .argv = {"python3", "-I", "{source}"}}));
@@ -107,8 +137,34 @@ TEST_CASE("config: faults name their field and nothing is applied", "[config]") 
        "warm_pool[0].preload[1]: listed twice"},
       {R"({"warm_pool": [{"runtime": "python3", "preload": ["json"]}]})",
        "warm_pool[0].preload: needs \"prestart\": true"},
-      {R"({"warm_pool": [{"runtime": "node", "prestart": true}]})",
+      {R"({"runtimes": [{"name": "node", "argv": ["/usr/bin/node", "--no-warnings", "{source}"]}],
+           "warm_pool": [{"runtime": "node", "prestart": true}]})",
        "warm_pool[0].prestart: runtime 'node' cannot be pre-started"},
+      {R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preload": [""]}]})",
+       "warm_pool[0].preload[0]: not a module name (1 to 214 printable ASCII characters)"},
+      {R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preload": ["os; rm"]}]})",
+       "warm_pool[0].preload[0]: not a module name"},
+      {R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preload": ["json\n"]}]})",
+       "warm_pool[0].preload[0]: not a module name"},
+      {R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preload": [7]}]})",
+       "warm_pool[0].preload[0]"},
+      {R"({"warm_pool": [{"runtime": "python3", "prestart": true,
+                          "preload": ["__import__('os').system('id');x"]}]})",
+       "warm_pool[0].preload[0]: not a dotted Python module name"},
+      {R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preload": ["os;x"]}]})",
+       "warm_pool[0].preload[0]: not a dotted Python module name"},
+      {R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preload": ["@s/p"]}]})",
+       "warm_pool[0].preload[0]: not a dotted Python module name"},
+      {R"({"warm_pool": [{"runtime": "node", "prestart": true, "preload": ["./x"]}]})",
+       "warm_pool[0].preload[0]: not a Node package name"},
+      {R"({"warm_pool": [{"runtime": "node", "prestart": true, "preload": ["/usr/lib/x"]}]})",
+       "warm_pool[0].preload[0]: not a Node package name"},
+      {R"({"warm_pool": [{"runtime": "node", "prestart": true, "preload": ["a/../../etc"]}]})",
+       "warm_pool[0].preload[0]: not a Node package name"},
+      {R"({"warm_pool": [{"runtime": "node", "prestart": true, "preload": ["lodash", "lodash"]}]})",
+       "warm_pool[0].preload[1]: listed twice"},
+      {R"({"warm_pool": [{"runtime": "other", "prestart": true, "preload": ["a;b"]}]})",
+       "warm_pool[0].preload[0]: not a module name"},
       {R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preloads": []}]})",
        "warm_pool[0]: unknown field 'preloads'"},
       {R"({"backends": {"container": {"warm_pool": [{"runtime": "python3", "prestart": true}]}}})",

@@ -50,7 +50,9 @@ struct recorder final : sd::init_events {
     calls.push_back("stdin_ack " + std::to_string(bytes));
   }
   void stdin_closed() override { calls.push_back("stdin_closed"); }
-  void failed(const std::string& text) override { calls.push_back("failed " + text); }
+  void failed(const std::string& text, bool preload_raised) override {
+    calls.push_back(std::string(preload_raised ? "failed(preload) " : "failed ") + text);
+  }
   void agent_frame(const ip::init_header& h, std::string_view payload) override {
     calls.push_back("agent_frame " + std::to_string(static_cast<std::uint32_t>(h.type)) + " " +
                     std::string(payload));
@@ -209,6 +211,36 @@ TEST_CASE("init events: failed names the step and the errno, out-of-range ones t
   CHECK(r.calls[0].ends_with(std::string(": ") + std::strerror(EPERM)));
   CHECK(r.calls[1].starts_with("failed sandbox-init step 'x' ("));
   CHECK_FALSE(is_open(g.original[0]));
+}
+
+TEST_CASE("init events: a failed step's detail, and a preload import that raised",
+          "[init_events]") {
+  fd_set_guard g(0);
+  recorder r;
+  using namespace std::string_view_literals;
+  const auto pre = static_cast<std::uint32_t>(ip::step::prestart);
+  // The loader's report: errno 0, "<module>\n<summary>" (from inside: shown escaped).
+  dispatch(header(ip::msg::failed, pre, 0),
+           "prestart\0no_such_mod\nModuleNotFoundError: No module named 'no_such_mod'"sv, g, packet,
+           r);
+  // Died before it was ready: sandbox-init's own text.
+  dispatch(header(ip::msg::failed, pre, ECHILD),
+           "prestart\0the interpreter was killed by signal 9 before it was ready"sv, g, packet, r);
+  // A report with control characters and a bidi override is shown escaped.
+  dispatch(header(ip::msg::failed, pre, 0), "prestart\0m\nE: a\x1b[2Jb\u202e"sv, g, packet, r);
+  // Without a detail: the errno, as before.
+  dispatch(header(ip::msg::failed, pre, ECHILD), "prestart", g, packet, r);
+  REQUIRE(r.calls.size() == 4);
+  CHECK(r.calls[0] ==
+        "failed(preload) sandbox-init step 'prestart' (pre-starting the interpreter and importing "
+        "its preload list) failed: importing preload module 'no_such_mod' raised "
+        "'ModuleNotFoundError: No module named 'no_such_mod''");
+  CHECK(r.calls[1].starts_with("failed sandbox-init step 'prestart' ("));
+  CHECK(r.calls[1].ends_with(": 'the interpreter was killed by signal 9 before it was ready'"));
+  CHECK(r.calls[2].starts_with("failed(preload) "));
+  CHECK(r.calls[2].ends_with("raised 'E: a\\x1b[2Jb\\u202e'"));
+  CHECK(r.calls[3].starts_with("failed sandbox-init step 'prestart' ("));
+  CHECK(r.calls[3].ends_with(std::string(": ") + std::strerror(ECHILD)));
 }
 
 TEST_CASE("init events: agent frames need a guest agent", "[init_events]") {

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "sandbox/backend_options.hpp"
+
 namespace {
 
 namespace ip = sandbox::detail::init_protocol;
@@ -238,6 +240,15 @@ TEST_CASE(
   CHECK(all(parse(sandbox::detail::go_payload(job, {.input_name = "in-0123456789abcdef"})), "env")
             .front() == fixed_env.front());
   CHECK(all(e, "preload") == std::vector<std::string>{"json", "xml.dom"});
+  CHECK(all(e, "prestart_kind") == std::vector<std::string>{"python"});
+  // A Node runtime's: its loader.
+  auto node = job;
+  node.runtime = sandbox::default_runtimes()[1];
+  node.prestart = std::vector<std::string>{"lodash"};
+  auto n = parse(sandbox::detail::config_payload(node, p));
+  CHECK(all(n, "prestart") == std::vector<std::string>{"/usr/bin/node"});
+  CHECK(all(n, "prestart_kind") == std::vector<std::string>{"node"});
+  CHECK(all(n, "preload") == std::vector<std::string>{"lodash"});
   // Never for the self-test's probe.
   e = parse(sandbox::detail::config_payload(job, {.selftest = true, .input_name = "in-x"}));
   CHECK(all(e, "prestart").empty());

@@ -11,6 +11,7 @@ namespace {
 using sandbox::code;
 using sandbox::detail::judge_self_test;
 using sandbox::detail::pool_instance;
+using sandbox::detail::prepare_failure;
 
 sandbox::run_result passing(bool with_udp) {
   sandbox::run_result r;
@@ -49,25 +50,34 @@ TEST_CASE("self-test reason: the run machine's detail, else the probe's stderr",
 TEST_CASE("pool instance: the pool hears of its instance once", "[warm_pool]") {
   pool_instance p;
   int prepared_ok = 0, prepared_failed = 0, lost = 0, started = 0;
-  p.expect([&](bool ok) { ++(ok ? prepared_ok : prepared_failed); }, [&] { ++lost; });
+  auto count = [&](bool ok, const prepare_failure&) { ++(ok ? prepared_ok : prepared_failed); };
+  p.expect(count, [&] { ++lost; });
   CHECK(!p.is_ready_idle());
   p.became_ready();
   CHECK(prepared_ok == 1);
   CHECK(p.is_ready_idle());
   // Lost idle: `on_lost`, once.
-  p.gone();
-  p.gone();
+  p.gone({});
+  p.gone({});
   CHECK(lost == 1);
   CHECK(prepared_failed == 0);
 
   pool_instance q;
-  q.expect([&](bool ok) { ++(ok ? prepared_ok : prepared_failed); }, [&] { ++lost; });
-  q.gone();  // failed while preparing
+  prepare_failure heard;
+  q.expect(
+      [&](bool ok, const prepare_failure& f) {
+        ++(ok ? prepared_ok : prepared_failed);
+        heard = f;
+      },
+      [&] { ++lost; });
+  q.gone({.why = "importing 'x' raised", .preload_raised = true});  // failed while preparing
   CHECK(prepared_failed == 1);
+  CHECK(heard.why == "importing 'x' raised");  // the pool hears why
+  CHECK(heard.preload_raised);
   CHECK(lost == 1);
 
   pool_instance h;
-  h.expect([&](bool ok) { ++(ok ? prepared_ok : prepared_failed); }, [&] { ++lost; });
+  h.expect(count, [&] { ++lost; });
   h.became_ready();
   h.hand_out([&] { ++started; });
   h.activate();
@@ -75,6 +85,6 @@ TEST_CASE("pool instance: the pool hears of its instance once", "[warm_pool]") {
   h.started();
   h.started();
   CHECK(started == 1);
-  h.gone();  // handed out: its loss is no longer the pool's
+  h.gone({});  // handed out: its loss is no longer the pool's
   CHECK(lost == 1);
 }
