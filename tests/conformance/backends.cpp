@@ -386,12 +386,12 @@ std::unique_ptr<sandbox::runtime> make_process_pooled(std::string* why) {
                            {{.runtime = "python3", .size = 2}, {.runtime = "node", .size = 1}});
 }
 
-// Pre-started pools (warm_pool_class::prestart): the python3 class's interpreter already
-// waits in each instance; node has no pre-started mode and is pooled plainly.
+// Pre-started pools (warm_pool_class::prestart): the python3 and node classes' interpreters
+// already wait in each instance.
 std::unique_ptr<sandbox::runtime> make_process_prestarted(std::string* why) {
-  return make_process_with(
-      why, "process-prestarted",
-      {{.runtime = "python3", .size = 2, .prestart = true}, {.runtime = "node", .size = 1}});
+  return make_process_with(why, "process-prestarted",
+                           {{.runtime = "python3", .size = 2, .prestart = true},
+                            {.runtime = "node", .size = 1, .prestart = true}});
 }
 
 }  // namespace
