@@ -450,13 +450,17 @@ TEST_CASE("pool: a pre-started instance whose interpreter dies idle is never han
 
 TEST_CASE("pool: pre-started classes are checked", "[pool][prestart]") {
   // A runtime that cannot be pre-started (node with an option before the source), invalid
-  // module names for the class's runtime, a duplicate, preload without prestart: skipped.
+  // module names for the class's runtime, a duplicate, 65 modules, preload without
+  // prestart: skipped.
+  std::vector<std::string> many;
+  for (int i = 0; i < 65; ++i) many.push_back("m" + std::to_string(i));
   pooled_runtime p(
       {{.runtime = "node-flags", .size = 1, .prestart = true},
        {.runtime = "python3", .size = 1, .prestart = true, .preload = {"os..path"}},
        {.runtime = "python3", .size = 1, .prestart = true, .preload = {"json", "json"}},
        {.runtime = "python3", .size = 1, .prestart = true, .preload = {"node:fs"}},
        {.runtime = "node", .size = 1, .prestart = true, .preload = {"../x"}},
+       {.runtime = "python3", .size = 1, .prestart = true, .preload = many},
        {.runtime = "python3", .size = 1, .preload = {"json"}}},
       [](sandbox::runtime_options& o) {
         o.runtimes.push_back({.name = "node-flags",

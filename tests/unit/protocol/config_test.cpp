@@ -93,6 +93,22 @@ TEST_CASE("config: a pre-started pool class is applied", "[config]") {
   CHECK(!sandbox::supports_prestart({.name = "p", .argv = {"python3", "-I", "{source}"}}));
 }
 
+TEST_CASE("config: at most 64 preload modules", "[config]") {
+  std::string list;
+  for (int i = 0; i < 65; ++i) list += (i ? ", \"m" : "\"m") + std::to_string(i) + "\"";
+  sandbox::runtime_options o;
+  auto r = sandbox::apply_config(
+      R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preload": [)" + list + "]}]}", o);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().message == "warm_pool[0].preload: at most 64 modules");
+  CHECK(o.process.warm_pool == sandbox::runtime_options{}.process.warm_pool);  // nothing applied
+  list = list.substr(0, list.rfind(','));                                      // 64: accepted
+  r = sandbox::apply_config(
+      R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preload": [)" + list + "]}]}", o);
+  REQUIRE(r.has_value());
+  CHECK(o.process.warm_pool.at(0).preload.size() == 64);
+}
+
 TEST_CASE("config: faults name their field and nothing is applied", "[config]") {
   const std::pair<const char*, const char*> bad[] = {
       {R"({"scheduler": {"max_runing": 3}})", "scheduler: unknown field 'max_runing'"},
