@@ -295,14 +295,18 @@ void section_prestart(int runs) {
         .memory_limit_bytes = json_bytes,
         .prestart = true,
         .preload = {"json"}},
-       {.runtime = "python3", .size = 2, .memory_limit_bytes = plain_bytes}});
+       {.runtime = "python3", .size = 2, .memory_limit_bytes = plain_bytes},
+       // Node (when the host has its image): pre-started and plain, the same way.
+       {.runtime = "node", .size = 2, .memory_limit_bytes = pre_bytes, .prestart = true},
+       {.runtime = "node", .size = 2, .memory_limit_bytes = plain_bytes}});
   const std::string json_src = "import json\nprint(json.dumps(1))";
   const std::vector<std::string> bare_json = {"/usr/bin/python3", "-I", "-S", "-c",
                                               "import json; print(json.dumps(1))"};
-  auto timed = [&](const std::string& src, std::uint64_t mem, std::vector<double>* setup) {
+  auto timed = [&](const std::string& src, std::uint64_t mem, std::vector<double>* setup,
+                   const char* runtime = "python3") {
     auto t0 = clock_type::now();
     auto r =
-        rt->run({.runtime = "python3", .source = src, .memory_limit_bytes = mem}, bench_ticket());
+        rt->run({.runtime = runtime, .source = src, .memory_limit_bytes = mem}, bench_ticket());
     double ms = ms_since(t0);
     if (r.code != sandbox::code::ok || r.std_out.summary != "1\n") {
       std::fprintf(stderr, "run failed: %s %s\n", to_string(r.code).data(), r.message.c_str());
@@ -311,7 +315,15 @@ void section_prestart(int runs) {
     if (setup) setup->push_back(static_cast<double>(r.usage.setup.count()));
     return ms;
   };
-  std::vector<double> bare, bare_j, pre, pre_j, plain, pre_setup;
+  std::vector<double> bare, bare_j, pre, pre_j, plain, pre_setup, bare_n, pre_n, plain_n;
+  // Node's rows only where a cold node run works here (its image is installed).
+  const std::vector<std::string> bare_node = {"/usr/bin/node", "-e", "console.log(1)"};
+  const bool node =
+      have("/usr/bin/node") &&
+      rt->run({.runtime = "node", .source = "console.log(1)", .memory_limit_bytes = 384ULL << 20},
+              bench_ticket())
+              .std_out.summary == "1\n";
+  if (!node) std::printf("  (node: no image or no /usr/bin/node here; its rows are left out)\n");
   wait_pool_full(*rt);
   const auto before = rt->warm_pool_stats();
   for (int i = 0; i < runs; ++i) {
@@ -323,6 +335,13 @@ void section_prestart(int runs) {
     pre_j.push_back(timed(json_src, json_bytes, nullptr));
     wait_pool_full(*rt);
     plain.push_back(timed("print(1)", plain_bytes, nullptr));
+    if (node) {
+      bare_n.push_back(spawn_ms(bare_node));
+      wait_pool_full(*rt);
+      pre_n.push_back(timed("console.log(1)", pre_bytes, nullptr, "node"));
+      wait_pool_full(*rt);
+      plain_n.push_back(timed("console.log(1)", plain_bytes, nullptr, "node"));
+    }
   }
   const auto after = rt->warm_pool_stats();
   auto b = percentiles(bare);
@@ -332,12 +351,19 @@ void section_prestart(int runs) {
   row("pre-started pooled print(1), acquire to result", percentiles(pre), b.p50);
   row("  of which setup (hand-out to program handed over)", percentiles(pre_setup), b.p50);
   row("pre-started pooled, preload json, json.dumps(1)", percentiles(pre_j), b.p50);
+  if (node) {
+    auto bn = percentiles(bare_n);
+    row("bare node -e 'console.log(1)'", bn, bn.p50);
+    row("pooled node console.log(1), started at hand-out", percentiles(plain_n), bn.p50);
+    row("pre-started pooled node console.log(1)", percentiles(pre_n), bn.p50);
+    std::printf("  (node rows: vs bare node)\n");
+  }
   std::uint64_t handed = 0;
   for (std::size_t i = 0; i < after.size() && i < before.size(); ++i) {
     handed += after[i].handed_out - before[i].handed_out;
   }
   std::printf("  runs served from a pool: %llu of %d (the rest went cold)\n",
-              static_cast<unsigned long long>(handed), 3 * runs);
+              static_cast<unsigned long long>(handed), (node ? 5 : 3) * runs);
   std::printf("  aim: pre-started pooled print(1) ≤ 0.5× bare (p50)\n");
 }
 
