@@ -262,6 +262,7 @@ bool start_prestarted(const config& cfg, pid_t* pid, int* listener_fd, int* sock
   do {
     n = read(sv[0], &r, 1);
   } while (n < 0 && errno == EINTR);
+  const int read_errno = errno;
   // The Node loader was read when the interpreter started: nothing of it stays for the run.
   if (node) unlink(node_loader_path);
   if (n == 1 && r == 'r') {
@@ -287,7 +288,7 @@ bool start_prestarted(const config& cfg, pid_t* pid, int* listener_fd, int* sock
   } else if (n == 0) {
     *f = {step::prestart, ECHILD, died_before_ready(*pid)};
   } else {
-    *f = {step::prestart, n < 0 ? errno : EPROTO};
+    *f = {step::prestart, n < 0 ? read_errno : EPROTO};
   }
   close(sv[0]);
   if (*listener_fd >= 0) close(*listener_fd);
