@@ -12,35 +12,33 @@
 //      quote.json back from the blob store by its blob id,
 //   5. runs snippet 2, which tries to fetch live rates over HTTPS: the run has no network,
 //      so it ends `network_disabled` and the DNS lookup it tried is listed,
-//   6. (--isolation container, gvisor or microvm) asks again, this time *for* the network and with
-//   the
-//      rates API's key: the request names two domains (the rates API, and the customer portal
-//      the quote is posted to) and the host-held secret "rates-api". The ticket grants the
-//      secret but not `code.network`, so the runtime asks the host's approver. The example's
-//      approver prints what a human would confirm (domains, the secret's name, where it may
-//      go and in which header — never its value —, timeout, digests of the source and
-//      inputs, isolation, image), approves with a derived ticket, and the run fetches live
-//      rates over HTTPS from a local test server that answers 401 without the key. The
-//      program holds only a placeholder; the run's egress proxy terminates its TLS and puts
-//      the real key into the Authorization header to the rates API only. The snippet also
-//      sends the placeholder to the portal: refused `secret_misuse`, listed in the result's
-//      egress attempts, and the portal never sees the request. Both names are pinned to the
-//      server on 127.0.0.1, whose certificate a test CA made here signs (the host trusts it
-//      for origins: `egress.origin_ca_file`); the key's value is random, in a 0600 file of
-//      the example's temporary directory. (At microvm the guest has no network device: the
-//      program's proxy connections reach the same host-side proxy through the VM's
-//      virtio-serial tunnel.)
+//   6. (--isolation container, gvisor or microvm) asks again, this time *for* the network
+//      and with the rates API's key: the request names two domains (the rates API, and
+//      the customer portal the quote is posted to) and the host-held secret "rates-api".
+//      The ticket grants the secret but not `code.network`, so the runtime asks the host's
+//      approver. The example's approver prints what a human would confirm (domains, the secret's
+//      name, where it may go and in which header — never its value —, timeout, digests of the
+//      source and inputs, isolation, image), approves with a derived ticket, and the run fetches
+//      live rates over HTTPS from a local test server that answers 401 without the key. The program
+//      holds only a placeholder; the run's egress proxy terminates its TLS and puts the real key
+//      into the Authorization header to the rates API only. The snippet also sends the placeholder
+//      to the portal: refused `secret_misuse`, listed in the result's egress attempts, and the
+//      portal never sees the request. Both names are pinned to the server on 127.0.0.1, whose
+//      certificate a test CA made here signs (the host trusts it for origins:
+//      `egress.origin_ca_file`); the key's value is random, in a 0600 file of the example's
+//      temporary directory. (At microvm the guest has no network device: the program's proxy
+//      connections reach the same host-side proxy through the VM's virtio-serial tunnel.)
 //   7. prints the span the runtime recorded for each run.
 //
 // Exit status: 0 when snippet 1 ended `ok` with the expected quote, snippet 2 ended
-// `network_disabled` with its DNS attempt listed and (container, gvisor, microvm) snippet 3 was
-// approved once with the secret shown, got the live rates with the key the rates server saw
-// exactly once, had its attempt on the portal refused `secret_misuse`, and the key's value
-// is in nothing the walkthrough printed or got back (streams, result, spans); the process
-// level runs no network run, so run 3 is not asked there. 1 otherwise, or when this host cannot run
-// the process backend (the backends' statuses are printed); 2 for bad options. With
-// --skip-unavailable, an unavailable backend or image exits 77 instead (CTest's "skipped"),
-// unless CI=true or SANDBOX_MUST_WORK=1.
+// `network_disabled` with its DNS attempt listed and (container, gvisor, microvm) snippet 3
+// was approved once with the secret shown, got the live rates with the key the rates server
+// saw exactly once, had its attempt on the portal refused `secret_misuse`, and the key's
+// value is in nothing the walkthrough printed or got back (streams, result, spans); the
+// process level runs no network run, so run 3 is not asked there. 1 otherwise, or when this
+// host cannot run the process backend (the backends' statuses are printed); 2 for bad
+// options. With --skip-unavailable, an unavailable backend or image exits 77 instead
+// (CTest's "skipped"), unless CI=true or SANDBOX_MUST_WORK=1.
 //
 //   sudo tools/run-example.sh                 # set-up, build, then this program
 //   build/dev/bin/freight_quote --help
