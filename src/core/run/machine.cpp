@@ -805,7 +805,7 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
     // A read the reactor already performed holds bytes taken from a pipe: they are the
     // program's and come before what is left there (lost from the result once, at gvisor
     // under load: 64 KiB of a 4 MiB flood).
-    if (!streams_.settled(shared_from_this(), [this] { teardown(); })) return;
+    if (!streams_.settled([this] { teardown(); })) return;
     times_.dead = clock::now();
     pool_.started();  // never started: whoever waited for the start must not wait forever
     // Everything is dead: what is left in the pipes is final.

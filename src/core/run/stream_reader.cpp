@@ -87,10 +87,10 @@ void stream_reader::reclaim() {
   }
 }
 
-bool stream_reader::settled(std::shared_ptr<void> keep, std::function<void()> resume) {
+bool stream_reader::settled(std::function<void()> resume) {
   settling_ = true;
   if (!in_flight_) return true;
-  on_settled_ = [keep = std::move(keep), resume = std::move(resume)] { resume(); };
+  on_settled_ = std::move(resume);
   boost::system::error_code ignored;
   d_.cancel(ignored);  // a read not yet performed ends aborted; one performed brings its bytes
   return false;

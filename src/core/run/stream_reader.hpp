@@ -65,8 +65,10 @@ class stream_reader {
   /// bytes come before what `drain` still finds there, so teardown waits for that handler.
   /// Returns true when no read is in flight (nothing to wait for); otherwise cancels the
   /// pending read and returns false, and `resume` runs on the strand once its handler has
-  /// appended what it read. No read is started after this.
-  bool settled(std::shared_ptr<void> keep, std::function<void()> resume);
+  /// appended what it read (that handler keeps the owner alive; `resume` must not hold it:
+  /// the reader is the owner's, and an io_context stopped first would leak both). No read is
+  /// started after this.
+  bool settled(std::function<void()> resume);
 
   /// Teardown: everything of the run is dead and no read is in flight (`settled`), so what
   /// is left in the pipe is final. Takes a parked descriptor back, then reads what is left
@@ -145,7 +147,7 @@ class output_streams {
   bool any_open() const noexcept { return out_.open() || err_.open(); }
   /// Teardown, first step: `stream_reader::settled` for both. True when neither has a read in
   /// flight; otherwise false, and `resume` runs on the strand once both have none.
-  bool settled(const std::shared_ptr<void>& keep, std::function<void()> resume) {
+  bool settled(std::function<void()> resume) {
     if (settled_) return true;
     auto left = std::make_shared<int>(2);
     auto one = [this, left, resume = std::move(resume)] {
@@ -154,8 +156,8 @@ class output_streams {
         resume();
       }
     };
-    const bool out_now = out_.settled(keep, one);
-    const bool err_now = err_.settled(keep, one);
+    const bool out_now = out_.settled(one);
+    const bool err_now = err_.settled(one);
     if (out_now && err_now) {
       settled_ = true;
       return true;

@@ -67,12 +67,12 @@ TEST_CASE("output streams: teardown keeps the bytes a read already took, in orde
   stopping = true;
 
   bool resumed = false;
-  const bool at_once = streams.settled(owner, [&] { resumed = true; });
+  const bool at_once = streams.settled([&] { resumed = true; });
   CHECK_FALSE(at_once);  // both reads were in flight
   CHECK_FALSE(resumed);
   io.run();
   REQUIRE(resumed);
-  CHECK(streams.settled(owner, [] { FAIL("resumed twice"); }));
+  CHECK(streams.settled([] { FAIL("resumed twice"); }));
   streams.drain_and_close();
   CHECK(captured(streams.out()) == first_out + "tail-of-stdout");
   CHECK(captured(streams.err()) == first_err + "tail-of-stderr");
@@ -95,7 +95,7 @@ TEST_CASE("output streams: with no read in flight, teardown goes on at once", "[
   // Never started (a run that failed before its program ran): nothing in flight.
   write_all(out.write.get(), "left");
   bool resumed = false;
-  CHECK(streams.settled(owner, [&] { resumed = true; }));
+  CHECK(streams.settled([&] { resumed = true; }));
   io.run();
   CHECK_FALSE(resumed);
   streams.drain_and_close();
