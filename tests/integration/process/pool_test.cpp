@@ -621,36 +621,56 @@ TEST_CASE("pool: a Node preload the image cannot require stops its class",
   CHECK(q.stats().handed_out == 0);
 }
 
-TEST_CASE("pool: runs setting what an interpreter reads at start-up go cold", "[pool][prestart]") {
-  const bool node = itest::run("console.log(1)", {}, "node").code == code::ok;
-  std::vector<sandbox::warm_pool_class> classes = {
-      {.runtime = "python3", .size = 1, .prestart = true}};
-  if (node) classes.push_back({.runtime = "node", .size = 1, .prestart = true});
-  pooled_runtime p(classes, [](sandbox::runtime_options& o) {
-    o.policy.allowed_env = {"TZ", "NODE_OPTIONS", "UV_THREADPOOL_SIZE", "MY_VAR"};
-  });
-  auto handed = [&](std::size_t i) { return p.stats(i).handed_out; };
-  auto run = [&](const char* runtime, const char* src, std::string k, std::string v) {
-    REQUIRE(p.wait_ready(1, std::string(runtime) == "node" ? 1 : 0));
+namespace {
+// A pre-started pool of `runtime` (size 1) whose policy lets requests set `TZ`, Node's
+// start-up variables and `MY_VAR`; `run` sends `src` with one variable and answers stdout.
+struct start_up_env_pool {
+  explicit start_up_env_pool(const char* runtime)
+      : runtime(runtime),
+        p({{.runtime = runtime, .size = 1, .prestart = true}}, [](sandbox::runtime_options& o) {
+          o.policy.allowed_env = {"TZ", "NODE_OPTIONS", "UV_THREADPOOL_SIZE", "MY_VAR"};
+        }) {}
+  std::string run(const char* src, std::string k, std::string v) {
+    REQUIRE(p.wait_ready(1));
     sandbox::run_request req{.runtime = runtime, .source = src};
     req.env = {{std::move(k), std::move(v)}};
     auto r = p.rt->run(req, itest::ticket());
     CHECK(r.code == code::ok);
     return r.std_out.summary;
-  };
+  }
+  std::uint64_t handed() { return p.stats(0).handed_out; }
+  const char* runtime;
+  pooled_runtime p;
+};
+}  // namespace
+
+TEST_CASE("pool: Python runs setting what the interpreter reads at start-up go cold",
+          "[pool][prestart]") {
+  start_up_env_pool p("python3");
   // A variable nothing reads at start-up: served pre-started, and the program sees it.
-  CHECK(run("python3", "import os; print(os.environ['MY_VAR'])", "MY_VAR", "a b") == "a b\n");
-  CHECK(handed(0) == 1);
+  CHECK(p.run("import os; print(os.environ['MY_VAR'])", "MY_VAR", "a b") == "a b\n");
+  CHECK(p.handed() == 1);
   // The time zone: cold (the request's value is what the program sees).
-  CHECK(run("python3", "import os; print(os.environ['TZ'])", "TZ", "UTC") == "UTC\n");
-  CHECK(handed(0) == 1);
-  if (!node) return;
-  CHECK(run("node", "console.log(process.env.MY_VAR)", "MY_VAR", "x") == "x\n");
-  CHECK(handed(1) == 1);
+  CHECK(p.run("import os; print(os.environ['TZ'])", "TZ", "UTC") == "UTC\n");
+  CHECK(p.handed() == 1);
+}
+
+// [node]: Node's cold start-up does not fit the runs' deadlines under the cgroup v2 test
+// bed's emulation (tools/run-tests.sh leaves [node] out there).
+TEST_CASE("pool: Node runs setting what the interpreter reads at start-up go cold",
+          "[pool][prestart][node]") {
+  const auto probe = itest::run("console.log(1)", {}, "node");
+  if (probe.code != code::ok && !itest::must_work()) {
+    WARN("node runtime unavailable here: " << probe.std_err.summary);
+    return;
+  }
+  REQUIRE(probe.code == code::ok);
+  start_up_env_pool p("node");
+  CHECK(p.run("console.log(process.env.MY_VAR)", "MY_VAR", "x") == "x\n");
+  CHECK(p.handed() == 1);
   // Node's options and its thread pool size are read at start-up: cold.
-  CHECK(run("node", "console.log(process.env.NODE_OPTIONS)", "NODE_OPTIONS", "--no-warnings") ==
+  CHECK(p.run("console.log(process.env.NODE_OPTIONS)", "NODE_OPTIONS", "--no-warnings") ==
         "--no-warnings\n");
-  CHECK(run("node", "console.log(process.env.UV_THREADPOOL_SIZE)", "UV_THREADPOOL_SIZE", "2") ==
-        "2\n");
-  CHECK(handed(1) == 1);
+  CHECK(p.run("console.log(process.env.UV_THREADPOOL_SIZE)", "UV_THREADPOOL_SIZE", "2") == "2\n");
+  CHECK(p.handed() == 1);
 }
