@@ -171,6 +171,13 @@ std::string probe_since(std::chrono::system_clock::time_point t) {
          probe;
 }
 
+// The whitespace-separated words of `s`, as a set (module lists printed by a run).
+std::set<std::string> words_of(const std::string& s) {
+  std::set<std::string> out;
+  std::istringstream in(s);
+  for (std::string w; in >> w;) out.insert(w);
+  return out;
+}
 }  // namespace
 
 TEST_CASE("pool: fills, hands out one-shot instances, refills", "[pool]") {
@@ -369,16 +376,10 @@ TEST_CASE("pool: a pre-started run's modules, __main__ and failures are a cold r
     auto [cold, warm] = both("import sys\nprint(' '.join(sorted(sys.modules)))");
     REQUIRE(cold.code == code::ok);
     REQUIRE(warm.code == code::ok);
-    auto words = [](const std::string& s) {
-      std::set<std::string> out;
-      std::istringstream in(s);
-      for (std::string w; in >> w;) out.insert(w);
-      return out;
-    };
-    auto expected = words(cold.std_out.summary);
-    for (const auto& m : words(closure.std_out.summary)) expected.insert(m);
-    CHECK(words(warm.std_out.summary) == expected);
-    CHECK(words(closure.std_out.summary).count("csv") == 1);
+    auto expected = words_of(cold.std_out.summary);
+    for (const auto& m : words_of(closure.std_out.summary)) expected.insert(m);
+    CHECK(words_of(warm.std_out.summary) == expected);
+    CHECK(words_of(closure.std_out.summary).count("csv") == 1);
   }
   SECTION("__main__, argv, environment") {
     auto [cold, warm] = both(
@@ -568,16 +569,10 @@ TEST_CASE("pool: a pre-started Node run is a cold one's", "[pool][prestart][node
                 "console.log(Object.keys(require.cache).filter(k => !b.has(k)).sort().join(' '))"),
         ticket);
     REQUIRE(closure.code == code::ok);
-    auto words = [](const std::string& s) {
-      std::set<std::string> out;
-      std::istringstream in(s);
-      for (std::string w; in >> w;) out.insert(w);
-      return out;
-    };
-    auto expected = words(cold.std_out.summary);
-    for (const auto& m : words(closure.std_out.summary)) expected.insert(m);
-    CHECK(words(warm.std_out.summary) == expected);
-    CHECK(words(warm.std_out.summary).count("/sandbox/main.js") == 1);
+    auto expected = words_of(cold.std_out.summary);
+    for (const auto& m : words_of(closure.std_out.summary)) expected.insert(m);
+    CHECK(words_of(warm.std_out.summary) == expected);
+    CHECK(words_of(warm.std_out.summary).count("/sandbox/main.js") == 1);
   }
   SECTION("the documented difference: the process's own command line") {
     auto [cold, warm] = both(
