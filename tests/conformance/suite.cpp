@@ -796,13 +796,24 @@ backend* acquire(std::size_t index) {
   return nullptr;
 }
 
-// Waits (bounded) until every warm pool of the backend is full and idle, so that the
-// supervisor's descriptors and the pool's instances are the same before and after a case.
-void settle(backend& b) {
+void settle_pools() {
+  // Every profile's runtime lives for the whole process, and a case runs once per profile: the
+  // pools of the profile that ran last are still refilling when the next profile's case takes
+  // its snapshot, and their descriptors and threads are this process's too. So wait for all
+  // of them, not only the backend under test. A pool class that failed (`error`) refills
+  // nothing and is not waited for.
+  std::vector<sandbox::runtime*> live;
+  {
+    std::lock_guard lock(global().mu);
+    for (const auto& rt : global().runtimes)
+      if (rt) live.push_back(rt.get());
+  }
   for (int i = 0; i < 500; ++i) {
     bool full = true;
-    for (const auto& p : b.rt().warm_pool_stats())
-      full = full && p.ready == p.size && p.starting == 0;
+    for (auto* rt : live) {
+      for (const auto& p : rt->warm_pool_stats())
+        full = full && (!p.error.empty() || (p.ready == p.size && p.starting == 0));
+    }
     if (full) return;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -877,7 +888,7 @@ void start_case_watchdog() {
 
 case_guard::case_guard(backend* b)
     : b_(b),
-      before_((watch_case(*b), settle(*b), settled_snapshot())),
+      before_((watch_case(*b), settle_pools(), settled_snapshot())),
       start_(std::chrono::steady_clock::now()) {}
 
 void case_guard::watch_case(backend& b) {
@@ -888,7 +899,7 @@ void case_guard::watch_case(backend& b) {
 }
 
 case_guard::~case_guard() {
-  settle(*b_);
+  settle_pools();
   // Every process of a run is confirmed dead and its cgroup and work directory removed before
   // its result returns — except a v1 cgroup the kernel still reported busy, removed just
   // after. Anything still different after 2 s is left behind for good.

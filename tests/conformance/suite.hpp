@@ -286,6 +286,9 @@ struct host_snapshot {
   bool operator==(const host_snapshot&) const = default;
 };
 host_snapshot take_snapshot();
+/// Waits (at most 10 s) until the warm pools of every profile's runtime in this process are
+/// full and idle, so that a snapshot compares what runs left behind, not a refill in progress.
+void settle_pools();
 /// A snapshot once the host has settled: until two taken 20 ms apart agree (at most 2 s). A
 /// run's v1 cgroup the kernel still reported busy at its result is removed just after it.
 host_snapshot settled_snapshot();

@@ -24,19 +24,6 @@ namespace {
 
 enum class role { check, flood, hold };
 
-/// Waits (bounded) until the backend's warm pools, if it has any, are full and idle, so that
-/// a snapshot compares what runs left behind, not a pool's refill in progress.
-void settle_pools(conformance::backend& b) {
-  for (int i = 0; i < 500; ++i) {
-    bool idle = true;
-    for (const auto& p : b.rt().warm_pool_stats()) {
-      idle = idle && p.ready == p.size && p.starting == 0;
-    }
-    if (idle) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-
 constexpr const char* program = R"PY(
 import os, sys, json, socket, time, errno, ctypes, threading
 TOKEN = '@TOKEN@'
@@ -308,7 +295,7 @@ int run_round(conformance::backend& b, int round, std::mt19937_64& rng,
 
 void crosstalk(conformance::backend& b, int rounds) {
   // The explicit before-the-whole-case snapshot (the case guard compares per case too).
-  settle_pools(b);
+  conformance::settle_pools();
   const auto before = conformance::settled_snapshot();
   std::mt19937_64 rng(std::random_device{}());
   const auto extra = concurrency_allowance(b);
@@ -321,7 +308,7 @@ void crosstalk(conformance::backend& b, int rounds) {
     // Not vacuous: runs that hold the names ran at the same time as runs that probed them.
     CHECK(overlapping > 0);
     INFO("after round " << round);
-    settle_pools(b);
+    conformance::settle_pools();
     conformance::check_unchanged(before, conformance::snapshot_back_to(before));
   }
 }
