@@ -60,6 +60,10 @@ struct admitted {
   /// The workload profile the run gets (`effective_limits`): a tool run's entry's, else the
   /// ticket's; empty: the policy's per-run values.
   std::string profile;
+  /// The ticket's L7 rules (`ticket::egress_rules`) that apply to the run's `egress`: those
+  /// whose host shares a name with one of its domains, in the ticket's order. The run's
+  /// egress proxy enforces them. Empty for a run without the network.
+  std::vector<egress_rule> egress_rules;
   bool operator==(const admitted&) const = default;
 };
 

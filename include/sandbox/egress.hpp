@@ -6,6 +6,9 @@
 // direct IP addresses, other names, DNS from inside — stays refused.
 #pragma once
 
+#include <array>
+#include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
@@ -48,5 +51,70 @@ bool egress_allowed(std::span<const std::string> patterns, std::string_view host
 /// equals a pattern of `outer`, or is an exact name or a narrower wildcard under one of
 /// `outer`'s wildcards. Used to prove a derived ticket never allows more than its parent.
 bool egress_subset(std::span<const std::string> inner, std::span<const std::string> outer);
+
+/// The pattern naming exactly the names both canonical patterns `a` and `b` allow (one of
+/// them: two patterns either share no name or one is within the other), or `std::nullopt`
+/// when they share none.
+std::optional<std::string> egress_intersection(std::string_view a, std::string_view b);
+
+// ---------------------------------------------------------------------------------------------
+// L7 rules: which requests a network run may send to a host, finer than the domain.
+
+/// Most L7 rules in one ticket.
+inline constexpr std::size_t max_egress_rules = 32;
+/// Most path prefixes in one rule.
+inline constexpr std::size_t max_egress_rule_paths = 32;
+/// Longest path prefix of a rule, in bytes.
+inline constexpr std::size_t max_egress_rule_path_bytes = 256;
+/// The HTTP methods a rule may allow (upper case, as sent).
+inline constexpr std::array<std::string_view, 7> egress_rule_methods = {
+    "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"};
+
+/**
+ * One L7 egress rule of a ticket (`ticket_spec::egress_rules`; wire: docs/protocol.md).
+ *
+ * A request of a network run to a host that matches at least one rule's `host` must match
+ * one of those rules: its method is in `methods` and its path (the request target up to `?`)
+ * starts with one of `paths` — a prefix ending in `/` matches any path under it, one that
+ * does not matches itself exactly or at a segment boundary (`/v1/rates` matches `/v1/rates`
+ * and `/v1/rates/eu`, never `/v1/ratesX`). Hosts no rule names are reachable at the domain
+ * level, as without rules. Budgets, when set, count over the whole run: `max_requests`
+ * requests admitted under the rule, `max_bytes` bytes of request and response bodies relayed
+ * under it; a request past either is refused `budget_exhausted`, a response that would cross
+ * `max_bytes` is cut there. The proxy enforces rules on plain `http://` requests and, by
+ * terminating TLS with the run's CA, inside HTTPS.
+ */
+struct egress_rule {
+  /// 1..64 characters of `[a-z0-9-]`, unique in its ticket: what refusals and records name.
+  std::string name;
+  /// An egress pattern (`canonical_egress_pattern`); kept canonical.
+  std::string host;
+  /// 1..7 distinct methods of `egress_rule_methods`.
+  std::vector<std::string> methods;
+  /// 1..`max_egress_rule_paths` distinct path prefixes: each starts with `/`, at most
+  /// `max_egress_rule_path_bytes` of printable ASCII, without `%`, `?`, `#`, `\`, and
+  /// without a segment that is `.` or starts with `..` or `.;`.
+  std::vector<std::string> paths;
+  std::optional<std::uint64_t> max_requests;  ///< > 0 when set; unset: no request budget
+  std::optional<std::uint64_t> max_bytes;     ///< > 0 when set; unset: no byte budget
+  bool operator==(const egress_rule&) const = default;
+};
+
+/// True for a rule name: 1..64 characters of `[a-z0-9-]`.
+bool is_valid_egress_rule_name(std::string_view name) noexcept;
+
+/// The first problem with `rule`, as "<field>: <reason>" with fields named as in its JSON
+/// form ("name", "host", "methods[1]", "paths[0]", "max_bytes"), or `std::nullopt`.
+/// Canonicalizes `rule.host`.
+std::optional<std::string> check_egress_rule(egress_rule& rule);
+
+/// True when `path` (a request's path, without its query) is matched by rule path `prefix`
+/// (see `egress_rule`). Compares bytes as they are: nothing is decoded or normalized.
+bool egress_path_matches(std::string_view prefix, std::string_view path) noexcept;
+
+/// True when every request `inner` allows is allowed by `outer` too: its host within
+/// `outer`'s, its methods among `outer`'s, each of its paths under one of `outer`'s, and each
+/// of `outer`'s budgets kept at most as large.
+bool egress_rule_within(const egress_rule& inner, const egress_rule& outer);
 
 }  // namespace sandbox

@@ -167,6 +167,14 @@ struct egress_attempt {
   std::string reason;            ///< short reason, e.g. "network disabled"
   std::uint64_t bytes_up = 0;    ///< bytes the code sent through the proxy on this attempt
   std::uint64_t bytes_down = 0;  ///< bytes the code received through the proxy on it
+  /// For a proxy request judged by L7 rules (its host has rules, `ticket_spec::egress_rules`):
+  /// the request's method and target as the program sent them (escaped like `host`, at most
+  /// 256 bytes), and the rule that admitted or refused it (for a request no rule allows: the
+  /// host's rules, comma-separated). Empty otherwise. In a terminated tunnel each such request
+  /// is its own attempt.
+  std::string method;
+  std::string path;
+  std::string rule;
   bool operator==(const egress_attempt&) const = default;
 };
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "sandbox/code.hpp"
+#include "sandbox/egress.hpp"
 #include "sandbox/error.hpp"
 #include "sandbox/protocol.hpp"
 
@@ -120,6 +121,18 @@ struct ticket_spec {
    * (the default): none.
    */
   std::vector<std::string> secrets;
+  /**
+   * L7 rules (sandbox/egress.hpp, `egress_rule`): which requests runs under this ticket may
+   * send to the hosts the rules name — methods and path prefixes, with optional per-rule
+   * budgets — finer than `egress`, which still decides which hosts are reachable at all.
+   * Only with `code.network`; at most `max_egress_rules`, names unique, each `host` sharing
+   * at least one name with `egress` (`egress_intersection`), each rule valid by
+   * `check_egress_rule` (hosts kept canonical). Wire: `"egress_rules":[{"name":"rates-read",
+   * "host":"api.example.com","methods":["GET"],"paths":["/v1/rates/"],"max_requests":10}]`.
+   * A run's HTTPS tunnels are terminated (the run's own CA) whenever a rule applies to one of
+   * its domains. Empty (the default): domain-level egress only.
+   */
+  std::vector<egress_rule> egress_rules;
   bool operator==(const ticket_spec&) const = default;
 };
 
@@ -191,6 +204,8 @@ class ticket {
     }
     return false;
   }
+  /// The L7 rules of the ticket's network grant (see `ticket_spec::egress_rules`).
+  const std::vector<egress_rule>& egress_rules() const noexcept { return spec_.egress_rules; }
   /// The ticket's workload profile name (see `ticket_spec::profile`); empty: none.
   const std::string& profile() const noexcept { return spec_.profile; }
   /// Minimum isolation level for runs under this ticket.
@@ -255,6 +270,11 @@ struct derive_options {
   /// The secrets approved, by name: each among the approval's `secrets` (and so granted by
   /// the parent). `std::nullopt` (the default): all the approval's; an empty list: none.
   std::optional<std::vector<std::string>> secrets;
+  /// The L7 rules of the derived ticket (`ticket_spec::egress_rules`). `std::nullopt` (the
+  /// default): the parent's rules that apply to the approved domains. Given, they must narrow
+  /// the parent's (see `check_derivation`): an approver may add rules for hosts the parent
+  /// left unruled, and narrow, never drop, the parent's.
+  std::optional<std::vector<egress_rule>> egress_rules;
 };
 
 /// Mints tickets. Whoever holds an issuer decides what runs; keep it with the code that
@@ -282,7 +302,9 @@ class ticket_issuer {
    * limit), `runtime_digest` pinned to `approval.runtime.digest`, expiry
    * min(now + `options.ttl`, parent's expiry), the parent's `profile`, no `tools`, the
    * approved `secrets` (`options.secrets`, default all of the approval's; each must be
-   * granted by the parent), and `approval()` = `approval`.
+   * granted by the parent), the L7 rules (`options.egress_rules`, default the parent's that
+   * share a name with the approved domains; given ones must narrow the parent's as
+   * `check_derivation` says), and `approval()` = `approval`.
    *
    *     auto derived = issuer.derive(parent, *result.approval);  // a human said yes
    *     rt.async_run(request, *derived, handler);                // resume
@@ -293,8 +315,9 @@ class ticket_issuer {
    * domains, a timeout or memory limit of 0, a runtime digest that is not `sha256:` and 64
    * lowercase hex, hashes that are not 64 lowercase hex), `options.domains` is empty or
    * not within the requested ones, `options.secrets` names one the approval does not, a
-   * secret of the approval is not granted by the parent, `options.ttl` is out of range, or
-   * `options.id` is malformed.
+   * secret of the approval is not granted by the parent, `options.egress_rules` is invalid or
+   * does not narrow the parent's, `options.ttl` is out of range, or `options.id` is
+   * malformed.
    */
   result<ticket> derive(const ticket& parent, const approval_request& approval,
                         derive_options options = {}) const;
@@ -304,20 +327,23 @@ class ticket_issuer {
    * `{"v":1,"id":"t-1","tenant":"acme","actions":["code.execute"],"isolation":"process",
    *   "max_timeout_ms":8000,"max_memory_bytes":536870912}`, optionally with
    * `"runtime_digest":"sha256:<64 lowercase hex>"`, `"egress":["api.example.com"]` (required
-   * with `code.network`, refused without), `"expires_at":"2026-11-30T12:00:00Z"`, and for a
+   * with `code.network`, refused without), `"egress_rules":[…]` (L7 rules, only with
+   * `code.network`), `"expires_at":"2026-11-30T12:00:00Z"`, and for a
    * derived ticket `"derived_from":["<root id>",…,"<parent id>"]` and `"approval":{…}`.
    * This *trusts its input*: use it only for ticket files the local operator controls (the
    * CLI does); a ticket from anyone else comes signed (`ticket_verifier`). Unknown fields,
-   * wrong types, unknown actions, a malformed `runtime_digest`, egress pattern or expiry are
-   * `invalid_request` with a message naming the field.
+   * wrong types, unknown actions, a malformed `runtime_digest`, egress pattern, L7 rule
+   * (`egress_rules[1].paths[0]: …`) or expiry are `invalid_request` with a message naming
+   * the field.
    */
   boost::system::result<ticket, rejection> decode(std::string_view json) const;
 };
 
 /// Encodes a ticket as JSON (the form `ticket_issuer::decode` reads): one line, members in
-/// the documented order; `runtime_digest`, `egress`, `expires_at`, `derived_from` and
-/// `approval` are written only when set. Deterministic: equal tickets encode to equal bytes
-/// (the bytes a signature covers, sandbox/signed_ticket.hpp).
+/// the documented order; `runtime_digest`, `egress`, `expires_at`, `derived_from`,
+/// `approval`, `tools`, `profile`, `secrets` and `egress_rules` are written only when set.
+/// Deterministic: equal tickets encode to equal bytes (the bytes a signature covers,
+/// sandbox/signed_ticket.hpp).
 std::string encode(const ticket& t);
 
 /**
@@ -339,7 +365,12 @@ std::string encode(const ticket& t);
  *    approval (`approval()` set) — and whenever `approval()` is set: it names the parent
  *    (`ticket_id`) and the tenant, the child's domains are non-empty and within the
  *    approval's `domains`, its isolation is at least `container`, and its `runtime_digest`
- *    is set and equals the approval's `runtime.digest`.
+ *    is set and equals the approval's `runtime.digest`;
+ * 5. the L7 rules only narrow: each child rule whose host shares a name with a parent rule's
+ *    is within one parent rule (`egress_rule_within`: host, methods, paths, budgets); a
+ *    child rule for a host no parent rule names only adds a restriction; and every name the
+ *    child's egress allows that a parent rule covered is covered by a child rule too (a
+ *    host never loses its rules).
  *
  * The message is short and names the rule, e.g. "egress: 'evil.example' was not approved".
  * Expiry of the child itself (`is_expired`) is not judged here.

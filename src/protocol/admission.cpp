@@ -333,6 +333,16 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
       a.request.egress = tool->entry.egress;
     }
   }
+  // The ticket's L7 rules that apply to what the run reaches (the proxy enforces them).
+  if (a.request.network) {
+    for (const auto& rule : ticket.egress_rules()) {
+      if (std::any_of(a.request.egress.begin(), a.request.egress.end(), [&](const std::string& e) {
+            return egress_intersection(rule.host, e).has_value();
+          })) {
+        a.egress_rules.push_back(rule);
+      }
+    }
+  }
   if (prof != nullptr) {
     // A profile's timeout and memory limit are the host's for runs under it: the default of a
     // request that left the protocol's (2000 ms, 256 MiB), and the most any request gets (a

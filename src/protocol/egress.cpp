@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "protocol/text_util.hpp"
+
 namespace sandbox {
 namespace {
 
@@ -80,6 +82,129 @@ bool egress_subset(std::span<const std::string> inner, std::span<const std::stri
       return o.starts_with("*.") && egress_pattern_matches(o, name);
     });
   });
+}
+
+std::optional<std::string> egress_intersection(std::string_view a, std::string_view b) {
+  const std::string sa(a), sb(b);
+  if (egress_subset(std::span(&sa, 1), std::span(&sb, 1))) return sa;
+  if (egress_subset(std::span(&sb, 1), std::span(&sa, 1))) return sb;
+  return std::nullopt;
+}
+
+// --- L7 rules ---------------------------------------------------------------------------
+
+bool is_valid_egress_rule_name(std::string_view name) noexcept {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+  });
+}
+
+namespace {
+
+// Why `path` cannot be a rule's path prefix, or nullopt.
+std::optional<std::string> path_prefix_problem(std::string_view path) {
+  if (path.empty() || path.front() != '/') return "must start with '/'";
+  if (path.size() > max_egress_rule_path_bytes) {
+    return "longer than " + std::to_string(max_egress_rule_path_bytes) + " bytes";
+  }
+  for (const char c : path) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b < 0x21 || b > 0x7E) return "only printable ASCII without spaces";
+    if (c == '%') return "no '%': prefixes are compared as sent, never decoded";
+    if (c == '?' || c == '#') return "no '?' or '#': a prefix is a path, without query";
+    if (c == '\\') return "no '\\'";
+  }
+  // Segments: none may be "." or start ".." or ".;" (what a request's path may not hold
+  // either: the proxy refuses such paths to a host with rules, so no rule could match them).
+  std::size_t at = 1;
+  while (at <= path.size()) {
+    std::size_t end = path.find('/', at);
+    if (end == std::string_view::npos) end = path.size();
+    const std::string_view seg = path.substr(at, end - at);
+    if (seg == "." || seg.starts_with("..") || seg.starts_with(".;")) {
+      return "no '.' or '..' segments (nor one starting '..' or '.;')";
+    }
+    at = end + 1;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> check_egress_rule(egress_rule& rule) {
+  using detail::quote_for_message;
+  if (!is_valid_egress_rule_name(rule.name)) {
+    return "name: must be 1 to 64 characters of [a-z0-9-]: " + quote_for_message(rule.name);
+  }
+  const auto host = canonical_egress_pattern(rule.host);
+  if (!host) {
+    return "host: not a host name or '*.' wildcard pattern: " + quote_for_message(rule.host);
+  }
+  rule.host = *host;
+  if (rule.methods.empty()) return "methods: must not be empty";
+  for (std::size_t i = 0; i < rule.methods.size(); ++i) {
+    const std::string p = "methods[" + std::to_string(i) + "]";
+    const auto& m = rule.methods[i];
+    if (std::find(egress_rule_methods.begin(), egress_rule_methods.end(), m) ==
+        egress_rule_methods.end()) {
+      return p + ": not one of GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS (upper case): " +
+             quote_for_message(m);
+    }
+    if (std::find(rule.methods.begin(), rule.methods.begin() + static_cast<std::ptrdiff_t>(i), m) !=
+        rule.methods.begin() + static_cast<std::ptrdiff_t>(i)) {
+      return p + ": duplicate " + quote_for_message(m);
+    }
+  }
+  if (rule.paths.empty()) return "paths: must not be empty";
+  if (rule.paths.size() > max_egress_rule_paths) {
+    return "paths: " + std::to_string(rule.paths.size()) + " prefixes, more than the limit of " +
+           std::to_string(max_egress_rule_paths);
+  }
+  for (std::size_t i = 0; i < rule.paths.size(); ++i) {
+    const std::string p = "paths[" + std::to_string(i) + "]";
+    const auto& path = rule.paths[i];
+    if (auto why = path_prefix_problem(path))
+      return p + ": " + *why + ": " + quote_for_message(path);
+    if (std::find(rule.paths.begin(), rule.paths.begin() + static_cast<std::ptrdiff_t>(i), path) !=
+        rule.paths.begin() + static_cast<std::ptrdiff_t>(i)) {
+      return p + ": duplicate " + quote_for_message(path);
+    }
+  }
+  if (rule.max_requests && *rule.max_requests == 0) {
+    return "max_requests: must be greater than 0 (leave it out for no request budget)";
+  }
+  if (rule.max_bytes && *rule.max_bytes == 0) {
+    return "max_bytes: must be greater than 0 (leave it out for no byte budget)";
+  }
+  return std::nullopt;
+}
+
+bool egress_path_matches(std::string_view prefix, std::string_view path) noexcept {
+  if (prefix.empty() || !path.starts_with(prefix)) return false;
+  if (prefix.back() == '/' || path.size() == prefix.size()) return true;
+  return path[prefix.size()] == '/';
+}
+
+bool egress_rule_within(const egress_rule& inner, const egress_rule& outer) {
+  if (!egress_subset(std::span(&inner.host, 1), std::span(&outer.host, 1))) return false;
+  for (const auto& m : inner.methods) {
+    if (std::find(outer.methods.begin(), outer.methods.end(), m) == outer.methods.end()) {
+      return false;
+    }
+  }
+  for (const auto& p : inner.paths) {
+    // Every path `p` matches is one `q` matches exactly when `q` matches `p` itself.
+    if (std::none_of(outer.paths.begin(), outer.paths.end(),
+                     [&](const std::string& q) { return egress_path_matches(q, p); })) {
+      return false;
+    }
+  }
+  const auto kept = [](const std::optional<std::uint64_t>& in,
+                       const std::optional<std::uint64_t>& out) {
+    return !out || (in && *in <= *out);
+  };
+  return kept(inner.max_requests, outer.max_requests) && kept(inner.max_bytes, outer.max_bytes);
 }
 
 }  // namespace sandbox

@@ -307,9 +307,9 @@ run_result decode_result_body(const json& doc) {
   });
   decode_records(o, "egress_attempts", r.egress_attempts, [](const json& v, const std::string& p) {
     const json& e = as_object(v, p);
-    check_known_fields(
-        e, p,
-        {"protocol", "host", "address", "port", "allowed", "reason", "bytes_up", "bytes_down"});
+    check_known_fields(e, p,
+                       {"protocol", "host", "address", "port", "allowed", "reason", "bytes_up",
+                        "bytes_down", "method", "path", "rule"});
     egress_attempt a;
     optional_member(e, p, "protocol",
                     [&](const json& x, const std::string& q) { a.protocol = as_string(x, q); });
@@ -328,6 +328,12 @@ run_result decode_result_body(const json& doc) {
                     [&](const json& x, const std::string& q) { a.bytes_up = as_unsigned(x, q); });
     optional_member(e, p, "bytes_down",
                     [&](const json& x, const std::string& q) { a.bytes_down = as_unsigned(x, q); });
+    optional_member(e, p, "method",
+                    [&](const json& x, const std::string& q) { a.method = as_string(x, q); });
+    optional_member(e, p, "path",
+                    [&](const json& x, const std::string& q) { a.path = as_string(x, q); });
+    optional_member(e, p, "rule",
+                    [&](const json& x, const std::string& q) { a.rule = as_string(x, q); });
     return a;
   });
   optional_member(o, "", "egress_attempts_dropped", [&](const json& v, const std::string& p) {
@@ -546,6 +552,10 @@ nlohmann::ordered_json encode_egress_attempts(const std::vector<egress_attempt>&
     e["reason"] = a.reason;
     e["bytes_up"] = a.bytes_up;
     e["bytes_down"] = a.bytes_down;
+    // Only for requests judged by L7 rules: other attempts encode as before.
+    if (!a.method.empty()) e["method"] = a.method;
+    if (!a.path.empty()) e["path"] = a.path;
+    if (!a.rule.empty()) e["rule"] = a.rule;
     out.push_back(std::move(e));
   }
   return out;

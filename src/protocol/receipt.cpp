@@ -195,9 +195,9 @@ receipt_claims claims_from(const json& v, const std::string& path) {
     for (std::size_t i = 0; i < a.size(); ++i) {
       const std::string ep = index_path(p, i);
       const json& e = as_object(a[i], ep);
-      check_known_fields(
-          e, ep,
-          {"protocol", "host", "address", "port", "allowed", "reason", "bytes_up", "bytes_down"});
+      check_known_fields(e, ep,
+                         {"protocol", "host", "address", "port", "allowed", "reason", "bytes_up",
+                          "bytes_down", "method", "path", "rule"});
       egress_attempt x;
       x.protocol = req_string(e, ep, "protocol");
       x.host = req_string(e, ep, "host");
@@ -207,6 +207,13 @@ receipt_claims claims_from(const json& v, const std::string& path) {
       x.reason = req_string(e, ep, "reason");
       x.bytes_up = req_unsigned(e, ep, "bytes_up");
       x.bytes_down = req_unsigned(e, ep, "bytes_down");
+      for (auto [key, out] : {std::pair{"method", &x.method}, std::pair{"path", &x.path},
+                              std::pair{"rule", &x.rule}}) {
+        if (const json* v = detail::find_member(e, key)) {
+          *out = as_string(*v, member_path(ep, key));
+          if (out->empty()) fail(member_path(ep, key), "must not be empty (leave it out)");
+        }
+      }
       c.egress_attempts.push_back(std::move(x));
     }
   }

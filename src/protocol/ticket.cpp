@@ -125,6 +125,68 @@ std::optional<std::string> canonicalize_secrets(std::vector<std::string>& secret
   return std::nullopt;
 }
 
+/// Checks a ticket's `egress_rules` (after its `egress` was canonicalized): only with the
+/// network, at most `max_egress_rules`, each valid (`check_egress_rule`, hosts made
+/// canonical), names unique, each host sharing a name with `egress`. Returns the first
+/// problem as "egress_rules[i].<field>: …" / "egress_rules: …", or nullopt.
+std::optional<std::string> check_egress_rules(std::vector<egress_rule>& rules,
+                                              const std::vector<std::string>& egress,
+                                              bool network) {
+  if (rules.empty()) return std::nullopt;
+  if (!network) return "egress_rules: only a ticket granting code.network may have L7 rules";
+  if (rules.size() > max_egress_rules) {
+    return "egress_rules: " + std::to_string(rules.size()) + " rules, more than the limit of " +
+           std::to_string(max_egress_rules);
+  }
+  for (std::size_t i = 0; i < rules.size(); ++i) {
+    const std::string path = "egress_rules[" + std::to_string(i) + "]";
+    if (auto problem = check_egress_rule(rules[i])) return path + "." + *problem;
+    for (std::size_t j = 0; j < i; ++j) {
+      if (rules[j].name == rules[i].name) {
+        return path + ".name: duplicate " + quote_for_message(rules[i].name);
+      }
+    }
+    if (std::none_of(egress.begin(), egress.end(), [&](const std::string& e) {
+          return egress_intersection(rules[i].host, e).has_value();
+        })) {
+      return path + ".host: " + quote_for_message(rules[i].host) +
+             " names no host the ticket's egress allows";
+    }
+  }
+  return std::nullopt;
+}
+
+/// Why a ticket with `rules` and `egress` does not narrow the L7 rules `parent` (see
+/// `check_derivation`, rule 5), as "egress_rules…: …", or nullopt.
+std::optional<std::string> rules_narrowing_problem(const std::vector<egress_rule>& rules,
+                                                   const std::vector<std::string>& egress,
+                                                   const std::vector<egress_rule>& parent) {
+  for (std::size_t i = 0; i < rules.size(); ++i) {
+    const auto& r = rules[i];
+    const bool ruled = std::any_of(parent.begin(), parent.end(), [&](const egress_rule& p) {
+      return egress_intersection(r.host, p.host).has_value();
+    });
+    if (!ruled) continue;  // a host the parent left unruled: the rule only restricts
+    if (std::none_of(parent.begin(), parent.end(),
+                     [&](const egress_rule& p) { return egress_rule_within(r, p); })) {
+      return "egress_rules[" + std::to_string(i) + "]: " + quote_for_message(r.name) +
+             " is not within a rule of the parent (host, methods, paths and budgets)";
+    }
+  }
+  std::vector<std::string> hosts;
+  for (const auto& r : rules) hosts.push_back(r.host);
+  for (const auto& p : parent) {
+    for (const auto& e : egress) {
+      const auto shared = egress_intersection(p.host, e);
+      if (shared && !egress_subset(std::span(&*shared, 1), hosts)) {
+        return "egress_rules: " + quote_for_message(*shared) + " loses the parent's rule " +
+               quote_for_message(p.name);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 /// The first problem with `spec` for a ticket that does (`network`) or does not grant
 /// `code.network`, as "<field>: <reason>" in the JSON form's field names. Normalizes `spec`
 /// (canonical egress, expiry rounded down to the second).
@@ -149,6 +211,7 @@ std::optional<std::string> check_spec(ticket_spec& spec, bool network) {
   }
   if (auto problem = canonicalize_tools(spec.tools)) return problem;
   if (auto problem = canonicalize_secrets(spec.secrets)) return problem;
+  if (auto problem = check_egress_rules(spec.egress_rules, spec.egress, network)) return problem;
   if (!spec.profile.empty() && !is_valid_registry_name(spec.profile)) {
     return "profile: must be 1 to 64 characters of [a-z0-9._-], starting with a letter or digit";
   }
@@ -518,6 +581,19 @@ ordered_json ticket_to_json(const ticket& t) {
   if (!t.tools().empty()) j["tools"] = t.tools();
   if (!t.profile().empty()) j["profile"] = t.profile();
   if (!t.secrets().empty()) j["secrets"] = t.secrets();
+  if (!t.egress_rules().empty()) {
+    j["egress_rules"] = ordered_json::array();
+    for (const auto& r : t.egress_rules()) {
+      ordered_json e;
+      e["name"] = r.name;
+      e["host"] = r.host;
+      e["methods"] = r.methods;
+      e["paths"] = r.paths;
+      if (r.max_requests) e["max_requests"] = *r.max_requests;
+      if (r.max_bytes) e["max_bytes"] = *r.max_bytes;
+      j["egress_rules"].push_back(std::move(e));
+    }
+  }
   return j;
 }
 
@@ -527,7 +603,7 @@ ticket ticket_from_json(const json& doc, const std::string& path) {
   check_known_fields(o, path,
                      {"v", "id", "tenant", "actions", "isolation", "max_timeout_ms",
                       "max_memory_bytes", "runtime_digest", "egress", "expires_at", "derived_from",
-                      "approval", "tools", "profile", "secrets"});
+                      "approval", "tools", "profile", "secrets", "egress_rules"});
   auto field = [&](std::string_view key) { return member_path(path, key); };
   ticket_spec spec;
   spec.id = as_string(require_member(o, path, "id"), field("id"));
@@ -634,6 +710,43 @@ ticket ticket_from_json(const json& doc, const std::string& path) {
       spec.secrets.push_back(as_string(a[i], index_path(p, i)));
     if (spec.secrets.empty()) fail(p, "must not be empty (leave it out)");
   }
+  if (const json* rules = find_member(o, "egress_rules")) {
+    const std::string p = field("egress_rules");
+    const json& a = as_array(*rules, p);
+    if (a.empty()) fail(p, "must not be empty (leave it out)");
+    if (a.size() > max_egress_rules) {
+      fail(p, std::to_string(a.size()) + " rules, more than the limit of " +
+                  std::to_string(max_egress_rules));
+    }
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const std::string rp = index_path(p, i);
+      const json& e = as_object(a[i], rp);
+      check_known_fields(e, rp, {"name", "host", "methods", "paths", "max_requests", "max_bytes"});
+      egress_rule r;
+      r.name = as_string(require_member(e, rp, "name"), member_path(rp, "name"));
+      r.host = as_string(require_member(e, rp, "host"), member_path(rp, "host"));
+      const auto strings = [&](std::string_view key, std::size_t limit,
+                               std::vector<std::string>& out) {
+        const std::string lp = member_path(rp, key);
+        const json& list = as_array(require_member(e, rp, key), lp);
+        if (list.size() > limit) {
+          fail(lp, std::to_string(list.size()) + " entries, more than the limit of " +
+                       std::to_string(limit));
+        }
+        for (std::size_t j = 0; j < list.size(); ++j)
+          out.push_back(as_string(list[j], index_path(lp, j)));
+      };
+      strings("methods", egress_rule_methods.size(), r.methods);
+      strings("paths", max_egress_rule_paths, r.paths);
+      if (const json* n = find_member(e, "max_requests")) {
+        r.max_requests = as_unsigned(*n, member_path(rp, "max_requests"));
+      }
+      if (const json* n = find_member(e, "max_bytes")) {
+        r.max_bytes = as_unsigned(*n, member_path(rp, "max_bytes"));
+      }
+      spec.egress_rules.push_back(std::move(r));
+    }
+  }
   if (auto problem = check_spec(spec, network)) throw decode_error(at_path(path, *problem));
   if (approval) {
     // An approval belongs to a derived ticket and names its parent and tenant.
@@ -707,10 +820,24 @@ result<ticket> ticket_issuer::derive(const ticket& parent, const approval_reques
   } else {
     for (const auto& sec : approval.secrets) spec.secrets.push_back(sec.name);
   }
+  // L7 rules: the given ones, or the parent's that apply to the approved domains; never
+  // broader than the parent's.
+  if (options.egress_rules) {
+    spec.egress_rules = *options.egress_rules;
+  } else {
+    for (const auto& r : parent.egress_rules()) {
+      if (std::any_of(spec.egress.begin(), spec.egress.end(), [&](const std::string& e) {
+            return egress_intersection(r.host, e).has_value();
+          })) {
+        spec.egress_rules.push_back(r);
+      }
+    }
+  }
   time_point expiry = chrono::floor<chrono::seconds>(saturating_add(now, options.ttl));
   if (parent.expires_at() && *parent.expires_at() < expiry) expiry = *parent.expires_at();
   spec.expires_at = expiry;
   if (check_spec(spec, true)) return bad;
+  if (rules_narrowing_problem(spec.egress_rules, spec.egress, parent.egress_rules())) return bad;
   std::vector<std::string> ancestors = parent.ancestors();
   ancestors.push_back(parent.id());
   return detail::ticket_access::make(std::move(spec), true, std::move(ancestors), approval);
@@ -820,6 +947,11 @@ std::optional<std::string> check_derivation(const ticket& parent, const ticket& 
     if (*child.runtime_digest() != a->runtime.digest) {
       return "runtime_digest: not the image the approval is for";
     }
+  }
+  // 5. L7 rules: only narrowed.
+  if (auto why =
+          rules_narrowing_problem(child.egress_rules(), child.egress(), parent.egress_rules())) {
+    return why;
   }
   return std::nullopt;
 }

@@ -238,6 +238,12 @@ export interface EgressAttempt {
   bytes_up: number;
   /** Bytes relayed down through the proxy. */
   bytes_down: number;
+  /** For a request an L7 egress rule judged: its method as sent (absent otherwise). */
+  method?: string;
+  /** For a request an L7 egress rule judged: its path as sent, escaped, at most 256 bytes. */
+  path?: string;
+  /** The rule that admitted or refused it (none matched: the host's rules, comma-separated). */
+  rule?: string;
 }
 
 /** Queue position, for `capacity` and `queue_timeout`. */

@@ -103,6 +103,19 @@ SEEDS = {
     "ticket_secrets": b'{"v":1,"id":"t-1","tenant":"acme","actions":["code.execute"],'
                       b'"isolation":"process","max_timeout_ms":8000,"max_memory_bytes":536870912,'
                       b'"secrets":["rates-api","mail"]}',
+    "ticket_egress_rules": b'{"v":1,"id":"t-1","tenant":"acme",'
+                           b'"actions":["code.execute","code.network"],"isolation":"container",'
+                           b'"max_timeout_ms":8000,"max_memory_bytes":536870912,'
+                           b'"egress":["api.example.com","*.cdn.example"],"egress_rules":['
+                           b'{"name":"rates-read","host":"api.example.com","methods":["GET","HEAD"],'
+                           b'"paths":["/v1/rates/","/v1/lanes"],"max_requests":10,"max_bytes":1048576},'
+                           b'{"name":"cdn","host":"*.cdn.example","methods":["GET"],"paths":["/"]}]}',
+    "ticket_egress_rules_hostile": b'{"v":1,"id":"t-1","tenant":"acme",'
+                                   b'"actions":["code.execute","code.network"],"isolation":"container",'
+                                   b'"max_timeout_ms":8000,"max_memory_bytes":536870912,'
+                                   b'"egress":["api.example.com"],"egress_rules":['
+                                   b'{"name":"Rates","host":"api.example.com:443","methods":["get","GET"],'
+                                   b'"paths":["/v1/%2e%2e/","v1","/a/../b"],"max_requests":0,"x":1}]}',
     "approval_secrets": json.dumps(dict(APPROVAL, v=1, secrets=[
         {"name": "rates-api", "domains": ["api.example.com"], "header": "Authorization"}])).encode(),
     "approval_secrets_hostile": json.dumps(dict(APPROVAL, v=1, secrets=[

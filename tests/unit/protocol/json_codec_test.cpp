@@ -113,7 +113,16 @@ sandbox::run_result full_result() {
                         .address = "93.184.216.34",
                         .port = 65535,
                         .allowed = true,
-                        .reason = ""}};
+                        .reason = ""},
+                       {.protocol = "https",
+                        .host = "api.example.com",
+                        .address = "93.184.216.34",
+                        .port = 443,
+                        .allowed = false,
+                        .reason = "rule_refused",
+                        .method = "POST",
+                        .path = "/v1/rates/eu",
+                        .rule = "rates-read,quote"}};
   r.egress_attempts_dropped = 7;
   r.violation = "ptrace";
   r.run_id = "run-0001";
@@ -610,6 +619,21 @@ TEST_CASE("results round-trip through JSON", "[json][result]") {
     CHECK(*back == value);
     CHECK(sandbox::encode(*back) == text);
   }
+}
+
+TEST_CASE("an egress attempt's L7 members are written only when set", "[json][result]") {
+  const auto j = nlohmann::json::parse(sandbox::encode(full_result()));
+  const auto& attempts = j["egress_attempts"];
+  REQUIRE(attempts.size() == 3);
+  CHECK_FALSE(attempts[0].contains("method"));
+  CHECK_FALSE(attempts[0].contains("path"));
+  CHECK_FALSE(attempts[0].contains("rule"));
+  CHECK(attempts[2]["method"] == "POST");
+  CHECK(attempts[2]["path"] == "/v1/rates/eu");
+  CHECK(attempts[2]["rule"] == "rates-read,quote");
+  auto bad = decode_run_result(R"({"code":"ok","egress_attempts":[{"rule":7}]})");
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error().message == "egress_attempts[0].rule: expected a string");
 }
 
 TEST_CASE("a result's backend is a bounded string", "[json][result]") {

@@ -50,7 +50,14 @@ sandbox::runtime signing_runtime(const keys& k) {
   e.protocol = "dns";
   e.host = "example.com";
   e.reason = "network disabled";
-  run.egress_attempts = {e};
+  sandbox::egress_attempt ruled;  // a request an L7 egress rule judged
+  ruled.protocol = "https";
+  ruled.host = "api.example.com";
+  ruled.reason = "rule_refused";
+  ruled.method = "POST";
+  ruled.path = "/v1/rates/eu";
+  ruled.rule = "rates-read";
+  run.egress_attempts = {e, ruled};
   run.usage.cpu = std::chrono::milliseconds(7);
   fake->otherwise().respond(run);
   rt->add_backend(fake);
@@ -79,7 +86,10 @@ TEST_CASE("a run's receipt verifies and describes its result", "[receipt]") {
   CHECK(claims->backend == r.backend);
   CHECK(claims->runtime.digest == fake_digest("python3"));
   CHECK(claims->files_out.size() == 2);
-  CHECK(claims->egress_attempts.size() == 1);
+  REQUIRE(claims->egress_attempts.size() == 2);
+  CHECK(claims->egress_attempts[1].method == "POST");
+  CHECK(claims->egress_attempts[1].path == "/v1/rates/eu");
+  CHECK(claims->egress_attempts[1].rule == "rates-read");
   CHECK(claims->usage.cpu == std::chrono::milliseconds(7));
 
   // The receipt travels in the result's JSON and in a run record, and still verifies.
@@ -191,6 +201,10 @@ TEST_CASE("receipt documents are decoded strictly", "[receipt][json]") {
         "receipt: receipt.files_out[0].blob: invalid blob id");
   check(with([](auto& j) { j["receipt"]["egress_attempts"][0]["port"] = 70000; }),
         "receipt: receipt.egress_attempts[0].port: out of range");
+  check(with([](auto& j) { j["receipt"]["egress_attempts"][0]["rule"] = ""; }),
+        "receipt: receipt.egress_attempts[0].rule: must not be empty");
+  check(with([](auto& j) { j["receipt"]["egress_attempts"][0]["path"] = 1; }),
+        "receipt: receipt.egress_attempts[0].path: expected a string");
   check(with([](auto& j) { j["receipt"].erase("tenant"); }),
         "receipt: receipt.tenant: required field is missing");
   check(v.verify(std::string(sandbox::max_receipt_bytes + 1, ' ')), "receipt: larger than");

@@ -233,6 +233,44 @@ TEST_CASE("tampered documents are refused", "[ticket][signed]") {
         "signed ticket: duplicate field 'kid'");
 }
 
+TEST_CASE("the signature covers a ticket's L7 egress rules", "[ticket][signed][egress_rules]") {
+  keys k1("k1");
+  const auto v = trusting({&k1});
+  sandbox::ticket_spec s{.id = "t-1", .tenant = "acme"};
+  s.isolation = sandbox::isolation::container;
+  s.egress = {"api.example.com"};
+  s.egress_rules = {sandbox::egress_rule{.name = "rates-read",
+                                         .host = "api.example.com",
+                                         .methods = {"GET"},
+                                         .paths = {"/v1/rates/"},
+                                         .max_requests = 10}};
+  s.expires_at = noon + 24h;
+  const auto t = ticket_issuer{}.issue(s, sandbox::network_grant{}).value();
+  const std::string doc = k1.signer.sign(t).value();
+  auto back = v.verify(doc, noon);
+  REQUIRE(back.has_value());
+  CHECK(back->egress_rules() == t.egress_rules());
+  auto edit = [&](const std::function<void(nlohmann::ordered_json&)>& f) {
+    auto j = nlohmann::ordered_json::parse(doc);
+    f(j);
+    return j.dump();
+  };
+  const std::string bad_sig = "signed ticket: bad signature (key 'k1')";
+  // Widening a rule, dropping its budget, dropping the rules: each breaks the signature.
+  CHECK(refusal(v, edit([](auto& j) {
+                  j["ticket"]["egress_rules"][0]["methods"].push_back("POST");
+                })) == bad_sig);
+  CHECK(refusal(v, edit([](auto& j) { j["ticket"]["egress_rules"][0]["paths"][0] = "/"; })) ==
+        bad_sig);
+  CHECK(refusal(v, edit([](auto& j) { j["ticket"]["egress_rules"][0].erase("max_requests"); })) ==
+        bad_sig);
+  CHECK(refusal(v, edit([](auto& j) { j["ticket"].erase("egress_rules"); })) == bad_sig);
+  // A malformed rule is refused naming the field, before the signature is looked at.
+  CHECK(refusal(v, edit([](auto& j) { j["ticket"]["egress_rules"][0]["paths"][0] = "/a/../b"; }))
+            .rfind("signed ticket: ticket.egress_rules[0].paths[0]: no '.' or '..' segments", 0) ==
+        0);
+}
+
 TEST_CASE("expiry is checked at verification", "[ticket][signed]") {
   keys k1("k1");
   const auto v = trusting({&k1});
