@@ -755,6 +755,17 @@ void runtime_impl::record_span(const run_op& op, error_code ec,
           std::count_if(r.egress_attempts.begin(), r.egress_attempts.end(),
                         [](const egress_attempt& e) { return e.reason == "secret_misuse"; }));
     }
+    // L7 egress rules: how many of the listed attempts a rule refused (rule_refused,
+    // budget_exhausted, unsafe_path); absent when none was.
+    if (const auto refused = std::count_if(r.egress_attempts.begin(), r.egress_attempts.end(),
+                                           [](const egress_attempt& e) {
+                                             return !e.allowed && (e.reason == "rule_refused" ||
+                                                                   e.reason == "budget_exhausted" ||
+                                                                   e.reason == "unsafe_path");
+                                           });
+        refused > 0) {
+      a["sandbox.egress_rule_refusals"] = static_cast<std::int64_t>(refused);
+    }
     if (ec == asio::error::operation_aborted) a["sandbox.cancelled"] = true;
     spans_->record(s);
   } catch (...) {

@@ -9,6 +9,11 @@
 // any Proxy-* or hop-by-hop field. Hostile bytes as a host still give a valid JSON denial. The
 // first 16 bytes, taken as addresses, are judged alike as IPv4 and in their IPv6 forms. Two
 // halves of the input, taken as host names, are the same host both ways round or neither.
+// L7 rules (l7_rules.hpp): the input's first line as a rule path prefix (checked like a
+// ticket's) and as a request target judged by fixed rules — whatever a rule admits starts with
+// one of its prefixes and holds no dot segment, no encoded '.', '/', '\' or '%', no backslash
+// nor control byte; the input as a ruled tunnel's client bytes, whole and cut, judges the
+// same requests the same way, its records bounded and printable.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -19,6 +24,7 @@
 #include <string_view>
 
 #include "core/egress/egress_proxy.hpp"
+#include "core/egress/l7_rules.hpp"
 #include "core/egress/parsers.hpp"
 #include "core/egress/terminated_http.hpp"
 
@@ -175,6 +181,103 @@ void check_terminated(std::string_view text) {
   if (!whole_refusal && (r || up != whole_up)) fail("a cut changed the request stream");
 }
 
+std::vector<sandbox::egress_rule> fuzz_rules() {
+  return {
+      sandbox::egress_rule{.name = "rates-read",
+                           .host = "api.example.com",
+                           .methods = {"GET", "HEAD"},
+                           .paths = {"/v1/rates/", "/v1/lanes"},
+                           .max_requests = 3,
+                           .max_bytes = 64},
+      sandbox::egress_rule{
+          .name = "quote", .host = "*.example.com", .methods = {"POST"}, .paths = {"/v1/quote"}}};
+}
+
+void check_admitted_target(std::string_view target) {
+  const std::string_view path = target_path(target);
+  const bool under = path.starts_with("/v1/rates/") || path == "/v1/lanes" ||
+                     path.starts_with("/v1/lanes/") || path == "/v1/quote" ||
+                     path.starts_with("/v1/quote/");
+  if (!under) fail("a rule admitted a path outside its prefixes");
+  for (const char c : target) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b < 0x21 || b > 0x7E || c == '\\' || c == '#') fail("a rule admitted a raw unsafe byte");
+  }
+  for (std::string_view enc : {"%2e", "%2E", "%2f", "%2F", "%5c", "%5C", "%25", "%00"}) {
+    if (path.find(enc) != std::string_view::npos) fail("a rule admitted an encoded unsafe byte");
+  }
+  if (path.find("/./") != std::string_view::npos || path.find("/../") != std::string_view::npos ||
+      path.ends_with("/.") || path.ends_with("/..") ||
+      path.find("/..;") != std::string_view::npos) {
+    fail("a rule admitted a dot segment");
+  }
+}
+
+void check_rules(std::string_view text) {
+  const std::string_view line = text.substr(0, text.find('\n'));
+  // As a rule's path prefix: checked; a valid one matches itself and what extends it.
+  sandbox::egress_rule candidate{
+      .name = "r", .host = "api.example.com", .methods = {"GET"}, .paths = {std::string(line)}};
+  if (!sandbox::check_egress_rule(candidate)) {
+    if (!sandbox::egress_path_matches(line, line)) fail("a prefix does not match itself");
+    if (!sandbox::egress_path_matches(line, std::string(line) + "/x")) fail("prefix extension");
+    if (unsafe_target(line)) fail("a valid prefix is an unsafe path");
+  }
+  // As a target.
+  for (const std::string_view method : {"GET", "POST", "DELETE"}) {
+    l7_rules rules(fuzz_rules());
+    const auto v = rules.admit("api.example.com", method, line, std::nullopt);
+    if (!v.ruled) fail("a ruled host was not judged");
+    if (v.allowed) {
+      check_admitted_target(line);
+      if (unsafe_target(line)) fail("an unsafe target was admitted");
+    } else if (v.reason != "rule_refused" && v.reason != "unsafe_path" &&
+               v.reason != "budget_exhausted") {
+      fail("unknown rule refusal");
+    }
+    if (v.advice.size() > 600) fail("advice unbounded");
+    const std::string shown = display_target(line);
+    if (shown.size() > max_recorded_target_bytes || !printable(shown)) fail("display_target");
+  }
+  // As a ruled tunnel's client bytes: cut or whole, the same requests are judged alike.
+  l7_rules whole_rules(fuzz_rules());
+  terminated_http whole("api.example.com", {}, &whole_rules);
+  std::string up;
+  const auto whole_refusal = whole.from_client(text, up);
+  const auto judged = whole.take_judged();
+  for (const auto& j : judged) {
+    if (j.method.size() > max_recorded_target_bytes || j.path.size() > max_recorded_target_bytes ||
+        (!j.method.empty() && !printable(j.method)) || (!j.path.empty() && !printable(j.path))) {
+      fail("judged request record");
+    }
+    if (j.allowed != j.reason.empty()) fail("judged verdict");
+  }
+  if (whole_refusal && whole_refusal->status == 403 && whole_refusal->reason != "secret_misuse" &&
+      whole_refusal->rule.empty()) {
+    fail("a rule's refusal names no rule");
+  }
+  l7_rules cut_rules(fuzz_rules());
+  terminated_http cut("api.example.com", {}, &cut_rules);
+  std::string cut_up;
+  const std::size_t at = text.size() / 2;
+  auto r = cut.from_client(text.substr(0, at), cut_up);
+  auto cut_judged = cut.take_judged();
+  if (!r) {
+    r = cut.from_client(text.substr(at), cut_up);
+    for (auto& j : cut.take_judged()) cut_judged.push_back(std::move(j));
+  }
+  if (!whole_refusal) {
+    if (r || cut_up != up) fail("a cut changed a ruled request stream");
+    if (cut_judged.size() != judged.size()) fail("a cut changed the judged requests");
+    for (std::size_t i = 0; i < judged.size(); ++i) {
+      if (cut_judged[i].path != judged[i].path || cut_judged[i].allowed != judged[i].allowed ||
+          cut_judged[i].rule != judged[i].rule) {
+        fail("a cut changed a request's verdict");
+      }
+    }
+  }
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::span<const std::uint8_t> bytes(data, size);
   const std::string_view text(reinterpret_cast<const char*>(data), size);
@@ -183,6 +286,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   check_head(text, 64);
   check_addresses(bytes);
   check_terminated(text);
+  check_rules(text);
   const std::string_view first = text.substr(0, size / 2), second = text.substr(size / 2);
   if (same_host(first, second) != same_host(second, first)) fail("same_host not symmetric");
   const std::string shown = display_host(text);

@@ -8,7 +8,10 @@ serves until stdin closes. Paths:
   /echo             JSON with the request's Host header, path and the server's TLS SNI
   /auth             JSON {"authorization": the request's Authorization header}, the header
                     echoed in X-Echo too; the server's log of them is in /stats ("auth")
-  /stats            JSON: requests and TCP connections each server has seen so far
+  /v1/...           (any method) JSON with the method and path, the connection kept alive:
+                    the paths the L7 rule cases send
+  /stats            JSON: requests and TCP connections each server has seen so far, and
+                    "log": "METHOD path" of every request but /stats, in order
 Every connection is counted when accepted, before any TLS handshake, so a test can prove
 that a refused tunnel never reached the origin.
 """
@@ -19,8 +22,8 @@ import ssl
 import sys
 import threading
 
-stats = {"http": {"connections": 0, "requests": 0, "auth": []},
-         "https": {"connections": 0, "requests": 0, "auth": []}}
+stats = {"http": {"connections": 0, "requests": 0, "auth": [], "log": []},
+         "https": {"connections": 0, "requests": 0, "auth": [], "log": []}}
 lock = threading.Lock()
 
 
@@ -39,10 +42,30 @@ def make_handler(kind):
             self.end_headers()
             self.wfile.write(body)
 
+        def note(self):
+            if self.path != "/stats":
+                with lock:
+                    stats[kind]["log"].append(self.command + " " + self.path)
+
+        def api(self):
+            # Kept alive (no Connection: close), so a client can send several requests on it.
+            n = int(self.headers.get("Content-Length", "0"))
+            if n:
+                self.rfile.read(n)
+            body = json.dumps({"kind": kind, "method": self.command, "path": self.path}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def do_GET(self):
             with lock:
                 stats[kind]["requests"] += 1
-            if self.path == "/rates":
+            self.note()
+            if self.path.startswith("/v1/"):
+                self.api()
+            elif self.path == "/rates":
                 self.send_body(json.dumps({"currency": "EUR", "per_kg": 1.75,
                                            "source": kind}).encode())
             elif self.path.startswith("/bytes/"):
@@ -82,11 +105,18 @@ def make_handler(kind):
                 self.send_error(404)
 
         def do_POST(self):
+            self.note()
+            if self.path.startswith("/v1/"):
+                with lock:
+                    stats[kind]["requests"] += 1
+                return self.api()
             n = int(self.headers.get("Content-Length", "0"))
             data = self.rfile.read(n)
             with lock:
                 stats[kind]["requests"] += 1
             self.send_body(json.dumps({"received": len(data)}).encode())
+
+        do_PUT = do_DELETE = do_PATCH = do_POST
 
     return Handler
 

@@ -153,6 +153,7 @@ struct request_verdict {
   std::string host_name;        // canonical: what to resolve
   std::uint64_t body_left = 0;  // plain HTTP: request body bytes to forward
   std::string upstream_head;    // plain HTTP: the head sent upstream
+  std::string origin_form;      // plain HTTP: the target as the origin gets it
 };
 
 // Judges `head` against the grant. Order: what was asked, then limits, then the grant, so the
@@ -211,6 +212,7 @@ request_verdict judge_request(const http_request_head& head, const egress_grant&
     const std::string* length = head.find("Content-Length");
     v.body_left = length != nullptr ? parse_content_length(*length).value_or(0) : 0;
     v.upstream_head = rewrite_http_request_head(head, target->origin_form);
+    v.origin_form = target->origin_form;
   }
   v.host_name = *name;
   return v;
@@ -459,6 +461,28 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
       return deny(403, "byte limit");
     }
     host_name_ = std::move(v.host_name);
+    if (proxy_->rules_.applies(host_name_)) {
+      if (connect_) {
+        // Rules are judged per request, inside the tunnel: without a CA to terminate it they
+        // could not be, so the tunnel is refused rather than relayed unjudged.
+        if (!grant().ca) {
+          return deny(403, std::string(rule_refused_reason), {},
+                      "this host's L7 rules cannot be enforced in this run (no run CA): it is "
+                      "not reachable over HTTPS");
+        }
+      } else {
+        // Plain HTTP: one request, judged here (its body's length is known: Content-Length).
+        l7_verdict lv = proxy_->rules_.admit(host_name_, head.method, v.origin_form, body_left_);
+        attempt_.method = display_target(head.method);
+        attempt_.path = display_target(target_path(v.origin_form));
+        attempt_.rule = lv.rule_names;
+        if (!lv.allowed) {
+          return deny(lv.status, std::move(lv.reason), std::move(lv.rule_names),
+                      std::move(lv.advice));
+        }
+        rule_ = lv.rule;
+      }
+    }
     // With secrets, a plain-HTTP body that fits is read whole and judged before anything
     // goes upstream, so a placeholder in it is always a clean 403 (a larger one is judged as
     // it is relayed).
@@ -582,7 +606,7 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
           if (!egress_pattern_matches(host_name_, sni.name)) {
             return fail("SNI does not match CONNECT host");
           }
-          if (grant().ca && !grant().secrets.empty()) {
+          if (grant().ca && (!grant().secrets.empty() || !proxy_->rules_.empty())) {
             std::string first(hello_.begin(), hello_.end());
             hello_ = {};
             return start_terminate(std::move(first));
@@ -647,7 +671,7 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
                                      if (ec) return tls_deny(403, "origin_unverified");
                                      attempt_.allowed = true;
                                      attempt_.reason = "approved";
-                                     http_.emplace(host_name_, grant().secrets);
+                                     http_.emplace(host_name_, grant().secrets, &proxy_->rules_);
                                      set_phase(phase::relay, {});
                                      up_.up = true;
                                      up_.buf.resize(relay_buffer_bytes);
@@ -676,9 +700,9 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
           }
           last_activity_ = clock::now();
           std::string out;
-          if (auto refusal = http_->from_client(std::string_view(up_.buf.data(), n), out)) {
-            return tls_refuse(*refusal);
-          }
+          auto refusal = http_->from_client(std::string_view(up_.buf.data(), n), out);
+          for (auto& judged : http_->take_judged()) note_request(std::move(judged));
+          if (refusal) return tls_refuse(*refusal);
           if (out.empty()) return tls_read_client();
           if (proxy_->take_budget(true, out.size()) < out.size()) return over_budget();
           up_out_ = std::move(out);
@@ -699,6 +723,7 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
           if (phase_ != phase::relay) return;
           std::string out;
           bool last = false;
+          bool cut = false;  // its rule's byte budget cut the response: what fit, then close
           if (ec) {
             // The origin closed (with or without close_notify): a response read until close
             // ends here; one cut short ends the tunnel.
@@ -706,18 +731,24 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
             last = true;
           } else {
             last_activity_ = clock::now();
-            if (http_->from_origin(std::string_view(down_.buf.data(), n), out)) return close();
+            if (auto r = http_->from_origin(std::string_view(down_.buf.data(), n), out)) {
+              if (r->reason != budget_exhausted_reason) return close();
+              attempt_.allowed = false;
+              attempt_.reason = r->reason;
+              if (out.empty()) return close();
+              cut = true;
+            }
           }
           if (out.empty()) return last ? tls_finish() : tls_read_origin();
           if (proxy_->take_budget(false, out.size()) < out.size()) return over_budget();
           down_out_ = std::move(out);
           down_writing_ = true;
           asio::async_write(*client_tls_, asio::buffer(down_out_),
-                            track<true>([this, last](error_code wec, std::size_t written) {
+                            track<true>([this, last, cut](error_code wec, std::size_t written) {
                               down_writing_ = false;
                               attempt_.bytes_down += written;
                               if (phase_ != phase::relay) return;
-                              if (wec) return close();
+                              if (wec || cut) return close();
                               if (last || (up_.done && !http_->awaiting_response())) {
                                 return tls_finish();
                               }
@@ -735,12 +766,32 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
       attempt_.reason = refusal.reason;
       return close();
     }
-    tls_deny(refusal.status, refusal.reason);
+    tls_deny(refusal.status, refusal.reason, refusal.rule, refusal.advice);
+  }
+
+  // A request an L7 rule judged inside the tunnel. Each is its own attempt: the one before it
+  // on this connection (admitted, or the tunnel would have ended) is recorded now, with the
+  // bytes moved since the one before that; this one becomes the session's attempt.
+  void note_request(judged_request r) {
+    if (judged_any_) {
+      sandbox::egress_attempt earlier = attempt_;
+      earlier.host = display_host(asked_host_);
+      earlier.bytes_up -= base_up_;
+      earlier.bytes_down -= base_down_;
+      base_up_ = attempt_.bytes_up;
+      base_down_ = attempt_.bytes_down;
+      proxy_->record(std::move(earlier));
+    }
+    judged_any_ = true;
+    attempt_.method = std::move(r.method);
+    attempt_.path = std::move(r.path);
+    attempt_.rule = std::move(r.rule);
   }
 
   // Answers the client inside its TLS session, then closes (after a bounded linger).
-  void tls_deny(unsigned status, std::string reason) {
-    prepare_denial(status, std::move(reason));
+  void tls_deny(unsigned status, std::string reason, std::string rule = {},
+                std::string advice = {}) {
+    prepare_denial(status, std::move(reason), std::move(rule), std::move(advice));
     asio::async_write(*client_tls_, asio::buffer(reply_), track([this](error_code ec, std::size_t) {
       if (phase_ != phase::deny) return;
       if (ec) return close();
@@ -825,18 +876,29 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
   // Writes `n` bytes of `data` (alive until the write completes) the way of `d`, as far as
   // the run's budget allows.
   void forward(direction& d, const char* data, std::size_t n) {
-    const auto granted = static_cast<std::size_t>(proxy_->take_budget(d.up, n));
+    auto granted = static_cast<std::size_t>(proxy_->take_budget(d.up, n));
     if (granted == 0) return over_budget();
-    const bool crossed = granted < n;
-    asio::async_write(sink(d), asio::buffer(data, granted),
-                      track<true>([this, &d, crossed](error_code ec, std::size_t written) {
-                        (d.up ? attempt_.bytes_up : attempt_.bytes_down) += written;
-                        if (phase_ != phase::relay) return;
-                        if (ec) return close();
-                        if (crossed) return over_budget();
-                        last_activity_ = clock::now();
-                        pump(d);
-                      }));
+    bool crossed = granted < n;
+    // A plain-HTTP response under an L7 rule: its bytes count against the rule's byte
+    // budget (the request body was reserved when the request was admitted), cut at its end.
+    bool rule_crossed = false;
+    if (!d.up && !connect_ && rule_ != no_rule) {
+      const auto fits = static_cast<std::size_t>(proxy_->rules_.take_bytes(rule_, granted));
+      rule_crossed = fits < granted;
+      granted = fits;
+      if (granted == 0) return over_rule_budget();
+    }
+    asio::async_write(
+        sink(d), asio::buffer(data, granted),
+        track<true>([this, &d, crossed, rule_crossed](error_code ec, std::size_t written) {
+          (d.up ? attempt_.bytes_up : attempt_.bytes_down) += written;
+          if (phase_ != phase::relay) return;
+          if (ec) return close();
+          if (rule_crossed) return over_rule_budget();
+          if (crossed) return over_budget();
+          last_activity_ = clock::now();
+          pump(d);
+        }));
   }
 
   void over_budget() {
@@ -844,6 +906,13 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
     attempt_.reason = "byte limit";
     close();
     proxy_->close_tunnels();
+  }
+
+  // A response crossed its L7 rule's byte budget: cut where it crossed.
+  void over_rule_budget() {
+    attempt_.allowed = false;
+    attempt_.reason = budget_exhausted_reason;
+    close();
   }
 
   void on_source_end(direction& d, error_code ec) {
@@ -873,23 +942,26 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
   // What both refusals (plain `deny`, `tls_deny` inside a terminated tunnel) do before
   // writing: the attempt recorded as refused, the origin dropped, `reply_` made, the phase
   // set with the linger deadline.
-  void prepare_denial(unsigned status, std::string reason) {
+  void prepare_denial(unsigned status, std::string reason, std::string rule = {},
+                      std::string advice = {}) {
     attempt_.allowed = false;
     attempt_.reason = std::move(reason);
     error_code ignored;
     upstream_.close(ignored);
-    reply_ = egress_denial_response(status, attempt_.reason, asked_host_);
+    reply_ = egress_denial_response(status, attempt_.reason, asked_host_, rule, advice);
     set_phase(phase::deny, linger_timeout());
   }
 
   // Answers the client with `status` (over-limit connections always get 403 "connection
   // limit"), then lingers. Only called when no read of the client is in flight.
-  void deny(unsigned status, std::string reason) {
+  void deny(unsigned status, std::string reason, std::string rule = {}, std::string advice = {}) {
     if (over_limit_) {
       status = 403;
       reason = "connection limit";
+      rule.clear();
+      advice.clear();
     }
-    prepare_denial(status, std::move(reason));
+    prepare_denial(status, std::move(reason), std::move(rule), std::move(advice));
     asio::async_write(client_, asio::buffer(reply_), track([this](error_code ec, std::size_t) {
                         if (phase_ != phase::deny) return;
                         if (ec) return close();
@@ -939,6 +1011,8 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
     if (phase_ != phase::closed || outstanding_ != 0 || reported_) return;
     reported_ = true;
     attempt_.host = display_host(asked_host_);
+    attempt_.bytes_up -= base_up_;  // the earlier requests of a tunnel were recorded apart
+    attempt_.bytes_down -= base_down_;
     if (over_limit_) {
       attempt_.allowed = false;
       attempt_.reason = "connection limit";
@@ -985,6 +1059,12 @@ class egress_proxy::session : public std::enable_shared_from_this<session> {
   std::string up_out_;
   std::string down_out_;
   bool down_writing_ = false;
+  // L7 rules.
+  static constexpr std::size_t no_rule = static_cast<std::size_t>(-1);
+  std::size_t rule_ = no_rule;  // plain HTTP: the rule that admitted the request
+  bool judged_any_ = false;     // terminated: a request of this tunnel was judged by a rule
+  std::uint64_t base_up_ = 0;   // terminated: bytes of the earlier requests, recorded apart
+  std::uint64_t base_down_ = 0;
 };
 
 egress_proxy::egress_proxy(private_tag, asio::any_io_executor ex, egress_grant grant,
@@ -993,6 +1073,7 @@ egress_proxy::egress_proxy(private_tag, asio::any_io_executor ex, egress_grant g
       acceptor_(strand_),
       retry_timer_(strand_),
       grant_(std::move(grant)),
+      rules_(grant_.rules),
       resolver_(std::move(resolver)),
       on_attempt_(std::move(on_attempt)) {}
 

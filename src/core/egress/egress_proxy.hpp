@@ -6,8 +6,9 @@
 // run's grant (approved domains, ports, budgets), resolves names on the host, refuses
 // non-public addresses unless a test resolver pinned them, and relays bytes. For HTTPS it
 // reads the ClientHello's SNI and requires it to name the CONNECT host before a single byte
-// goes upstream; only for a run that uses a secret does it then terminate TLS (see
-// `egress_grant::secrets`).
+// goes upstream; only for a run that uses a secret or has L7 rules does it then terminate TLS
+// (see `egress_grant::ca`). L7 rules (l7_rules.hpp) judge each request to a host they name:
+// plain-HTTP requests here, requests inside terminated TLS in `terminated_http`.
 //
 // Three parts (src/core/egress/): the parsers (parsers.hpp: pure, fuzzed), the resolvers
 // (resolvers.hpp: every way a name becomes addresses), and this, the Asio proxy, which also
@@ -51,6 +52,18 @@
 //                                     for a body part already relaying, the connection closed;
 //                                     in a terminated tunnel: anywhere in a request but its
 //                                     secret's header to its domains
+//   rule_refused                      (L7 rules) no rule of the host allows the request's
+//                                     method and path; also a CONNECT to a host with rules in
+//                                     a run whose CA could not be made (rules cannot be
+//                                     enforced inside an unterminated tunnel)
+//   budget_exhausted                  (L7 rules) the rule's request or byte budget is spent:
+//                                     the request is refused; a response that would cross
+//                                     the byte budget is cut there and the connection closed
+//   unsafe_path                       (L7 rules) the target's path could mean something else
+//                                     to the origin than its bytes say (l7_rules.hpp)
+// The L7 refusals are a 403 whose JSON body also names the rule (`"rule"`) and says what
+// would be allowed; their attempts carry `method`, `path` and `rule`, as do the requests a
+// rule admitted (in a terminated tunnel, each request is then its own attempt).
 #pragma once
 
 #include <atomic>
@@ -70,6 +83,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/egress/l7_rules.hpp"
 #include "core/egress/resolvers.hpp"
 #include "core/egress/run_ca.hpp"
 #include "core/egress/terminated_http.hpp"
@@ -108,13 +122,19 @@ struct egress_grant {
   /// whose head (target, Host, any header) or plain-HTTP body holds one is refused
   /// "secret_misuse". Empty: the run has no secrets.
   std::vector<std::string> secret_marks;
-  /// The run's secrets and its CA (run_ca.hpp), set together for a run that uses a secret:
-  /// each HTTPS tunnel is then terminated after the SNI check, with a leaf of `ca` for the
-  /// CONNECT host, and re-encrypted to the origin, whose certificate and name must verify
-  /// against OpenSSL's default trust store and `origin_ca_file`. Its requests and responses
-  /// go through `terminated_http` (the value into its header, echoes redacted). Unset: the
-  /// tunnel is relayed as it is.
+  /// The run's secrets (for a run that uses one and has a CA).
   std::vector<secret_injection> secrets;
+  /// The run's L7 rules (the ticket's that apply to its domains; sandbox/egress.hpp), with
+  /// their budgets counted over the run. A plain-HTTP request to a host they name is judged
+  /// before anything goes upstream; HTTPS to such a host needs `ca` (else the CONNECT is
+  /// refused "rule_refused": rules are never skipped), and is judged request by request.
+  std::vector<egress_rule> rules;
+  /// The run's CA (run_ca.hpp), set for a run that uses a secret or has rules: each HTTPS
+  /// tunnel is then terminated after the SNI check, with a leaf of `ca` for the CONNECT host,
+  /// and re-encrypted to the origin, whose certificate and name must verify against
+  /// OpenSSL's default trust store and `origin_ca_file`. Its requests and responses go
+  /// through `terminated_http` (the value into its header, echoes redacted, rules judged).
+  /// Unset: the tunnel is relayed as it is.
   std::shared_ptr<run_ca> ca;
   /// An extra PEM file of CAs trusted for origins (`egress_proxy_options::origin_ca_file`).
   std::string origin_ca_file;
@@ -210,6 +230,7 @@ class egress_proxy : public std::enable_shared_from_this<egress_proxy> {
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::steady_timer retry_timer_;  // after a transient accept error (EMFILE, ...)
   egress_grant grant_;
+  l7_rules rules_;  // grant_.rules, with what their budgets used
   std::shared_ptr<egress_resolver> resolver_;
   attempt_sink on_attempt_;
   bool stopped_ = false;

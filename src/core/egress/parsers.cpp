@@ -449,8 +449,8 @@ std::string display_host(std::string_view host) {
   return out;
 }
 
-std::string egress_denial_response(unsigned status, std::string_view reason,
-                                   std::string_view host) {
+std::string egress_denial_response(unsigned status, std::string_view reason, std::string_view host,
+                                   std::string_view rule, std::string_view rule_advice) {
   std::string_view phrase = "Forbidden";
   std::string_view error = "egress_denied";
   std::string_view advice =
@@ -505,7 +505,8 @@ std::string egress_denial_response(unsigned status, std::string_view reason,
   body["error"] = error;
   body["reason"] = reason;
   body["host"] = display_host(host);
-  body["advice"] = advice;
+  if (!rule.empty()) body["rule"] = rule;
+  body["advice"] = rule_advice.empty() ? advice : rule_advice;
   const std::string text =
       body.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   std::string out = "HTTP/1.1 " + std::to_string(status) + " " + std::string(phrase) + "\r\n";

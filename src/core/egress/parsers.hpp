@@ -135,9 +135,12 @@ std::string display_host(std::string_view host);
  * `Content-Type: application/json`, `Content-Length`, `Connection: close` and a JSON body
  * `{"error": ..., "reason": reason, "host": host, "advice": ...}` a model can read. `error` is
  * "egress_denied" (403), "egress_failed" (502, 504), "bad_request" (400, 431) or "unsupported"
- * (501). `host` is escaped with `display_host`.
+ * (501). `host` is escaped with `display_host`. An L7 rule's refusal (l7_rules.hpp) adds
+ * `"rule"` (non-empty `rule`: the refusing rule's name, or the host's rules comma-separated)
+ * before `"advice"`, and its own `advice` (what would be allowed) replaces the default one.
  */
-std::string egress_denial_response(unsigned status, std::string_view reason, std::string_view host);
+std::string egress_denial_response(unsigned status, std::string_view reason, std::string_view host,
+                                   std::string_view rule = {}, std::string_view advice = {});
 
 /// True when `c` can begin an HTTP request line (an RFC 9110 tchar): a client whose first byte
 /// is anything else (a ClientHello sent without CONNECT, ...) is not speaking HTTP.

@@ -117,17 +117,19 @@ void echo_redactor::finish(std::string& out) {
 // ---------------------------------------------------------------------------------------------
 // Requests
 
-terminated_http::terminated_http(std::string host, std::vector<secret_injection> secrets)
-    : host_(std::move(host)), secrets_(std::move(secrets)) {
+terminated_http::terminated_http(std::string host, std::vector<secret_injection> secrets,
+                                 l7_rules* rules)
+    : host_(std::move(host)), secrets_(std::move(secrets)), rules_(rules) {
   std::vector<std::string> placeholders;
   for (const auto& s : secrets_) placeholders.push_back(s.placeholder);
   marks_ = placeholder_marks(placeholders);
 }
 
-std::optional<http_refusal> terminated_http::refuse(unsigned status, std::string_view reason) {
+std::optional<http_refusal> terminated_http::refuse(unsigned status, std::string_view reason,
+                                                    std::string rule, std::string advice) {
   rq_ = req_state::refused;
   rq_buf_.clear();
-  return http_refusal{status, std::string(reason)};
+  return http_refusal{status, std::string(reason), std::move(rule), std::move(advice)};
 }
 
 std::optional<http_refusal> terminated_http::scan_body(std::string_view data) {
@@ -141,6 +143,13 @@ std::optional<http_refusal> terminated_http::scan_body(std::string_view data) {
 std::optional<http_refusal> terminated_http::relay_body_bytes(std::string& out) {
   const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(rq_left_, rq_buf_.size()));
   if (auto r = scan_body(std::string_view(rq_buf_).substr(0, n))) return r;
+  // A body of unknown length under a rule: counted as it goes, refused where it crosses the
+  // rule's byte budget (nothing of that piece goes upstream).
+  if (rq_count_body_ && rules_->take_bytes(rq_rule_, n) < n) {
+    refused_in_body_ = true;
+    return refuse(403, budget_exhausted_reason, rules_->rule(rq_rule_).name,
+                  rules_->spent_advice(rq_rule_));
+  }
   up(std::string_view(rq_buf_).substr(0, n), out);
   rq_buf_.erase(0, n);
   rq_left_ -= n;
@@ -223,20 +232,40 @@ std::optional<http_refusal> terminated_http::request_head(std::string& out) {
   if (head.find("Upgrade") != nullptr) return refuse(501, "unsupported request");
   const std::string* te = head.find("Transfer-Encoding");
   const std::string* cl = head.find("Content-Length");
-  rq_buf_.erase(0, head.head_bytes);
-  rq_scan_.emplace(marks_);
+  std::uint64_t length = 0;  // without Transfer-Encoding
   if (te != nullptr) {
     if (!iequals(*te, "chunked")) return refuse(501, "unsupported request");
-    rq_ = req_state::chunk_size;
   } else if (cl != nullptr) {
     const auto n = parse_content_length(*cl);
     if (!n) return refuse(400, "malformed request");
-    rq_left_ = *n;
-    rq_ = rq_left_ > 0 ? req_state::body : req_state::head;
-  } else {
-    rq_ = req_state::head;
+    length = *n;
   }
-  pending_.push_back(head.method == "HEAD");
+  // L7 rules: judged on the head as sent, before anything of the request goes upstream.
+  rq_rule_ = no_rule;
+  rq_count_body_ = false;
+  if (rules_ != nullptr && rules_->applies(host_)) {
+    const auto body = te != nullptr ? std::nullopt : std::optional<std::uint64_t>(length);
+    l7_verdict v = rules_->admit(host_, head.method, head.target, body);
+    judged_.push_back(judged_request{.method = display_target(head.method),
+                                     .path = display_target(target_path(head.target)),
+                                     .rule = v.rule_names,
+                                     .allowed = v.allowed,
+                                     .reason = v.reason});
+    if (!v.allowed) {
+      return refuse(v.status, v.reason, std::move(v.rule_names), std::move(v.advice));
+    }
+    rq_rule_ = v.rule;
+    rq_count_body_ = te != nullptr;
+  }
+  rq_buf_.erase(0, head.head_bytes);
+  rq_scan_.emplace(marks_);
+  if (te != nullptr) {
+    rq_ = req_state::chunk_size;
+  } else {
+    rq_left_ = length;
+    rq_ = rq_left_ > 0 ? req_state::body : req_state::head;
+  }
+  pending_.push_back(pending_response{.head = head.method == "HEAD", .rule = rq_rule_});
   // Held back with the start of its body: a body that fits is judged whole before anything
   // of the request goes upstream.
   held_up_ = std::move(rebuilt);
@@ -329,6 +358,19 @@ void terminated_http::emit_chunk(std::string_view data, std::string& out) {
   out += "\r\n";
 }
 
+bool terminated_http::emit_body(std::string_view data, std::string& out) {
+  bool cut = false;
+  if (rs_rule_ != no_rule && rules_ != nullptr) {
+    const auto granted = static_cast<std::size_t>(rules_->take_bytes(rs_rule_, data.size()));
+    cut = granted < data.size();
+    data = data.substr(0, granted);
+  }
+  std::string piece;
+  rs_redact_->feed(data, piece);
+  emit_chunk(piece, out);
+  return !cut;
+}
+
 void terminated_http::end_response(std::string& out) {
   std::string tail;
   if (rs_redact_) rs_redact_->finish(tail);
@@ -377,7 +419,7 @@ bool terminated_http::response_head(std::string& out) {
   rs_buf_.erase(0, head_bytes);
   std::string raw;  // the head as it goes to the client, before redaction
   const bool informational = code < 200;
-  const bool no_body = informational || pending_.front() || code == 204 || code == 304;
+  const bool no_body = informational || pending_.front().head || code == 204 || code == 304;
   raw = status_line + "\r\n";
   const std::string* te = head.find("Transfer-Encoding");
   const std::string* cl = head.find("Content-Length");
@@ -393,6 +435,7 @@ bool terminated_http::response_head(std::string& out) {
   head_redact.feed(raw, out);
   head_redact.finish(out);
   if (informational) return true;  // the final response is still to come
+  rs_rule_ = pending_.front().rule;
   pending_.pop_front();
   if (no_body) {
     rs_ = resp_state::head;
@@ -429,6 +472,12 @@ std::optional<http_refusal> terminated_http::from_origin(std::string_view in, st
     rs_ = resp_state::failed;
     return http_refusal{502, "malformed response"};
   };
+  // The response crossed its rule's byte budget: what fit was handed over, the rest is cut.
+  const auto cut = [this] {
+    rs_ = resp_state::failed;
+    return http_refusal{403, std::string(budget_exhausted_reason), rules_->rule(rs_rule_).name,
+                        rules_->spent_advice(rs_rule_)};
+  };
   if (rs_ == resp_state::failed || rs_ == resp_state::done) return failed();
   rs_buf_.append(in);
   for (;;) {
@@ -444,19 +493,16 @@ std::optional<http_refusal> terminated_http::from_origin(std::string_view in, st
         }
         break;
       case resp_state::body_close: {
-        std::string piece;
-        rs_redact_->feed(rs_buf_, piece);
-        emit_chunk(piece, out);
+        const bool whole = emit_body(rs_buf_, out);
         rs_buf_.clear();
+        if (!whole) return cut();
         return std::nullopt;
       }
       case resp_state::body_length:
       case resp_state::chunk_data: {
         if (rs_buf_.empty()) return std::nullopt;
         const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(rs_left_, rs_buf_.size()));
-        std::string piece;
-        rs_redact_->feed(std::string_view(rs_buf_).substr(0, n), piece);
-        emit_chunk(piece, out);
+        if (!emit_body(std::string_view(rs_buf_).substr(0, n), out)) return cut();
         rs_buf_.erase(0, n);
         rs_left_ -= n;
         if (rs_left_ == 0) {

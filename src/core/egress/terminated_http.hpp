@@ -11,6 +11,9 @@
 // - `terminated_http::from_origin` reads the origin's responses and replaces each secret's
 //   value with its placeholder (`echo_redactor`) in the head and the body before the program
 //   sees it. Bodies reach the client re-framed as chunked (a redaction changes lengths).
+// - For a host with L7 rules (l7_rules.hpp; a run with rules has its tunnels terminated too),
+//   each request is judged by them before any of it goes upstream, and the bodies relayed
+//   under a rule are counted against its byte budget, a response cut where it would cross it.
 #pragma once
 
 #include <cstddef>
@@ -21,8 +24,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "core/egress/l7_rules.hpp"
 #include "core/egress/secret_scan.hpp"
 
 namespace sandbox::detail {
@@ -66,10 +71,23 @@ class echo_redactor {
   std::vector<stream_replacer> stages_;
 };
 
-/// Why `terminated_http` refused: the HTTP status to answer with and the egress reason.
+/// Why `terminated_http` refused: the HTTP status to answer with and the egress reason; for
+/// an L7 rule's refusal also the rule (names) and the advice for the refusal's body.
 struct http_refusal {
   unsigned status = 400;
   std::string reason;
+  std::string rule;
+  std::string advice;
+};
+
+/// One request judged by L7 rules in a terminated tunnel, for its own egress attempt: method
+/// and path as sent (`display_target`), the rule that admitted or refused it, and the verdict.
+struct judged_request {
+  std::string method;
+  std::string path;
+  std::string rule;
+  bool allowed = true;
+  std::string reason;  ///< refused: the refusal's reason
 };
 
 /// Bytes of a request or response head inside a terminated tunnel, at most.
@@ -91,11 +109,19 @@ inline constexpr std::size_t max_judged_request_bytes = 65536;
  * is exactly the template with the placeholder for `{value}`: it is replaced by the value.
  * A request of at most `max_judged_request_bytes` leaves only once complete and judged.
  *
+ * With `rules` (which must outlive this), a request to a host they name is judged by them
+ * once its head is read (l7_rules.hpp: `unsafe_path`, `rule_refused`, `budget_exhausted`, a
+ * 403 like the others) and listed in `take_judged()`; the body bytes relayed under its rule
+ * (a request body of unknown length, the response body) count against the rule's byte
+ * budget: a request body crossing it is refused `budget_exhausted`, a response crossing it
+ * is cut at the limit (`from_origin` hands over what fits, then refuses).
+ *
  * Once refused, the exchange stays refused: the caller answers (or closes) and stops.
  */
 class terminated_http {
  public:
-  terminated_http(std::string host, std::vector<secret_injection> secrets);
+  terminated_http(std::string host, std::vector<secret_injection> secrets,
+                  l7_rules* rules = nullptr);
 
   /// The client sent `in`: appends what goes to the origin to `out`. nullopt, or a refusal.
   std::optional<http_refusal> from_client(std::string_view in, std::string& out);
@@ -112,6 +138,8 @@ class terminated_http {
   bool can_answer_refusal() const noexcept;
   /// True when the origin ends a response by closing (the caller then closes the client).
   bool closes_after_response() const noexcept { return close_after_; }
+  /// The requests judged by L7 rules since the last call, in order.
+  std::vector<judged_request> take_judged() { return std::exchange(judged_, {}); }
 
  private:
   enum class req_state { head, body, chunk_size, chunk_data, chunk_crlf, trailer, refused };
@@ -128,7 +156,8 @@ class terminated_http {
   };
 
   std::optional<http_refusal> request_head(std::string& out);
-  std::optional<http_refusal> refuse(unsigned status, std::string_view reason);
+  std::optional<http_refusal> refuse(unsigned status, std::string_view reason,
+                                     std::string rule = {}, std::string advice = {});
   std::optional<http_refusal> scan_body(std::string_view data);
   /// Judges and passes on what is buffered of the current body piece (at most `rq_left_`
   /// bytes); the refusal when it holds a placeholder.
@@ -139,11 +168,25 @@ class terminated_http {
   void release(std::string& out);
   bool response_head(std::string& out);
   void emit_chunk(std::string_view data, std::string& out);
+  /// Redacts and emits `data`, a piece of the current response's body, as far as its rule's
+  /// byte budget allows; false when the budget cut it (the response then fails).
+  bool emit_body(std::string_view data, std::string& out);
   void end_response(std::string& out);
+
+  static constexpr std::size_t no_rule = static_cast<std::size_t>(-1);
+  struct pending_response {
+    bool head = false;           ///< the request was HEAD: no body comes
+    std::size_t rule = no_rule;  ///< the L7 rule it was admitted under
+  };
 
   std::string host_;
   std::vector<secret_injection> secrets_;
   std::vector<std::string> marks_;
+  l7_rules* rules_ = nullptr;
+  std::vector<judged_request> judged_;
+  std::size_t rq_rule_ = no_rule;  ///< the current request's rule
+  bool rq_count_body_ = false;     ///< its body counts as relayed (length not known up front)
+  std::size_t rs_rule_ = no_rule;  ///< the current response's rule
 
   req_state rq_ = req_state::head;
   std::string rq_buf_;
@@ -157,7 +200,7 @@ class terminated_http {
   std::string rs_buf_;
   std::uint64_t rs_left_ = 0;
   std::optional<echo_redactor> rs_redact_;
-  std::deque<bool> pending_;  ///< per request sent and not yet answered: was it HEAD
+  std::deque<pending_response> pending_;  ///< per request sent and not yet answered
   bool close_after_ = false;
 };
 

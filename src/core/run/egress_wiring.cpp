@@ -30,9 +30,9 @@ std::string_view egress_wiring::ca_pem() const noexcept {
 }
 
 void egress_wiring::start(int listener, std::vector<std::string> domains,
-                          const std::vector<run_secret>& secrets, const egress_proxy_options& o,
-                          std::shared_ptr<egress_resolver> resolver, std::weak_ptr<void> owner,
-                          std::function<void(egress_attempt)> record) {
+                          const std::vector<run_secret>& secrets, std::vector<egress_rule> rules,
+                          const egress_proxy_options& o, std::shared_ptr<egress_resolver> resolver,
+                          std::weak_ptr<void> owner, std::function<void(egress_attempt)> record) {
   egress_grant g;
   g.domains = std::move(domains);
   g.connect_ports = o.connect_ports;
@@ -55,7 +55,8 @@ void egress_wiring::start(int listener, std::vector<std::string> domains,
                                          .header_template = std::string(tmpl)});
   }
   g.secret_marks = placeholder_marks(placeholders);
-  if (ca_ && !g.secrets.empty()) {
+  g.rules = std::move(rules);
+  if (ca_ && (!g.secrets.empty() || !g.rules.empty())) {
     g.ca = ca_;
     g.origin_ca_file = o.origin_ca_file;
   } else {

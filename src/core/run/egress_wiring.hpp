@@ -12,6 +12,7 @@
 #include "core/egress/egress_proxy.hpp"
 #include "sandbox/backend.hpp"
 #include "sandbox/backend_options.hpp"
+#include "sandbox/egress.hpp"
 #include "sandbox/protocol.hpp"
 
 namespace sandbox::detail {
@@ -36,11 +37,12 @@ class egress_wiring {
   egress_wiring& operator=(const egress_wiring&) = delete;
 
   /**
-   * A run with secrets: makes its CA (run_ca.hpp) for `domains`, once. Its certificate is
-   * then `ca_pem()`; its key stays here and goes with this object (the run's end). When
-   * OpenSSL fails there is no CA: the proxy then never terminates TLS, so a placeholder is
-   * all the run can send (it is still refused where it may not go). Returns why the CA could
-   * not be made, for the host log (empty when it was, or was tried before).
+   * A run with secrets or L7 rules: makes its CA (run_ca.hpp) for `domains`, once. Its
+   * certificate is then `ca_pem()`; its key stays here and goes with this object (the run's
+   * end). When OpenSSL fails there is no CA: the proxy then never terminates TLS, so a
+   * placeholder is all the run can send (it is still refused where it may not go), and HTTPS
+   * to a host with rules is refused. Returns why the CA could not be made, for the host log
+   * (empty when it was, or was tried before).
    */
   std::string prepare_ca(const std::string& run_id, const std::vector<std::string>& domains);
   /// The run CA's certificate (PEM); empty without one.
@@ -48,11 +50,12 @@ class egress_wiring {
 
   /// Serves the proxy on `listener` (taken) for `domains` under `options`, refusing the run's
   /// `secrets`' placeholders where they may not go and, with a CA (`prepare_ca`), putting
-  /// their values into their headers inside terminated TLS; each attempt goes to `record` on
-  /// the strand while `owner` lives.
+  /// their values into their headers inside terminated TLS, and enforcing the run's L7
+  /// `rules`; each attempt goes to `record` on the strand while `owner` lives.
   void start(int listener, std::vector<std::string> domains, const std::vector<run_secret>& secrets,
-             const egress_proxy_options& options, std::shared_ptr<egress_resolver> resolver,
-             std::weak_ptr<void> owner, std::function<void(egress_attempt)> record);
+             std::vector<egress_rule> rules, const egress_proxy_options& options,
+             std::shared_ptr<egress_resolver> resolver, std::weak_ptr<void> owner,
+             std::function<void(egress_attempt)> record);
   /// True once a proxy serves the run.
   bool serving() const noexcept { return proxy_ != nullptr; }
 

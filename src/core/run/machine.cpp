@@ -572,7 +572,7 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
         return fail_setup(why);
       }
     }
-    // A network run with secrets: its CA, made before `go` carries its certificate.
+    // A network run with secrets or rules: its CA, made before `go` carries its certificate.
     if (network_granted()) make_run_ca();
     if (auto why = setup_.send_go(ctl_, job_, shared_->traits, facts(), session_.stdio());
         !why.empty())
@@ -729,20 +729,22 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
   // A network run: granted (admission checked the ticket and the request's egress list).
   bool network_granted() const noexcept { return is_network_granted(job_, selftest_); }
 
-  // A run with secrets: its CA (once; egress_wiring::prepare_ca). Without one its secrets
-  // stay placeholders; the host log says why.
+  // A run with secrets or L7 rules: its CA (once; egress_wiring::prepare_ca). Without one
+  // its secrets stay placeholders and HTTPS to its ruled hosts is refused; the host log says
+  // why.
   void make_run_ca() {
-    if (job_.secrets.empty()) return;
+    if (job_.secrets.empty() && job_.admitted.egress_rules.empty()) return;
     if (auto why = proxy_.prepare_ca(job_.run_id, job_.admitted.request.egress); !why.empty()) {
-      log(log_level::warning, "no run CA (its secrets stay placeholders): " + why);
+      log(log_level::warning,
+          "no run CA (its secrets stay placeholders, HTTPS to its ruled hosts is refused): " + why);
     }
   }
 
   // Serves the run's egress proxy on `listener` (from sandbox-init, in the run's netns).
   void start_proxy(int listener) {
     make_run_ca();
-    proxy_.start(listener, job_.admitted.request.egress, job_.secrets, shared_->ctx.egress,
-                 shared_->resolver, weak_from_this(),
+    proxy_.start(listener, job_.admitted.request.egress, job_.secrets, job_.admitted.egress_rules,
+                 shared_->ctx.egress, shared_->resolver, weak_from_this(),
                  [this](egress_attempt a) { record_egress(std::move(a)); });
   }
 

@@ -693,3 +693,225 @@ function get(url, headers) {{
   CHECK(b.blob(r.std_err.blob).find(value) == std::string::npos);
   CHECK(sandbox::encode(r).find(value) == std::string::npos);
 }
+
+// ---------------------------------------------------------------------------------------------
+// L7 rules (ticket_spec::egress_rules): per request, inside HTTPS (the run's CA terminates its
+// tunnels) and in plain HTTP, against the origins' own request logs.
+
+namespace {
+
+/// A network ticket for the approved name with one L7 rule: GET under /v1/rates/, at most
+/// `max_requests` requests in the run.
+sandbox::ticket ruled_ticket(const conformance::backend& b, std::uint64_t max_requests) {
+  auto spec = sandbox::ticket_spec{
+      .id = "egress-rules",
+      .tenant = "conformance",
+      .isolation = b.profile().level,
+      .max_timeout = std::chrono::milliseconds(8000) + conformance::startup_allowance(),
+      .max_memory_bytes = 1ULL << 30,
+      .egress = {conformance::egress_approved_name}};
+  spec.egress_rules = {sandbox::egress_rule{.name = "rates-read",
+                                            .host = conformance::egress_approved_name,
+                                            .methods = {"GET"},
+                                            .paths = {"/v1/rates/"},
+                                            .max_requests = max_requests}};
+  return sandbox::ticket_issuer{}.issue(spec, sandbox::network_grant{}).value();
+}
+
+/// Python prelude for the rule cases: no CA of its own (the run's trust store is its CA).
+/// `tunnel()` is one HTTPS connection through the proxy (requests on it kept alive),
+/// `send(conn, method, path)` one request on it, `plain(method, path)` one plain-HTTP request:
+/// each returns [status, body-or-error].
+std::string rules_prelude() {
+  const auto& o = conformance::egress_origin();
+  return fmt::format(R"PY(
+import http.client, json, os, ssl, urllib.request, urllib.error
+HOST, HTTPS_PORT, HTTP_PORT = '{0}', {1}, {2}
+def tunnel():
+    c = http.client.HTTPSConnection('127.0.0.1', 3128, timeout=10,
+                                    context=ssl.create_default_context())
+    c.set_tunnel(HOST, HTTPS_PORT)
+    return c
+def send(c, method, path):
+    try:
+        c.request(method, path, body=b'{{}}' if method == 'POST' else None)
+        r = c.getresponse()
+        return [r.status, r.read().decode(errors='replace')]
+    except Exception as e:
+        return [0, type(e).__name__ + ': ' + str(e)]
+def plain(method, path):
+    req = urllib.request.Request('http://%s:%d%s' % (HOST, HTTP_PORT, path), method=method,
+                                 data=b'{{}}' if method == 'POST' else None)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return [r.status, r.read().decode(errors='replace')]
+    except urllib.error.HTTPError as e:
+        return [e.code, e.read().decode(errors='replace')]
+    except Exception as e:
+        return [0, type(e).__name__ + ': ' + str(e)]
+)PY",
+                     conformance::egress_approved_name, o.https_port, o.http_port);
+}
+
+/// The requests each origin logged ("METHOD path") since `before` (a /stats document).
+std::vector<std::string> logged_since(const json& before, const json& after, const char* kind) {
+  std::vector<std::string> out;
+  const auto& b = before[kind]["log"];
+  const auto& a = after[kind]["log"];
+  for (std::size_t i = b.size(); i < a.size(); ++i) out.push_back(a[i].get<std::string>());
+  return out;
+}
+
+/// The refusal body of `answer` ([status, body]) as JSON (null when it is not JSON).
+json refusal_of(const json& answer) {
+  return json::parse(answer[1].get<std::string>(), nullptr, false);
+}
+
+const sandbox::egress_attempt* attempt_for(const sandbox::run_result& r, std::string_view method,
+                                           std::string_view path) {
+  for (const auto& a : r.egress_attempts) {
+    if (a.method == method && a.path == path) return &a;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("egress: L7 rules let through only their methods and paths, within their budget",
+          "[egress][egress_rules][core]") {
+  CONFORMANCE_BACKEND(b);
+  if (!origins_ready()) return;
+  if (!b.expect().egress_proxy) return;  // covered by the first case
+  const auto& o = conformance::egress_origin();
+  const auto before = json::parse(o.stats(), nullptr, false);
+  REQUIRE(before.is_object());
+  // Six connections (the suite's runs may open eight): two HTTPS tunnels carry several
+  // requests each, kept alive until a refusal closes them.
+  auto req = network_request(b, rules_prelude() + R"PY(
+report = {}
+c = tunnel()
+report['get_eu'] = send(c, 'GET', '/v1/rates/eu')
+report['get_us'] = send(c, 'GET', '/v1/rates/us')
+report['post'] = send(c, 'POST', '/v1/rates/eu')
+report['plain_get'] = plain('GET', '/v1/rates/plain')
+report['plain_post'] = plain('POST', '/v1/rates/plain')
+report['outside'] = send(tunnel(), 'GET', '/v1/admin')
+c = tunnel()
+report['get_fr'] = send(c, 'GET', '/v1/rates/fr')
+report['get_de'] = send(c, 'GET', '/v1/rates/de')
+report['plain_after'] = plain('GET', '/v1/rates/after')
+print(json.dumps(report))
+)PY");
+  auto r = b.rt().run(req, ruled_ticket(b, 4));
+  INFO("stdout: " << r.std_out.summary << "\nstderr: " << r.std_err.summary << "\nattempts:\n"
+                  << attempts_text(r));
+  REQUIRE(r.code == code::ok);
+  auto j = report_of(r);
+  REQUIRE(j.is_object());
+  // Allowed: GET under /v1/rates/, over HTTPS (terminated for the rule) and plain HTTP.
+  for (const char* k : {"get_eu", "get_us", "plain_get", "get_fr"}) {
+    CAPTURE(k);
+    CHECK(j[k][0] == 200);
+  }
+  // Refused: another method, a path outside the prefix — a JSON 403 naming the rule and
+  // what it allows; then the budget (4 requests) is spent, in either protocol.
+  for (const auto& [k, reason] :
+       std::vector<std::pair<const char*, const char*>>{{"post", "rule_refused"},
+                                                        {"plain_post", "rule_refused"},
+                                                        {"outside", "rule_refused"},
+                                                        {"get_de", "budget_exhausted"},
+                                                        {"plain_after", "budget_exhausted"}}) {
+    CAPTURE(k);
+    CHECK(j[k][0] == 403);
+    const auto body = refusal_of(j[k]);
+    REQUIRE(body.is_object());
+    CHECK(body["error"] == "egress_denied");
+    CHECK(body["reason"] == reason);
+    CHECK(body["rule"] == "rates-read");
+    CHECK(body["host"] == conformance::egress_approved_name);
+    if (std::string_view(reason) == "rule_refused") {
+      CHECK(body["advice"].get<std::string>().find("rule 'rates-read' allows GET /v1/rates/") !=
+            std::string::npos);
+    }
+  }
+  // The origins' own logs: exactly the admitted requests arrived, nothing refused did.
+  const auto after = json::parse(o.stats(), nullptr, false);
+  REQUIRE(after.is_object());
+  CHECK(logged_since(before, after, "https") ==
+        std::vector<std::string>{"GET /v1/rates/eu", "GET /v1/rates/us", "GET /v1/rates/fr"});
+  CHECK(logged_since(before, after, "http") == std::vector<std::string>{"GET /v1/rates/plain"});
+  // The record: each request with its method, path and rule; refusals with their reason.
+  for (const auto& [method, path, reason] :
+       std::vector<std::tuple<const char*, const char*, const char*>>{
+           {"GET", "/v1/rates/eu", "approved"},
+           {"GET", "/v1/rates/us", "approved"},
+           {"POST", "/v1/rates/eu", "rule_refused"},
+           {"GET", "/v1/rates/plain", "approved"},
+           {"POST", "/v1/rates/plain", "rule_refused"},
+           {"GET", "/v1/admin", "rule_refused"},
+           {"GET", "/v1/rates/fr", "approved"},
+           {"GET", "/v1/rates/de", "budget_exhausted"},
+           {"GET", "/v1/rates/after", "budget_exhausted"}}) {
+    CAPTURE(method, path);
+    const auto* a = attempt_for(r, method, path);
+    REQUIRE(a != nullptr);
+    CHECK(a->reason == reason);
+    CHECK(a->allowed == (std::string_view(reason) == "approved"));
+    CHECK(a->rule == "rates-read");
+    CHECK(a->host == conformance::egress_approved_name);
+    if (a->allowed) CHECK(a->bytes_down > 0);
+  }
+}
+
+TEST_CASE("egress: L7 rules refuse dot segments and encoded separators, however spelled",
+          "[egress][egress_rules][core]") {
+  CONFORMANCE_BACKEND(b);
+  if (!origins_ready()) return;
+  if (!b.expect().egress_proxy) return;
+  const auto& o = conformance::egress_origin();
+  const auto before = json::parse(o.stats(), nullptr, false);
+  REQUIRE(before.is_object());
+  // Seven spellings of "up from /v1/rates/" (one connection each: a refusal ends it), and a
+  // neighbour one byte away that is a plain path and passes.
+  auto req = network_request(b, rules_prelude() + R"PY(
+unsafe = ['/v1/rates/%2e%2e/admin', '/v1/rates/%2E%2e/admin', '/v1/rates/..%2fadmin',
+          '/v1/rates/..;/admin', '/v1/rates/../admin', '/v1/rates/.%2E/admin']
+report = {'unsafe': [send(tunnel(), 'GET', p) for p in unsafe],
+          'plain_unsafe': plain('GET', '/v1/rates/..%5Cadmin'),
+          'neighbour': send(tunnel(), 'GET', '/v1/rates/a..b')}
+print(json.dumps(report))
+)PY");
+  auto r = b.rt().run(req, ruled_ticket(b, 10));
+  INFO("stdout: " << r.std_out.summary << "\nstderr: " << r.std_err.summary << "\nattempts:\n"
+                  << attempts_text(r));
+  REQUIRE(r.code == code::ok);
+  auto j = report_of(r);
+  REQUIRE(j.is_object());
+  REQUIRE(j["unsafe"].size() == 6);
+  std::vector<json> answers(j["unsafe"].begin(), j["unsafe"].end());
+  answers.push_back(j["plain_unsafe"]);
+  for (const auto& answer : answers) {
+    CAPTURE(answer.dump());
+    CHECK(answer[0] == 403);
+    const auto body = refusal_of(answer);
+    REQUIRE(body.is_object());
+    CHECK(body["reason"] == "unsafe_path");
+    CHECK(body["rule"] == "rates-read");
+  }
+  CHECK(j["neighbour"][0] == 200);
+  // Only the neighbour reached an origin.
+  const auto after = json::parse(o.stats(), nullptr, false);
+  REQUIRE(after.is_object());
+  CHECK(logged_since(before, after, "https") == std::vector<std::string>{"GET /v1/rates/a..b"});
+  CHECK(logged_since(before, after, "http").empty());
+  int unsafe = 0;
+  for (const auto& a : r.egress_attempts) {
+    if (a.reason != "unsafe_path") continue;
+    ++unsafe;
+    CHECK_FALSE(a.allowed);
+    CHECK(a.method == "GET");
+    CHECK(a.path.rfind("/v1/rates/", 0) == 0);
+    CHECK(a.rule == "rates-read");
+  }
+  CHECK(unsafe == 7);
+}

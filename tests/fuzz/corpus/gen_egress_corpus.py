@@ -63,6 +63,18 @@ SEEDS = {
     "http_obs_fold": b"GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\nX: a\r\n b\r\n\r\n",
     "http_huge_field": b"GET http://a.example/ HTTP/1.1\r\nX: " + b"a" * 17000 + b"\r\n\r\n",
     "empty": b"",
+    # L7 rules: a ruled host's requests, inside a terminated tunnel and as plain HTTP, plain
+    # and with the path forms that are refused.
+    "rules_get": b"GET /v1/rates/eu?from=NLRTM HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+    "rules_pipelined": b"GET /v1/rates/eu HTTP/1.1\r\nHost: api.example.com\r\n\r\n"
+                       b"POST /v1/quote HTTP/1.1\r\nHost: api.example.com\r\n"
+                       b"Content-Length: 2\r\n\r\n{}"
+                       b"GET /v1/rates/%2e%2E/admin HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+    "rules_dot_segments": b"GET /v1/rates/..;/admin HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+    "rules_chunked": b"PUT /v1/rates/x HTTP/1.1\r\nHost: api.example.com\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    "rules_absolute": b"GET http://api.example.com/v1/rates/%5c..%5cadmin HTTP/1.1\r\n"
+                      b"Host: api.example.com\r\n\r\n",
 }
 
 

@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -1100,10 +1101,11 @@ bool ssl_write_all(SSL* s, std::string_view data) {
 
 // A loopback HTTPS origin for api.example.com with a certificate from its own test CA. Each
 // connection: one request head read, recorded (the origin's log), answered with a body that
-// echoes the request's Authorization header, then closed.
+// echoes the request's Authorization header, then closed — or, `keep_alive`, every request
+// head of the connection answered in turn until the client closes.
 class tls_origin {
  public:
-  tls_origin() : ca_(make_ca()) {
+  explicit tls_origin(bool keep_alive = false) : ca_(make_ca()), keep_alive_(keep_alive) {
     const run_leaf* leaf = ca_->leaf_for("api.example.com");
     REQUIRE(leaf != nullptr);
     ctx_.reset(SSL_CTX_new(TLS_server_method()));
@@ -1154,7 +1156,10 @@ class tls_origin {
       set_timeouts(c);
       ssl_ptr s(SSL_new(ctx_.get()));
       SSL_set_fd(s.get(), c);
-      if (SSL_accept(s.get()) == 1) {
+      const bool accepted = SSL_accept(s.get()) == 1;
+      if (accepted && keep_alive_) {
+        serve_kept_alive(s.get());
+      } else if (accepted) {
         std::string got;
         char buf[4096];
         while (got.find("\r\n\r\n") == std::string::npos) {
@@ -1182,7 +1187,33 @@ class tls_origin {
     }
   }
 
+  void serve_kept_alive(SSL* s) {
+    std::string buf;
+    char chunk[4096];
+    for (;;) {
+      const auto end = buf.find("\r\n\r\n");
+      if (end == std::string::npos) {
+        const int n = SSL_read(s, chunk, sizeof(chunk));
+        if (n <= 0) break;
+        buf.append(chunk, static_cast<std::size_t>(n));
+        continue;
+      }
+      std::string head = buf.substr(0, end + 4);
+      buf.erase(0, end + 4);
+      const std::string body = "kept alive";
+      if (!ssl_write_all(s, "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) +
+                                "\r\n\r\n" + body)) {
+        break;
+      }
+      std::lock_guard lock(m_);
+      heads_.push_back(std::move(head));
+      cv_.notify_all();
+    }
+    SSL_shutdown(s);
+  }
+
   std::unique_ptr<run_ca> ca_;
+  bool keep_alive_ = false;
   ssl_ctx_ptr ctx_;
   int fd_ = -1;
   std::uint16_t port_ = 0;
@@ -1381,4 +1412,279 @@ TEST_CASE("egress: origin_ca_file must be PEM certificates at an absolute path",
         std::string::npos);
   CHECK(origin_ca_file_problem("/nonexistent/ca.pem").has_value());
   CHECK(origin_ca_file_problem("ca.pem").value_or("").find("absolute") != std::string::npos);
+}
+
+// =============================================================================================
+// L7 rules (core/egress/l7_rules.hpp): plain HTTP judged in the proxy, HTTPS judged inside
+// the tunnel the run's CA terminates; the origins' own logs say what arrived.
+
+namespace {
+
+sandbox::egress_rule rates_rule(std::optional<std::uint64_t> max_requests = std::nullopt,
+                                std::optional<std::uint64_t> max_bytes = std::nullopt) {
+  return sandbox::egress_rule{.name = "rates-read",
+                              .host = "api.example.com",
+                              .methods = {"GET"},
+                              .paths = {"/v1/rates/"},
+                              .max_requests = max_requests,
+                              .max_bytes = max_bytes};
+}
+
+std::string plain_get(std::uint16_t port, const std::string& path,
+                      const std::string& method = "GET") {
+  const std::string authority = "api.example.com:" + std::to_string(port);
+  return method + " http://" + authority + path + " HTTP/1.1\r\nHost: " + authority +
+         "\r\nContent-Length: 0\r\n\r\n";
+}
+
+}  // namespace
+
+TEST_CASE("egress proxy: L7 rules judge plain-HTTP requests before anything goes upstream",
+          "[egress][egress_rules]") {
+  origin web(origin::mode::http, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+  auto g = grant_for({"api.example.com", "other.example.com"}, web.port());
+  g.rules = {rates_rule(2)};
+  proxy_fixture p(std::move(g), loopback_names({"api.example.com", "other.example.com"}));
+
+  CHECK(ask(p.port(), plain_get(web.port(), "/v1/rates/eu")).status == 200);
+  struct refused_case {
+    std::string request, reason, path;
+  };
+  const std::vector<refused_case> refused = {
+      {plain_get(web.port(), "/v1/rates/eu", "POST"), "rule_refused", "/v1/rates/eu"},
+      {plain_get(web.port(), "/v1/admin"), "rule_refused", "/v1/admin"},
+      {plain_get(web.port(), "/v1/rates/%2e%2e/admin"), "unsafe_path", "/v1/rates/%2e%2e/admin"},
+      {plain_get(web.port(), "/v1/rates/%2E%2E/admin"), "unsafe_path", "/v1/rates/%2E%2E/admin"},
+      {plain_get(web.port(), "/v1/rates/../admin"), "unsafe_path", "/v1/rates/../admin"},
+  };
+  for (const auto& r : refused) {
+    CAPTURE(r.request);
+    const auto answer = ask(p.port(), r.request);
+    CHECK(answer.status == 403);
+    REQUIRE(answer.body.is_object());
+    CHECK(answer.body["error"] == "egress_denied");
+    CHECK(answer.body["reason"] == r.reason);
+    CHECK(answer.body["rule"] == "rates-read");
+    CHECK(answer.body["advice"].get<std::string>().find(
+              "rule 'rates-read' allows GET /v1/rates/") != std::string::npos);
+  }
+  CHECK(ask(p.port(), plain_get(web.port(), "/v1/rates/us")).status == 200);
+  // The budget (2 requests) is spent.
+  const auto spent = ask(p.port(), plain_get(web.port(), "/v1/rates/eu"));
+  CHECK(spent.status == 403);
+  REQUIRE(spent.body.is_object());
+  CHECK(spent.body["reason"] == "budget_exhausted");
+  CHECK(spent.body["rule"] == "rates-read");
+  // Another host has no rules: anything goes, unrecorded by rules.
+  const std::string other = "other.example.com:" + std::to_string(web.port());
+  CHECK(ask(p.port(), "DELETE http://" + other + "/x/../y HTTP/1.1\r\nHost: " + other + "\r\n\r\n")
+            .status == 200);
+
+  // The origin's own log (in the order its connections finished): the two admitted GETs and
+  // the unruled DELETE, nothing else.
+  const auto seen = web.finished(3);
+  REQUIRE(seen.size() == 3);
+  std::vector<std::string> lines;
+  for (const auto& got : seen) lines.push_back(got.substr(0, got.find("\r\n")));
+  std::sort(lines.begin(), lines.end());
+  CHECK(lines == std::vector<std::string>{"DELETE /x/../y HTTP/1.1", "GET /v1/rates/eu HTTP/1.1",
+                                          "GET /v1/rates/us HTTP/1.1"});
+  CHECK(web.accepted() == 3);
+
+  const auto attempts = p.attempts(9);
+  REQUIRE(attempts.size() == 9);
+  // Looked up by what was asked: sessions report as they close, not strictly in order.
+  const auto find = [&](const std::string& method, const std::string& path,
+                        const std::string& reason) -> const sandbox::egress_attempt* {
+    for (const auto& a : attempts) {
+      if (a.method == method && a.path == path && a.reason == reason) return &a;
+    }
+    return nullptr;
+  };
+  const auto* first = find("GET", "/v1/rates/eu", "approved");
+  REQUIRE(first != nullptr);
+  CHECK(first->allowed);
+  CHECK(first->rule == "rates-read");
+  CHECK(first->bytes_down > 0);
+  for (const auto& r : refused) {
+    CAPTURE(r.request);
+    const auto* a = find(r.request.substr(0, r.request.find(' ')), r.path, r.reason);
+    REQUIRE(a != nullptr);
+    CHECK_FALSE(a->allowed);
+    CHECK(a->rule == "rates-read");
+    CHECK(a->bytes_up == 0);
+  }
+  CHECK(find("GET", "/v1/rates/us", "approved") != nullptr);
+  const auto* over = find("GET", "/v1/rates/eu", "budget_exhausted");
+  REQUIRE(over != nullptr);
+  CHECK(over->rule == "rates-read");
+  // No rule for that host: not judged, and recorded without method, path or rule.
+  const auto* unruled = find("", "", "approved");
+  REQUIRE(unruled != nullptr);
+  CHECK(unruled->rule.empty());
+}
+
+TEST_CASE("egress proxy: a plain-HTTP response is cut at its rule's byte budget",
+          "[egress][egress_rules]") {
+  const std::string body(1000, 'x');
+  origin web(origin::mode::http, "HTTP/1.1 200 OK\r\nContent-Length: " +
+                                     std::to_string(body.size()) + "\r\n\r\n" + body);
+  auto g = grant_for({"api.example.com"}, web.port());
+  g.rules = {rates_rule(std::nullopt, 300)};
+  proxy_fixture p(std::move(g), loopback_names({"api.example.com"}));
+  client c(p.port());
+  REQUIRE(c.send(plain_get(web.port(), "/v1/rates/big")));
+  const std::string got = c.read_all();
+  CHECK(got.size() == 300);  // head and body count alike: relayed unparsed
+  const auto attempts = p.attempts(1);
+  REQUIRE(attempts.size() == 1);
+  CHECK_FALSE(attempts[0].allowed);
+  CHECK(attempts[0].reason == "budget_exhausted");
+  CHECK(attempts[0].bytes_down == 300);
+  // Spent: the next request is refused.
+  const auto next = ask(p.port(), plain_get(web.port(), "/v1/rates/big"));
+  CHECK(next.status == 403);
+  REQUIRE(next.body.is_object());
+  CHECK(next.body["reason"] == "budget_exhausted");
+}
+
+TEST_CASE("egress proxy: with L7 rules, HTTPS is terminated and every request judged",
+          "[egress][egress_rules]") {
+  tls_origin web;
+  const temp_pem origin_ca(web.ca_pem());
+  const auto ca = run_ca_for_test();
+  auto g = grant_for({"api.example.com"}, web.port());
+  g.rules = {rates_rule(2)};
+  g.ca = ca;
+  g.origin_ca_file = origin_ca.path;
+  proxy_fixture p(std::move(g), loopback_names({"api.example.com"}));
+  const auto get_path = [](const std::string& method, const std::string& path) {
+    return method + " " + path + " HTTP/1.1\r\nHost: api.example.com\r\n\r\n";
+  };
+  // Allowed: reaches the origin (no secrets: terminated for the rules alone).
+  const std::string answer =
+      https_exchange(p.port(), web.port(), *ca, get_path("GET", "/v1/rates/eu"));
+  CHECK(answer.starts_with("HTTP/1.1 200 OK\r\n"));
+  auto heads = web.heads(1);
+  REQUIRE(heads.size() == 1);
+  CHECK(heads[0].rfind("GET /v1/rates/eu HTTP/1.1\r\n", 0) == 0);
+  // Refused inside the tunnel: a 403 naming the rule; nothing reaches the origin.
+  for (const auto& [req, reason] : std::vector<std::pair<std::string, std::string>>{
+           {get_path("POST", "/v1/rates/eu"), "rule_refused"},
+           {get_path("GET", "/v1/admin"), "rule_refused"},
+           {get_path("GET", "/v1/rates/%2e%2e/admin"), "unsafe_path"},
+           {get_path("GET", "/v1/rates/..%2Fadmin"), "unsafe_path"},
+       }) {
+    CAPTURE(req);
+    const auto refused = parse_answer(https_exchange(p.port(), web.port(), *ca, req));
+    CHECK(refused.status == 403);
+    REQUIRE(refused.body.is_object());
+    CHECK(refused.body["reason"] == reason);
+    CHECK(refused.body["rule"] == "rates-read");
+  }
+  const auto attempts = p.attempts(5);
+  REQUIRE(attempts.size() == 5);
+  CHECK(attempts[0].protocol == "https");
+  CHECK(attempts[0].allowed);
+  CHECK(attempts[0].method == "GET");
+  CHECK(attempts[0].path == "/v1/rates/eu");
+  CHECK(attempts[0].rule == "rates-read");
+  for (std::size_t i = 1; i <= 4; ++i) {
+    CAPTURE(i);
+    CHECK_FALSE(attempts[i].allowed);
+    CHECK(attempts[i].rule == "rates-read");
+    CHECK(attempts[i].bytes_up == 0);
+  }
+  CHECK(attempts[1].method == "POST");
+  CHECK(attempts[2].path == "/v1/admin");
+  CHECK(attempts[3].reason == "unsafe_path");
+  CHECK(web.heads(2).size() == 1);
+}
+
+TEST_CASE("egress proxy: each request of a kept-alive tunnel under a rule is its own attempt",
+          "[egress][egress_rules]") {
+  tls_origin web(/*keep_alive=*/true);
+  const temp_pem origin_ca(web.ca_pem());
+  const auto ca = run_ca_for_test();
+  auto g = grant_for({"api.example.com"}, web.port());
+  g.rules = {rates_rule(2)};
+  g.ca = ca;
+  g.origin_ca_file = origin_ca.path;
+  proxy_fixture p(std::move(g), loopback_names({"api.example.com"}));
+
+  client c(p.port());
+  REQUIRE(c.send(connect_request("api.example.com:" + std::to_string(web.port()))));
+  REQUIRE(c.read_head() == "HTTP/1.1 200 Connection established\r\n\r\n");
+  ssl_ctx_ptr ctx(SSL_CTX_new(TLS_client_method()));
+  X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx.get()), ca->cert());
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  ssl_ptr s(SSL_new(ctx.get()));
+  SSL_set_tlsext_host_name(s.get(), "api.example.com");
+  SSL_set1_host(s.get(), "api.example.com");
+  SSL_set_fd(s.get(), c.fd());
+  REQUIRE(SSL_connect(s.get()) == 1);
+  const auto exchange = [&](const std::string& path) {
+    REQUIRE(ssl_write_all(s.get(), "GET " + path + " HTTP/1.1\r\nHost: api.example.com\r\n\r\n"));
+    std::string out;
+    char buf[4096];
+    while (!out.ends_with("0\r\n\r\n")) {
+      const int n = SSL_read(s.get(), buf, sizeof(buf));
+      if (n <= 0) break;
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+    return out;
+  };
+  CHECK(dechunked_body(exchange("/v1/rates/a")) == "kept alive");
+  CHECK(dechunked_body(exchange("/v1/rates/b")) == "kept alive");
+  // The third on the same connection: the rule's 2 requests are spent.
+  REQUIRE(ssl_write_all(s.get(), "GET /v1/rates/c HTTP/1.1\r\nHost: api.example.com\r\n\r\n"));
+  const auto refused = parse_answer(ssl_read_all(s.get()));
+  CHECK(refused.status == 403);
+  REQUIRE(refused.body.is_object());
+  CHECK(refused.body["reason"] == "budget_exhausted");
+  CHECK(refused.body["rule"] == "rates-read");
+  c.close();
+
+  const auto heads = web.heads(2);
+  REQUIRE(heads.size() == 2);
+  CHECK(heads[0].rfind("GET /v1/rates/a HTTP/1.1\r\n", 0) == 0);
+  CHECK(heads[1].rfind("GET /v1/rates/b HTTP/1.1\r\n", 0) == 0);
+  const auto attempts = p.attempts(3);
+  REQUIRE(attempts.size() == 3);
+  CHECK(attempts[0].allowed);
+  CHECK(attempts[0].path == "/v1/rates/a");
+  CHECK(attempts[0].bytes_down > 0);
+  CHECK(attempts[1].allowed);
+  CHECK(attempts[1].path == "/v1/rates/b");
+  CHECK(attempts[1].bytes_down > 0);
+  CHECK_FALSE(attempts[2].allowed);
+  CHECK(attempts[2].reason == "budget_exhausted");
+  CHECK(attempts[2].path == "/v1/rates/c");
+  CHECK(attempts[2].rule == "rates-read");
+  for (const auto& a : attempts) CHECK(a.protocol == "https");
+}
+
+TEST_CASE("egress proxy: without a run CA, HTTPS to a host with rules is refused",
+          "[egress][egress_rules]") {
+  origin tls(origin::mode::echo);
+  auto g = grant_for({"api.example.com", "other.example.com"}, tls.port());
+  g.rules = {rates_rule()};
+  proxy_fixture p(std::move(g), loopback_names({"api.example.com", "other.example.com"}));
+  const auto answer =
+      ask(p.port(), connect_request("api.example.com:" + std::to_string(tls.port())));
+  CHECK(answer.status == 403);
+  REQUIRE(answer.body.is_object());
+  CHECK(answer.body["reason"] == "rule_refused");
+  // A host without rules keeps its plain tunnel.
+  client c(p.port());
+  REQUIRE(c.send(connect_request("other.example.com:" + std::to_string(tls.port()))));
+  CHECK(c.read_head() == "HTTP/1.1 200 Connection established\r\n\r\n");
+  c.close();
+  const auto attempts = p.attempts(2);
+  REQUIRE(attempts.size() == 2);
+  CHECK(attempts[0].reason == "rule_refused");
+  // Only the unruled tunnel reached the origin (its accept loop polls: give it a moment).
+  for (int i = 0; i < 100 && tls.accepted() < 1; ++i) std::this_thread::sleep_for(20ms);
+  std::this_thread::sleep_for(100ms);
+  CHECK(tls.accepted() == 1);
 }
