@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "protocol/egress_paths.hpp"
 #include "protocol/text_util.hpp"
 
 namespace sandbox {
@@ -115,17 +116,10 @@ std::optional<std::string> path_prefix_problem(std::string_view path) {
     if (c == '?' || c == '#') return "no '?' or '#': a prefix is a path, without query";
     if (c == '\\') return "no '\\'";
   }
-  // Segments: none may be "." or start ".." or ".;" (what a request's path may not hold
-  // either: the proxy refuses such paths to a host with rules, so no rule could match them).
-  std::size_t at = 1;
-  while (at <= path.size()) {
-    std::size_t end = path.find('/', at);
-    if (end == std::string_view::npos) end = path.size();
-    const std::string_view seg = path.substr(at, end - at);
-    if (seg == "." || seg.starts_with("..") || seg.starts_with(".;")) {
-      return "no '.' or '..' segments (nor one starting '..' or '.;')";
-    }
-    at = end + 1;
+  // (What a request's path may not hold either: the proxy refuses such paths to a host with
+  // rules, so no rule could match them.)
+  if (detail::has_dot_segment(path)) {
+    return "no '.' or '..' segments (nor one starting '..' or '.;')";
   }
   return std::nullopt;
 }
@@ -208,3 +202,19 @@ bool egress_rule_within(const egress_rule& inner, const egress_rule& outer) {
 }
 
 }  // namespace sandbox
+
+namespace sandbox::detail {
+
+bool has_dot_segment(std::string_view path) noexcept {
+  std::size_t at = 1;
+  while (at <= path.size()) {
+    std::size_t end = path.find('/', at);
+    if (end == std::string_view::npos) end = path.size();
+    const std::string_view seg = path.substr(at, end - at);
+    if (seg == "." || seg.starts_with("..") || seg.starts_with(".;")) return true;
+    at = end + 1;
+  }
+  return false;
+}
+
+}  // namespace sandbox::detail

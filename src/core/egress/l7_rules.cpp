@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "protocol/egress_paths.hpp"
+
 namespace sandbox::detail {
 
 namespace {
@@ -67,18 +69,7 @@ std::optional<std::string> unsafe_target(std::string_view target) {
     if (v < 0x20 || v == 0x7F) return "a percent-encoded control byte";
     if (v == 0xC0 || v == 0xC1) return "a percent-encoded overlong UTF-8 lead byte";
   }
-  // Segments: "." anywhere, and any segment starting ".." or ".;" (a dot segment with path
-  // parameters, which some servers strip before resolving it).
-  std::size_t at = 1;
-  while (at <= path.size()) {
-    std::size_t end = path.find('/', at);
-    if (end == std::string_view::npos) end = path.size();
-    const std::string_view seg = path.substr(at, end - at);
-    if (seg == "." || seg.starts_with("..") || seg.starts_with(".;")) {
-      return "a '.' or '..' segment";
-    }
-    at = end + 1;
-  }
+  if (has_dot_segment(path)) return "a '.' or '..' segment";
   return std::nullopt;
 }
 
