@@ -2,8 +2,8 @@
 
 import pytest
 
-from agent_sandbox import (Code, FilesOut, InputFile, ProtocolError, RunRequest, RunResult,
-                           SessionResult, Ticket)
+from agent_sandbox import (Code, EgressRule, FilesOut, InputFile, ProtocolError, RunRequest,
+                           RunResult, SessionResult, Ticket)
 
 
 def test_request_writes_only_what_is_set():
@@ -35,6 +35,41 @@ def test_secrets_by_name_in_requests_and_tickets():
     assert Ticket.from_json(t.to_json()) == t
     with pytest.raises(ProtocolError):
         RunRequest.from_json({**request.to_json(), "secrets": "rates-api"})
+
+
+def test_tickets_carry_l7_rules_and_attempts_name_them():
+    rule = EgressRule(name="rates-read", host="api.rates.example", methods=["GET"],
+                      paths=["/v1/rates/"], max_requests=10)
+    t = Ticket(id="t", tenant="acme", actions=["code.execute", "code.network"],
+               isolation="container", max_timeout_ms=1000, max_memory_bytes=1 << 28,
+               egress=["api.rates.example"], egress_rules=[rule])
+    doc = t.to_json()
+    assert doc["egress_rules"] == [{"name": "rates-read", "host": "api.rates.example",
+                                    "methods": ["GET"], "paths": ["/v1/rates/"],
+                                    "max_requests": 10}]
+    assert Ticket.from_json(doc) == t
+    bare = Ticket.from_json({k: v for k, v in doc.items() if k != "egress_rules"})
+    assert bare.egress_rules is None and "egress_rules" not in bare.to_json()
+    assert "max_bytes" not in doc["egress_rules"][0]
+    for bad, field in [({"methods": "GET"}, "methods"), ({"max_bytes": True}, "max_bytes"),
+                       ({"verbs": ["GET"]}, "verbs")]:
+        with pytest.raises(ProtocolError, match=field):
+            Ticket.from_json({**doc, "egress_rules": [{**doc["egress_rules"][0], **bad}]})
+    # An attempt an L7 rule judged names its method, path and rule; others have none, and
+    # encode as the daemon writes them (without those members).
+    judged = {"protocol": "https", "host": "api.rates.example", "port": 443,
+              "allowed": False, "reason": "rule_refused", "method": "POST",
+              "path": "/v1/rates/eu", "rule": "rates-read"}
+    plain = {"protocol": "tcp", "host": "", "address": "10.0.0.1", "port": 22,
+             "allowed": False, "reason": "direct connect"}
+    r = RunResult.from_json({"code": "ok", "egress_attempts": [judged, plain]})
+    a, b = r.egress_attempts
+    assert (a.method, a.path, a.rule, a.extra) == ("POST", "/v1/rates/eu", "rates-read", {})
+    assert (b.method, b.path, b.rule) == (None, None, None)
+    assert "method" not in b.to_json() and a.to_json()["rule"] == "rates-read"
+    assert RunResult.from_json(r.to_json()) == r
+    with pytest.raises(ProtocolError, match="method"):
+        RunResult.from_json({"code": "ok", "egress_attempts": [{**judged, "method": 1}]})
 
 
 def test_result_keeps_unknown_fields_and_defaults_omitted_ones():

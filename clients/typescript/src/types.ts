@@ -56,8 +56,32 @@ export interface Ticket {
   profile?: string;
   /** Host-held secrets runs may name (`[a-z0-9-]`, 1-64, starting with a letter), at most 16. */
   secrets?: string[];
+  /**
+   * L7 rules (docs/security.md, "L7 rules"), only with `code.network`: 1-32, narrowing what
+   * runs may send to the hosts they name.
+   */
+  egress_rules?: EgressRule[];
   /** For a ticket derived from an approval: the approval request it answers. */
   approval?: ApprovalRequest;
+}
+
+/**
+ * An L7 egress rule: requests to `host` must use one of `methods` on a path under one of
+ * `paths` (compared as sent, never decoded); refusals and attempts name the rule.
+ */
+export interface EgressRule {
+  /** 1-64 characters of `[a-z0-9-]`, unique in the ticket. */
+  name: string;
+  /** An egress pattern sharing at least one name with the ticket's `egress`. */
+  host: string;
+  /** 1-7 distinct of `GET`, `HEAD`, `POST`, `PUT`, `PATCH`, `DELETE`, `OPTIONS`. */
+  methods: string[];
+  /** 1-32 distinct path prefixes starting with `/` (no `%`, `?`, `#`, `\`, dot segments). */
+  paths: string[];
+  /** > 0: requests admitted under the rule over a whole run. */
+  max_requests?: number;
+  /** > 0: bytes of request and response bodies relayed under the rule over a whole run. */
+  max_bytes?: number;
 }
 
 /** A ticket signed with Ed25519 (docs/protocol.md, "Signed tickets"), as `ticket sign` writes. */

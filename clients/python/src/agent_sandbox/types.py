@@ -26,7 +26,7 @@ from typing import Any, Mapping, Self
 from .errors import ProtocolError
 
 __all__ = [
-    "Code", "Ticket", "InputFile", "FilesOut", "RunRequest", "StreamSummary", "OutputFile",
+    "Code", "Ticket", "EgressRule", "InputFile", "FilesOut", "RunRequest", "StreamSummary", "OutputFile",
     "DroppedFile", "Usage", "RuntimeInfo", "EgressAttempt", "QueueInfo", "RunResult",
     "SessionRequest", "SessionResult", "ServiceStats", "RichOutput", "CellResult",
 ]
@@ -140,7 +140,8 @@ class Ticket:
     `max_memory_bytes` (bytes) are the ceilings of a run's limits (for a session, of its
     lifetime). `egress` is required with `code.network`, `tools` with `tool.run`;
     `expires_at` is `YYYY-MM-DDTHH:MM:SSZ`. `secrets` names the host-held secrets runs may
-    use. `approval` is the approval request a derived
+    use; `egress_rules` (EgressRule, only with `code.network`) narrow what runs may send to
+    the hosts they name. `approval` is the approval request a derived
     ticket answers (a dict). A daemon with `--trusted-keys` takes signed ticket documents
     instead: pass those as plain dicts.
     """
@@ -160,6 +161,7 @@ class Ticket:
     profile: str | None = None
     approval: dict[str, Any] | None = None
     secrets: list[str] | None = None
+    egress_rules: list[EgressRule] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ticket document; fields left None are absent."""
@@ -184,7 +186,41 @@ class Ticket:
             tools=_strings(doc, "tools", path),
             profile=_get(doc, "profile", (str,), path, None),
             approval=_get(doc, "approval", (dict,), path, None),
-            secrets=_strings(doc, "secrets", path))
+            secrets=_strings(doc, "secrets", path),
+            egress_rules=(_list(doc, "egress_rules", path, EgressRule.from_json)
+                          if "egress_rules" in doc else None))
+
+
+@dataclass
+class EgressRule:
+    """An L7 egress rule of a ticket (docs/security.md, "L7 rules"): requests to `host` (an
+    egress pattern the ticket's `egress` allows) must use one of `methods` (`GET`, `HEAD`,
+    `POST`, `PUT`, `PATCH`, `DELETE`, `OPTIONS`) on a path under one of `paths` (prefixes
+    starting with `/`, compared as sent, never decoded); `max_requests` and `max_bytes`
+    (bytes of request and response bodies) are optional budgets over a whole run. `name`
+    (`[a-z0-9-]`, 1-64, unique in the ticket) is what a refusal and an EgressAttempt name.
+    The daemon validates the rest (protocol.md, "ticket")."""
+
+    name: str
+    host: str
+    methods: list[str]
+    paths: list[str]
+    max_requests: int | None = None
+    max_bytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The rule's document; budgets left None are absent."""
+        return _sparse(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> EgressRule:
+        """Decodes a rule; raises ProtocolError on a missing, mistyped or unknown field."""
+        doc = _object(doc, path)
+        _strict(doc, cls, path)
+        return cls(_get(doc, "name", (str,), path), _get(doc, "host", (str,), path),
+                   _strings(doc, "methods", path) or [], _strings(doc, "paths", path) or [],
+                   _get(doc, "max_requests", (int,), path, None),
+                   _get(doc, "max_bytes", (int,), path, None))
 
 
 @dataclass
@@ -317,12 +353,15 @@ class SessionRequest:
 # --- answers --------------------------------------------------------------------------------
 
 def _encode(obj: Any) -> dict[str, Any]:
-    """Every field of an answer dataclass (as the daemon writes them), then its extras."""
+    """Every field of an answer dataclass (as the daemon writes them), then its extras. An
+    optional field (declared `str | None`) that is None is absent, as the daemon leaves it."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
         if f.name == "extra":
             continue
         value = getattr(obj, f.name)
+        if value is None and f.type == "str | None":
+            continue
         if isinstance(value, list):
             value = [v.to_json() if hasattr(v, "to_json") else v for v in value]
         elif hasattr(value, "to_json"):
@@ -332,7 +371,7 @@ def _encode(obj: Any) -> dict[str, Any]:
     return out
 
 
-_FIELD_TYPES = {"str": (str,), "int": (int,), "bool": (bool,)}
+_FIELD_TYPES = {"str": (str,), "int": (int,), "bool": (bool,), "str | None": (str,)}
 
 
 class _FlatAnswer:
@@ -423,7 +462,11 @@ class RuntimeInfo(_FlatAnswer):
 class EgressAttempt(_FlatAnswer):
     """A network attempt of the run: `protocol` (`tcp`, `udp`, `dns`, `unix`, `other`,
     `https`, `http`), `host`, `address`, `port`, whether it was `allowed` and why not
-    (`reason`), and `bytes_up` / `bytes_down` relayed through the egress proxy."""
+    (`reason`: `rule_refused`, `budget_exhausted`, `unsafe_path`, `secret_misuse`, ...), and
+    `bytes_up` / `bytes_down` relayed through the egress proxy. For a request an L7 egress
+    rule judged (docs/security.md, "L7 rules"): its `method` and `path` as sent (escaped, at
+    most 256 bytes, without the query) and the `rule` that admitted or refused it (the host's
+    rules, comma-separated, when none matched); None for every other attempt."""
 
     protocol: str = ""
     host: str = ""
@@ -433,6 +476,9 @@ class EgressAttempt(_FlatAnswer):
     reason: str = ""
     bytes_up: int = 0
     bytes_down: int = 0
+    method: str | None = None
+    path: str | None = None
+    rule: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
