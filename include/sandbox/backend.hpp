@@ -95,6 +95,9 @@ struct session_job {
 
 /// One warm pool's figures (sandbox/runtime.hpp `warm_pool_class`).
 struct pool_stats {
+  /// The level whose backend keeps the pool: `runtime::warm_pool_stats` sets it from that
+  /// backend's `isolation()` (a backend's own `warm_pool_stats` may leave the default).
+  sandbox::isolation isolation = sandbox::isolation::process;
   std::string runtime;                   ///< runtime name the pool serves
   std::uint64_t memory_limit_bytes = 0;  ///< its limits class
   std::uint32_t size = 0;                ///< configured size (expected concurrent executions)

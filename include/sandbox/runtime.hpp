@@ -323,7 +323,9 @@ class runtime {
 
   const sandbox::policy& policy() const;
 
-  /// Every backend's warm pools: ready, starting, handed out, failed.
+  /// Every backend's warm pools, one per class, each with its backend's level: ready,
+  /// starting, handed out, failed, and why a class stopped (`pool_stats::error`).
+  /// Thread-safe.
   std::vector<pool_stats> warm_pool_stats() const;
 
   /// Scheduler figures: slots held, runs queued, dispatches, queue timeouts, rejections.

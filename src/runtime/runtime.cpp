@@ -1634,8 +1634,10 @@ std::vector<pool_stats> runtime::warm_pool_stats() const {
   std::vector<pool_stats> out;
   if (!impl_) return out;
   for (const auto& b : impl_->registered()) {
-    auto s = b->warm_pool_stats();
-    out.insert(out.end(), s.begin(), s.end());
+    for (auto& s : b->warm_pool_stats()) {
+      s.isolation = b->isolation();
+      out.push_back(std::move(s));
+    }
   }
   return out;
 }
