@@ -387,7 +387,26 @@ void connection::answer_service_stats(const std::string& id) {
   j["session_stdout_bytes"] = ctx_.session_stdout_bytes.load();
   j["session_write_bytes"] = ctx_.session_write_bytes.load();
   j["unwritten_bytes"] = ctx_.unwritten_total.load();
-  queue_answer(answer_line(id, "service_stats", j.dump()));
+  // One object per warm pool class, members in the documented order; `error` only once the
+  // class stopped (its runs go cold).
+  j["pools"] = nlohmann::ordered_json::array();
+  for (const auto& p : ctx_.rt.warm_pool_stats()) {
+    nlohmann::ordered_json o;
+    o["isolation"] = std::string(to_string(p.isolation));
+    o["runtime"] = p.runtime;
+    o["memory_limit_bytes"] = p.memory_limit_bytes;
+    o["size"] = p.size;
+    o["ready"] = p.ready;
+    o["starting"] = p.starting;
+    o["handed_out"] = p.handed_out;
+    o["failed"] = p.failed;
+    if (!p.error.empty()) o["error"] = p.error;
+    j["pools"].push_back(std::move(o));
+  }
+  // `error` comes from inside a sandbox (escaped there); never let a stray byte throw here.
+  queue_answer(
+      answer_line(id, "service_stats",
+                  j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace)));
 }
 
 void connection::on_pool_done(const std::string& id, std::string line, std::size_t reserved) {

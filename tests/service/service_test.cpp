@@ -2,7 +2,8 @@
 // malformed lines refused without harm to the daemon, answers in completion order, host-wide
 // caps shared by separate client processes, cancellation of a disconnected client's runs (no
 // process or cgroup of the run remains), backpressure on a client that does not read, the
-// socket's mode and life cycle, SIGTERM, stdio mode, and the Python client example.
+// socket's mode and life cycle, SIGTERM, stdio mode, the warm pools in `service_stats`, and
+// the Python client example.
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -331,6 +332,96 @@ TEST_CASE("a run queued past the daemon's queue deadline ends queue_timeout", "[
   auto first = a.answer();
   CHECK(first["id"] == "long");
   CHECK(first["result"]["code"] == "ok");
+}
+
+TEST_CASE("service_stats lists the warm pools with their figures and a stopped class's error",
+          "[service][pool]") {
+  // Two process-level python3 classes: a plain one of one instance at the default memory
+  // limit (which a request that leaves it unset matches), and a pre-started one of 128 MiB
+  // whose preload list names a module the image lacks, so it stops at its first preparation.
+  const auto config = clitest::write_scratch(
+      "svc-pools.json",
+      R"({"v":1,"warm_pool":[{"runtime":"python3","size":1},)"
+      R"({"runtime":"python3","size":2,"memory_limit_bytes":134217728,"prestart":true,)"
+      R"("preload":["json","os.nope"]}]})");
+  svctest::daemon d({"--config", config.string()});
+  svctest::client c(d.socket());
+  int asked = 0;
+  // The `pools` member, its objects' members in the order the daemon wrote them.
+  auto pools = [&] {
+    const std::string id = "stats-" + std::to_string(++asked);
+    c.send(json{{"id", id}, {"service_stats", json::object()}}.dump() + "\n");
+    const auto l = c.read_line();
+    REQUIRE(l.has_value());
+    auto a = nlohmann::ordered_json::parse(*l);
+    REQUIRE(a["id"] == id);
+    return a["service_stats"]["pools"];
+  };
+  auto members = [](const nlohmann::ordered_json& o) {
+    std::vector<std::string> out;
+    for (auto it = o.begin(); it != o.end(); ++it) out.push_back(it.key());
+    return out;
+  };
+  nlohmann::ordered_json p;
+  const bool settled = eventually(
+      [&] {
+        p = pools();
+        return p.size() == 2 && p[0]["ready"] == 1 && p[1].contains("error") &&
+               p[1]["starting"] == 0;
+      },
+      60s);
+  INFO(p.dump() << "\ndaemon log:\n" << d.log());
+  REQUIRE(settled);
+  const std::vector<std::string> order{"isolation", "runtime",  "memory_limit_bytes", "size",
+                                       "ready",     "starting", "handed_out",         "failed"};
+  CHECK(members(p[0]) == order);
+  CHECK(p[0]["isolation"] == "process");
+  CHECK(p[0]["runtime"] == "python3");
+  CHECK(p[0]["memory_limit_bytes"] == 268435456);
+  CHECK(p[0]["size"] == 1);
+  CHECK(p[0]["starting"] == 0);
+  CHECK(p[0]["handed_out"] == 0);
+  CHECK(p[0]["failed"] == 0);
+  auto with_error = order;
+  with_error.emplace_back("error");
+  CHECK(members(p[1]) == with_error);
+  CHECK(p[1]["isolation"] == "process");
+  CHECK(p[1]["memory_limit_bytes"] == 134217728);
+  CHECK(p[1]["size"] == 2);
+  CHECK(p[1]["ready"] == 0);
+  CHECK(p[1]["handed_out"] == 0);
+  CHECK(p[1]["failed"].get<std::uint64_t>() >= 1);
+  CHECK(contains(p[1]["error"].get<std::string>(),
+                 "importing preload module 'os.nope' raised 'ModuleNotFoundError: No module "
+                 "named 'os.nope'"));
+  const auto failed = p[1]["failed"].get<std::uint64_t>();
+
+  // A run of the plain class is handed its instance, which is refilled; one of the stopped
+  // class runs cold, and the class stays as it was.
+  c.send(run_line("warm", python("print('warm')")));
+  auto warm = c.answer();
+  INFO(warm.dump());
+  CHECK(warm["result"]["code"] == "ok");
+  auto cold_request = python("print('cold')");
+  cold_request["memory_limit_bytes"] = 134217728;
+  c.send(run_line("cold", cold_request));
+  auto cold = c.answer();
+  INFO(cold.dump());
+  CHECK(cold["result"]["code"] == "ok");
+  CHECK(cold["result"]["stdout"]["summary"] == "cold\n");
+  const bool refilled = eventually(
+      [&] {
+        p = pools();
+        return p.size() == 2 && p[0]["handed_out"] == 1 && p[0]["ready"] == 1;
+      },
+      60s);
+  INFO(p.dump());
+  REQUIRE(refilled);
+  CHECK(p[0]["failed"] == 0);
+  CHECK(p[1]["handed_out"] == 0);
+  CHECK(p[1]["ready"] == 0);
+  CHECK(p[1]["starting"] == 0);
+  CHECK(p[1]["failed"] == failed);
 }
 
 TEST_CASE("a client that disconnects has its runs killed", "[service]") {
