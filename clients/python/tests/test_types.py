@@ -2,8 +2,8 @@
 
 import pytest
 
-from agent_sandbox import (Code, EgressRule, FilesOut, InputFile, ProtocolError, RunRequest,
-                           RunResult, SessionResult, Ticket)
+from agent_sandbox import (Code, EgressRule, FilesOut, InputFile, PoolStats, ProtocolError,
+                           RunRequest, RunResult, ServiceStats, SessionResult, Ticket)
 
 
 def test_request_writes_only_what_is_set():
@@ -100,3 +100,32 @@ def test_session_result_requires_its_fields():
     with pytest.raises(ProtocolError, match="bytes_from_server: required"):
         SessionResult.from_json({"end": "closed", "result": {"code": "ok"},
                                  "bytes_to_server": 1})
+
+
+def test_service_stats_decode_pools_and_tolerate_their_absence():
+    working = {"isolation": "process", "runtime": "python3", "memory_limit_bytes": 268435456,
+               "size": 2, "ready": 1, "starting": 1, "handed_out": 7, "failed": 0}
+    stopped = {"isolation": "process", "runtime": "python3", "memory_limit_bytes": 134217728,
+               "size": 1, "ready": 0, "starting": 0, "handed_out": 0, "failed": 1,
+               "error": "importing preload module 'os.nope' raised 'ModuleNotFoundError'",
+               "new_pool_field": True}
+    doc = {"sessions": 1, "session_stdout_bytes": 2, "session_write_bytes": 3,
+           "unwritten_bytes": 4, "pools": [working, stopped]}
+    s = ServiceStats.from_json(doc)
+    assert (s.sessions, s.session_stdout_bytes, s.unwritten_bytes) == (1, 2, 4)
+    a, b = s.pools
+    assert a == PoolStats("process", "python3", 268435456, 2, 1, 1, 7, 0)
+    assert a.error is None and "error" not in a.to_json()
+    assert (b.memory_limit_bytes, b.failed, b.extra) == (134217728, 1, {"new_pool_field": True})
+    assert b.error is not None and "os.nope" in b.error
+    # Written back as the daemon wrote it: members in order, extras after.
+    assert s.to_json() == doc and list(s.to_json()["pools"][1]) == list(stopped)
+    assert ServiceStats.from_json(s.to_json()) == s
+    # A daemon older than `pools`: no pools.
+    old = ServiceStats.from_json({"sessions": 0, "session_stdout_bytes": 0,
+                                  "session_write_bytes": 0, "unwritten_bytes": 0})
+    assert old.pools == [] and old.to_json()["pools"] == []
+    with pytest.raises(ProtocolError, match=r"service_stats.pools\[0\].ready: expected an integer"):
+        ServiceStats.from_json({"pools": [{**working, "ready": "1"}]}, "service_stats.")
+    with pytest.raises(ProtocolError, match="service_stats.pools: expected an array"):
+        ServiceStats.from_json({"pools": {}}, "service_stats.")

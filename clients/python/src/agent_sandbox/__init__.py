@@ -18,7 +18,7 @@ from .aio import AsyncClient, AsyncInterpreter, AsyncSession
 from .client import Client, Interpreter, Session
 from .errors import DaemonConnectionError, LineTooLongError, ProtocolError, SandboxError
 from .types import (CellResult, Code, DroppedFile, EgressAttempt, EgressRule, FilesOut, InputFile, OutputFile,
-                    QueueInfo, RichOutput, RunRequest, RunResult, RuntimeInfo, ServiceStats,
+                    PoolStats, QueueInfo, RichOutput, RunRequest, RunResult, RuntimeInfo, ServiceStats,
                     SessionRequest, SessionResult, StreamSummary, Ticket, Usage)
 from ._wire import MAX_BLOB_PUT_BYTES, MAX_LINE_BYTES
 
@@ -26,7 +26,7 @@ __all__ = [
     "AsyncClient", "AsyncInterpreter", "AsyncSession", "Client", "Interpreter", "Session",
     "CellResult", "RichOutput", "DaemonConnectionError",
     "LineTooLongError", "ProtocolError", "SandboxError", "Code", "DroppedFile",
-    "EgressAttempt", "EgressRule", "FilesOut", "InputFile", "OutputFile", "QueueInfo", "RunRequest",
-    "RunResult", "RuntimeInfo", "ServiceStats", "SessionRequest", "SessionResult",
+    "EgressAttempt", "EgressRule", "FilesOut", "InputFile", "OutputFile", "PoolStats",
+    "QueueInfo", "RunRequest", "RunResult", "RuntimeInfo", "ServiceStats", "SessionRequest", "SessionResult",
     "StreamSummary", "Ticket", "Usage", "MAX_BLOB_PUT_BYTES", "MAX_LINE_BYTES",
 ]

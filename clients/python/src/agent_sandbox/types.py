@@ -28,7 +28,7 @@ from .errors import ProtocolError
 __all__ = [
     "Code", "Ticket", "EgressRule", "InputFile", "FilesOut", "RunRequest", "StreamSummary", "OutputFile",
     "DroppedFile", "Usage", "RuntimeInfo", "EgressAttempt", "QueueInfo", "RunResult",
-    "SessionRequest", "SessionResult", "ServiceStats", "RichOutput", "CellResult",
+    "SessionRequest", "SessionResult", "PoolStats", "ServiceStats", "RichOutput", "CellResult",
 ]
 
 
@@ -614,17 +614,57 @@ class SessionResult:
 
 
 @dataclass
-class ServiceStats(_FlatAnswer):
+class PoolStats(_FlatAnswer):
+    """One warm pool class of the daemon (docs/protocol.md, `service_stats`): the
+    `isolation` level that keeps it, the `runtime` it serves and its `memory_limit_bytes`,
+    its configured `size`, instances `ready` and `starting`, and since the start
+    `handed_out` to runs and `failed`. `error` is None while the class works; else why it
+    stopped preparing for good (a pre-started class whose `preload` import raised): its runs
+    are served cold."""
+
+    isolation: str = ""
+    runtime: str = ""
+    memory_limit_bytes: int = 0
+    size: int = 0
+    ready: int = 0
+    starting: int = 0
+    handed_out: int = 0
+    failed: int = 0
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ServiceStats:
     """The daemon's counters: `sessions` open or opening (every client), bytes read from
     every session's stdout since the start (`session_stdout_bytes`), write data waiting in
     the daemon (`session_write_bytes`), answers not yet written to clients
-    (`unwritten_bytes`)."""
+    (`unwritten_bytes`), and its warm pools (`pools`, one PoolStats per class; empty with
+    none, and from a daemon older than the member)."""
 
     sessions: int = 0
     session_stdout_bytes: int = 0
     session_write_bytes: int = 0
     unwritten_bytes: int = 0
+    pools: list[PoolStats] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The service_stats object, extras included."""
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], path: str = "") -> ServiceStats:
+        """Decodes the counters; every member is optional, unknown ones go to `extra`."""
+        doc = _object(doc, path)
+        p = path
+        return cls(
+            sessions=_get(doc, "sessions", (int,), p, 0),
+            session_stdout_bytes=_get(doc, "session_stdout_bytes", (int,), p, 0),
+            session_write_bytes=_get(doc, "session_write_bytes", (int,), p, 0),
+            unwritten_bytes=_get(doc, "unwritten_bytes", (int,), p, 0),
+            pools=_list(doc, "pools", p, PoolStats.from_json),
+            extra=_extra(doc, cls))
 
 
 
