@@ -271,11 +271,15 @@ export class SandboxClient {
     );
   }
 
-  /** The daemon's counters (`service_stats`). */
+  /** The daemon's counters and warm pools (`service_stats`). */
   stats(options?: CallOptions): Promise<ServiceStats> {
     return this.request(
       { service_stats: {} },
-      (a) => object<ServiceStats>(a, "service_stats"),
+      (a) => {
+        const stats = object<ServiceStats>(a, "service_stats");
+        // A daemon older than `pools` does not send it: no pools.
+        return { ...stats, pools: stats.pools ?? [] };
+      },
       options,
     );
   }

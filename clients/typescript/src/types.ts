@@ -444,6 +444,35 @@ export interface SessionResult {
   bytes_from_server: number;
 }
 
+/**
+ * One warm pool class of the daemon (`service_stats.pools`, docs/protocol.md), members in
+ * the daemon's order.
+ */
+export interface PoolStats {
+  /** The level whose backend keeps the pool. */
+  isolation: Isolation;
+  /** The runtime the class serves. */
+  runtime: string;
+  /** The class's memory limit, bytes. */
+  memory_limit_bytes: number;
+  /** Configured size: concurrent executions expected of the class. */
+  size: number;
+  /** Instances prepared and waiting. */
+  ready: number;
+  /** Instances being prepared now. */
+  starting: number;
+  /** Instances given to runs since the daemon started. */
+  handed_out: number;
+  /** Instances that failed to prepare or died idle, since the start. */
+  failed: number;
+  /**
+   * Present only once the class stopped preparing for good (a pre-started class whose
+   * `preload` import raised: the module and the exception's summary); its runs are served
+   * cold.
+   */
+  error?: string;
+}
+
 /** The daemon's counters (`service_stats`). */
 export interface ServiceStats {
   /** Sessions open or opening, every client. */
@@ -454,4 +483,6 @@ export interface ServiceStats {
   session_write_bytes: number;
   /** Answers not yet written to their clients, bytes. */
   unwritten_bytes: number;
+  /** One per warm pool class; empty with none (and from a daemon older than the member). */
+  pools: PoolStats[];
 }
