@@ -46,6 +46,9 @@ state& global() {
     opts.state_dir = st.state_dir / "state";
     if (const char* d = std::getenv("SANDBOX_IMAGE_DIR")) opts.image_dir = d;
     opts.blobs = sandbox::make_memory_blob_store();
+    // The tickets bound each test's deadline; the policy's own ceiling (8 s by default) would
+    // silently cut a calibrated deadline or a generous one on a slow or loaded host.
+    opts.policy.max_timeout = std::chrono::minutes(2);
     if (const char* p = std::getenv("SANDBOX_CGROUP_PARENT")) opts.process.cgroup_parent = p;
     st.cgroup_parent = opts.process.cgroup_parent.empty() ? (geteuid() == 0 ? "/agent-sandbox" : "")
                                                           : opts.process.cgroup_parent;
@@ -129,9 +132,8 @@ sandbox::run_result run(const std::string& source, sandbox::run_request base,
   base.source = source;
   if (base.timeout == sandbox::run_request{}.timeout) {
     base.timeout = default_deadline();
-    return run(base, ticket("itest", std::max(base.timeout, std::chrono::milliseconds(8000))));
   }
-  return run(base, ticket());
+  return run(base, ticket("itest", std::max(base.timeout, std::chrono::milliseconds(8000))));
 }
 
 sandbox::run_result run(const sandbox::run_request& request, const sandbox::ticket& t) {

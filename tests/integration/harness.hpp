@@ -39,7 +39,8 @@ std::chrono::milliseconds default_deadline();
 std::chrono::milliseconds startup_allowance();
 
 /// Runs `source` with `runtime` (default python3); other fields from `base`. A request with the
-/// default timeout gets `default_deadline()` (and a ticket whose ceiling admits it).
+/// default timeout gets `default_deadline()`; the ticket's ceiling admits the request's
+/// timeout (at least 8 s). The shared runtime's policy admits up to 2 minutes.
 sandbox::run_result run(const std::string& source, sandbox::run_request base = {},
                         const std::string& runtime = "python3");
 sandbox::run_result run(const sandbox::run_request& request, const sandbox::ticket& t);

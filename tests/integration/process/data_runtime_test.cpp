@@ -28,7 +28,10 @@ TEST_CASE("data runtime: a configured runtime runs pandas and matplotlib, a char
           "[data]") {
   std::string state;
   auto opts = itest::private_runtime_options(&state);
-  auto applied = sandbox::apply_config(R"({"v":1, "runtimes": [
+  // The policy admits the run's 60 s (pandas and matplotlib take 1.5 s to import on an idle
+  // host, over 8 s beside other test tiers).
+  auto applied = sandbox::apply_config(R"({"v":1, "policy": {"max_timeout_ms": 60000},
+      "runtimes": [
       {"name": "python3-data", "image": "python3-data",
        "argv": ["/usr/bin/python3", "-I", "{source}"], "source_name": "main.py"}]})",
                                        opts);
