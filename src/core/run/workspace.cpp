@@ -38,6 +38,19 @@ void remove_contents(int dfd, dev_t dev, int depth) {
   }
 }
 
+// The OS error behind the failed call just made (`errno`), so that the host log says
+// "No space left on device" rather than a generic I/O error.
+boost::system::error_code os_error() {
+  return {errno != 0 ? errno : EIO, boost::system::system_category()};
+}
+
+// Removes the half-made workspace `dir` and returns the error `e` (captured first: the
+// removal changes errno).
+boost::system::error_code undo(const std::filesystem::path& dir, boost::system::error_code e) {
+  remove_tree(dir);
+  return e;
+}
+
 }  // namespace
 
 void remove_tree(const std::filesystem::path& path) noexcept {
@@ -59,22 +72,18 @@ result<run_workspace> create_workspace(const std::filesystem::path& runs_dir,
                                        const std::string& run_id, const std::string& source_name) {
   std::error_code ec;
   std::filesystem::create_directories(runs_dir, ec);
-  if (ec) return make_error_code(errc::io_error);
+  if (ec) return boost::system::error_code(ec.value(), boost::system::system_category());
   run_workspace ws;
   ws.dir = runs_dir / run_id;
   ws.inputs = ws.dir / "in";
   ws.staging = ws.dir / "root";
   ws.source = ws.dir / source_name;
-  if (mkdir(ws.dir.c_str(), 0700) < 0) return make_error_code(errc::io_error);
+  if (mkdir(ws.dir.c_str(), 0700) < 0) return os_error();
   if (mkdir(ws.inputs.c_str(), 0755) < 0 || mkdir(ws.staging.c_str(), 0755) < 0) {
-    remove_tree(ws.dir);
-    return make_error_code(errc::io_error);
+    return undo(ws.dir, os_error());
   }
   int sfd = open(ws.source.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (sfd < 0) {
-    remove_tree(ws.dir);
-    return make_error_code(errc::io_error);
-  }
+  if (sfd < 0) return undo(ws.dir, os_error());
   close(sfd);
   return ws;
 }
@@ -84,14 +93,15 @@ result<void> stage_workspace(const run_workspace& ws, std::string_view source,
                              std::string_view tenant, std::size_t* missing_blob) {
   // The source: written into the existing inode (the sandbox's bind of it sees the content).
   int sfd = open(ws.source.c_str(), O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
-  if (sfd < 0) return make_error_code(errc::io_error);
+  if (sfd < 0) return os_error();
   std::size_t off = 0;
   while (off < source.size()) {
     ssize_t n = write(sfd, source.data() + off, source.size() - off);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
+      const auto e = n < 0 ? os_error() : make_error_code(errc::io_error);
       close(sfd);
-      return make_error_code(errc::io_error);
+      return e;
     }
     off += static_cast<std::size_t>(n);
   }
@@ -101,7 +111,7 @@ result<void> stage_workspace(const run_workspace& ws, std::string_view source,
   futimens(sfd, nullptr);
   close(sfd);
   int dfd = open(ws.inputs.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (dfd < 0) return make_error_code(errc::io_error);
+  if (dfd < 0) return os_error();
   for (std::size_t i = 0; i < files_in.size(); ++i) {
     // A blob named twice is copied once; later names are hard links to the first copy.
     std::size_t first = 0;
@@ -110,8 +120,9 @@ result<void> stage_workspace(const run_workspace& ws, std::string_view source,
       if (linkat(dfd, files_in[first].name.c_str(), dfd, files_in[i].name.c_str(), 0) == 0) {
         continue;
       }
+      const auto e = os_error();
       close(dfd);
-      return make_error_code(errc::io_error);
+      return e;
     }
     auto copied = blobs.copy_to(tenant, files_in[i].blob, dfd, files_in[i].name);
     if (!copied) {
@@ -124,7 +135,7 @@ result<void> stage_workspace(const run_workspace& ws, std::string_view source,
         if (missing_blob != nullptr) *missing_blob = i;
         return make_error_code(errc::digest_mismatch);
       }
-      return make_error_code(errc::io_error);
+      return copied.error();
     }
   }
   fchmod(dfd, 0555);

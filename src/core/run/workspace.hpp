@@ -32,7 +32,8 @@ struct run_workspace {
  * Creates the skeleton of run `run_id`'s workspace under `runs_dir` (created, mode 0700, if
  * needed): an empty `in/`, the staging mount point `root/`, and an empty source file. The
  * sandbox binds `in/` and the source file before it starts; `stage_workspace` fills them
- * later (in place, so the binds see the content). Errors: `io_error`; nothing is left behind.
+ * later (in place, so the binds see the content). Errors: the OS error of the call that failed
+ * (`system_category`: `ENOSPC` on a full state disk, `ENOTDIR`, …); nothing is left behind.
  */
 result<run_workspace> create_workspace(const std::filesystem::path& runs_dir,
                                        const std::string& run_id, const std::string& source_name);
@@ -42,8 +43,8 @@ result<run_workspace> create_workspace(const std::filesystem::path& runs_dir,
  * files from the blob store into `in/` (a blob named twice is copied once and hard-linked),
  * then makes both read-only. Errors: `not_found` with `*missing_blob` set to the index in
  * `files_in` (a blob vanished after admission), `digest_mismatch` with `*missing_blob` set
- * likewise (a stored blob is corrupt),
- * `io_error`.
+ * likewise (a stored blob is corrupt), otherwise the OS error of the call that failed
+ * (`system_category`, e.g. `ENOSPC`) or the blob store's own error.
  */
 result<void> stage_workspace(const run_workspace& ws, std::string_view source,
                              const std::vector<input_file>& files_in, const blob_store& blobs,
