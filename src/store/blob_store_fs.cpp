@@ -43,8 +43,22 @@ using detail::unique_fd;
 
 constexpr std::string_view tmp_prefix = ".tmp-";
 const std::string lock_name = ".lock";
-constexpr long stale_temp_age_s = 600;  // temp files of dead writers older than this are removed
+// A blob writer holds its temp file's flock from the moment it exists until it is renamed
+// or removed (create_temp_file_at), so an unlocked temp file is a dead writer's at any age.
+constexpr long stale_temp_age_s = 0;
 constexpr std::size_t chunk_size = 1 << 20;
+
+// Removes, in every tenant directory under `tenants`, the temp files no live writer holds.
+void remove_dead_writers_temps(int tenants, const detail::store_logger& log) noexcept {
+  auto names = detail::list_dir_names(tenants);
+  if (!names) return;
+  for (const auto& n : *names) {
+    if (!is_valid_tenant(n)) continue;
+    auto t = detail::open_dir_at(tenants, n);
+    if (!t) continue;
+    detail::remove_stale_temps(t->get(), tmp_prefix, stale_temp_age_s, log);
+  }
+}
 
 class fs_blob_store final : public blob_store {
  public:
@@ -607,6 +621,9 @@ result<std::shared_ptr<blob_store>> open_fs_blob_store(const fs_blob_store_optio
       auto mapped = detail::to_store_error(tenants.error());
       return mapped == store_error(errc::permission_denied) ? mapped : store_error(errc::io_error);
     }
+    // Temp files of writers that died (a daemon killed mid-run) are removed now, not only
+    // when their tenant next stores a blob.
+    remove_dead_writers_temps(tenants->get(), log);
     return std::shared_ptr<blob_store>(std::make_shared<fs_blob_store>(
         std::move(*root), std::move(*tenants), options.quota_bytes_per_tenant, log));
   } catch (...) {

@@ -261,7 +261,13 @@ result<std::pair<unique_fd, std::string>> create_temp_file_at(int dirfd,
         return sys_error(errno);
       }
       unique_fd owned(fd);
-      (void)::flock(fd, LOCK_EX | LOCK_NB);
+      // A cleaner that found the file in the moment before this lock holds the lock itself
+      // (and removes the name), or already removed it: start over under a new name, so a
+      // file this writer holds locked is always one that is still linked.
+      struct stat st {};
+      if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || ::fstat(fd, &st) != 0 || st.st_nlink == 0) {
+        continue;
+      }
       return std::make_pair(std::move(owned), std::move(name));
     }
     return sys_error(EEXIST);

@@ -127,7 +127,9 @@ result<std::vector<std::string>> list_dir_names(int fd) noexcept;
 bool is_plain_name(std::string_view name) noexcept;
 
 /// Creates a new temporary file `<prefix><random>` in `dirfd` (O_EXCL|O_NOFOLLOW|O_CLOEXEC,
-/// mode 0600) and takes `flock(LOCK_EX)` on it so `remove_stale_temps` leaves it alone.
+/// mode 0600) and takes `flock(LOCK_EX)` on it so `remove_stale_temps` leaves it alone; when
+/// a cleaner took the lock (or removed the name) first, it tries a new name, so the file
+/// returned is locked and linked, and a cleaner with `min_age_s` 0 cannot take it.
 /// Returns the descriptor (read-write) and the name.
 result<std::pair<unique_fd, std::string>> create_temp_file_at(int dirfd,
                                                               std::string_view prefix) noexcept;

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -338,20 +339,44 @@ TEST_CASE("fs blob store: corrupted content is detected and storing it again rep
   ::close(dfd);
 }
 
-TEST_CASE("fs blob store: stale temp files of dead writers are removed", "[blob_store]") {
+TEST_CASE("fs blob store: temp files of dead writers are removed, live writers' kept",
+          "[blob_store]") {
   temp_dir tmp;
   auto store = make_store("fs", tmp);
   REQUIRE(store->put("t", "x"));
+  REQUIRE(store->put("u", "x"));
+  // A writer holds its temp file's flock from its creation: one that is unlocked belongs to a
+  // writer that died, however young it is (a daemon SIGKILLed a second ago).
   const fs::path stale = tmp / "store/tenants/t/.tmp-deadbeef";
   store_test::write_file(stale, std::string(1000, 's'));
   const timespec old[2] = {{1000000000, 0}, {1000000000, 0}};
   REQUIRE(::utimensat(AT_FDCWD, stale.c_str(), old, 0) == 0);
-  const fs::path fresh = tmp / "store/tenants/t/.tmp-fresh";
-  store_test::write_file(fresh, "f");     // maybe a writer that has not locked it yet: kept
-  CHECK(store->usage("t").value() == 1);  // temp files never count
-  REQUIRE(store->put("t", "y"));
-  CHECK_FALSE(fs::exists(stale));
-  CHECK(fs::exists(fresh));
+  const fs::path young = tmp / "store/tenants/t/.tmp-young";
+  store_test::write_file(young, "f");
+  const fs::path live = tmp / "store/tenants/t/.tmp-live";
+  store_test::write_file(live, "l");
+  const fs::path other = tmp / "store/tenants/u/.tmp-other";
+  store_test::write_file(other, "o");
+  const int held = ::open(live.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(held >= 0);
+  REQUIRE(::flock(held, LOCK_EX | LOCK_NB) == 0);  // a live writer (its own description)
+  CHECK(store->usage("t").value() == 1);           // temp files never count
+  SECTION("a put removes its tenant's") {
+    REQUIRE(store->put("t", "y"));
+    CHECK_FALSE(fs::exists(stale));
+    CHECK_FALSE(fs::exists(young));
+    CHECK(fs::exists(live));
+    CHECK(fs::exists(other));  // another tenant's wait for that tenant (or the next open)
+  }
+  SECTION("opening the store removes every tenant's, before any put") {
+    auto reopened = make_store("fs", tmp);
+    CHECK_FALSE(fs::exists(stale));
+    CHECK_FALSE(fs::exists(young));
+    CHECK_FALSE(fs::exists(other));
+    CHECK(fs::exists(live));
+    CHECK(reopened->get("t", *store->put("t", "x")).value() == "x");
+  }
+  ::close(held);
 }
 
 // Child side of the two-process test: hidden (tag starting with "."), run only when the
