@@ -12,7 +12,8 @@ RSS back within a bound of their figures after a warm-up.
 With --faults it then injects faults: (a) SIGKILL of the daemon with runs in flight, restart
 on the same state dir, reclaim and blob-store consistency; (b) a blob dir on a tiny tmpfs
 that fills up; (c) container level only: the OCI runtime binary missing, or exiting 1 mid-run;
-(d) microvm level only: the run's QEMU killed mid-run.
+(d) microvm level only: the run's QEMU killed mid-run; (e) a state dir on a small tmpfs that
+fills up.
 
     sudo /usr/bin/python3 tools/soak.py --level process --runs 1000 --clients 8 [--faults]
 
@@ -549,6 +550,73 @@ def fault_disk_full(args, work, checks):
         subprocess.run(["umount", mnt])
 
 
+
+def fill(path):
+    """Writes zeros to `path` until the file system is full (ENOSPC)."""
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
+def fault_state_full(args, work, checks):
+    """(e) state dir on a small tmpfs, filled: clean codes, serving again once space is back."""
+    mnt = os.path.join(work, "tiny-state")
+    os.makedirs(mnt)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0755", "tmpfs",
+                       mnt]).returncode:
+        checks.check("(e) mount a small tmpfs", False)
+        return
+    d = None
+    try:
+        d = Daemon(args.sandboxctl, work, level_config(args.level), tag="statefull",
+                   state=os.path.join(mnt, "state"), blob_dir=os.path.join(work, "blobs-sf"))
+        why = d.start()
+        if not checks.check("(e) daemon starts", why is None, why or ""):
+            return
+        # One run of each kind first, so that whatever a level installs on its first run
+        # (helpers, root skeletons) is there before the disk fills.
+        with Client(d.sock) as c:
+            for i, kind in enumerate(["normal", "files"]):
+                c.run(ticket(args.level), request_for(kind, i), timeout=WAIT)
+        # Wait until the pools (if any) are refilled, then fill every block.
+        time.sleep(2)
+        filler = os.path.join(mnt, "filler")
+        fill(filler)
+        seen = {}
+        with Client(d.sock) as c:
+            for i, kind in enumerate(["normal", "files", "flood", "normal", "timeout"]):
+                try:
+                    r = c.run(ticket(args.level), request_for(kind, i), timeout=WAIT).to_json()
+                except SandboxError as e:
+                    r = {"code": f"error:{e.code}", "message": str(e)}
+                code = r.get("code")
+                msg = r.get("message", "")
+                seen[f"{kind}:{code}"] = seen.get(f"{kind}:{code}", 0) + 1
+                # Either the run could be prepared (a pool instance made before the disk
+                # filled, or nothing to write) and ends with its own code, or it could not:
+                # then `internal`, a message that names no host path, and the daemon lives.
+                right = check_result(args.level, kind, i, r) is None
+                refused = code == "internal" and mnt not in msg and "/" not in msg
+                checks.check(f"(e) state disk full, {kind}: a clean code",
+                             (right or refused) and d.alive(), f"{code} {msg[:200]}")
+            print(f"     with the state disk full: {seen}")
+            os.unlink(filler)
+            for i, kind in enumerate(["normal", "files", "flood", "timeout"]):
+                r = c.run(ticket(args.level), request_for(kind, i), timeout=WAIT).to_json()
+                checks.check(f"(e) space back, {kind}",
+                             check_result(args.level, kind, i, r) is None,
+                             f"{r.get('code')} {r.get('message', '')[:200]}")
+        left = settled_leftovers(d.state, d.blob_dir, instances(d.state))
+        checks.check("(e) host: nothing left", not left, json.dumps(left)[:600])
+        stop_check(checks, d, "(e) daemon stops cleanly")
+    finally:
+        if d is not None and d.alive():
+            d.kill()
+        subprocess.run(["umount", "-l", mnt])
+
 CRUN_FAILS_C = r"""
 #include <signal.h>
 #include <string.h>
@@ -710,6 +778,7 @@ def main():
         if args.faults or args.faults_only:
             fault_sigkill(args, work, checks)
             fault_disk_full(args, work, checks)
+            fault_state_full(args, work, checks)
             if args.level == "container":
                 fault_oci_runtime(args, work, checks)
             else:
