@@ -224,11 +224,12 @@ int run_round(conformance::backend& b, int round, std::mt19937_64& rng,
   // side, load ~6 per CPU) the round's runs get only a share of the cores: scaled by the
   // host's load per CPU now, at least 1, at most 4 (a hold at crun ended before its first
   // line at 3 s + 2.6 s with the load at 6).
-  const double load = std::clamp(conformance::host_load_per_cpu(), 1.0, 4.0);
+  const double measured = conformance::host_load_per_cpu();
+  const double load = std::clamp(measured, 1.0, 4.0);
   extra =
       std::chrono::milliseconds(static_cast<long long>(static_cast<double>(extra.count()) * load));
   std::fprintf(stderr, "conformance: crosstalk round %d: load per CPU %.2f, allowance %lld ms\n",
-               round, conformance::host_load_per_cpu(), static_cast<long long>(extra.count()));
+               round, measured, static_cast<long long>(extra.count()));
   std::vector<planned> plan;
   for (int i = 0; i < 64; ++i) {
     const role kind = i % 8 == 0 ? role::hold : i % 8 == 1 ? role::flood : role::check;

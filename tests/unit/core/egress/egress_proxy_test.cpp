@@ -1430,6 +1430,30 @@ sandbox::egress_rule rates_rule(std::optional<std::uint64_t> max_requests = std:
                               .max_bytes = max_bytes};
 }
 
+// A run whose grant holds `rates_rule(2)` for api.example.com, a run CA, and a TLS origin
+// whose test CA the proxy trusts: the proxy terminates HTTPS to judge every request.
+struct rules_over_tls {
+  tls_origin web;
+  temp_pem origin_ca;
+  std::shared_ptr<run_ca> ca;
+  proxy_fixture p;
+
+  explicit rules_over_tls(bool keep_alive = false)
+      : web(keep_alive),
+        origin_ca(web.ca_pem()),
+        ca(run_ca_for_test()),
+        p(grant(), loopback_names({"api.example.com"})) {}
+
+ private:
+  egress_grant grant() const {
+    auto g = grant_for({"api.example.com"}, web.port());
+    g.rules = {rates_rule(2)};
+    g.ca = ca;
+    g.origin_ca_file = origin_ca.path;
+    return g;
+  }
+};
+
 std::string plain_get(std::uint16_t port, const std::string& path,
                       const std::string& method = "GET") {
   const std::string authority = "api.example.com:" + std::to_string(port);
@@ -1550,14 +1574,8 @@ TEST_CASE("egress proxy: a plain-HTTP response is cut at its rule's byte budget"
 
 TEST_CASE("egress proxy: with L7 rules, HTTPS is terminated and every request judged",
           "[egress][egress_rules]") {
-  tls_origin web;
-  const temp_pem origin_ca(web.ca_pem());
-  const auto ca = run_ca_for_test();
-  auto g = grant_for({"api.example.com"}, web.port());
-  g.rules = {rates_rule(2)};
-  g.ca = ca;
-  g.origin_ca_file = origin_ca.path;
-  proxy_fixture p(std::move(g), loopback_names({"api.example.com"}));
+  rules_over_tls f;
+  auto& [web, origin_ca, ca, p] = f;
   const auto get_path = [](const std::string& method, const std::string& path) {
     return method + " " + path + " HTTP/1.1\r\nHost: api.example.com\r\n\r\n";
   };
@@ -1603,14 +1621,8 @@ TEST_CASE("egress proxy: with L7 rules, HTTPS is terminated and every request ju
 
 TEST_CASE("egress proxy: each request of a kept-alive tunnel under a rule is its own attempt",
           "[egress][egress_rules]") {
-  tls_origin web(/*keep_alive=*/true);
-  const temp_pem origin_ca(web.ca_pem());
-  const auto ca = run_ca_for_test();
-  auto g = grant_for({"api.example.com"}, web.port());
-  g.rules = {rates_rule(2)};
-  g.ca = ca;
-  g.origin_ca_file = origin_ca.path;
-  proxy_fixture p(std::move(g), loopback_names({"api.example.com"}));
+  rules_over_tls f(/*keep_alive=*/true);
+  auto& [web, origin_ca, ca, p] = f;
 
   client c(p.port());
   REQUIRE(c.send(connect_request("api.example.com:" + std::to_string(web.port()))));
