@@ -715,6 +715,45 @@ TEST_CASE("run: only the levels the run can use are self-tested", "[backend]") {
   CHECK(o.err.find("container backend not registered") < o.err.find("gvisor backend"));
 }
 
+TEST_CASE("run: only the runtime or tool the run names is resolved", "[backend]") {
+  // One run needs one catalog entry: the others' images are neither looked up nor unpacked
+  // (a fifth of an invocation's time before the sandbox starts). Here the others' images are
+  // absent, which a resolving start logs as a warning; a name the configuration lacks still
+  // gets the whole catalog's answer.
+  const auto flags = clitest::backend_store_flags();
+  auto config = clitest::write_scratch(
+      "only-named.json",
+      R"({"v":1,"runtimes":[{"name":"other-rt","image":"no-such-image-rt",)"
+      R"("argv":["/usr/bin/python3","-I","{source}"],"source_name":"main.py"}],)"
+      R"("tools":[{"name":"other-tool","image":"no-such-image-tool","binary":"/bin/cat"}]})");
+  auto script = clitest::write_scratch("only-named.py", "print('named')\n");
+  auto o =
+      sandboxctl(with({"run", "--verbose", "--config", config.string(), script.string()}, flags));
+  INFO("stderr: " << o.err);
+  CHECK(o.status == 0);
+  CHECK(o.out == "named\n");
+  CHECK_FALSE(contains(o.err, "runtime other-rt"));
+  CHECK_FALSE(contains(o.err, "no-such-image-tool"));
+  CHECK_FALSE(contains(o.err, "runtime node"));
+  // The entry the run names is resolved as before: its missing image is what it answers.
+  o = sandboxctl(with(
+      {"run", "--verbose", "--config", config.string(), "--runtime", "other-rt", script.string()},
+      flags));
+  INFO("stderr (other-rt): " << o.err);
+  CHECK(o.status == 1);
+  CHECK(contains(o.err, "runtime other-rt"));
+  CHECK_FALSE(contains(o.err, "no-such-image-tool"));
+  CHECK(contains(o.err, "runtime_unavailable"));
+  // A name the configuration lacks: the whole catalog, and admission's usual answer.
+  o = sandboxctl(with(
+      {"run", "--verbose", "--config", config.string(), "--runtime", "nosuch", script.string()},
+      flags));
+  INFO("stderr (nosuch): " << o.err);
+  CHECK(o.status == 1);
+  CHECK(contains(o.err, "runtime other-rt"));
+  CHECK(contains(o.err, "invalid_request"));
+}
+
 TEST_CASE("run: a process-level run with microvm enabled starts no VM", "[backend]") {
   // The microvm level's QEMU is a script that notes every call and fails: starting the level
   // at all (its factory asks `qemu --version` before its self-test boots a VM) leaves a line.
