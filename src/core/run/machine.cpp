@@ -1088,11 +1088,6 @@ std::variant<std::shared_ptr<backend>, std::string> make_run_machine(
   std::string why;
   auto host = cgroup_host::open(ctx.options.cgroup_root, ctx.mountinfo, parent, &why);
   if (!host) return why.empty() ? "cgroups unusable: " + host.error().message() : why;
-  // Proved, not assumed: limits written to a run cgroup read back as written. Named like a
-  // run of this instance, so that a crash in between leaves it to the next start's reclaim.
-  if (auto v = host->verify_limits("r-" + shared->instance_id + "-limits-test", &why); !v) {
-    return why.empty() ? "cgroup limits unverifiable: " + v.error().message() : why;
-  }
   shared->cgroups.emplace(std::move(*host));
   shared->cgroup_parent = parent;
 
@@ -1134,6 +1129,16 @@ std::variant<std::shared_ptr<backend>, std::string> make_run_machine(
                                traits.name, found.recorded_at, verdicts.path().string()));
   }
   if (test) {
+    // Proved, not assumed: limits written to a run cgroup read back as written. Part of the
+    // self-test, so a recorded pass covers it: its key holds the cgroup layout, the parent,
+    // the kernel and the boot. Named like a run of this instance, so that a crash in between
+    // leaves it to the next start's reclaim.
+    std::string limits_why;
+    if (auto v = shared->cgroups->verify_limits("r-" + shared->instance_id + "-limits-test",
+                                                &limits_why);
+        !v) {
+      return limits_why.empty() ? "cgroup limits unverifiable: " + v.error().message() : limits_why;
+    }
     auto empty_root = ctx.state_dir / "selftest-root";
     std::filesystem::create_directories(empty_root, ec);
     std::string reason = be->self_test(empty_root);
