@@ -68,11 +68,20 @@ struct spawn_request {
   /// cgroup.procs files (descriptors open for writing) the child writes "0" to first of
   /// all, so it runs its first instruction in the run's cgroups (at most 8).
   std::vector<int> cgroup_procs_fds;
+  /// A cgroup2 directory (a descriptor open on it) the child is created in:
+  /// `clone3(CLONE_INTO_CGROUP)` (Linux 5.7+, clone(2)), so no migration (and none of its
+  /// wait for an RCU grace period) is needed for that hierarchy. When clone3 refuses (an older
+  /// kernel, a seccomp filter of the host's service manager, a cgroup that cannot take the
+  /// process), the child is started by clone(2) instead and `spawned_process::in_cgroup` is
+  /// false: the caller then moves it. -1: clone(2).
+  int into_cgroup_fd = -1;
 };
 
 struct spawned_process {
   pid_t pid = -1;
   int pidfd = -1;  ///< O_CLOEXEC pidfd of the child (owned by the caller)
+  /// True when the child was created in `spawn_request::into_cgroup_fd`'s cgroup.
+  bool in_cgroup = false;
 };
 
 /// Starts the process. Errors: the errno of clone or of the child's setup/exec, as a

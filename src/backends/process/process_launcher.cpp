@@ -1,6 +1,7 @@
 // The process backend's launcher: the host spawns sandbox-init itself as PID 1 of new pid,
-// mount, net, ipc and uts namespaces (plus a user namespace on unprivileged hosts), puts it
-// into the run's cgroup and, for a user namespace, writes its uid/gid maps. sandbox-init
+// mount, net, ipc and uts namespaces (plus a user namespace on unprivileged hosts), created
+// in the run's cgroup2 directory (clone3 CLONE_INTO_CGROUP) and moved into its v1 cgroups,
+// and, for a user namespace, writes its uid/gid maps. sandbox-init
 // then builds the run's filesystem itself (helpers/init/mounts.cpp).
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -47,8 +48,12 @@ class process_launcher final : public launcher {
     if (r.selftest) sr.fd4 = init_exec_fd_;  // the probe is sandbox-init itself
     sr.clone_flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS |
                      (userns_ ? CLONE_NEWUSER : 0);
+    // Created in the run's cgroup2 directory where there is one (pure v2, or the unified
+    // part of a hybrid host): that hierarchy needs no migration.
+    sr.into_cgroup_fd = r.cgroup.open_unified_dir();
     auto sp = spawn_process(sr);
     ::close(devnull);
+    if (sr.into_cgroup_fd >= 0) ::close(sr.into_cgroup_fd);
     if (!sp) return sp.error();
     auto l = std::make_unique<launched>();
     l->pid = sp->pid;
@@ -60,9 +65,12 @@ class process_launcher final : public launcher {
       waitid_pidfd(l->pidfd.get(), &si, WEXITED);
       return make_error_code(errc::io_error);
     };
-    // Into the cgroup (sandbox-init waits for the configuration before doing anything).
-    if (auto a = r.cgroup.attach(l->pid); !a)
+    // Into the cgroup (sandbox-init waits for the configuration before doing anything): the
+    // hierarchies it was not created in.
+    if (auto a = sp->in_cgroup ? r.cgroup.attach_except_unified(l->pid) : r.cgroup.attach(l->pid);
+        !a) {
       return fail("cgroup attach failed: " + a.error().message());
+    }
     if (userns_) {
       std::string proc = "/proc/" + std::to_string(l->pid);
       bool ok = write_existing_file(proc + "/uid_map",

@@ -340,10 +340,23 @@ void run_cgroup::drain_oom_event_fd() const noexcept {
   }
 }
 
-result<void> run_cgroup::attach(pid_t pid) const {
+result<void> run_cgroup::attach(pid_t pid) const { return attach_parts(pid, true); }
+
+result<void> run_cgroup::attach_except_unified(pid_t pid) const { return attach_parts(pid, false); }
+
+int run_cgroup::open_unified_dir() const noexcept {
+  if (!s_) return -1;
+  const auto* v2 = s_->v2();
+  if (v2 == nullptr) return -1;
+  return sys::retry_eintr(
+      [&] { return sys::get().open(v2->dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0); });
+}
+
+result<void> run_cgroup::attach_parts(pid_t pid, bool unified) const {
   if (!s_ || pid <= 0) return make_error_code(errc::invalid_argument);
   const std::string value = std::to_string(pid);
   for (const auto& p : s_->parts) {
+    if (p.is_v2 && !unified) continue;
     fs::path file = p.dir / "cgroup.procs";
     if (int e = write_file(file, value); e != 0) {
       s_->warn(fmt::format("write(\"{}\", \"{}\"): {}", file.string(), value, errno_text(e)));

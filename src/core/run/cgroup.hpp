@@ -108,6 +108,13 @@ class run_cgroup {
   /// write then fails). Errors: `invalid_argument` (pid <= 0), `not_found` (no such
   /// process), `permission_denied`, `io_error`.
   result<void> attach(pid_t pid) const;
+  /// As `attach`, but leaves out the cgroup2 directory: for a process created there by
+  /// `clone3(CLONE_INTO_CGROUP)` (`open_unified_dir`). Same errors.
+  result<void> attach_except_unified(pid_t pid) const;
+  /// A descriptor open on the cgroup2 directory (O_RDONLY | O_DIRECTORY | O_CLOEXEC), for
+  /// `spawn_request::into_cgroup_fd`; -1 when there is none (v1) or it cannot be opened.
+  /// The caller closes it.
+  int open_unified_dir() const noexcept;
   /// Kills every process in the cgroup now (cgroup.kill, or freeze/pids.max=0 + SIGKILL
   /// loop until a pass finds no process it has not signalled yet). Does not wait for the
   /// processes to be gone; see `is_empty`. Never signals pid <= 1 or the calling process.
@@ -149,6 +156,7 @@ class run_cgroup {
  private:
   friend class cgroup_host;
   run_cgroup() = default;
+  result<void> attach_parts(pid_t pid, bool unified) const;
   struct state;
   std::unique_ptr<state> s_;
 };

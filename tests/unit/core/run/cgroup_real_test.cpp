@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "core/run/cgroup.hpp"
+#include "sys/pidfd.hpp"
+#include "sys/spawn.hpp"
 
 extern char** environ;
 
@@ -342,4 +344,59 @@ TEST_CASE("real cgroup: destroy reclaims a populated stale cgroup", "[cgroup][re
   int status = child.wait();
   CHECK(WIFSIGNALED(status));
   CHECK(guard.remove_parents());
+}
+
+TEST_CASE("real cgroup: a process spawned into the cgroup2 directory starts there",
+          "[cgroup][real]") {
+  // clone3(CLONE_INTO_CGROUP) through spawn_process: the child's first instruction already
+  // runs in the run's cgroup2 directory (no migration), and only the v1 hierarchies (hybrid)
+  // still need attaching. Its /proc/self/cgroup, read by the child itself, is the evidence.
+  if (auto why = preconditions(); !why.empty()) SANDBOX_SKIP_OR_FAIL(why);
+  parent_guard guard;
+  auto o = open_real(guard);
+  if (!o.host) SANDBOX_SKIP_OR_FAIL(o.why);
+  guard.host = *o.host;
+  if (o.host->mode() == cgroup_mode::v1) SANDBOX_SKIP_OR_FAIL("no cgroup2 hierarchy");
+  auto rc = o.host->create(
+      "run-into",
+      cgroup_limits{.memory_bytes = 256ULL << 20, .max_pids = 64, .cpu_quota_millicores = 1000});
+  REQUIRE(rc.has_value());
+  guard.remember(*rc);
+  const auto v2 = rc->unified_dir();
+  REQUIRE(v2.has_value());
+
+  int out[2];
+  REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+  const int cat = ::open("/bin/cat", O_RDONLY | O_CLOEXEC);
+  REQUIRE(cat >= 0);
+  const int devnull = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  sandbox::detail::spawn_request sr;
+  sr.exec_fd = cat;
+  sr.argv = {"cat", "/proc/self/cgroup"};
+  sr.fd0 = devnull;
+  sr.fd1 = out[1];
+  sr.fd2 = devnull;
+  sr.fd3 = devnull;
+  sr.into_cgroup_fd = rc->open_unified_dir();
+  REQUIRE(sr.into_cgroup_fd >= 0);
+  auto sp = sandbox::detail::spawn_process(sr);
+  ::close(sr.into_cgroup_fd);
+  ::close(out[1]);
+  ::close(cat);
+  ::close(devnull);
+  REQUIRE(sp.has_value());
+  CHECK(sp->in_cgroup);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) text.append(buf, n);
+  ::close(out[0]);
+  siginfo_t si{};
+  sandbox::detail::waitid_pidfd(sp->pidfd, &si, WEXITED);
+  ::close(sp->pidfd);
+  INFO(text);
+  CHECK(si.si_status == 0);
+  // "0::/<parent>/run-into": the cgroup2 line names the run's directory.
+  const std::string want = "0::" + guard.parent + "/run-into\n";
+  CHECK(text.find(want) != std::string::npos);
+  CHECK(eventually([&] { return rc->remove().has_value(); }));
 }
