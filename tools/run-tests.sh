@@ -87,6 +87,13 @@ for as in root user; do
     [ "$try" = 1 ] || exit 1
   done
 done
+# The process level creates sandbox-init in the run's cgroup2 directory
+# (clone3 CLONE_INTO_CGROUP) instead of moving it there: on pure v2 that is its only cgroup
+# set-up, proved here from the child's own /proc/self/cgroup (the unit test program, as root;
+# about 20 s with the boot).
+stage "clone3(CLONE_INTO_CGROUP) in the pure cgroup v2 guest"
+TESTBED_AS=root TESTBED_PROGRAM="$BUILD/tests/sandbox_unit_tests" "$ROOT/tools/run-in-cgroup2-guest.sh" \
+  "$BUILD" --use-colour no "real cgroup: a process spawned into the cgroup2 directory starts there"
 # The conformance suite's core tier per level, with the rest of the run beside it. A case
 # still running after 300 s makes the suite print the host's process tree and every thread's
 # stack and fail (its hang watchdog); such a level is run once more, so one rare hang (under
