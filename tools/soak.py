@@ -489,12 +489,30 @@ def fault_sigkill(args, work, checks):
     stop_check(checks, d, "(a) daemon stops cleanly")
 
 
+def small_tmpfs(work, name, options, checks, fault):
+    """Mounts a tmpfs (`options`, e.g. "size=4m,mode=0700") at work/name; None if it fails."""
+    mnt = os.path.join(work, name)
+    os.makedirs(mnt)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", mnt]).returncode:
+        checks.check(f"({fault}) mount a small tmpfs", False)
+        return None
+    return mnt
+
+
+def fill(path):
+    """Writes zeros to `path` until the file system is full (ENOSPC)."""
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
 def fault_disk_full(args, work, checks):
     """(b) blob dir on a 4 MiB tmpfs, filled: clean codes, serving again once space is back."""
-    mnt = os.path.join(work, "tiny")
-    os.makedirs(mnt)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", mnt]).returncode:
-        checks.check("(b) mount a tiny tmpfs", False)
+    mnt = small_tmpfs(work, "tiny", "size=4m,mode=0700", checks, "b")
+    if mnt is None:
         return
     d = None
     try:
@@ -504,12 +522,7 @@ def fault_disk_full(args, work, checks):
         if not checks.check("(b) daemon starts", why is None, why or ""):
             return
         filler = os.path.join(mnt, "filler")
-        with open(filler, "wb", buffering=0) as f:  # every block, to ENOSPC
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-            except OSError:
-                pass
+        fill(filler)
         seen = {}
         with Client(d.sock) as c:
             for i, kind in enumerate(["flood", "files", "normal", "flood", "files", "normal"]):
@@ -551,23 +564,10 @@ def fault_disk_full(args, work, checks):
 
 
 
-def fill(path):
-    """Writes zeros to `path` until the file system is full (ENOSPC)."""
-    with open(path, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-        except OSError:
-            pass
-
-
 def fault_state_full(args, work, checks):
     """(e) state dir on a small tmpfs, filled: clean codes, serving again once space is back."""
-    mnt = os.path.join(work, "tiny-state")
-    os.makedirs(mnt)
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0755", "tmpfs",
-                       mnt]).returncode:
-        checks.check("(e) mount a small tmpfs", False)
+    mnt = small_tmpfs(work, "tiny-state", "size=64m,mode=0755", checks, "e")
+    if mnt is None:
         return
     d = None
     try:
