@@ -727,8 +727,14 @@ TEST_CASE("run: only the runtime or tool the run names is resolved", "[backend]"
       R"("argv":["/usr/bin/python3","-I","{source}"],"source_name":"main.py"}],)"
       R"("tools":[{"name":"other-tool","image":"no-such-image-tool","binary":"/bin/cat"}]})");
   auto script = clitest::write_scratch("only-named.py", "print('named')\n");
-  auto o =
-      sandboxctl(with({"run", "--verbose", "--config", config.string(), script.string()}, flags));
+  // `sandboxctl run --verbose` of the script, naming `runtime` (none: the default python3).
+  const auto run_naming = [&](const std::string& runtime) {
+    std::vector<std::string> args{"run", "--verbose", "--config", config.string()};
+    if (!runtime.empty()) args.insert(args.end(), {"--runtime", runtime});
+    args.push_back(script.string());
+    return sandboxctl(with(args, flags));
+  };
+  auto o = run_naming("");
   INFO("stderr: " << o.err);
   CHECK(o.status == 0);
   CHECK(o.out == "named\n");
@@ -736,18 +742,14 @@ TEST_CASE("run: only the runtime or tool the run names is resolved", "[backend]"
   CHECK_FALSE(contains(o.err, "no-such-image-tool"));
   CHECK_FALSE(contains(o.err, "runtime node"));
   // The entry the run names is resolved as before: its missing image is what it answers.
-  o = sandboxctl(with(
-      {"run", "--verbose", "--config", config.string(), "--runtime", "other-rt", script.string()},
-      flags));
+  o = run_naming("other-rt");
   INFO("stderr (other-rt): " << o.err);
   CHECK(o.status == 1);
   CHECK(contains(o.err, "runtime other-rt"));
   CHECK_FALSE(contains(o.err, "no-such-image-tool"));
   CHECK(contains(o.err, "runtime_unavailable"));
   // A name the configuration lacks: the whole catalog, and admission's usual answer.
-  o = sandboxctl(with(
-      {"run", "--verbose", "--config", config.string(), "--runtime", "nosuch", script.string()},
-      flags));
+  o = run_naming("nosuch");
   INFO("stderr (nosuch): " << o.err);
   CHECK(o.status == 1);
   CHECK(contains(o.err, "runtime other-rt"));
