@@ -16,6 +16,9 @@
 //                             `egress_proxy=<port>` (network runs only): see below.
 //                             `run_ca_pem=<PEM>` (runs with secrets): init writes it to
 //                             `run_ca_path` (root's, mode 0444) before the program starts.
+//                             `node_proxy_preload=<JS>` (network runs where the launcher
+//                             has no file of it, the microvm level): likewise, to
+//                             `node_proxy_path`, which NODE_OPTIONS then requires.
 //   init → host   egress_proxy  fds: [a TCP socket listening on 127.0.0.1:<port> in the run's
 //                             network namespace], sent before the program starts; the host
 //                             serves the run's egress proxy on it (core/egress_proxy.hpp)
@@ -116,11 +119,18 @@ enum class step : std::uint32_t {
   /// A pre-started interpreter died before it was ready (detail: how), or a preload module's
   /// import raised (errno 0; detail: "<module>\n<exception summary>", from inside the sandbox)
   prestart,
+  /// Writing the Node proxy preload (`go`'s `node_proxy_preload`).
+  node_proxy,
 };
 
 /// Where sandbox-init writes a run's CA certificate (`go`'s `run_ca_pem`), read-only, and
 /// what SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE and NODE_EXTRA_CA_CERTS name.
 inline constexpr const char* run_ca_path = "/tmp/sandbox-run-ca.pem";
+
+/// Where sandbox-init writes `go`'s `node_proxy_preload` (root's, mode 0444, in the sticky
+/// /tmp), for a launcher whose runs have no file of it (`launcher_traits::
+/// node_proxy_preload_in_go`).
+inline constexpr const char* node_proxy_path = "/tmp/sandbox-node-proxy.cjs";
 
 /// Port of the egress proxy on the run's loopback (HTTP_PROXY=http://127.0.0.1:3128).
 inline constexpr std::uint16_t egress_proxy_port = 3128;

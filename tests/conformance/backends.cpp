@@ -512,9 +512,9 @@ const std::vector<backend_profile>& profiles() {
                       // FIFOs and sockets stay in the guest, but the agent lists
                       // them (file_dropped), so the result is the host levels'.
                       .syscall_slowdown = 4,
-                      // Through the egress tunnel (no NIC); no Node preload yet.
-                      .egress_proxy = true,
-                      .gap_node_proxy_preload = true},
+                      // Through the egress tunnel (no NIC); Node's proxy preload comes
+                      // in the run's `go` (launcher_traits::node_proxy_preload_in_go).
+                      .egress_proxy = true},
            .host_config = R"({"v":1,"backends":{"microvm":{}}})",
            // In CI as "conformance: VM-boundary kinds (microvm)" (tests/CMakeLists.txt):
            // the [core] kinds whose evidence crosses the VM boundary; the whole [core]

@@ -137,11 +137,6 @@ struct expectations {
   /// enforced inside gVisor (its tmpfs ignores nr_inodes): entries can be created until the
   /// memory limit; only the output directory (a host tmpfs) answers ENOSPC.
   bool gap_tmpfs_inode_limit = false;
-  /// GAP (not built yet; microvm): network runs get no Node proxy preload
-  /// (`NODE_OPTIONS=--require …`, which the OCI levels bind into every run), so Node's http,
-  /// https and fetch ignore the proxy variables and reach nothing. The Node egress case then
-  /// WARNs instead of running; docs/security.md lists the gap.
-  bool gap_node_proxy_preload = false;
 };
 
 /// One backend under test.

@@ -62,6 +62,7 @@
 #include "sys/sys.hpp"
 #include "sys/tool_process.hpp"
 #include "wire/guest_protocol.hpp"
+#include "wire/init_protocol.hpp"
 
 namespace sandbox::detail {
 namespace {
@@ -347,7 +348,10 @@ class microvm_launcher final : public launcher {
             // A guest boots before sandbox-init answers: ~2 s under TCG on an idle 2-core host,
             // tens of seconds when the host is loaded; well under a second with KVM.
             .min_setup_budget = s_.kvm ? std::chrono::seconds(20) : std::chrono::seconds(90),
-            .node_proxy_preload_path = {},
+            // Network runs' Node gets the proxy preload in its `go`: the guest has no file
+            // of it.
+            .node_proxy_preload_path = ip::node_proxy_path,
+            .node_proxy_preload_in_go = true,
             .probe_path = "sandbox-init"};
   }
 

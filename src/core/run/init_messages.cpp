@@ -103,6 +103,8 @@ std::string go_payload(const run_job& job, const go_params& p) {
     if (!p.node_proxy_preload_path.empty()) {
       w.add("env", "NODE_OPTIONS=--require " + std::string(p.node_proxy_preload_path));
     }
+    // A launcher without a file of it: sandbox-init writes it where that path says.
+    if (!p.node_proxy_preload.empty()) w.add("node_proxy_preload", p.node_proxy_preload);
     // Host-held secrets: only their per-run placeholders, never a value (sandbox/secrets.hpp).
     for (const auto& s : job.secrets) w.add("env", secret_env_name(s.name) + "=" + s.placeholder);
     // Its HTTPS is terminated by the proxy with the run's CA: that CA is all the program
@@ -187,6 +189,8 @@ const char* describe_step(ip::step s) noexcept {
       return "writing the run's CA certificate";
     case ip::step::prestart:
       return "pre-starting the interpreter and importing its preload list";
+    case ip::step::node_proxy:
+      return "writing the Node proxy preload";
   }
   return "an unknown step";
 }

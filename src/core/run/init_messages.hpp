@@ -64,6 +64,9 @@ struct go_params {
   /// namespace); else sandbox-init is asked to make the listener (`egress_proxy`).
   bool proxy_served = false;
   std::string_view node_proxy_preload_path{};  ///< NODE_OPTIONS' preload; empty: none
+  /// Network runs of a launcher whose runs have no file of the preload: its content, which
+  /// sandbox-init writes to `init_protocol::node_proxy_path` (= `node_proxy_preload_path`).
+  std::string_view node_proxy_preload{};
   /// A run with secrets: its CA certificate (PEM), which sandbox-init writes to
   /// `init_protocol::run_ca_path`; the trust-store variables then name that file.
   std::string_view run_ca_pem{};

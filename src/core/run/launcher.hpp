@@ -74,6 +74,10 @@ struct launcher_traits {
   /// Where the run sees the Node proxy preload (network runs get
   /// `NODE_OPTIONS=--require <path>`); empty: not provided.
   std::string node_proxy_preload_path{};
+  /// The launcher's runs have no file of the preload: a network run's `go` carries it and
+  /// sandbox-init writes it to `init_protocol::node_proxy_path` (the microvm level, whose
+  /// guest has nothing of the host). `node_proxy_preload_path` must then be that path.
+  bool node_proxy_preload_in_go = false;
   /// argv[0] of the start-up self-test's probe inside the sandbox.
   std::string probe_path{};
 };

@@ -9,6 +9,7 @@
 
 #include "core/run/init_messages.hpp"
 #include "core/run/workspace.hpp"
+#include "embedded/node_proxy_preload.hpp"
 #include "sandbox/error.hpp"
 #include "sys/random.hpp"
 
@@ -178,16 +179,19 @@ std::string run_setup::send_go(control_channel& ctl, const run_job& job, const l
   const bool with_stdin = f.session && (stream || stdio.child_fd() >= 0);
   std::string packet = init_packet(
       ip::msg::go, with_stdin ? 1U : 0U,
-      go_payload(job, {.selftest = f.selftest,
-                       .session = f.session,
-                       .input_name = input_name_,
-                       .uid = f.uid,
-                       .probe_path = t.probe_path,
-                       .probe_in_gvisor = stream && t.isolation == sandbox::isolation::gvisor,
-                       .network = f.network,
-                       .proxy_served = f.proxy_served,
-                       .node_proxy_preload_path = t.node_proxy_preload_path,
-                       .run_ca_pem = f.run_ca_pem}));
+      go_payload(job,
+                 {.selftest = f.selftest,
+                  .session = f.session,
+                  .input_name = input_name_,
+                  .uid = f.uid,
+                  .probe_path = t.probe_path,
+                  .probe_in_gvisor = stream && t.isolation == sandbox::isolation::gvisor,
+                  .network = f.network,
+                  .proxy_served = f.proxy_served,
+                  .node_proxy_preload_path = t.node_proxy_preload_path,
+                  .node_proxy_preload = t.node_proxy_preload_in_go ? embedded::node_proxy_preload()
+                                                                   : std::string_view{},
+                  .run_ca_pem = f.run_ca_pem}));
   if (packet.size() > ip::max_packet) return "program description too large";
   const int stdin_fds[1] = {stdio.child_fd()};
   const int sent =

@@ -42,6 +42,7 @@ struct config {
   std::vector<std::string> env;
   std::uint16_t egress_proxy_port = 0;  ///< > 0: listen there for the host's egress proxy
   std::string run_ca_pem;  ///< a run with secrets: its CA certificate (written to run_ca_path)
+  std::string node_proxy_preload;  ///< microvm network runs: written to node_proxy_path
   /// Path inside the sandbox of the program's standard input (a registered tool's staged
   /// bytes, read-only); empty: /dev/null.
   std::string stdin_path;

@@ -254,8 +254,33 @@ bool read_go(config* cfg) {
       cfg->stdin_path = std::string(v);
     else if (k == "run_ca_pem")
       cfg->run_ca_pem = std::string(v);
+    else if (k == "node_proxy_preload")
+      cfg->node_proxy_preload = std::string(v);
   }
   return !cfg->argv.empty();
+}
+
+// Writes `content` to a new file `path` (root's, mode 0444; never through a link, never over
+// an existing file) before the program starts. 0 or the errno.
+int write_root_file(const char* path, std::string_view content) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
+  if (fd < 0) return errno;
+  const char* p = content.data();
+  std::size_t left = content.size();
+  while (left > 0) {
+    ssize_t n = write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = n < 0 ? errno : EIO;
+      close(fd);
+      return e;
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  const int e = fchmod(fd, 0444) < 0 ? errno : 0;
+  close(fd);
+  return e;
 }
 
 bool read_config(config* cfg) {
@@ -617,20 +642,14 @@ int main(int argc, char** argv) {
   // 5a''. A run with secrets: its CA certificate, where the trust-store variables point. The
   //       program has not started, so nothing of its can be there; root's and read-only, in
   //       the sticky /tmp, so the program can neither change nor replace it.
+  //       The Node proxy preload likewise, where the launcher has no file of it (microvm).
   if (!cfg.run_ca_pem.empty()) {
-    int fd = open(ip::run_ca_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
-    if (fd < 0) fail({step::run_ca, errno});
-    const char* p = cfg.run_ca_pem.data();
-    std::size_t left = cfg.run_ca_pem.size();
-    while (left > 0) {
-      ssize_t n = write(fd, p, left);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) fail({step::run_ca, n < 0 ? errno : EIO});
-      p += n;
-      left -= static_cast<std::size_t>(n);
+    if (int e = write_root_file(ip::run_ca_path, cfg.run_ca_pem); e != 0) fail({step::run_ca, e});
+  }
+  if (!cfg.node_proxy_preload.empty()) {
+    if (int e = write_root_file(ip::node_proxy_path, cfg.node_proxy_preload); e != 0) {
+      fail({step::node_proxy, e});
     }
-    if (fchmod(fd, 0444) < 0) fail({step::run_ca, errno});
-    close(fd);
   }
 
   // 5. The user program (signals blocked at 4b). A pre-started interpreter gets the run's

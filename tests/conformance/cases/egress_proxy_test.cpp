@@ -332,11 +332,6 @@ TEST_CASE("egress: Node's https, http and fetch use the proxy (the image's prelo
   CONFORMANCE_BACKEND(b);
   if (!origins_ready()) return;
   if (!b.expect().egress_proxy) return;
-  if (b.expect().gap_node_proxy_preload) {
-    WARN("GAP (gap_node_proxy_preload): " << b.profile().name
-                                          << " gives Node no proxy preload; case not run");
-    return;
-  }
   const auto& o = conformance::egress_origin();
   auto req = conformance::js(fmt::format(R"JS(
 const https = require('https'), http = require('http'), fs = require('fs');
@@ -624,11 +619,6 @@ TEST_CASE("egress: Node's fetch and https with a secret trust the run's CA uncha
   CONFORMANCE_BACKEND(b);
   if (!origins_ready()) return;
   if (!b.expect().egress_proxy) return;
-  if (b.expect().gap_node_proxy_preload) {
-    WARN("GAP (gap_node_proxy_preload): " << b.profile().name
-                                          << " gives Node no proxy preload; case not run");
-    return;
-  }
   const auto& o = conformance::egress_origin();
   const auto before = json::parse(o.stats(), nullptr, false);
   REQUIRE(before.is_object());

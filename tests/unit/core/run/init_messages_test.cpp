@@ -160,6 +160,31 @@ TEST_CASE("init messages: a network run gets the proxy variables and the Node pr
       job, {.input_name = "in-0123456789abcdef", .network = true, .proxy_served = true}));
   CHECK(all(e, "egress_proxy").empty());
   CHECK(all(e, "env") == concat(concat(fixed_env, proxy_env), {"A=1"}));
+  CHECK(all(e, "node_proxy_preload").empty());  // a file of the launcher's, or none
+}
+
+TEST_CASE("init messages: a launcher without a file of the Node preload sends it in go",
+          "[init_messages]") {
+  // The microvm level: the guest has nothing of the host, so sandbox-init writes the preload
+  // (to init_protocol::node_proxy_path) before the program starts; only for network runs.
+  auto job = python_job();
+  const std::string js = "module.exports = 1; // the preload";
+  auto e = parse(sandbox::detail::go_payload(job, {.input_name = "in-0123456789abcdef",
+                                                   .network = true,
+                                                   .proxy_served = true,
+                                                   .node_proxy_preload_path = ip::node_proxy_path,
+                                                   .node_proxy_preload = js}));
+  CHECK(all(e, "node_proxy_preload") == std::vector<std::string>{js});
+  CHECK(all(e, "env") ==
+        concat(concat(fixed_env, proxy_env),
+               {std::string("NODE_OPTIONS=--require ") + ip::node_proxy_path, "A=1"}));
+  // No network: neither the preload nor NODE_OPTIONS of ours.
+  e = parse(sandbox::detail::go_payload(job, {.input_name = "in-0123456789abcdef",
+                                              .node_proxy_preload_path = ip::node_proxy_path,
+                                              .node_proxy_preload = js}));
+  CHECK(all(e, "node_proxy_preload").empty());
+  CHECK(std::string(sandbox::detail::describe_step(ip::step::node_proxy)) ==
+        "writing the Node proxy preload");
 }
 
 TEST_CASE("init messages: network only when granted, never for the self-test", "[init_messages]") {
