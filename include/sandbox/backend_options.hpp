@@ -86,6 +86,13 @@ struct process_backend_options {
   /// [uid_base, uid_base + uid_count); reserved across processes with locks.
   std::uint32_t uid_base = 2'100'000'000;
   std::uint32_t uid_count = 4096;
+  /// The host's uid reservations (root only): an OFD lock on byte `uid` of this file per uid
+  /// in use. One file for the whole host, whatever the state directory, so that two runtimes
+  /// (two daemons, a daemon and a one-shot `sandboxctl run`) never give one uid to two runs at
+  /// once: per-uid kernel limits (inotify instances, message queues, pending signals) would
+  /// be shared between them. Created mode 0600; its directory must exist. A runtime that
+  /// cannot open it registers no backend (`backends()` says why).
+  std::filesystem::path uid_lock_file = "/run/agent-sandbox-uids.lock";
   /// Use this sandbox-init executable instead of the copy built into the library (debugging).
   std::filesystem::path init_path;
   /// Warm pools (none by default).

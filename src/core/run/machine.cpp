@@ -1092,10 +1092,13 @@ std::variant<std::shared_ptr<backend>, std::string> make_run_machine(
   shared->cgroup_parent = parent;
 
   if (!shared->userns) {
-    // One uid range for every backend of this state dir: the lock file is shared.
+    // One set of uid reservations for the whole host, whatever the state dir.
     auto pool =
-        uid_pool::open(ctx_in.state_dir / "uids.lock", ctx.options.uid_base, ctx.options.uid_count);
-    if (!pool) return "uid pool: " + pool.error().message();
+        uid_pool::open(ctx.options.uid_lock_file, ctx.options.uid_base, ctx.options.uid_count);
+    if (!pool) {
+      return fmt::format("uid pool: the host's uid lock file {} cannot be opened: {}",
+                         ctx.options.uid_lock_file.string(), pool.error().message());
+    }
     shared->uids = std::move(*pool);
   }
 

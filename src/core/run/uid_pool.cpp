@@ -12,7 +12,7 @@ result<std::unique_ptr<uid_pool>> uid_pool::open(const std::filesystem::path& lo
     return make_error_code(errc::invalid_argument);
   }
   int fd = ::open(lock_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) return make_error_code(errc::io_error);
+  if (fd < 0) return boost::system::error_code(errno, boost::system::system_category());
   return std::unique_ptr<uid_pool>(new uid_pool(fd, base, count));
 }
 
@@ -29,7 +29,7 @@ result<std::uint32_t> uid_pool::acquire() {
     struct flock fl {};
     fl.l_type = F_WRLCK;
     fl.l_whence = SEEK_SET;
-    fl.l_start = slot;
+    fl.l_start = static_cast<off_t>(base_) + slot;  // the uid itself: ranges may overlap
     fl.l_len = 1;
     if (fcntl(fd_, F_OFD_SETLK, &fl) == 0) {
       used_[slot] = true;
@@ -49,7 +49,7 @@ void uid_pool::release(std::uint32_t uid) noexcept {
   struct flock fl {};
   fl.l_type = F_UNLCK;
   fl.l_whence = SEEK_SET;
-  fl.l_start = slot;
+  fl.l_start = static_cast<off_t>(uid);
   fl.l_len = 1;
   fcntl(fd_, F_OFD_SETLK, &fl);
   used_[slot] = false;

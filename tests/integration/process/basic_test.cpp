@@ -192,6 +192,43 @@ TEST_CASE("identity: concurrent runs get distinct uids (root hosts)", "[basic][i
   CHECK(uids.size() == 4);
 }
 
+TEST_CASE("identity: runtimes with other state dirs never give one uid to two runs",
+          "[basic][identity]") {
+  // Two daemons of one host, or a daemon and a one-shot `sandboxctl run`, each with its own
+  // state dir: their concurrent runs still get distinct uids (the host's uid lock file), so
+  // one tenant cannot use up another's per-uid kernel limits. Each run holds an inotify
+  // instance while it reports its uid, and the two overlap.
+  if (geteuid() != 0) {
+    SUCCEED("unprivileged host: one mapped uid per user namespace");
+    return;
+  }
+  std::string state_a, state_b;
+  auto rt_a = sandbox::runtime::create(itest::private_runtime_options(&state_a));
+  auto rt_b = sandbox::runtime::create(itest::private_runtime_options(&state_b));
+  REQUIRE(rt_a.has_value());
+  REQUIRE(rt_b.has_value());
+  const auto deadline = std::max(itest::default_deadline(), std::chrono::milliseconds(8000));
+  const auto t = itest::ticket("itest", deadline);
+  const sandbox::run_request req{.runtime = "python3",
+                                 .source =
+                                     "import ctypes, os, time\nctypes.CDLL(None).inotify_init()\n"
+                                     "time.sleep(0.6)\nprint(os.getuid())",
+                                 .timeout = deadline};
+  std::vector<std::future<sandbox::run_result>> runs;
+  for (auto* rt : {&*rt_a, &*rt_b, &*rt_a, &*rt_b}) {
+    runs.push_back(std::async(std::launch::async, [rt, &req, &t] { return rt->run(req, t); }));
+  }
+  std::set<std::string> uids;
+  for (auto& f : runs) {
+    auto r = f.get();
+    REQUIRE(r.code == code::ok);
+    uids.insert(r.std_out.summary);
+  }
+  CHECK(uids.size() == 4);
+  std::filesystem::remove_all(state_a);
+  std::filesystem::remove_all(state_b);
+}
+
 TEST_CASE("filesystem: read-only image, private tmp, nothing of the host", "[basic][fs]") {
   // A host canary file and a host unix socket listener; neither may be reachable.
   std::ofstream("/tmp/sandbox-host-canary.txt") << "host secret";

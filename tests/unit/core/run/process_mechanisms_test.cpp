@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -231,7 +232,38 @@ TEST_CASE("uid pool: distinct uids, exhaustion, release, and a second process's 
   REQUIRE(e.has_value());
   CHECK(*e == *a);
   CHECK_FALSE(uid_pool::open(dir / "x.lock", 0, 10).has_value());
+  CHECK(uid_pool::open(dir / "no-such-dir" / "u.lock", 500000, 3).error().value() == ENOENT);
   CHECK_FALSE(uid_pool::open(dir / "y.lock", 0xFFFFFFF0u, 100).has_value());
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("uid pool: overlapping ranges over the host's lock file never share a uid",
+          "[uid_pool]") {
+  // Two runtimes of one host (other state dirs, other bases) reserve through the same file:
+  // a uid is byte `uid` of it, so a uid in both ranges is taken once.
+  auto dir = temp_dir();
+  auto low = uid_pool::open(dir / "uids.lock", 600000, 4);   // 600000..600003
+  auto high = uid_pool::open(dir / "uids.lock", 600002, 4);  // 600002..600005
+  REQUIRE(low.has_value());
+  REQUIRE(high.has_value());
+  std::set<std::uint32_t> seen;
+  for (int i = 0; i < 4; ++i) {
+    auto u = (*low)->acquire();
+    REQUIRE(u.has_value());
+    CHECK(seen.insert(*u).second);
+  }
+  // 600002 and 600003 are the low pool's: the high one gets only its other two.
+  for (int i = 0; i < 2; ++i) {
+    auto u = (*high)->acquire();
+    REQUIRE(u.has_value());
+    CHECK(seen.insert(*u).second);
+    CHECK(*u >= 600004);
+  }
+  CHECK_FALSE((*high)->acquire().has_value());
+  (*low)->release(600003);
+  auto freed = (*high)->acquire();
+  REQUIRE(freed.has_value());
+  CHECK(*freed == 600003);
   std::filesystem::remove_all(dir);
 }
 
