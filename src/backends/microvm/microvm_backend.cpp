@@ -352,7 +352,10 @@ class microvm_launcher final : public launcher {
             // of it.
             .node_proxy_preload_path = ip::node_proxy_path,
             .node_proxy_preload_in_go = true,
-            .probe_path = "sandbox-init"};
+            .probe_path = "sandbox-init",
+            // The guest's sandbox-init would pre-start after the boot, and the guest agent's
+            // file frames would be staged before the hand-over: not built yet.
+            .can_prestart = false};
   }
 
   void adjust_limits(const sandbox::policy& pol, cgroup_limits& limits) const override {

@@ -147,7 +147,13 @@ class oci_launcher final : public launcher, public std::enable_shared_from_this<
             .kill_launched_process = false,
             .min_setup_budget = std::chrono::milliseconds(0),
             .node_proxy_preload_path = oci::node_proxy_preload_path,
-            .probe_path = "/.sandbox-init"};
+            .probe_path = "/.sandbox-init",
+            // Pre-started classes: sandbox-init starts the interpreter inside the started
+            // container as it does at the process level. crun and runc put the container's
+            // processes in the run cgroup itself; runsc puts its sentry and gofer there, which
+            // say nothing about the sandboxed interpreter (launcher_traits).
+            .can_prestart = true,
+            .host_cgroup_lists_processes = !runsc};
   }
 
   result<std::unique_ptr<launched>> launch(const launch_request& r, std::string* why) override {

@@ -321,6 +321,14 @@ const std::vector<fs::path>& run_cgroup::dirs() const noexcept {
   return s_ ? s_->dirs : none;
 }
 
+fs::path run_cgroup::procs_dir() const {
+  if (!s_ || s_->parts.empty()) return {};
+  for (const auto& p : s_->parts) {
+    if (!p.is_v2) return p.dir;
+  }
+  return s_->parts.front().dir;
+}
+
 std::optional<fs::path> run_cgroup::unified_dir() const {
   if (!s_) return std::nullopt;
   const auto* p = s_->v2();

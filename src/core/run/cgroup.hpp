@@ -152,6 +152,10 @@ class run_cgroup {
   /// The cgroup2 directory of this run (for clone3's CLONE_INTO_CGROUP), if any: the only
   /// directory on v2, the unified one on hybrid, none on v1.
   std::optional<std::filesystem::path> unified_dir() const;
+  /// The directory whose `cgroup.procs` lists the run's processes whoever placed them there:
+  /// a v1 hierarchy's where there is one (on a hybrid host an OCI runtime, which sees a pure
+  /// v1 host, joins only those: oci_backend.cpp), else the cgroup2 one; empty when none.
+  std::filesystem::path procs_dir() const;
 
  private:
   friend class cgroup_host;

@@ -80,6 +80,16 @@ struct launcher_traits {
   bool node_proxy_preload_in_go = false;
   /// argv[0] of the start-up self-test's probe inside the sandbox.
   std::string probe_path{};
+  /// Pre-started warm-pool classes (`warm_pool_class::prestart`) can be served: sandbox-init
+  /// starts the interpreter in the prepared instance and hands it the run at `go` (process,
+  /// container and gvisor levels; not a microVM guest's sandbox-init yet).
+  bool can_prestart = true;
+  /// The host's run cgroup lists the sandbox's own processes in `cgroup.procs`, so the
+  /// hand-out health check can see that a pre-started interpreter still lives (process
+  /// level, crun, runc). False at gvisor: that cgroup holds the runtime's sentry and gofer,
+  /// never the sandboxed processes, whose life only the sentry knows; there an idle
+  /// interpreter's death is known from sandbox-init's `failed` report alone.
+  bool host_cgroup_lists_processes = true;
 };
 
 /// One run's launch: what the launcher gets from the run machine. Every reference lives

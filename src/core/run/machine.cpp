@@ -249,8 +249,14 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
   /// pre-started instance's interpreter is still alive — its cgroup still holds a second
   /// live process besides sandbox-init (cgroup.procs lists no exited process). An instance
   /// whose interpreter died is never handed out, even before sandbox-init has reported it.
+  /// Where the host's cgroup does not list the sandbox's processes (gvisor:
+  /// `launcher_traits::host_cgroup_lists_processes`) there is no such evidence: the check
+  /// passes, and an idle interpreter's death is known from sandbox-init's report alone.
   bool passes_health_check() const noexcept {
     if (!job_.prestart) return true;
+    // gvisor: the host's cgroup never lists the sandboxed processes (launcher_traits); an
+    // idle interpreter's death reaches the host as sandbox-init's `failed` report only.
+    if (!shared_->traits.host_cgroup_lists_processes) return true;
     if (procs_path_.empty()) return false;
     const int fd = ::open(procs_path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return false;
@@ -588,8 +594,10 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
     result_.offer_output_dir(std::move(out_dir));  // (or the launcher's, on the host)
     if (dns) watch_.serve_dns(dns.release());
     // Written once, before `ready` is published (the health check reads it from any thread).
-    if (job_.prestart && resources_.cgroup() && !resources_.cgroup()->dirs().empty()) {
-      procs_path_ = (resources_.cgroup()->dirs().front() / "cgroup.procs").string();
+    // (A v1 hierarchy's where there is one: on a hybrid host crun and runc join only those.)
+    if (job_.prestart && shared_->traits.host_cgroup_lists_processes && resources_.cgroup() &&
+        !resources_.cgroup()->procs_dir().empty()) {
+      procs_path_ = (resources_.cgroup()->procs_dir() / "cgroup.procs").string();
     }
     pool_.became_ready();
   }
@@ -910,7 +918,7 @@ class init_backend final : public backend, public std::enable_shared_from_this<i
               return std::make_shared<init_run>(shared, shared->ctx.executor, std::move(job),
                                                 false);
             },
-            shared_->traits.isolation == sandbox::isolation::process)) {}
+            shared_->traits.can_prestart)) {}
 
   /// Creates the configured warm pools and starts filling them (warm_pool::start).
   void start_pools() { pool_->start(); }

@@ -53,8 +53,9 @@ class warm_pool : public std::enable_shared_from_this<warm_pool<Run>> {
 
   /// `network_goes_cold`: the launcher makes the network namespace at launch
   /// (`makes_network_namespace`), so network runs never take a pooled instance.
-  /// `can_prestart`: the level can pre-start interpreters (`warm_pool_class::prestart`; the
-  /// process level so far); classes asking for it elsewhere are logged and skipped.
+  /// `can_prestart`: the level can pre-start interpreters (`warm_pool_class::prestart`;
+  /// `launcher_traits::can_prestart`: process, container, gvisor); classes asking for it
+  /// elsewhere are logged and skipped.
   warm_pool(run_machine_context ctx, bool network_goes_cold, factory make,
             bool can_prestart = false)
       : ctx_(std::move(ctx)),

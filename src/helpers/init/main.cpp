@@ -352,10 +352,11 @@ bool read_config(config* cfg) {
     else if (k == "prestart_kind")
       cfg->prestart_kind = v;
   }
-  // Pre-starting is for a run (never the self-test) in a launch that sandbox-init set up,
-  // of an interpreter it has a loader for.
+  // Pre-starting is for a run (never the self-test), of an interpreter it has a loader for;
+  // in a launch that sandbox-init set up or in an OCI runtime's container (the same steps
+  // from 4b on: the loader's socket pair is made here, inside, after the runtime's start).
   if (!cfg->prestart.empty() &&
-      (cfg->mode != "run" || cfg->oci || cfg->prestart[0] != '/' ||
+      (cfg->mode != "run" || cfg->prestart[0] != '/' ||
        (cfg->prestart_kind != "python" && cfg->prestart_kind != "node"))) {
     return false;
   }
