@@ -95,7 +95,8 @@ void decode_scheduler(const json& v, const std::string& path, scheduler_options&
   });
 }
 
-// `prestart_allowed`: only the process level's pools can be pre-started (so far).
+// `prestart_allowed`: the level's pools can be pre-started (process, container, gvisor; a
+// microVM guest cannot yet).
 void decode_pool(const json& v, const std::string& path, std::vector<warm_pool_class>& out,
                  bool prestart_allowed = false) {
   const json& a = as_array(v, path);
@@ -130,7 +131,9 @@ void decode_pool(const json& v, const std::string& path, std::vector<warm_pool_c
     optional_field(o, p, "prestart", [&](const json& x, const std::string& q) {
       c.prestart = as_bool(x, q);
       if (c.prestart && !prestart_allowed) {
-        fail(q, "only the process level's pools (\"warm_pool\") can be pre-started");
+        fail(q,
+             "only the process, container and gvisor levels' pools can be pre-started (not "
+             "the microvm level's yet)");
       }
     });
     optional_field(o, p, "preload", [&](const json& x, const std::string& q) {
@@ -186,8 +189,9 @@ void decode_oci(const json& v, const std::string& path, oci_backend_options& out
     }
     if (out.runtime != "runsc") fail(q, "only for runsc");
   });
-  optional_field(o, path, "warm_pool",
-                 [&](const json& x, const std::string& q) { decode_pool(x, q, out.warm_pool); });
+  optional_field(o, path, "warm_pool", [&](const json& x, const std::string& q) {
+    decode_pool(x, q, out.warm_pool, true);
+  });
 }
 
 // "microvm": {"kernel_dir": "/var/lib/agent-sandbox/microvm/kernel/current",
@@ -664,47 +668,54 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
       }
     };
     check_pool(next.process.warm_pool, "warm_pool");
-    // Pre-started classes: the process level only (so far), of a runtime that supports it.
-    for (std::size_t i = 0; i < next.process.warm_pool.size(); ++i) {
-      const auto& c = next.process.warm_pool[i];
-      if (!c.prestart) continue;
-      const runtime_spec* spec = nullptr;
-      for (const auto& r : next.runtimes) {
-        if (r.name == c.runtime) spec = &r;
-      }
-      const auto defaults = default_runtimes();
-      for (const auto& r : defaults) {
-        if (spec == nullptr && r.name == c.runtime) spec = &r;
-      }
-      const std::string p = index_path("warm_pool", i);
-      if (spec != nullptr && !supports_prestart(*spec)) {
-        fail(member_path(p, "prestart"),
-             "runtime '" + c.runtime + "' cannot be pre-started (a Python runtime whose argv is " +
-                 "[<path>, \"-I\", \"{source}\"] or a Node runtime whose argv is [<path to " +
-                 "node>, \"{source}\"] can)");
-      }
-      // Each preload entry as its runtime names modules (a runtime the document does not
-      // define is checked by runtime::create, which skips the class if one is not).
-      const prestart_kind kind = spec != nullptr ? prestart_kind_of(*spec) : prestart_kind::none;
-      for (std::size_t k = 0; k < c.preload.size(); ++k) {
-        const auto& m = c.preload[k];
-        const std::string r = index_path(member_path(p, "preload"), k);
-        if (kind == prestart_kind::python && !is_valid_preload_module(kind, m)) {
-          fail(r, "not a dotted Python module name");
+    // Pre-started classes (process, container and gvisor levels): of a runtime that
+    // supports it, with a preload list of module names as that runtime names them.
+    auto check_prestart = [&](const std::vector<warm_pool_class>& pool, const std::string& where) {
+      for (std::size_t i = 0; i < pool.size(); ++i) {
+        const auto& c = pool[i];
+        if (!c.prestart) continue;
+        const runtime_spec* spec = nullptr;
+        for (const auto& r : next.runtimes) {
+          if (r.name == c.runtime) spec = &r;
         }
-        if (kind == prestart_kind::node && !is_valid_preload_module(kind, m)) {
-          fail(r,
-               "not a Node package name (as `require` takes one: 'lodash', '@scope/pkg/sub'; "
-               "never a path) or built-in ('node:fs')");
+        const auto defaults = default_runtimes();
+        for (const auto& r : defaults) {
+          if (spec == nullptr && r.name == c.runtime) spec = &r;
         }
-        if (kind == prestart_kind::none && !is_valid_preload_module(prestart_kind::python, m) &&
-            !is_valid_preload_module(prestart_kind::node, m)) {
-          fail(r, "not a module name");
+        const std::string p = index_path(where, i);
+        if (spec != nullptr && !supports_prestart(*spec)) {
+          fail(member_path(p, "prestart"),
+               "runtime '" + c.runtime +
+                   "' cannot be pre-started (a Python runtime whose argv is " +
+                   "[<path>, \"-I\", \"{source}\"] or a Node runtime whose argv is [<path to " +
+                   "node>, \"{source}\"] can)");
+        }
+        // Each preload entry as its runtime names modules (a runtime the document does not
+        // define is checked by runtime::create, which skips the class if one is not).
+        const prestart_kind kind = spec != nullptr ? prestart_kind_of(*spec) : prestart_kind::none;
+        for (std::size_t k = 0; k < c.preload.size(); ++k) {
+          const auto& m = c.preload[k];
+          const std::string r = index_path(member_path(p, "preload"), k);
+          if (kind == prestart_kind::python && !is_valid_preload_module(kind, m)) {
+            fail(r, "not a dotted Python module name");
+          }
+          if (kind == prestart_kind::node && !is_valid_preload_module(kind, m)) {
+            fail(r,
+                 "not a Node package name (as `require` takes one: 'lodash', '@scope/pkg/sub'; "
+                 "never a path) or built-in ('node:fs')");
+          }
+          if (kind == prestart_kind::none && !is_valid_preload_module(prestart_kind::python, m) &&
+              !is_valid_preload_module(prestart_kind::node, m)) {
+            fail(r, "not a module name");
+          }
         }
       }
-    }
+    };
+    check_prestart(next.process.warm_pool, "warm_pool");
     check_pool(next.container.warm_pool, "backends.container.warm_pool");
+    check_prestart(next.container.warm_pool, "backends.container.warm_pool");
     check_pool(next.gvisor.warm_pool, "backends.gvisor.warm_pool");
+    check_prestart(next.gvisor.warm_pool, "backends.gvisor.warm_pool");
     options = std::move(next);
     return {};
   } catch (const detail::decode_error& e) {

@@ -93,6 +93,29 @@ TEST_CASE("config: a pre-started pool class is applied", "[config]") {
   CHECK(!sandbox::supports_prestart({.name = "p", .argv = {"python3", "-I", "{source}"}}));
 }
 
+TEST_CASE("config: the container and gvisor levels' pool classes can be pre-started", "[config]") {
+  sandbox::runtime_options o;
+  auto r = sandbox::apply_config(
+      R"({"backends": {"container": {"runtime": "crun", "warm_pool": [
+            {"runtime": "python3", "size": 2, "prestart": true, "preload": ["json"]},
+            {"runtime": "node", "prestart": true, "preload": ["node:util"]}]},
+          "gvisor": {"runtime": "runsc", "warm_pool": [
+            {"runtime": "python3", "prestart": true}]}}})",
+      o);
+  INFO((r ? std::string() : r.error().message));
+  REQUIRE(r.has_value());
+  REQUIRE(o.container.warm_pool.size() == 2);
+  CHECK(o.container.warm_pool[0].prestart);
+  CHECK(o.container.warm_pool[0].size == 2);
+  CHECK(o.container.warm_pool[0].preload == std::vector<std::string>{"json"});
+  CHECK(o.container.warm_pool[1].prestart);
+  CHECK(o.container.warm_pool[1].preload == std::vector<std::string>{"node:util"});
+  REQUIRE(o.gvisor.warm_pool.size() == 1);
+  CHECK(o.gvisor.warm_pool[0].prestart);
+  CHECK(o.gvisor.warm_pool[0].preload.empty());
+  CHECK(o.process.warm_pool.empty());
+}
+
 TEST_CASE("config: at most 64 preload modules", "[config]") {
   std::string list;
   for (int i = 0; i < 65; ++i) list += (i ? ", \"m" : "\"m") + std::to_string(i) + "\"";
@@ -183,8 +206,24 @@ TEST_CASE("config: faults name their field and nothing is applied", "[config]") 
        "warm_pool[0].preload[0]: not a module name"},
       {R"({"warm_pool": [{"runtime": "python3", "prestart": true, "preloads": []}]})",
        "warm_pool[0]: unknown field 'preloads'"},
-      {R"({"backends": {"container": {"warm_pool": [{"runtime": "python3", "prestart": true}]}}})",
-       "backends.container.warm_pool[0].prestart: only the process level"},
+      // The container and gvisor levels' classes are checked as the process level's are.
+      {R"({"backends": {"container": {"warm_pool": [{"runtime": "python3", "prestart": true,
+             "preload": ["os..path"]}]}}})",
+       "backends.container.warm_pool[0].preload[0]: not a dotted Python module name"},
+      {R"({"backends": {"gvisor": {"warm_pool": [{"runtime": "node", "prestart": true,
+             "preload": ["../x"]}]}}})",
+       "backends.gvisor.warm_pool[0].preload[0]: not a Node package name"},
+      {R"({"runtimes": [{"name": "node", "argv": ["/usr/bin/node", "--no-warnings", "{source}"]}],
+           "backends": {"gvisor": {"warm_pool": [{"runtime": "node", "prestart": true}]}}})",
+       "backends.gvisor.warm_pool[0].prestart: runtime 'node' cannot be pre-started"},
+      {R"({"backends": {"container": {"warm_pool": [{"runtime": "python3",
+             "preload": ["json"]}]}}})",
+       "backends.container.warm_pool[0].preload: needs \"prestart\": true"},
+      {R"({"backends": {"container": {"warm_pool": [{"runtime": "python3", "prestart": "yes"}]}}})",
+       "backends.container.warm_pool[0].prestart"},
+      // A microVM guest's sandbox-init cannot pre-start yet.
+      {R"({"backends": {"microvm": {"warm_pool": [{"runtime": "python3", "prestart": true}]}}})",
+       "backends.microvm.warm_pool[0].prestart: only the process, container and gvisor levels"},
       // Names admission would refuse anyway are refused here, where the operator sees them.
       {R"({"policy": {"allowed_env": [""]}})",
        "policy.allowed_env[0]: not a portable variable name"},
