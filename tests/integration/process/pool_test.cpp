@@ -24,6 +24,7 @@
 #include <string>
 #include <thread>
 
+#include "integration/common/pool_probe.hpp"
 #include "integration/harness.hpp"
 
 using sandbox::code;
@@ -126,51 +127,6 @@ std::vector<int> idle_instance_inits(const std::string& state_dir) {
   return idle_instance_pids(state_dir, 1);
 }
 
-// The probe prints what a program can see of its sandbox. SINCE (prepended by probe_since) is
-// the host's clock just before the run was asked for.
-const char* probe = R"PY(
-import os, sys, json, resource, stat, time
-d = os.environ['SANDBOX_INPUT_DIR']
-st = dict(l.split(':\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\t' in l)
-print(json.dumps({
-  'env': {k: ('IN-DIR' if k == 'SANDBOX_INPUT_DIR' else v) for k, v in os.environ.items()},
-  'input_name_ok': os.path.basename(d).startswith('in-') and len(os.path.basename(d)) == 19,
-  'inputs': sorted(os.listdir(d)),
-  'argv': sys.argv, 'main': __name__, 'file': __file__, 'cwd': os.getcwd(),
-  'stdin': os.read(0, 16).decode(), 'stdin_chr': stat.S_ISCHR(os.fstat(0).st_mode),
-  'fds': sorted(os.listdir('/proc/self/fd')),
-  'uid_nonzero': os.getuid() != 0, 'gid_is_uid': os.getgid() == os.getuid(),
-  'pid': os.getpid(), 'ppid': os.getppid(),
-  'rlimits': {n: resource.getrlimit(getattr(resource, n)) for n in
-              ('RLIMIT_CORE', 'RLIMIT_NOFILE', 'RLIMIT_FSIZE', 'RLIMIT_NPROC', 'RLIMIT_STACK')},
-  'caps': st['CapEff'], 'nnp': st['NoNewPrivs'], 'seccomp': st['Seccomp'],
-  'tmp': sorted(os.listdir('/tmp')), 'home': sorted(os.listdir(os.environ['HOME'])),
-  'shm': sorted(os.listdir('/dev/shm')), 'out': sorted(os.listdir(os.environ['SANDBOX_OUTPUT_DIR'])),
-  'mounts': sorted(l.split()[4] for l in open('/proc/self/mountinfo') if '/sandbox/in-' not in l),
-  'hostname': os.uname().nodename,
-  'modules': sorted(sys.modules),
-  'main_vars': list(vars(sys.modules['__main__'])), 'spec': repr(__spec__),
-  'loader': [type(__loader__).__name__, __loader__.name, __loader__.path], 'cached': __cached__,
-  'orig_argv': sys.orig_argv, 'flags': list(sys.flags), 'path': sys.path,
-  # Whether what the sandbox made was made (or its times set) no earlier than the run was
-  # asked for: a pooled instance waited seconds before its run, and that must not show (nor
-  # when the pool's previous run was). Counted from the request, not from this line, so a
-  # slow start (a loaded host, an emulated guest) cannot look like a wait; 1 s for the
-  # coarse timestamps of tmpfs.
-  'fresh': {('IN-DIR' if p == d else p): [t >= SINCE - 1 for t in (s.st_atime, s.st_mtime, s.st_ctime)]
-            for p in ('/', '/tmp', '/dev', '/dev/shm', '/dev/stdout', '/home', os.environ['HOME'],
-                      '/sandbox', os.environ['SANDBOX_OUTPUT_DIR'], d, __file__, '/bin',
-                      '/.sandbox-etc', '/.sandbox-etc/hosts')
-            if os.path.lexists(p) for s in [os.lstat(p)]},
-}, sort_keys=True))
-)PY";
-
-std::string probe_since(std::chrono::system_clock::time_point t) {
-  return fmt::format("SINCE = {:.3f}\n",
-                     std::chrono::duration<double>(t.time_since_epoch()).count()) +
-         probe;
-}
-
 // The whitespace-separated words of `s`, as a set (module lists printed by a run).
 std::set<std::string> words_of(const std::string& s) {
   std::set<std::string> out;
@@ -212,7 +168,7 @@ TEST_CASE("pool: a pooled run is indistinguishable from a cold one", "[pool]") {
   // A deadline from the host's calibration (the probe's imports take seconds under the test
   // bed's emulation), in a ticket that admits it.
   sandbox::run_request req{.runtime = "python3",
-                           .source = probe_since(std::chrono::system_clock::now()),
+                           .source = pooltest::probe_since(std::chrono::system_clock::now()),
                            .timeout = itest::default_deadline()};
   const auto ticket = itest::ticket("itest", std::max(itest::default_deadline(), 8000ms));
   req.files_in = {{.name = "data.csv", .blob = input}};
@@ -223,7 +179,7 @@ TEST_CASE("pool: a pooled run is indistinguishable from a cold one", "[pool]") {
   auto id = p.rt->blobs()->put("itest", "a,b\n1,2\n");
   REQUIRE(id.has_value());
   req.files_in = {{.name = "data.csv", .blob = *id}};
-  req.source = probe_since(std::chrono::system_clock::now());
+  req.source = pooltest::probe_since(std::chrono::system_clock::now());
   auto warm = p.rt->run(req, ticket);
   REQUIRE(cold.code == code::ok);
   REQUIRE(warm.code == code::ok);
