@@ -99,9 +99,10 @@ TESTBED_AS=root TESTBED_PROGRAM="$BUILD/tests/sandbox_unit_tests" "$ROOT/tools/r
 # stack and fail (its hang watchdog); such a level is run once more, so one rare hang (under
 # investigation: seen once in CI, never reproduced) cannot hide every other result, while its
 # diagnostics stay in the log. Two lanes, as in the root stage, each about one core's work:
-# lane [vm] runs the microvm tier (one emulated core, about 12 minutes), then the gvisor tier
-# and the interpreter-cells entry; lane [host], one after another, the process and container
-# tiers, the consumer tests, the ThreadSanitizer cases and the unprivileged stage. (With the
+# lane [vm] runs the microvm tier (one emulated core, about 12 minutes), then the gvisor tier,
+# the gvisor pre-started pool kinds (about 20 s) and the interpreter-cells entry; lane [host],
+# one after another, the process and container tiers (the latter with its pre-started pool
+# profile, about 80 s of it), the consumer tests, the ThreadSanitizer cases and the unprivileged stage. (With the
 # gvisor tier in lane [host] too, that lane took 1389 s and lane [vm] 754 s in one loaded run.)
 # The suites count only their own runs' cgroups and processes, so two tiers may run at once.
 # Each lane's lines carry its tag; the run fails if either lane fails.
