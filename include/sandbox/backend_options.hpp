@@ -115,7 +115,8 @@ struct oci_backend_options {
   /// runsc only: its `--platform` ("ptrace" works on any host; "kvm" needs /dev/kvm).
   std::string platform = "ptrace";
   /// Warm pools of started containers whose sandbox-init waits for its program (none by
-  /// default). One-shot, like the process backend's.
+  /// default). One-shot, like the process backend's; a `prestart` class's containers hold
+  /// the interpreter already started inside, waiting for its run.
   std::vector<warm_pool_class> warm_pool;
 };
 
@@ -151,7 +152,8 @@ struct microvm_backend_options {
   /// pools: a VM serves one run and is destroyed with it (never reused, so no VM ever carries
   /// a previous run's disk or memory); a VM that misses its ready deadline (the setup
   /// budget) or dies while idle is destroyed and replaced. Each idle VM holds the guest RAM it
-  /// has touched (its kernel, agent and prepared sandbox) on the host.
+  /// has touched (its kernel, agent and prepared sandbox) on the host. `prestart` classes
+  /// are not served here yet (logged and skipped; the configuration document refuses them).
   std::vector<warm_pool_class> warm_pool;
 };
 
