@@ -738,19 +738,30 @@ void check_unchanged(const host_snapshot& before, const host_snapshot& now) {
 
 std::vector<std::size_t> profile_indices() {
   // SANDBOX_CONFORMANCE_PROFILES="crun,runsc": only profiles whose name contains one of the
-  // comma-separated words (for development and for splitting CI); unset: every profile.
+  // comma-separated words (for development and for splitting CI); a word starting with '!'
+  // leaves out the profiles whose name contains the rest ("container,!pre-started"); unset:
+  // every profile that is not opt-in.
   const std::string only = env_or("SANDBOX_CONFORMANCE_PROFILES", "");
-  std::vector<std::string> words;
+  std::vector<std::string> words, unless;
   for (std::size_t at = 0; at <= only.size() && !only.empty();) {
     auto comma = only.find(',', at);
     if (comma == std::string::npos) comma = only.size();
-    if (comma > at) words.push_back(only.substr(at, comma - at));
+    if (comma > at) {
+      std::string w = only.substr(at, comma - at);
+      if (w.size() > 1 && w[0] == '!') {
+        unless.push_back(w.substr(1));
+      } else {
+        words.push_back(std::move(w));
+      }
+    }
     at = comma + 1;
   }
   std::vector<std::size_t> out;
   for (std::size_t i = 0; i < profiles().size(); ++i) {
+    const std::string& name = profiles()[i].name;
     bool take = words.empty() && !profiles()[i].opt_in;
-    for (const auto& w : words) take = take || profiles()[i].name.find(w) != std::string::npos;
+    for (const auto& w : words) take = take || name.find(w) != std::string::npos;
+    for (const auto& w : unless) take = take && name.find(w) == std::string::npos;
     if (take) out.push_back(i);
   }
   if (out.empty()) out.push_back(profiles().size());  // matches nothing: one case that fails
