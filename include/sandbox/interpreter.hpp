@@ -164,7 +164,8 @@ class interpreter {
   /**
    * Runs one cell. Completes with `(error_code, cell_result)`: the error code is
    * `in_progress` (a cell runs) or `operation_aborted` (the session was over before the
-   * cell: the result then says `state` lost, `session_ended`; or the cell was cancelled);
+   * cell: the result then has code `invalid_request`, `state` lost, `session_ended`; or the
+   * cell was cancelled);
    * every outcome of the cell itself is in the result.
    *
    * Per-operation cancellation (the handler's cancellation slot, any type; emit it on the

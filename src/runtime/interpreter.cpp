@@ -197,7 +197,8 @@ class interp_session final : public interpreter,
   void execute(cell_request c, cell_handler h, std::uint64_t call) {
     cell_result r;
     if (ended_ || closing_) {
-      r.code = code::internal;
+      // The caller's request names an interpreter that no longer runs: not a host fault.
+      r.code = code::invalid_request;
       r.state = interpreter_state::lost;
       r.session_ended = true;
       r.message = "the interpreter session is over";

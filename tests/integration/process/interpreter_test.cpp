@@ -252,6 +252,20 @@ TEST_CASE(
     CHECK(r.state == interpreter_state::lost);
     CHECK(r.session_ended);
     CHECK(i->ended());
+    // A cell for the interpreter that is gone: the caller's request, not a host fault (the
+    // error code says the cell never ran).
+    std::promise<std::pair<boost::system::error_code, sandbox::cell_result>> gone;
+    i->async_execute({.code = "x", .timeout = 2000ms},
+                     [&gone](boost::system::error_code ec, sandbox::cell_result cr) {
+                       gone.set_value({ec, std::move(cr)});
+                     });
+    auto [ec, after] = gone.get_future().get();
+    CHECK(ec == boost::asio::error::operation_aborted);
+    r = std::move(after);
+    CHECK(r.code == code::invalid_request);
+    CHECK(r.state == interpreter_state::lost);
+    CHECK(r.session_ended);
+    CHECK(r.message == "the interpreter session is over");
   }
   {
     auto i = open();
