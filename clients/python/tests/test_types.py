@@ -129,3 +129,36 @@ def test_service_stats_decode_pools_and_tolerate_their_absence():
         ServiceStats.from_json({"pools": [{**working, "ready": "1"}]}, "service_stats.")
     with pytest.raises(ProtocolError, match="service_stats.pools: expected an array"):
         ServiceStats.from_json({"pools": {}}, "service_stats.")
+
+
+def test_connecting_where_no_daemon_listens_is_a_daemon_connection_error(tmp_path):
+    """No socket, or a socket nobody listens on: DaemonConnectionError (an OSError with the
+    cause's errno), naming the path; the same from the asyncio client."""
+    import asyncio
+    import errno
+    import socket
+
+    from agent_sandbox import Client, DaemonConnectionError
+    from agent_sandbox.aio import AsyncClient
+
+    missing = tmp_path / "no-such.sock"
+    with pytest.raises(DaemonConnectionError) as e:
+        Client(missing, connect_timeout=1)
+    assert isinstance(e.value, OSError) and e.value.errno == errno.ENOENT
+    assert str(missing) in str(e.value)
+    dead = tmp_path / "dead.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(dead))  # bound, never listening: refused
+    try:
+        with pytest.raises(DaemonConnectionError) as e:
+            Client(dead, connect_timeout=1)
+        assert e.value.errno == errno.ECONNREFUSED
+
+        async def connect():
+            return await AsyncClient.connect(missing)
+
+        with pytest.raises(DaemonConnectionError) as e:
+            asyncio.run(connect())
+        assert e.value.errno == errno.ENOENT
+    finally:
+        s.close()

@@ -14,7 +14,7 @@ import os
 from typing import Any, Mapping, Sequence
 
 from . import _wire as w
-from .errors import DaemonConnectionError
+from .errors import DaemonConnectionError, connect_failed
 from .types import CellResult, InputFile, RunResult, ServiceStats, SessionResult
 
 __all__ = ["AsyncClient", "AsyncSession"]
@@ -141,8 +141,11 @@ class AsyncClient:
     # --- internals --------------------------------------------------------------------------
 
     async def _connect(self) -> None:
-        self._reader, self._writer = await asyncio.open_unix_connection(
-            self.socket_path, limit=_MAX_ANSWER_BYTES)
+        try:
+            self._reader, self._writer = await asyncio.open_unix_connection(
+                self.socket_path, limit=_MAX_ANSWER_BYTES)
+        except OSError as e:
+            raise connect_failed(self.socket_path, e) from e
         self._task = asyncio.create_task(self._read_answers())
 
     async def _call(self, body: Mapping[str, Any], unwrap: w.Unwrap) -> Any:

@@ -17,7 +17,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from . import _wire as w
-from .errors import DaemonConnectionError
+from .errors import DaemonConnectionError, connect_failed
 from .types import CellResult, InputFile, RunResult, ServiceStats, SessionResult
 
 __all__ = ["Client", "Session", "Interpreter"]
@@ -45,15 +45,19 @@ class Client:
 
     def __init__(self, socket_path: str | os.PathLike[str], connect_timeout: float = 10.0,
                  max_line_bytes: int | None = None) -> None:
-        """Connects to the daemon's unix socket at `socket_path`; raises OSError when nobody
-        listens there within `connect_timeout` seconds. `max_line_bytes`: the longest line
-        sent (default MAX_LINE_BYTES, the daemon's cap)."""
+        """Connects to the daemon's unix socket at `socket_path`; raises DaemonConnectionError
+        (an OSError, with the cause's errno: ENOENT for no socket there, ECONNREFUSED for
+        nobody listening) when that fails within `connect_timeout` seconds. `max_line_bytes`:
+        the longest line sent (default MAX_LINE_BYTES, the daemon's cap)."""
         self.max_line_bytes = max_line_bytes or self.MAX_LINE_BYTES
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.settimeout(connect_timeout)
             self._sock.connect(os.fspath(socket_path))
             self._sock.settimeout(None)
+        except OSError as e:
+            self._sock.close()
+            raise connect_failed(socket_path, e) from e
         except BaseException:
             self._sock.close()
             raise

@@ -1,6 +1,11 @@
 """Exceptions of the client. A run that ends with a non-ok code is *not* one of them: it is a
 RunResult whose `code` says how it ended (docs/protocol.md, "Codes")."""
 
+from __future__ import annotations
+
+import os
+from typing import Any
+
 __all__ = ["SandboxError", "DaemonConnectionError", "LineTooLongError", "ProtocolError"]
 
 
@@ -24,6 +29,14 @@ class DaemonConnectionError(ConnectionError):
     """The connection to the daemon is closed or failed: the request was not sent, or its
     answer will never come. Every request still pending when the connection ends fails with
     it."""
+
+
+def connect_failed(socket_path: Any, cause: OSError) -> DaemonConnectionError:
+    """The error for a connection to `socket_path` that could not be made: the cause's errno
+    and a message naming the path and why."""
+    why = cause.strerror or str(cause) or type(cause).__name__
+    return DaemonConnectionError(
+        cause.errno, f"cannot connect to the sandbox daemon at {os.fspath(socket_path)}: {why}")
 
 
 class LineTooLongError(ValueError):
