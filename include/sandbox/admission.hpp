@@ -150,6 +150,12 @@ std::variant<admitted, rejection> admit_pending_approval(const run_request& requ
 isolation required_level(const run_request& request, const ticket& ticket,
                          const host_catalog& catalog);
 
+/// The `runtime_unavailable` message for a request that needs level `need` where no backend
+/// at that level or stronger is registered: names the level and what serves one (the host
+/// enables it in its configuration and its start-up self-test passes; `sandboxctl doctor`
+/// says which), nothing of the host itself.
+std::string no_backend_message(isolation need);
+
 /// The result to return for a rejected request: `code` and `message` from `r`, everything
 /// else empty; `run_id` as given.
 run_result rejected_result(const rejection& r, std::string run_id = {});

@@ -273,9 +273,7 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
     if (is_at_least(have, need) && (!level || !is_at_least(have, *level))) level = have;
   }
   if (!level) {
-    return rejection{code::runtime_unavailable, "isolation: no backend at level '" +
-                                                    std::string(to_string(need)) +
-                                                    "' or stronger on this host"};
+    return rejection{code::runtime_unavailable, no_backend_message(need)};
   }
   if (!installed) {
     return rejection{code::runtime_unavailable, std::string(is_tool ? "tool" : "runtime") +
@@ -387,6 +385,13 @@ std::variant<admitted, rejection> admit_impl(const run_request& request, const t
 }
 
 }  // namespace
+
+std::string no_backend_message(isolation need) {
+  return "isolation: no backend at level '" + std::string(to_string(need)) +
+         "' or stronger on this host (a level serves runs once the host enables it in its "
+         "configuration, \"backends\", and its self-test passes: sandboxctl doctor says "
+         "which)";
+}
 
 isolation required_level(const run_request& request, const ticket& ticket,
                          const host_catalog& catalog) {

@@ -875,9 +875,7 @@ void runtime::do_open_interpreter(interpreter_request request, ticket t, open_ha
   impl->ensure_level(need);
   std::shared_ptr<backend> chosen = impl->backend_at_least(need);
   if (!chosen) {
-    return refuse(std::move(handler), ex, code::runtime_unavailable,
-                  "isolation: no backend at level '" + std::string(to_string(need)) +
-                      "' or stronger on this host");
+    return refuse(std::move(handler), ex, code::runtime_unavailable, no_backend_message(need));
   }
   // 4. The image and its pin.
   if (!found->second) {

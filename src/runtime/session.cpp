@@ -215,9 +215,7 @@ void runtime::do_open_session(session_request request, ticket t, open_handler ha
   impl->ensure_level(need);
   std::shared_ptr<backend> chosen = impl->backend_at_least(need);
   if (!chosen) {
-    return refuse(std::move(handler), ex, code::runtime_unavailable,
-                  "isolation: no backend at level '" + std::string(to_string(need)) +
-                      "' or stronger on this host");
+    return refuse(std::move(handler), ex, code::runtime_unavailable, no_backend_message(need));
   }
 
   // 4. The image: the digest resolved at creation (a runtime serves the images it started

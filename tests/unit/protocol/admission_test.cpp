@@ -483,7 +483,9 @@ TEST_CASE("unknown runtimes are invalid_request; missing levels or images unavai
   rej = refused(run_admit(request(),
                           make_ticket({.id = "t", .tenant = "a", .isolation = isolation::gvisor})));
   CHECK(rej.code == code::runtime_unavailable);
-  CHECK(rej.message == "isolation: no backend at level 'gvisor' or stronger on this host");
+  CHECK(
+      rej.message.starts_with("isolation: no backend at level 'gvisor' or stronger on this host"));
+  CHECK(rej.message.find("sandboxctl doctor") != std::string::npos);
 
   // A network run needs container or stronger, even under a process-level ticket.
   auto net = request();
@@ -493,7 +495,10 @@ TEST_CASE("unknown runtimes are invalid_request; missing levels or images unavai
       run_admit(net, make_ticket({.id = "t", .tenant = "a"}, true), policy(),
                 host_catalog{.levels = {isolation::process}, .runtimes = catalog().runtimes}));
   CHECK(rej.code == code::runtime_unavailable);
-  CHECK(rej.message == "isolation: no backend at level 'container' or stronger on this host");
+  CHECK(rej.message ==
+        "isolation: no backend at level 'container' or stronger on this host (a level serves "
+        "runs once the host enables it in its configuration, \"backends\", and its self-test "
+        "passes: sandboxctl doctor says which)");
 
   rej = refused(run_admit(request(), make_ticket(), policy(),
                           host_catalog{.levels = {}, .runtimes = catalog().runtimes}));
