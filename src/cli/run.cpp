@@ -1,7 +1,8 @@
 // `sandboxctl run`: one run (a protocol request, a script or a registered tool), its
 // result printed as JSON or for a terminal, its output files written to --out-dir.
 //
-// Exit status: 0 when the result's code is `ok`, 1 for any other code, 2 for usage errors,
+// Exit status: 0 when the result's code is `ok`, 1 for any other code or an output file that
+// could not be written to --out-dir, 2 for usage errors,
 // 128+N when interrupted by signal N (the run is killed and cleaned up first).
 #include <fcntl.h>
 #include <signal.h>
