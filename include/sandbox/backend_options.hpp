@@ -31,7 +31,8 @@ struct warm_pool_class {
   std::uint32_t size = 2;
   std::uint64_t memory_limit_bytes = 256ULL << 20;
   output_limits files_out;
-  /// Pre-started instances (opt-in; process, container and gvisor levels, not microvm yet;
+  /// Pre-started instances (opt-in; every level: at microvm a pooled VM boots to the waiting
+  /// interpreter;
   /// the runtimes `prestart_kind_of` names: a
   /// Python `[<path>, "-I", "{source}"]` or a Node `[<path>, "{source}"]`): the interpreter
   /// is started in the fully prepared instance (same uid, cgroup, namespaces, filesystem and

@@ -95,10 +95,8 @@ void decode_scheduler(const json& v, const std::string& path, scheduler_options&
   });
 }
 
-// `prestart_allowed`: the level's pools can be pre-started (process, container, gvisor; a
-// microVM guest cannot yet).
-void decode_pool(const json& v, const std::string& path, std::vector<warm_pool_class>& out,
-                 bool prestart_allowed = false) {
+// Every level's pools can be pre-started (process, container, gvisor, microvm).
+void decode_pool(const json& v, const std::string& path, std::vector<warm_pool_class>& out) {
   const json& a = as_array(v, path);
   if (a.size() > 64) fail(path, "at most 64 pool classes");
   out.clear();
@@ -128,14 +126,8 @@ void decode_pool(const json& v, const std::string& path, std::vector<warm_pool_c
         c.files_out.max_bytes = as_unsigned(y, r);
       });
     });
-    optional_field(o, p, "prestart", [&](const json& x, const std::string& q) {
-      c.prestart = as_bool(x, q);
-      if (c.prestart && !prestart_allowed) {
-        fail(q,
-             "only the process, container and gvisor levels' pools can be pre-started (not "
-             "the microvm level's yet)");
-      }
-    });
+    optional_field(o, p, "prestart",
+                   [&](const json& x, const std::string& q) { c.prestart = as_bool(x, q); });
     optional_field(o, p, "preload", [&](const json& x, const std::string& q) {
       const json& l = as_array(x, q);
       if (l.size() > 64) fail(q, "at most 64 modules");
@@ -189,9 +181,8 @@ void decode_oci(const json& v, const std::string& path, oci_backend_options& out
     }
     if (out.runtime != "runsc") fail(q, "only for runsc");
   });
-  optional_field(o, path, "warm_pool", [&](const json& x, const std::string& q) {
-    decode_pool(x, q, out.warm_pool, true);
-  });
+  optional_field(o, path, "warm_pool",
+                 [&](const json& x, const std::string& q) { decode_pool(x, q, out.warm_pool); });
 }
 
 // "microvm": {"kernel_dir": "/var/lib/agent-sandbox/microvm/kernel/current",
@@ -624,7 +615,7 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
       decode_scheduler(x, p, next.scheduler);
     });
     optional_field(o, "", "warm_pool", [&](const json& x, const std::string& p) {
-      decode_pool(x, p, next.process.warm_pool, true);
+      decode_pool(x, p, next.process.warm_pool);
     });
     optional_field(o, "", "policy",
                    [&](const json& x, const std::string& p) { decode_policy(x, p, next.policy); });
@@ -668,7 +659,7 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
       }
     };
     check_pool(next.process.warm_pool, "warm_pool");
-    // Pre-started classes (process, container and gvisor levels): of a runtime that
+    // Pre-started classes (every level): of a runtime that
     // supports it, with a preload list of module names as that runtime names them.
     auto check_prestart = [&](const std::vector<warm_pool_class>& pool, const std::string& where) {
       for (std::size_t i = 0; i < pool.size(); ++i) {
@@ -716,6 +707,8 @@ boost::system::result<void, rejection> apply_config(std::string_view text,
     check_prestart(next.container.warm_pool, "backends.container.warm_pool");
     check_pool(next.gvisor.warm_pool, "backends.gvisor.warm_pool");
     check_prestart(next.gvisor.warm_pool, "backends.gvisor.warm_pool");
+    check_pool(next.microvm.warm_pool, "backends.microvm.warm_pool");
+    check_prestart(next.microvm.warm_pool, "backends.microvm.warm_pool");
     options = std::move(next);
     return {};
   } catch (const detail::decode_error& e) {

@@ -353,9 +353,12 @@ class microvm_launcher final : public launcher {
             .node_proxy_preload_path = ip::node_proxy_path,
             .node_proxy_preload_in_go = true,
             .probe_path = "sandbox-init",
-            // The guest's sandbox-init would pre-start after the boot, and the guest agent's
-            // file frames would be staged before the hand-over: not built yet.
-            .can_prestart = false};
+            // A pooled VM boots to a waiting interpreter: the guest's sandbox-init pre-starts
+            // it after the boot, and the hand-out's file frames are staged before its `go`.
+            .can_prestart = true,
+            // The host's run cgroup holds QEMU, never the guest's processes: an idle
+            // interpreter's death is known from the guest sandbox-init's report alone.
+            .host_cgroup_lists_processes = false};
   }
 
   void adjust_limits(const sandbox::policy& pol, cgroup_limits& limits) const override {

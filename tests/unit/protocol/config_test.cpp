@@ -93,14 +93,17 @@ TEST_CASE("config: a pre-started pool class is applied", "[config]") {
   CHECK(!sandbox::supports_prestart({.name = "p", .argv = {"python3", "-I", "{source}"}}));
 }
 
-TEST_CASE("config: the container and gvisor levels' pool classes can be pre-started", "[config]") {
+TEST_CASE("config: the container, gvisor and microvm levels' pool classes can be pre-started",
+          "[config]") {
   sandbox::runtime_options o;
   auto r = sandbox::apply_config(
       R"({"backends": {"container": {"runtime": "crun", "warm_pool": [
             {"runtime": "python3", "size": 2, "prestart": true, "preload": ["json"]},
             {"runtime": "node", "prestart": true, "preload": ["node:util"]}]},
           "gvisor": {"runtime": "runsc", "warm_pool": [
-            {"runtime": "python3", "prestart": true}]}}})",
+            {"runtime": "python3", "prestart": true}]},
+          "microvm": {"warm_pool": [
+            {"runtime": "python3", "prestart": true, "preload": ["json", "csv"]}]}}})",
       o);
   INFO((r ? std::string() : r.error().message));
   REQUIRE(r.has_value());
@@ -113,6 +116,9 @@ TEST_CASE("config: the container and gvisor levels' pool classes can be pre-star
   REQUIRE(o.gvisor.warm_pool.size() == 1);
   CHECK(o.gvisor.warm_pool[0].prestart);
   CHECK(o.gvisor.warm_pool[0].preload.empty());
+  REQUIRE(o.microvm.warm_pool.size() == 1);
+  CHECK(o.microvm.warm_pool[0].prestart);
+  CHECK(o.microvm.warm_pool[0].preload == std::vector<std::string>{"json", "csv"});
   CHECK(o.process.warm_pool.empty());
 }
 
@@ -221,9 +227,13 @@ TEST_CASE("config: faults name their field and nothing is applied", "[config]") 
        "backends.container.warm_pool[0].preload: needs \"prestart\": true"},
       {R"({"backends": {"container": {"warm_pool": [{"runtime": "python3", "prestart": "yes"}]}}})",
        "backends.container.warm_pool[0].prestart"},
-      // A microVM guest's sandbox-init cannot pre-start yet.
-      {R"({"backends": {"microvm": {"warm_pool": [{"runtime": "python3", "prestart": true}]}}})",
-       "backends.microvm.warm_pool[0].prestart: only the process, container and gvisor levels"},
+      // The microvm level's classes get the same checks.
+      {R"({"runtimes": [{"name": "node", "argv": ["/usr/bin/node", "--no-warnings", "{source}"]}],
+           "backends": {"microvm": {"warm_pool": [{"runtime": "node", "prestart": true}]}}})",
+       "backends.microvm.warm_pool[0].prestart: runtime 'node' cannot be pre-started"},
+      {R"({"backends": {"microvm": {"warm_pool": [{"runtime": "python3",
+             "preload": ["json"]}]}}})",
+       "backends.microvm.warm_pool[0].preload: needs \"prestart\": true"},
       // Names admission would refuse anyway are refused here, where the operator sees them.
       {R"({"policy": {"allowed_env": [""]}})",
        "policy.allowed_env[0]: not a portable variable name"},
