@@ -121,6 +121,7 @@ std::unique_ptr<sandbox::runtime> make_process_with(std::string* why, const char
     if (const char* k = std::getenv("SANDBOX_MICROVM_KERNEL_DIR")) opts.microvm.kernel_dir = k;
     // A VM boots in ~2 s under TCG, more on a loaded 2-core host with concurrent runs.
     opts.policy.setup_budget = std::chrono::seconds(60);
+    opts.microvm.warm_pool = std::move(pool);
   } else if (std::string_view(oci) == "runsc") {
     level = sandbox::isolation::gvisor;
     opts.gvisor.enabled = true;
@@ -530,27 +531,29 @@ const std::vector<backend_profile>& profiles() {
                    .opt_in = true});
     }
     if (root) {
+      // A guest kernel of its own; inside, sandbox-init's process mode without seccomp user
+      // notification (a stream channel carries no listener).
+      const expectations microvm_expect{
+          .host_kernel = false,
+          .distinct_uids = true,
+          .syscall_abi_on_host = false,
+          .init_hidden = true,
+          .egress_recorded = false,
+          // Guest kernel + agent + workspace tmpfs live in guest RAM, outside the guest's
+          // run cgroup: not in the reported peak.
+          .sandbox_kernel_memory_bytes = 0,
+          // FIFOs and sockets stay in the guest, but the agent lists them (file_dropped),
+          // so the result is the host levels'.
+          .syscall_slowdown = 4,
+          // Through the egress tunnel (no NIC); Node's proxy preload comes in the run's `go`
+          // (launcher_traits::node_proxy_preload_in_go).
+          .egress_proxy = true};
       v.push_back(
           {.name = "microvm (qemu)",
            .level = sandbox::isolation::microvm,
            .make =
                [](std::string* why) { return make_process_with(why, "microvm", {}, "microvm"); },
-           // A guest kernel of its own; inside, sandbox-init's process mode without
-           // seccomp user notification (a stream channel carries no listener).
-           .expect = {.host_kernel = false,
-                      .distinct_uids = true,
-                      .syscall_abi_on_host = false,
-                      .init_hidden = true,
-                      .egress_recorded = false,
-                      // Guest kernel + agent + workspace tmpfs live in guest RAM,
-                      // outside the guest's run cgroup: not in the reported peak.
-                      .sandbox_kernel_memory_bytes = 0,
-                      // FIFOs and sockets stay in the guest, but the agent lists
-                      // them (file_dropped), so the result is the host levels'.
-                      .syscall_slowdown = 4,
-                      // Through the egress tunnel (no NIC); Node's proxy preload comes
-                      // in the run's `go` (launcher_traits::node_proxy_preload_in_go).
-                      .egress_proxy = true},
+           .expect = microvm_expect,
            .host_config = R"({"v":1,"backends":{"microvm":{}}})",
            // In CI as "conformance: VM-boundary kinds (microvm)" (tests/CMakeLists.txt):
            // the [core] kinds whose evidence crosses the VM boundary; the whole [core]
@@ -558,6 +561,23 @@ const std::vector<backend_profile>& profiles() {
            // 2-core host) took 1010 s in a full CI run and runs by hand
            // (docs/security.md, "microVM level").
            .ci_budget = std::chrono::seconds(600)});
+      // Pre-started pools at the microvm level: pooled VMs boot to a waiting python3 or
+      // node. Only when named ("microvm (pre"): its CTest entry runs a few kinds whose
+      // evidence a waiting interpreter could change (tests/CMakeLists.txt).
+      v.push_back({.name = "microvm (pre-started pool, qemu)",
+                   .level = sandbox::isolation::microvm,
+                   .make =
+                       [](std::string* why) {
+                         return make_process_with(
+                             why, "microvm-prestarted",
+                             {{.runtime = "python3", .size = 1, .prestart = true},
+                              {.runtime = "node", .size = 1, .prestart = true}},
+                             "microvm");
+                       },
+                   .expect = microvm_expect,
+                   .host_config = R"({"v":1,"backends":{"microvm":{}}})",
+                   .ci_budget = std::chrono::seconds(600),
+                   .opt_in = true});
     }
     return v;
   }();
