@@ -1,13 +1,18 @@
 // The pooled/cold equivalence probe: a Python program that prints, as one JSON line, what a
 // program can see of its sandbox (environment, argv, `__main__`, descriptors, limits, mounts,
 // modules, file times). A pooled run and a cold run of it must print the same, but for what a
-// level documents (docs/security.md). Shared by the process and OCI levels' pool tests.
+// level documents (docs/security.md). Shared by the process and OCI levels' pool tests, with
+// the host-side helpers that find an idle instance's processes.
 #pragma once
 
 #include <fmt/format.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
 #include <string>
+#include <vector>
 
 namespace pooltest {
 
@@ -56,6 +61,58 @@ inline std::string probe_since(std::chrono::system_clock::time_point t) {
   return fmt::format("SINCE = {:.3f}\n",
                      std::chrono::duration<double>(t.time_since_epoch()).count()) +
          probe;
+}
+
+// Host pids of the processes whose pid in their own namespace is `ns_pid` in idle pool
+// instances of the runtime whose state is `state_dir` (its run cgroups are named
+// r-<instance>-w<hex>; its backends' instances are named under <state_dir>/[<runtime>/]instances).
+inline std::vector<int> idle_instance_pids(const std::string& state_dir, int ns_pid) {
+  const std::string nspid_tail = "\t" + std::to_string(ns_pid);
+  std::vector<int> out;
+  std::string ids;
+  std::error_code ec;
+  // Each backend holds <state>/[<runtime>/]instances/<id>.lock while it lives (an OCI
+  // level's state is <state>/<runtime>).
+  std::vector<std::filesystem::path> dirs = {state_dir};
+  for (const auto& e : std::filesystem::directory_iterator(state_dir, ec)) {
+    if (e.is_directory()) dirs.push_back(e.path());
+  }
+  for (const auto& d : dirs) {
+    std::error_code ec2;
+    for (const auto& e : std::filesystem::directory_iterator(d / "instances", ec2)) {
+      const std::string f = e.path().filename().string();
+      if (f.size() > 5 && f.ends_with(".lock")) {
+        ids += (ids.empty() ? "" : "|") + f.substr(0, f.size() - 5);
+      }
+    }
+  }
+  if (ids.empty()) return out;
+  const std::regex mine("/r-(" + ids + ")-w[0-9a-f]+");
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    std::string pid = e.path().filename();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cg(e.path() / "cgroup");
+    std::string line, all;
+    while (std::getline(cg, line)) all += line + "\n";
+    if (!std::regex_search(all, mine)) continue;
+    std::ifstream st(e.path() / "status");
+    while (std::getline(st, line)) {
+      if (line.rfind("NSpid:", 0) == 0 && line.ends_with(nspid_tail)) {
+        out.push_back(std::stoi(pid));
+      }
+    }
+  }
+  return out;
+}
+
+// True once `pid` has exited (a zombie or reaped).
+inline bool exited(int pid) {
+  std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
+  std::string all;
+  if (!std::getline(st, all)) return true;
+  auto close = all.rfind(')');
+  return close == std::string::npos || all.compare(close + 1, 3, " Z ") == 0 ||
+         all.compare(close + 1, 3, " X ") == 0;
 }
 
 }  // namespace pooltest

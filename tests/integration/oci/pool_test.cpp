@@ -94,58 +94,6 @@ struct oci_pool {
   }
 };
 
-// Host pids of the processes whose pid in their own namespace is `ns_pid` in idle pool
-// instances of the runtime whose state is `state_dir` (its run cgroups are named
-// r-<instance>-w<hex>; its backends' instances are named under <state_dir>/[<runtime>/]instances).
-std::vector<int> idle_instance_pids(const std::string& state_dir, int ns_pid) {
-  const std::string nspid_tail = "\t" + std::to_string(ns_pid);
-  std::vector<int> out;
-  std::string ids;
-  std::error_code ec;
-  // Each backend holds <state>/[<runtime>/]instances/<id>.lock while it lives (an OCI
-  // level's state is <state>/<runtime>).
-  std::vector<std::filesystem::path> dirs = {state_dir};
-  for (const auto& e : std::filesystem::directory_iterator(state_dir, ec)) {
-    if (e.is_directory()) dirs.push_back(e.path());
-  }
-  for (const auto& d : dirs) {
-    std::error_code ec2;
-    for (const auto& e : std::filesystem::directory_iterator(d / "instances", ec2)) {
-      const std::string f = e.path().filename().string();
-      if (f.size() > 5 && f.ends_with(".lock")) {
-        ids += (ids.empty() ? "" : "|") + f.substr(0, f.size() - 5);
-      }
-    }
-  }
-  if (ids.empty()) return out;
-  const std::regex mine("/r-(" + ids + ")-w[0-9a-f]+");
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    std::string pid = e.path().filename();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream cg(e.path() / "cgroup");
-    std::string line, all;
-    while (std::getline(cg, line)) all += line + "\n";
-    if (!std::regex_search(all, mine)) continue;
-    std::ifstream st(e.path() / "status");
-    while (std::getline(st, line)) {
-      if (line.rfind("NSpid:", 0) == 0 && line.ends_with(nspid_tail)) {
-        out.push_back(std::stoi(pid));
-      }
-    }
-  }
-  return out;
-}
-
-// True once `pid` has exited (a zombie or reaped).
-bool exited(int pid) {
-  std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
-  std::string all;
-  if (!std::getline(st, all)) return true;
-  auto close = all.rfind(')');
-  return close == std::string::npos || all.compare(close + 1, 3, " Z ") == 0 ||
-         all.compare(close + 1, 3, " X ") == 0;
-}
-
 // The whitespace-separated words of `s`, as a set (module lists printed by a run).
 std::set<std::string> words_of(const std::string& s) {
   std::set<std::string> out;
@@ -299,19 +247,19 @@ TEST_CASE(
   if (!p.available()) return;
   REQUIRE(p.wait_ready(2));
   const std::string state = p.state_root + "/state";
-  auto pids = idle_instance_pids(state, 2);
+  auto pids = pooltest::idle_instance_pids(state, 2);
   REQUIRE(pids.size() == 2);
   SECTION("sandbox-init reports the death") {}
   SECTION("sandbox-init cannot report it: only the hand-out's own check can catch it") {
     // Stopped, sandbox-init can neither reap the interpreter nor exit: the host hears
     // nothing, and the instance still looks ready and idle. Only the run cgroup's
     // cgroup.procs (crun puts the container's processes there) tells.
-    for (int pid : idle_instance_pids(state, 1)) kill(pid, SIGSTOP);
+    for (int pid : pooltest::idle_instance_pids(state, 1)) kill(pid, SIGSTOP);
   }
   for (int pid : pids) kill(pid, SIGKILL);
   for (int pid : pids) {
-    for (int n = 0; n < 1000 && !exited(pid); ++n) std::this_thread::sleep_for(5ms);
-    REQUIRE(exited(pid));
+    for (int n = 0; n < 1000 && !pooltest::exited(pid); ++n) std::this_thread::sleep_for(5ms);
+    REQUIRE(pooltest::exited(pid));
   }
   auto r = p.rt->run({.runtime = "python3", .source = "print('fresh')"}, p.ticket());
   CHECK(r.code == code::ok);

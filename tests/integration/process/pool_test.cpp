@@ -92,39 +92,9 @@ struct pooled_runtime {
   }
 };
 
-// Host pids of the processes whose pid in their own namespace is `ns_pid` in idle pool
-// instances (run cgroups named r-*-w*). Only this runtime's: its instance id names its run
-// cgroups (r-<instance>-w<hex>) and its state directory's runs/<instance>; other processes'
-// pools on the host are left alone.
-std::vector<int> idle_instance_pids(const std::string& state_dir, int ns_pid) {
-  const std::string nspid_tail = "\t" + std::to_string(ns_pid);
-  std::vector<int> out;
-  std::string ids;
-  for (const auto& e : std::filesystem::directory_iterator(state_dir + "/runs")) {
-    ids += (ids.empty() ? "" : "|") + e.path().filename().string();
-  }
-  if (ids.empty()) return out;
-  const std::regex mine("/r-(" + ids + ")-w[0-9a-f]+");
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    std::string pid = e.path().filename();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream cg(e.path() / "cgroup");
-    std::string line, all;
-    while (std::getline(cg, line)) all += line + "\n";
-    if (!std::regex_search(all, mine)) continue;
-    std::ifstream st(e.path() / "status");
-    while (std::getline(st, line)) {
-      if (line.rfind("NSpid:", 0) == 0 && line.ends_with(nspid_tail)) {
-        out.push_back(std::stoi(pid));
-      }
-    }
-  }
-  return out;
-}
-
 // Pids of idle pool instances' sandbox-init (PID 1 of their namespace).
 std::vector<int> idle_instance_inits(const std::string& state_dir) {
-  return idle_instance_pids(state_dir, 1);
+  return pooltest::idle_instance_pids(state_dir, 1);
 }
 
 // The whitespace-separated words of `s`, as a set (module lists printed by a run).
@@ -291,17 +261,7 @@ namespace {
 // Pids (host) of the pre-started interpreters waiting in this runtime's idle instances: PID 2
 // of a run cgroup named r-<instance>-w*.
 std::vector<int> idle_interpreters(const std::string& state_dir) {
-  return idle_instance_pids(state_dir, 2);
-}
-
-// True once `pid` has exited (a zombie or reaped).
-bool exited(int pid) {
-  std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
-  std::string all;
-  if (!std::getline(st, all)) return true;
-  auto close = all.rfind(')');
-  return close == std::string::npos || all.compare(close + 1, 3, " Z ") == 0 ||
-         all.compare(close + 1, 3, " X ") == 0;
+  return pooltest::idle_instance_pids(state_dir, 2);
 }
 
 }  // namespace
@@ -391,8 +351,8 @@ TEST_CASE("pool: a pre-started instance whose interpreter dies idle is never han
   // Dead (not merely signalled), but sandbox-init may not have reported it yet: the hand-out
   // health check must catch it, whatever the pool has heard so far.
   for (int pid : pids) {
-    for (int n = 0; n < 1000 && !exited(pid); ++n) std::this_thread::sleep_for(5ms);
-    REQUIRE(exited(pid));
+    for (int n = 0; n < 1000 && !pooltest::exited(pid); ++n) std::this_thread::sleep_for(5ms);
+    REQUIRE(pooltest::exited(pid));
   }
   auto r = p.rt->run({.runtime = "python3", .source = "print('fresh')"}, itest::ticket());
   CHECK(r.code == code::ok);
