@@ -8,7 +8,8 @@
 // sandbox set-up — the cost a warm pool hides) and acquire-to-result (call → result). Then
 // the same through a warm pool of one VM (a second runtime; each run waits until the pool
 // has refilled, so every measured run takes a booted VM), and what an idle pooled VM costs
-// the host (QEMU's CPU time while it waits). Prints p50/p95 and the ratios against the
+// the host (QEMU's CPU time while it waits); then through a pre-started pool of one VM (booted
+// to a waiting interpreter: `warm_pool_class::prestart`). Prints p50/p95 and the ratios against the
 // process level and the cold microvm run. Exit 77 when either level is unavailable.
 #include <unistd.h>
 
@@ -85,6 +86,53 @@ bool wait_pool_ready(const sandbox::runtime& rt) {
   return false;
 }
 
+// One pooled series: a runtime of its own (only the microvm level) with a pool of one VM of
+// class `cls`; each measured run waits until the pool has refilled, so it takes a booted VM.
+struct pooled_series {
+  std::vector<double> setup, total;
+  double idle_cpu_pct = -1;  ///< what an idle pooled VM costs: its QEMU's CPU over 5 s
+  int failed = 0;
+};
+
+pooled_series measure_pool(sandbox::runtime_options opts, sandbox::warm_pool_class cls, int runs,
+                           const sandbox::run_request& req, const sandbox::ticket& t_vm) {
+  pooled_series out;
+  opts.process_backend = false;
+  char tmpl[] = "/tmp/sandbox-bench-pool-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) {
+    out.failed = runs;
+    return out;
+  }
+  opts.state_dir = std::filesystem::path(tmpl) / "state";
+  opts.microvm.warm_pool = {std::move(cls)};
+  auto prt = sandbox::runtime::create(opts);
+  if (!prt) {
+    std::fprintf(stderr, "pooled runtime: %s\n", prt.error().message().c_str());
+    out.failed = runs;
+    return out;
+  }
+  if (!wait_pool_ready(*prt)) {
+    std::fprintf(stderr, "the warm pool never became ready\n");
+    out.failed = runs;
+    return out;
+  }
+  const double c0 = qemu_cpu_seconds(opts.state_dir);
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  out.idle_cpu_pct = (qemu_cpu_seconds(opts.state_dir) - c0) / 5.0 * 100.0;
+  for (int i = 0; i < runs; ++i) {
+    if (!wait_pool_ready(*prt)) {
+      ++out.failed;
+      break;
+    }
+    auto t0 = clock_type::now();
+    auto w = prt->run(req, t_vm);
+    out.total.push_back(ms_since(t0));
+    out.setup.push_back(static_cast<double>(w.usage.setup.count()));
+    if (w.code != sandbox::code::ok) ++out.failed;
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -135,43 +183,17 @@ int main(int argc, char** argv) {
     m_setup.push_back(static_cast<double>(b.usage.setup.count()));
     if (a.code != sandbox::code::ok || b.code != sandbox::code::ok) ++failed;
   }
-  // A warm pool of one VM, in a runtime of its own (only the microvm level).
-  auto popts = opts;
-  popts.process_backend = false;
-  char tmpl[] = "/tmp/sandbox-bench-pool-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) return 1;
-  popts.state_dir = std::filesystem::path(tmpl) / "state";
-  popts.microvm.warm_pool = {{.runtime = "python3", .size = 1}};
-  auto prt = sandbox::runtime::create(popts);
-  if (!prt) {
-    std::fprintf(stderr, "pooled runtime: %s\n", prt.error().message().c_str());
-    return 1;
-  }
-  std::vector<double> w_setup, w_total;
-  double idle_cpu_pct = -1;
-  if (!wait_pool_ready(*prt)) {
-    std::fprintf(stderr, "the warm pool never became ready\n");
-    ++failed;
-  } else {
-    // What an idle pooled VM costs: its QEMU's CPU over 5 s with no run.
-    double c0 = qemu_cpu_seconds(popts.state_dir);
-    std::this_thread::sleep_for(std::chrono::seconds(5));
-    idle_cpu_pct = (qemu_cpu_seconds(popts.state_dir) - c0) / 5.0 * 100.0;
-    for (int i = 0; i < runs; ++i) {
-      if (!wait_pool_ready(*prt)) {
-        ++failed;
-        break;
-      }
-      auto t0 = clock_type::now();
-      auto w = prt->run(req, t_vm);
-      w_total.push_back(ms_since(t0));
-      w_setup.push_back(static_cast<double>(w.usage.setup.count()));
-      if (w.code != sandbox::code::ok) ++failed;
-    }
-  }
+  // A warm pool of one VM, then one of a pre-started VM (booted to a waiting interpreter),
+  // each in a runtime of its own.
+  const auto plain = measure_pool(opts, {.runtime = "python3", .size = 1}, runs, req, t_vm);
+  const auto pre =
+      measure_pool(opts, {.runtime = "python3", .size = 1, .prestart = true}, runs, req, t_vm);
+  failed += plain.failed + pre.failed;
+  const double idle_cpu_pct = plain.idle_cpu_pct;
   auto ps = bench::percentiles(p_setup), pt = bench::percentiles(p_total);
   auto ms = bench::percentiles(m_setup), mt = bench::percentiles(m_total);
-  auto ws = bench::percentiles(w_setup), wt = bench::percentiles(w_total);
+  auto ws = bench::percentiles(plain.setup), wt = bench::percentiles(plain.total);
+  auto xs = bench::percentiles(pre.setup), xt = bench::percentiles(pre.total);
   std::printf("microvm backend: %s; %d runs each, %d failed\n", describe.c_str(), runs, failed);
   std::printf("%-34s %10s %10s\n", "print(1)", "p50 ms", "p95 ms");
   std::printf("%-34s %10.0f %10.0f\n", "process: setup", ps.p50, ps.p95);
@@ -180,10 +202,15 @@ int main(int argc, char** argv) {
   std::printf("%-34s %10.0f %10.0f\n", "microvm: acquire-to-result", mt.p50, mt.p95);
   std::printf("%-34s %10.0f %10.0f\n", "microvm pooled: setup", ws.p50, ws.p95);
   std::printf("%-34s %10.0f %10.0f\n", "microvm pooled: acquire-to-result", wt.p50, wt.p95);
+  std::printf("%-34s %10.0f %10.0f\n", "microvm pre-started: setup", xs.p50, xs.p95);
+  std::printf("%-34s %10.0f %10.0f\n", "microvm pre-started: acq-to-result", xt.p50, xt.p95);
   std::printf("ratio microvm/process: setup %.1fx, acquire-to-result %.1fx (p50)\n",
               ps.p50 > 0 ? ms.p50 / ps.p50 : 0.0, pt.p50 > 0 ? mt.p50 / pt.p50 : 0.0);
   std::printf("ratio pooled/cold microvm: acquire-to-result %.2fx; pooled/process %.1fx (p50)\n",
               mt.p50 > 0 ? wt.p50 / mt.p50 : 0.0, pt.p50 > 0 ? wt.p50 / pt.p50 : 0.0);
   std::printf("an idle pooled VM: %.1f%% of one core (QEMU, over 5 s)\n", idle_cpu_pct);
+  std::printf("ratio pre-started/pooled microvm: acquire-to-result %.2fx (p50); an idle "
+              "pre-started VM: %.1f%% of one core\n",
+              wt.p50 > 0 ? xt.p50 / wt.p50 : 0.0, pre.idle_cpu_pct);
   return failed == 0 ? 0 : 1;
 }
