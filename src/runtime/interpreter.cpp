@@ -925,8 +925,12 @@ void runtime::do_open_interpreter(interpreter_request request, ticket t, open_ha
                   }};
   const auto ceiling = std::min(t.max_timeout(), pol.max_timeout);
   const auto iopts = impl->interpreters();
+  // The session's own idle timer must never fire: a minute past the lifetime, whose deadline
+  // ends the session first. (At exactly the lifetime the two raced, and a session the
+  // lifetime ended could report `idle_timeout`: seen under emulation in the cgroup2 guest.)
+  const auto session_idle_off = lifetime + std::chrono::minutes(1);
   detail::start_session(
-      impl, t, std::move(chosen), std::move(job), lifetime, 64 * 1024,
+      impl, t, std::move(chosen), std::move(job), session_idle_off, 64 * 1024,
       [impl, h = std::make_shared<open_handler>(std::move(handler)), caller_ex, sc, pol, iopts,
        idle, lifetime, ceiling](boost::system::error_code ec, session_start st) mutable {
         interpreter_start out{.interpreter = nullptr, .code = st.code, .message = st.message};
