@@ -209,8 +209,9 @@ int main(int argc, char** argv) {
   std::printf("ratio pooled/cold microvm: acquire-to-result %.2fx; pooled/process %.1fx (p50)\n",
               mt.p50 > 0 ? wt.p50 / mt.p50 : 0.0, pt.p50 > 0 ? wt.p50 / pt.p50 : 0.0);
   std::printf("an idle pooled VM: %.1f%% of one core (QEMU, over 5 s)\n", idle_cpu_pct);
-  std::printf("ratio pre-started/pooled microvm: acquire-to-result %.2fx (p50); an idle "
-              "pre-started VM: %.1f%% of one core\n",
-              wt.p50 > 0 ? xt.p50 / wt.p50 : 0.0, pre.idle_cpu_pct);
+  std::printf(
+      "ratio pre-started/pooled microvm: acquire-to-result %.2fx (p50); an idle "
+      "pre-started VM: %.1f%% of one core\n",
+      wt.p50 > 0 ? xt.p50 / wt.p50 : 0.0, pre.idle_cpu_pct);
   return failed == 0 ? 0 : 1;
 }
