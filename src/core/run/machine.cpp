@@ -254,8 +254,6 @@ class init_run : public std::enable_shared_from_this<init_run>, private init_eve
   /// passes, and an idle interpreter's death is known from sandbox-init's report alone.
   bool passes_health_check() const noexcept {
     if (!job_.prestart) return true;
-    // gvisor: the host's cgroup never lists the sandboxed processes (launcher_traits); an
-    // idle interpreter's death reaches the host as sandbox-init's `failed` report only.
     if (!shared_->traits.host_cgroup_lists_processes) return true;
     if (procs_path_.empty()) return false;
     const int fd = ::open(procs_path_.c_str(), O_RDONLY | O_CLOEXEC);
